@@ -1,0 +1,68 @@
+//! Typed errors: "full right now" differs from "can never fit" differs from "store unavailable".
+
+use std::time::Duration;
+
+/// Why a permit was not granted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// The key is at its limit right now; trying again later may succeed.
+    #[error("too many requests: {in_flight} of {limit} in flight")]
+    Full {
+        /// The key's effective limit.
+        limit: u32,
+        /// How many (by weight) were in flight when the request was refused.
+        in_flight: u32,
+    },
+    /// The weight asked for is larger than the key's limit: it can never be granted.
+    #[error("weight {weight} exceeds the limit {limit}")]
+    WeightExceedsLimit {
+        /// The weight asked for.
+        weight: u32,
+        /// The key's effective limit.
+        limit: u32,
+    },
+    /// The request itself is malformed (for example a weight of 0).
+    #[error("invalid request: {0}")]
+    Invalid(&'static str),
+    /// The store could not decide.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl AcquireError {
+    /// True for [`AcquireError::Full`]: over the limit now, may fit later.
+    pub fn is_full(&self) -> bool {
+        matches!(self, Self::Full { .. })
+    }
+
+    /// A hint for when to try again, for [`AcquireError::Full`]: an HTTP `Retry-After`.
+    ///
+    /// Holders release when their work ends and crashed holders lose their lease, so a second is a sound
+    /// first guess; it never says zero.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.is_full().then_some(Duration::from_secs(1))
+    }
+}
+
+/// A store that could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store cannot be reached (connection refused or lost, timed out, loading, failing over).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something inflight does not understand.
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+    /// The store refused the request as malformed.
+    #[error("store rejected the request: {0}")]
+    Rejected(String),
+}
+
+impl StoreError {
+    /// True when trying again later may succeed: the limiter applies its failure policy to these.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}

@@ -1,0 +1,57 @@
+//! # inflight
+//!
+//! Cap how many requests each key (an app, a tenant, an API key) has **in flight at once**, counted across
+//! every process that shares a store, and hold a streamed response's slot until the stream really ends.
+//!
+//! - [`Policy`]: a key's limit is its override, else the default, capped by the ceiling; 0 is unlimited.
+//! - [`Limiter::try_acquire`] admits at once or says why not ([`AcquireError`]): full right now, can never
+//!   fit, or the store is unavailable.
+//! - [`Permit`] releases its slot when dropped, on every path (completion, error, cancellation, panic),
+//!   and its lease is renewed in the background while it lives, so a crashed holder's slots come back
+//!   within a lease while a live one never loses its slot.
+//! - [`PermitStream`] and [`Permit::scope`] carry a permit through a stream or a future.
+//! - [`Store`]: [`MemoryStore`] is the embedded default and the reference implementation.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use futures_util::{stream, StreamExt};
+//! use inflight::{Limiter, MemoryStore, Policy};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), inflight::AcquireError> {
+//! let limiter = Limiter::builder(MemoryStore::new())
+//!     .policy(Policy::new(3, 0)) // every key: 3 in flight at once
+//!     .build();
+//!
+//! // A request: admitted now, or refused at once.
+//! let permit = limiter.try_acquire("app-42").await?;
+//!
+//! // Its streamed answer holds the slot until the last chunk is sent or the client goes away.
+//! let mut answer = permit.guard_stream(stream::iter(["data: 1\n\n", "data: 2\n\n"]));
+//! while let Some(chunk) = answer.next().await {
+//!     let _ = chunk;
+//! }
+//! assert_eq!(limiter.status("app-42").await?.in_flight, 0);
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod clock;
+mod error;
+mod id;
+mod limiter;
+mod permit;
+mod policy;
+mod renewer;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{AcquireError, StoreError};
+pub use id::PermitId;
+pub use limiter::{AcquireOptions, Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE};
+pub use permit::{Lease, Permit, PermitStream, Scoped};
+pub use policy::{Limit, Policy};
+pub use store::{KeyStatus, MemoryStore, Renewal, Store};

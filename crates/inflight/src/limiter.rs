@@ -1,0 +1,397 @@
+//! [`Limiter`]: admits requests per key under the policy, hands out [`Permit`]s, renews their leases.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::clock::millis;
+use crate::error::{AcquireError, StoreError};
+use crate::id::PermitId;
+use crate::permit::{BoxFuture, Owner, Permit, PermitState};
+use crate::policy::{Limit, Policy};
+use crate::renewer::{self, Registry};
+use crate::store::{AcquireRequest, Admission, Grant, KeyStatus, MemoryStore, RenewRequest, Renewal, Store};
+
+/// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// Admits requests per key, at most the key's limit in flight at once, counted in the store.
+///
+/// Cheap to clone: clones share the store, the policy and the renewal task.
+///
+/// ```
+/// use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // Every key may have 2 in flight; no key more than 10.
+/// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(2, 10)).build();
+///
+/// let first = limiter.try_acquire("app-1").await.unwrap();
+/// let second = limiter
+///     .try_acquire_with("app-1", AcquireOptions::new().id("request-2"))
+///     .await
+///     .unwrap();
+/// match limiter.try_acquire("app-1").await {
+///     Err(AcquireError::Full { limit, in_flight }) => assert_eq!((limit, in_flight), (2, 2)),
+///     other => panic!("expected Full, got {other:?}"),
+/// }
+///
+/// // Overrides live in the store: every process sharing it sees them at its next admission.
+/// limiter.set_limit("app-1", 3).await.unwrap();
+/// let third = limiter.try_acquire("app-1").await.unwrap();
+/// assert_eq!(limiter.status("app-1").await.unwrap().in_flight, 3);
+/// # drop((first, second, third));
+/// # }
+/// ```
+pub struct Limiter<S: Store = MemoryStore> {
+    core: Arc<Core<S>>,
+}
+
+impl<S: Store> Clone for Limiter<S> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+/// Builds a [`Limiter`].
+#[must_use]
+pub struct LimiterBuilder<S> {
+    store: S,
+    policy: Policy,
+    lease: Duration,
+}
+
+/// What a caller may ask of one admission; every field has a default.
+///
+/// ```
+/// use inflight::AcquireOptions;
+/// use std::time::Duration;
+///
+/// let options = AcquireOptions::new()
+///     .id("request-42")
+///     .weight(2)
+///     .lease(Duration::from_secs(5));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct AcquireOptions {
+    id: Option<PermitId>,
+    weight: Option<u32>,
+    lease: Option<Duration>,
+}
+
+impl AcquireOptions {
+    /// The defaults: a generated id, weight 1, the limiter's lease.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The permit's id (for example the request's own id). Acquiring an id the key already holds counts
+    /// once and refreshes its lease, so a retried call cannot count twice.
+    pub fn id(mut self, id: impl Into<PermitId>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// How many slots the permit takes (at least 1; default 1).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = Some(weight);
+        self
+    }
+
+    /// How long the lease lasts between renewals (at least 1 ms; default: the limiter's).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+}
+
+/// Counters of what the limiter has seen, for metrics.
+#[derive(Debug, Default)]
+pub struct LimiterStats {
+    /// Expired leases that admissions reclaimed: their holders went away without releasing.
+    pub reclaimed: AtomicU64,
+    /// Held permits whose lease was gone at renewal and could not be re-added.
+    pub lost: AtomicU64,
+    /// Held permits whose lease was gone at renewal and was re-added (the store had lost it).
+    pub readded: AtomicU64,
+}
+
+/// What the limiter's handles, its permits and its renewal task share.
+pub(crate) struct Core<S> {
+    pub(crate) store: S,
+    pub(crate) policy: Policy,
+    pub(crate) lease_ms: u64,
+    pub(crate) registry: Registry,
+    pub(crate) runtime: Handle,
+    pub(crate) stats: LimiterStats,
+}
+
+impl<S: Store> LimiterBuilder<S> {
+    /// The default limit and the ceiling (both 0, unlimited, unless set).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The lease of each permit unless its options say otherwise (default 30 s). A crashed holder's slots
+    /// come back within one lease; live holders renew at a third of it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Builds the limiter and starts its renewal task.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime, like `tokio::spawn`.
+    pub fn build(self) -> Limiter<S> {
+        let lease_ms = millis(self.lease).max(1);
+        let core = Arc::new(Core {
+            store: self.store,
+            policy: self.policy,
+            lease_ms,
+            registry: Registry::new(lease_ms),
+            runtime: Handle::current(),
+            stats: LimiterStats::default(),
+        });
+        core.runtime.spawn(renewer::run(Arc::downgrade(&core)));
+        Limiter { core }
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// Starts building a limiter over `store`.
+    pub fn builder(store: S) -> LimiterBuilder<S> {
+        LimiterBuilder {
+            store,
+            policy: Policy::default(),
+            lease: DEFAULT_LEASE,
+        }
+    }
+
+    /// Admits one request under `key` now, or says why not; never waits for room.
+    pub async fn try_acquire(&self, key: &str) -> Result<Permit, AcquireError> {
+        self.try_acquire_with(key, AcquireOptions::new()).await
+    }
+
+    /// Admits one request under `key` with `options`, or says why not; never waits for room.
+    ///
+    /// A key that is unlimited by the policy and has no override is admitted without any store I/O.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the future before it completes may leave a lease in the store that nobody holds; it ends
+    /// with its lease.
+    pub async fn try_acquire_with(&self, key: &str, options: AcquireOptions) -> Result<Permit, AcquireError> {
+        let weight = options.weight.unwrap_or(1);
+        if weight == 0 {
+            return Err(AcquireError::Invalid("weight must be at least 1"));
+        }
+        let lease_ms = options.lease.map_or(self.core.lease_ms, millis);
+        if lease_ms == 0 {
+            return Err(AcquireError::Invalid("lease must be at least 1 ms"));
+        }
+        let id = options.id.unwrap_or_else(PermitId::generate);
+        let core = &self.core;
+        if core.policy.is_unlimited_by_default() && !core.store.may_have_override(key) {
+            return Ok(self.free_permit(key, id, weight, lease_ms));
+        }
+        let request = AcquireRequest {
+            key,
+            id: &id,
+            weight,
+            lease_ms,
+            policy: core.policy,
+        };
+        match core.store.acquire(request).await? {
+            Admission::Admitted { grant, reclaimed } => {
+                if reclaimed > 0 {
+                    core.stats.reclaimed.fetch_add(u64::from(reclaimed), Ordering::Relaxed);
+                }
+                Ok(self.held_permit(key, id, lease_ms, grant))
+            }
+            Admission::Unlimited => Ok(self.free_permit(key, id, weight, lease_ms)),
+            Admission::Full {
+                limit,
+                in_flight,
+                reclaimed,
+            } => {
+                if reclaimed > 0 {
+                    core.stats.reclaimed.fetch_add(u64::from(reclaimed), Ordering::Relaxed);
+                }
+                Err(AcquireError::Full { limit, in_flight })
+            }
+            Admission::TooHeavy { limit } => Err(AcquireError::WeightExceedsLimit { weight, limit }),
+        }
+    }
+
+    fn held_permit(&self, key: &str, id: PermitId, lease_ms: u64, grant: Grant) -> Permit {
+        let registry = &self.core.registry;
+        let state = Arc::new(PermitState {
+            key: Arc::from(key),
+            id,
+            weight: grant.weight,
+            lease_ms,
+            limit: grant.limit,
+            in_flight: grant.in_flight,
+            seq: registry.next_seq(),
+            expires_at_ms: AtomicU64::new(grant.expires_at_ms),
+            renew_at_ms: AtomicU64::new(registry.renew_at(lease_ms)),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+        });
+        registry.insert(state.clone());
+        Permit::held(state, self.core.clone())
+    }
+
+    fn free_permit(&self, key: &str, id: PermitId, weight: u32, lease_ms: u64) -> Permit {
+        Permit::free(Arc::new(PermitState {
+            key: Arc::from(key),
+            id,
+            weight,
+            lease_ms,
+            limit: Limit::Unlimited,
+            in_flight: 0,
+            seq: u64::MAX,
+            expires_at_ms: AtomicU64::new(0),
+            renew_at_ms: AtomicU64::new(u64::MAX),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+        }))
+    }
+
+    /// The key's effective limit and in-flight count.
+    pub async fn status(&self, key: &str) -> Result<KeyStatus, StoreError> {
+        self.core.store.status(key, self.core.policy).await
+    }
+
+    /// Sets the key's limit override (0 clears it); it applies to the next admission in every process
+    /// that shares the store. The ceiling still caps it.
+    pub async fn set_limit(&self, key: &str, limit: u32) -> Result<KeyStatus, StoreError> {
+        self.core.store.set_limit(key, Some(limit), self.core.policy).await
+    }
+
+    /// Clears the key's limit override: the default applies again.
+    pub async fn clear_limit(&self, key: &str) -> Result<KeyStatus, StoreError> {
+        self.core.store.set_limit(key, None, self.core.policy).await
+    }
+
+    /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease` (default: the
+    /// limiter's). A lease that is gone stays gone: [`Renewal::Lost`].
+    pub async fn renew(&self, key: &str, id: &PermitId, lease: Option<Duration>) -> Result<Renewal, StoreError> {
+        let request = RenewRequest {
+            key: Arc::from(key),
+            id: id.clone(),
+            lease_ms: lease.map_or(self.core.lease_ms, millis).max(1),
+            policy: self.core.policy,
+            readd_weight: None,
+        };
+        let mut outcomes = self.core.store.renew(std::slice::from_ref(&request)).await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| StoreError::Protocol("renewal returned no outcome".into()))
+    }
+
+    /// Releases a lease held elsewhere; returns whether it was held. Releasing twice is not an error.
+    pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
+        self.core.store.release(key, id).await
+    }
+
+    /// The limit settings.
+    pub fn policy(&self) -> Policy {
+        self.core.policy
+    }
+
+    /// The default lease.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.core.lease_ms)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.core.store
+    }
+
+    /// What the limiter has counted so far.
+    pub fn stats(&self) -> &LimiterStats {
+        &self.core.stats
+    }
+
+    /// How many permits this limiter holds and renews right now.
+    pub fn held(&self) -> usize {
+        self.core.registry.len()
+    }
+
+    /// Renews every lease that is due now instead of waiting for the renewal task; for tests and shutdown.
+    pub async fn renew_due(&self) {
+        renewer::renew_due(&self.core).await;
+    }
+}
+
+impl<S: Store> Owner for Core<S> {
+    fn release_dropped(self: Arc<Self>, state: Arc<PermitState>) {
+        state.released.store(true, Ordering::Release);
+        self.registry.remove(state.seq);
+        match self.store.release_now(&state.key, &state.id) {
+            Some(Ok(_)) => {}
+            Some(Err(error)) => tracing::warn!(%error, key = %state.key, "release failed"),
+            None => renewer::spawn_release(self, state),
+        }
+    }
+
+    fn release(self: Arc<Self>, state: Arc<PermitState>) -> BoxFuture<Result<(), StoreError>> {
+        state.released.store(true, Ordering::Release);
+        self.registry.remove(state.seq);
+        Box::pin(async move { self.store.release(&state.key, &state.id).await.map(drop) })
+    }
+
+    fn detach(&self, state: &PermitState) {
+        self.registry.remove(state.seq);
+    }
+}
+
+impl<S: Store> Store for Arc<S> {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl std::future::Future<Output = Result<Admission, StoreError>> + Send {
+        (**self).acquire(req)
+    }
+    fn release(&self, key: &str, id: &PermitId) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
+        (**self).release(key, id)
+    }
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl std::future::Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+        (**self).renew(batch)
+    }
+    fn status(&self, key: &str, policy: Policy) -> impl std::future::Future<Output = Result<KeyStatus, StoreError>> + Send {
+        (**self).status(key, policy)
+    }
+    fn set_limit(
+        &self,
+        key: &str,
+        limit: Option<u32>,
+        policy: Policy,
+    ) -> impl std::future::Future<Output = Result<KeyStatus, StoreError>> + Send {
+        (**self).set_limit(key, limit, policy)
+    }
+    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
+        (**self).release_now(key, id)
+    }
+    fn may_have_override(&self, key: &str) -> bool {
+        (**self).may_have_override(key)
+    }
+    fn maintain(&self) -> impl std::future::Future<Output = ()> + Send {
+        (**self).maintain()
+    }
+}

@@ -1,0 +1,199 @@
+//! [`Permit`]: one admitted request's slot, released exactly once, on every path.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::policy::Limit;
+
+/// A boxed future, for the one place the permit needs a future from a type it does not name.
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What the permit knows of itself; shared with the limiter's renewal task while the permit is held.
+pub(crate) struct PermitState {
+    pub(crate) key: Arc<str>,
+    pub(crate) id: PermitId,
+    pub(crate) weight: u32,
+    pub(crate) lease_ms: u64,
+    pub(crate) limit: Limit,
+    pub(crate) in_flight: u32,
+    /// The registry slot, for the renewal task.
+    pub(crate) seq: u64,
+    pub(crate) expires_at_ms: AtomicU64,
+    /// When the renewal task should next renew it, in ms of the limiter's monotonic clock.
+    pub(crate) renew_at_ms: AtomicU64,
+    pub(crate) lost: AtomicBool,
+    pub(crate) released: AtomicBool,
+}
+
+/// The limiter side of a permit: how to release it. Type-erased so that `Permit` names no store.
+pub(crate) trait Owner: Send + Sync + 'static {
+    /// Releases now if the store can, else in the background (retrying while the store is away).
+    fn release_dropped(self: Arc<Self>, state: Arc<PermitState>);
+    /// Releases and reports the store's answer.
+    fn release(self: Arc<Self>, state: Arc<PermitState>) -> BoxFuture<Result<(), StoreError>>;
+    /// Stops renewing: the lease is someone else's to renew or release now.
+    fn detach(&self, state: &PermitState);
+}
+
+/// How a permit holds its slot.
+enum Hold {
+    /// A lease in the store, renewed by the limiter while the permit is alive.
+    Store(Arc<dyn Owner>),
+    /// Nothing to hold: the key is unlimited (or the store is away and the policy is to fail open).
+    Free,
+    /// Already released or detached.
+    Done,
+}
+
+/// One admitted request's slot under a key.
+///
+/// Dropping the permit releases the slot: when the work ends, fails, panics or is cancelled. While it is
+/// alive, the limiter renews its lease in the background, so a permit held for hours keeps its slot; a
+/// permit whose lease was lost (the store restarted empty and the key is now full) says so through
+/// [`Permit::is_lost`].
+///
+/// ```
+/// use inflight::{Limiter, MemoryStore, Policy};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(1, 0)).build();
+/// let permit = limiter.try_acquire("tenant-7").await.unwrap();
+/// assert_eq!(permit.key(), "tenant-7");
+/// assert_eq!(permit.limit().get(), Some(1));
+/// assert_eq!(limiter.status("tenant-7").await.unwrap().in_flight, 1);
+/// permit.release().await.unwrap();
+/// assert_eq!(limiter.status("tenant-7").await.unwrap().in_flight, 0);
+/// # }
+/// ```
+#[must_use = "the slot is released as soon as the permit is dropped"]
+pub struct Permit {
+    state: Arc<PermitState>,
+    hold: Hold,
+}
+
+/// A lease handed off by [`Permit::detach`]: its holder must renew or release it (for example over HTTP).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The key.
+    pub key: Arc<str>,
+    /// The permit's id.
+    pub id: PermitId,
+    /// Its weight.
+    pub weight: u32,
+    /// The key's effective limit at admission.
+    pub limit: Limit,
+    /// The key's in-flight count at admission, this permit included.
+    pub in_flight: u32,
+    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when nothing is held.
+    pub expires_at_ms: u64,
+}
+
+impl Permit {
+    pub(crate) fn held(state: Arc<PermitState>, owner: Arc<dyn Owner>) -> Self {
+        Self {
+            state,
+            hold: Hold::Store(owner),
+        }
+    }
+
+    pub(crate) fn free(state: Arc<PermitState>) -> Self {
+        Self {
+            state,
+            hold: Hold::Free,
+        }
+    }
+
+    /// The key this permit counts against.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// The permit's id: generated, or the one given in [`crate::AcquireOptions::id`].
+    pub fn id(&self) -> &PermitId {
+        &self.state.id
+    }
+
+    /// How many slots it takes.
+    pub fn weight(&self) -> u32 {
+        self.state.weight
+    }
+
+    /// The key's effective limit when the permit was granted.
+    pub fn limit(&self) -> Limit {
+        self.state.limit
+    }
+
+    /// The key's in-flight count when the permit was granted, this permit included.
+    pub fn in_flight(&self) -> u32 {
+        self.state.in_flight
+    }
+
+    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when the permit holds
+    /// nothing in the store (an unlimited key).
+    pub fn expires_at_ms(&self) -> u64 {
+        self.state.expires_at_ms.load(Ordering::Relaxed)
+    }
+
+    /// True once a renewal found the lease gone and could not take it back (the key was full): the
+    /// request is no longer counted. Finishing its work is still safe; the permit is released as usual.
+    pub fn is_lost(&self) -> bool {
+        self.state.lost.load(Ordering::Relaxed)
+    }
+
+    /// True when the permit holds a lease in the store (false for an unlimited key).
+    pub fn is_counted(&self) -> bool {
+        matches!(self.hold, Hold::Store(_))
+    }
+
+    /// Releases the slot now and reports whether the store took the release.
+    ///
+    /// Dropping the permit releases it too; this is for callers that want the error.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        match std::mem::replace(&mut self.hold, Hold::Done) {
+            Hold::Store(owner) => owner.release(self.state.clone()).await,
+            Hold::Free | Hold::Done => Ok(()),
+        }
+    }
+
+    /// Hands the lease off: the limiter stops renewing it and dropping the permit no longer releases it.
+    /// Whoever holds the returned [`Lease`] must renew or release it before it expires.
+    pub fn detach(mut self) -> Lease {
+        if let Hold::Store(owner) = std::mem::replace(&mut self.hold, Hold::Done) {
+            owner.detach(&self.state);
+        }
+        Lease {
+            key: self.state.key.clone(),
+            id: self.state.id.clone(),
+            weight: self.state.weight,
+            limit: self.state.limit,
+            in_flight: self.state.in_flight,
+            expires_at_ms: self.expires_at_ms(),
+        }
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Hold::Store(owner) = std::mem::replace(&mut self.hold, Hold::Done) {
+            owner.release_dropped(self.state.clone());
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("key", &self.state.key)
+            .field("id", &self.state.id)
+            .field("weight", &self.state.weight)
+            .field("limit", &self.state.limit)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}

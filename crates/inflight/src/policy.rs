@@ -1,0 +1,134 @@
+//! The effective limit of a key: its override else the default, capped by the ceiling; 0 means unlimited.
+
+use std::fmt;
+
+/// The process-wide limit settings: a default for every key and a ceiling over all of them.
+///
+/// A key's own limit is its override when that is > 0, else `default_limit`. The effective limit is the
+/// smaller of the key's own limit and `max_limit`, counting only values > 0; when neither is > 0 the key is
+/// unlimited. So an override may be above the default but never above the ceiling.
+///
+/// ```
+/// use inflight::{Limit, Policy};
+///
+/// // ceiling / default / override -> effective, as the reference system resolves them.
+/// assert_eq!(Policy::new(0, 0).resolve(None), Limit::Unlimited);
+/// assert_eq!(Policy::new(0, 0).resolve(Some(5)), Limit::Limited(5));
+/// assert_eq!(Policy::new(0, 10).resolve(None), Limit::Limited(10));
+/// assert_eq!(Policy::new(0, 20).resolve(Some(5)), Limit::Limited(5));
+/// assert_eq!(Policy::new(15, 0).resolve(None), Limit::Limited(15));
+/// // An override may be above the default, not above the ceiling.
+/// assert_eq!(Policy::new(3, 0).resolve(Some(5)), Limit::Limited(5));
+/// assert_eq!(Policy::new(3, 4).resolve(Some(5)), Limit::Limited(4));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// The limit of a key without an override; 0 = unlimited.
+    pub default_limit: u32,
+    /// The ceiling over every key's limit; 0 = no ceiling.
+    pub max_limit: u32,
+}
+
+impl Policy {
+    /// A policy with this default and ceiling (0 = none).
+    pub const fn new(default_limit: u32, max_limit: u32) -> Self {
+        Self {
+            default_limit,
+            max_limit,
+        }
+    }
+
+    /// The effective limit of a key whose override is `override_limit` (`None` or `Some(0)`: no override).
+    pub const fn resolve(&self, override_limit: Option<u32>) -> Limit {
+        let own = match override_limit {
+            Some(n) if n > 0 => n,
+            _ => self.default_limit,
+        };
+        Limit::from_u32(match (own, self.max_limit) {
+            (0, cap) => cap,
+            (own, 0) => own,
+            (own, cap) if own < cap => own,
+            (_, cap) => cap,
+        })
+    }
+
+    /// True when no key can have a limit unless it has an override: both settings are 0.
+    pub const fn is_unlimited_by_default(&self) -> bool {
+        self.default_limit == 0 && self.max_limit == 0
+    }
+}
+
+/// An effective limit: unlimited, or at most `n` (> 0) in flight at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    /// No limit: admission needs no store.
+    Unlimited,
+    /// At most this many (always > 0) in flight at once.
+    Limited(u32),
+}
+
+impl Limit {
+    /// `0` is [`Limit::Unlimited`], anything else is [`Limit::Limited`].
+    pub const fn from_u32(n: u32) -> Self {
+        if n == 0 {
+            Self::Unlimited
+        } else {
+            Self::Limited(n)
+        }
+    }
+
+    /// The limit as a number, `None` when unlimited.
+    pub const fn get(self) -> Option<u32> {
+        match self {
+            Self::Unlimited => None,
+            Self::Limited(n) => Some(n),
+        }
+    }
+
+    /// The limit as a number with `0` for unlimited (the store's encoding).
+    pub const fn as_u32(self) -> u32 {
+        match self {
+            Self::Unlimited => 0,
+            Self::Limited(n) => n,
+        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unlimited => f.write_str("unlimited"),
+            Self::Limited(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_cases_resolve_as_the_reference_system() {
+        // (ceiling, default, override) -> effective
+        let cases = [
+            ((0, 0, 0), Limit::Unlimited),
+            ((0, 0, 5), Limit::Limited(5)),
+            ((10, 0, 0), Limit::Limited(10)),
+            ((20, 0, 5), Limit::Limited(5)),
+            ((0, 15, 0), Limit::Limited(15)),
+        ];
+        for ((ceiling, default, over), want) in cases {
+            let got = Policy::new(default, ceiling).resolve(Some(over));
+            assert_eq!(got, want, "ceiling {ceiling} default {default} override {over}");
+            let got_none = Policy::new(default, ceiling).resolve((over > 0).then_some(over));
+            assert_eq!(got_none, want);
+        }
+    }
+
+    #[test]
+    fn override_may_exceed_default_but_not_ceiling() {
+        assert_eq!(Policy::new(3, 0).resolve(Some(5)), Limit::Limited(5));
+        assert_eq!(Policy::new(3, 4).resolve(Some(5)), Limit::Limited(4));
+        assert_eq!(Policy::new(3, 4).resolve(Some(2)), Limit::Limited(2));
+    }
+}

@@ -1,0 +1,190 @@
+//! The limiter's background task: renews the leases of live permits in batches, retries releases that the
+//! store could not take, and runs store maintenance. One task per limiter, not one per permit.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+use crate::limiter::Core;
+use crate::permit::PermitState;
+use crate::store::{RenewRequest, Renewal, Store};
+
+/// How often, at most, the task sleeps between passes; maintenance runs on this beat.
+const MAX_TICK: Duration = Duration::from_secs(1);
+/// How many leases one store call renews.
+const BATCH: usize = 512;
+/// Releases waiting for the store at once; past this, dropped permits are left to their leases.
+const MAX_PENDING_RELEASES: usize = 65_536;
+
+/// The permits this limiter renews.
+pub(crate) struct Registry {
+    permits: DashMap<u64, Arc<PermitState>>,
+    next_seq: AtomicU64,
+    /// The shortest lease seen: the task wakes at a third of it.
+    min_lease_ms: AtomicU64,
+    epoch: Instant,
+    pub(crate) pending_releases: AtomicUsize,
+}
+
+impl Registry {
+    pub(crate) fn new(default_lease_ms: u64) -> Self {
+        Self {
+            permits: DashMap::new(),
+            next_seq: AtomicU64::new(0),
+            min_lease_ms: AtomicU64::new(default_lease_ms),
+            epoch: Instant::now(),
+            pending_releases: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Milliseconds on the limiter's monotonic clock (tokio's, so paused-time tests move it).
+    pub(crate) fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// When a lease of `lease_ms` renewed now should be renewed next: a third of the way through.
+    pub(crate) fn renew_at(&self, lease_ms: u64) -> u64 {
+        self.now_ms().saturating_add((lease_ms / 3).max(1))
+    }
+
+    pub(crate) fn insert(&self, state: Arc<PermitState>) {
+        if state.lease_ms < self.min_lease_ms.load(Ordering::Relaxed) {
+            self.min_lease_ms.fetch_min(state.lease_ms, Ordering::Relaxed);
+        }
+        self.permits.insert(state.seq, state);
+    }
+
+    pub(crate) fn remove(&self, seq: u64) {
+        self.permits.remove(&seq);
+    }
+
+    /// How many permits are being renewed.
+    pub(crate) fn len(&self) -> usize {
+        self.permits.len()
+    }
+
+    fn tick(&self) -> Duration {
+        let third = self.min_lease_ms.load(Ordering::Relaxed) / 3;
+        Duration::from_millis(third.max(1)).min(MAX_TICK)
+    }
+
+    fn due(&self) -> Vec<Arc<PermitState>> {
+        let now = self.now_ms();
+        self.permits
+            .iter()
+            .filter(|p| p.renew_at_ms.load(Ordering::Relaxed) <= now)
+            .map(|p| p.value().clone())
+            .collect()
+    }
+}
+
+/// Runs until the limiter and all its permits are gone.
+pub(crate) async fn run<S: Store>(core: Weak<Core<S>>) {
+    let mut last_maintain = Instant::now();
+    loop {
+        let tick = match core.upgrade() {
+            Some(core) => core.registry.tick(),
+            None => return,
+        };
+        tokio::time::sleep(tick).await;
+        let Some(core) = core.upgrade() else { return };
+        renew_due(&core).await;
+        if last_maintain.elapsed() >= MAX_TICK {
+            core.store.maintain().await;
+            last_maintain = Instant::now();
+        }
+    }
+}
+
+/// Renews every permit whose renewal is due, in batches.
+pub(crate) async fn renew_due<S: Store>(core: &Core<S>) {
+    let due = core.registry.due();
+    for chunk in due.chunks(BATCH) {
+        let batch: Vec<RenewRequest> = chunk
+            .iter()
+            .map(|p| RenewRequest {
+                key: p.key.clone(),
+                id: p.id.clone(),
+                lease_ms: p.lease_ms,
+                policy: core.policy,
+                readd_weight: Some(p.weight),
+            })
+            .collect();
+        let outcomes = match core.store.renew(&batch).await {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                // Left due: the next pass tries again, and the lease re-adds itself once the store is back.
+                tracing::warn!(%error, permits = batch.len(), "lease renewal failed");
+                return;
+            }
+        };
+        for (permit, outcome) in chunk.iter().zip(outcomes) {
+            apply(core, permit, outcome).await;
+        }
+    }
+}
+
+async fn apply<S: Store>(core: &Core<S>, permit: &PermitState, outcome: Renewal) {
+    match outcome {
+        Renewal::Renewed(grant) | Renewal::Readded(grant) => {
+            permit.expires_at_ms.store(grant.expires_at_ms, Ordering::Relaxed);
+            permit
+                .renew_at_ms
+                .store(core.registry.renew_at(permit.lease_ms), Ordering::Relaxed);
+            if matches!(outcome, Renewal::Readded(_)) {
+                core.stats.readded.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(key = %permit.key, id = %permit.id, "lease was gone and has been re-added");
+                // A permit released while its re-add was in flight must not leave the re-added lease behind.
+                if permit.released.load(Ordering::Acquire) {
+                    let _ = core.store.release(&permit.key, &permit.id).await;
+                }
+            }
+        }
+        Renewal::Lost => {
+            permit.lost.store(true, Ordering::Relaxed);
+            core.registry.remove(permit.seq);
+            if !permit.released.load(Ordering::Acquire) {
+                core.stats.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(key = %permit.key, id = %permit.id, "lease lost: the key is full without it");
+            }
+        }
+    }
+}
+
+/// Releases a dropped permit in the background, retrying transient failures until its lease would have
+/// ended anyway (the store then reclaims it by itself).
+pub(crate) fn spawn_release<S: Store>(core: Arc<Core<S>>, permit: Arc<PermitState>) {
+    let pending = core.registry.pending_releases.fetch_add(1, Ordering::Relaxed);
+    if pending >= MAX_PENDING_RELEASES {
+        core.registry.pending_releases.fetch_sub(1, Ordering::Relaxed);
+        tracing::warn!(key = %permit.key, id = %permit.id, "too many releases pending; leaving this one to its lease");
+        return;
+    }
+    let runtime = core.runtime.clone();
+    runtime.spawn(async move {
+        let give_up = Instant::now() + Duration::from_millis(permit.lease_ms);
+        let mut delay = Duration::from_millis(20);
+        loop {
+            match core.store.release(&permit.key, &permit.id).await {
+                Ok(_) => break,
+                Err(error) if error.is_transient() && Instant::now() + delay < give_up => {
+                    tracing::debug!(%error, key = %permit.key, "release failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, key = %permit.key, id = %permit.id, "release failed; the lease will expire");
+                    break;
+                }
+            }
+        }
+        core.registry.pending_releases.fetch_sub(1, Ordering::Relaxed);
+    });
+}
