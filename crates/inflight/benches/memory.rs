@@ -1,1 +1,78 @@
-fn main() {}
+//! The memory store against what a Rust user would otherwise write: a per-key tokio semaphore in a
+//! `DashMap<String, Arc<Semaphore>>`, `try_acquire_owned` then drop. One key, and 100,000 keys.
+//!
+//! `cargo bench -p inflight --bench memory`
+#![allow(missing_docs)]
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use dashmap::DashMap;
+use futures_util::FutureExt;
+use inflight::{Limiter, MemoryStore, Policy};
+use tokio::sync::Semaphore;
+
+const LIMIT: u32 = 64;
+
+struct Semaphores {
+    map: DashMap<String, Arc<Semaphore>>,
+}
+
+impl Semaphores {
+    fn pair(&self, key: &str) {
+        let sem = match self.map.get(key) {
+            Some(sem) => sem.clone(),
+            None => self
+                .map
+                .entry(key.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(LIMIT as usize)))
+                .clone(),
+        };
+        let permit = sem.try_acquire_owned().expect("room");
+        drop(permit);
+    }
+}
+
+fn pairs(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let mut group = c.benchmark_group("acquire+release");
+    group.throughput(Throughput::Elements(1));
+    for n_keys in [1usize, 100_000] {
+        let keys: Vec<String> = (0..n_keys).map(|n| format!("app-{n:08}")).collect();
+
+        let semaphores = Semaphores {
+            map: DashMap::new(),
+        };
+        let mut i = 0;
+        group.bench_function(BenchmarkId::new("tokio_semaphore_per_key", n_keys), |b| {
+            b.iter(|| {
+                i = (i + 1) % n_keys;
+                semaphores.pair(&keys[i]);
+            })
+        });
+
+        let limiter = Limiter::builder(MemoryStore::new())
+            .policy(Policy::new(LIMIT, 0))
+            .build();
+        let mut i = 0;
+        group.bench_function(BenchmarkId::new("inflight_memory", n_keys), |b| {
+            b.iter(|| {
+                i = (i + 1) % n_keys;
+                let permit = limiter
+                    .try_acquire(&keys[i])
+                    .now_or_never()
+                    .unwrap()
+                    .expect("room");
+                drop(permit);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, pairs);
+criterion_main!(benches);

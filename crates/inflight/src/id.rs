@@ -43,7 +43,9 @@ impl PermitId {
 impl From<&str> for PermitId {
     fn from(s: &str) -> Self {
         match Uuid::try_parse(s) {
-            Ok(u) if u.hyphenated().encode_lower(&mut Uuid::encode_buffer()) == s => Self(Repr::Uuid(u)),
+            Ok(u) if u.hyphenated().encode_lower(&mut Uuid::encode_buffer()) == s => {
+                Self(Repr::Uuid(u))
+            }
             _ => Self(Repr::Given(Arc::from(s))),
         }
     }

@@ -12,7 +12,9 @@ use crate::id::PermitId;
 use crate::permit::{BoxFuture, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
 use crate::renewer::{self, Registry};
-use crate::store::{AcquireRequest, Admission, Grant, KeyStatus, MemoryStore, RenewRequest, Renewal, Store};
+use crate::store::{
+    AcquireRequest, Admission, Grant, KeyStatus, MemoryStore, RenewRequest, Renewal, Store,
+};
 
 /// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -190,7 +192,11 @@ impl<S: Store> Limiter<S> {
     ///
     /// Cancelling the future before it completes may leave a lease in the store that nobody holds; it ends
     /// with its lease.
-    pub async fn try_acquire_with(&self, key: &str, options: AcquireOptions) -> Result<Permit, AcquireError> {
+    pub async fn try_acquire_with(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> Result<Permit, AcquireError> {
         let weight = options.weight.unwrap_or(1);
         if weight == 0 {
             return Err(AcquireError::Invalid("weight must be at least 1"));
@@ -214,7 +220,9 @@ impl<S: Store> Limiter<S> {
         match core.store.acquire(request).await? {
             Admission::Admitted { grant, reclaimed } => {
                 if reclaimed > 0 {
-                    core.stats.reclaimed.fetch_add(u64::from(reclaimed), Ordering::Relaxed);
+                    core.stats
+                        .reclaimed
+                        .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
                 }
                 Ok(self.held_permit(key, id, lease_ms, grant))
             }
@@ -225,11 +233,15 @@ impl<S: Store> Limiter<S> {
                 reclaimed,
             } => {
                 if reclaimed > 0 {
-                    core.stats.reclaimed.fetch_add(u64::from(reclaimed), Ordering::Relaxed);
+                    core.stats
+                        .reclaimed
+                        .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
                 }
                 Err(AcquireError::Full { limit, in_flight })
             }
-            Admission::TooHeavy { limit } => Err(AcquireError::WeightExceedsLimit { weight, limit }),
+            Admission::TooHeavy { limit } => {
+                Err(AcquireError::WeightExceedsLimit { weight, limit })
+            }
         }
     }
 
@@ -276,7 +288,10 @@ impl<S: Store> Limiter<S> {
     /// Sets the key's limit override (0 clears it); it applies to the next admission in every process
     /// that shares the store. The ceiling still caps it.
     pub async fn set_limit(&self, key: &str, limit: u32) -> Result<KeyStatus, StoreError> {
-        self.core.store.set_limit(key, Some(limit), self.core.policy).await
+        self.core
+            .store
+            .set_limit(key, Some(limit), self.core.policy)
+            .await
     }
 
     /// Clears the key's limit override: the default applies again.
@@ -286,7 +301,12 @@ impl<S: Store> Limiter<S> {
 
     /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease` (default: the
     /// limiter's). A lease that is gone stays gone: [`Renewal::Lost`].
-    pub async fn renew(&self, key: &str, id: &PermitId, lease: Option<Duration>) -> Result<Renewal, StoreError> {
+    pub async fn renew(
+        &self,
+        key: &str,
+        id: &PermitId,
+        lease: Option<Duration>,
+    ) -> Result<Renewal, StoreError> {
         let request = RenewRequest {
             key: Arc::from(key),
             id: id.clone(),
@@ -294,7 +314,11 @@ impl<S: Store> Limiter<S> {
             policy: self.core.policy,
             readd_weight: None,
         };
-        let mut outcomes = self.core.store.renew(std::slice::from_ref(&request)).await?;
+        let mut outcomes = self
+            .core
+            .store
+            .renew(std::slice::from_ref(&request))
+            .await?;
         outcomes
             .pop()
             .ok_or_else(|| StoreError::Protocol("renewal returned no outcome".into()))
@@ -330,9 +354,9 @@ impl<S: Store> Limiter<S> {
         self.core.registry.len()
     }
 
-    /// Renews every lease that is due now instead of waiting for the renewal task; for tests and shutdown.
-    pub async fn renew_due(&self) {
-        renewer::renew_due(&self.core).await;
+    /// Renews the lease of every permit this limiter holds now, without waiting for the renewal task.
+    pub async fn renew_now(&self) {
+        renewer::renew_due(&self.core, u64::MAX).await;
     }
 }
 
@@ -365,7 +389,11 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl std::future::Future<Output = Result<Admission, StoreError>> + Send {
         (**self).acquire(req)
     }
-    fn release(&self, key: &str, id: &PermitId) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
+    fn release(
+        &self,
+        key: &str,
+        id: &PermitId,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
         (**self).release(key, id)
     }
     fn renew(
@@ -374,7 +402,11 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl std::future::Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
         (**self).renew(batch)
     }
-    fn status(&self, key: &str, policy: Policy) -> impl std::future::Future<Output = Result<KeyStatus, StoreError>> + Send {
+    fn status(
+        &self,
+        key: &str,
+        policy: Policy,
+    ) -> impl std::future::Future<Output = Result<KeyStatus, StoreError>> + Send {
         (**self).status(key, policy)
     }
     fn set_limit(

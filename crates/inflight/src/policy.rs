@@ -119,7 +119,10 @@ mod tests {
         ];
         for ((ceiling, default, over), want) in cases {
             let got = Policy::new(default, ceiling).resolve(Some(over));
-            assert_eq!(got, want, "ceiling {ceiling} default {default} override {over}");
+            assert_eq!(
+                got, want,
+                "ceiling {ceiling} default {default} override {over}"
+            );
             let got_none = Policy::new(default, ceiling).resolve((over > 0).then_some(over));
             assert_eq!(got_none, want);
         }

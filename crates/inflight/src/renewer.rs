@@ -56,7 +56,8 @@ impl Registry {
 
     pub(crate) fn insert(&self, state: Arc<PermitState>) {
         if state.lease_ms < self.min_lease_ms.load(Ordering::Relaxed) {
-            self.min_lease_ms.fetch_min(state.lease_ms, Ordering::Relaxed);
+            self.min_lease_ms
+                .fetch_min(state.lease_ms, Ordering::Relaxed);
         }
         self.permits.insert(state.seq, state);
     }
@@ -75,8 +76,8 @@ impl Registry {
         Duration::from_millis(third.max(1)).min(MAX_TICK)
     }
 
-    fn due(&self) -> Vec<Arc<PermitState>> {
-        let now = self.now_ms();
+    /// The permits whose renewal is due by `now_ms` (`u64::MAX`: all of them).
+    fn due(&self, now: u64) -> Vec<Arc<PermitState>> {
         self.permits
             .iter()
             .filter(|p| p.renew_at_ms.load(Ordering::Relaxed) <= now)
@@ -95,7 +96,7 @@ pub(crate) async fn run<S: Store>(core: Weak<Core<S>>) {
         };
         tokio::time::sleep(tick).await;
         let Some(core) = core.upgrade() else { return };
-        renew_due(&core).await;
+        renew_due(&core, core.registry.now_ms()).await;
         if last_maintain.elapsed() >= MAX_TICK {
             core.store.maintain().await;
             last_maintain = Instant::now();
@@ -103,9 +104,9 @@ pub(crate) async fn run<S: Store>(core: Weak<Core<S>>) {
     }
 }
 
-/// Renews every permit whose renewal is due, in batches.
-pub(crate) async fn renew_due<S: Store>(core: &Core<S>) {
-    let due = core.registry.due();
+/// Renews every permit whose renewal is due by `now` (limiter clock), in batches.
+pub(crate) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
+    let due = core.registry.due(now);
     for chunk in due.chunks(BATCH) {
         let batch: Vec<RenewRequest> = chunk
             .iter()
@@ -134,7 +135,9 @@ pub(crate) async fn renew_due<S: Store>(core: &Core<S>) {
 async fn apply<S: Store>(core: &Core<S>, permit: &PermitState, outcome: Renewal) {
     match outcome {
         Renewal::Renewed(grant) | Renewal::Readded(grant) => {
-            permit.expires_at_ms.store(grant.expires_at_ms, Ordering::Relaxed);
+            permit
+                .expires_at_ms
+                .store(grant.expires_at_ms, Ordering::Relaxed);
             permit
                 .renew_at_ms
                 .store(core.registry.renew_at(permit.lease_ms), Ordering::Relaxed);
@@ -161,9 +164,14 @@ async fn apply<S: Store>(core: &Core<S>, permit: &PermitState, outcome: Renewal)
 /// Releases a dropped permit in the background, retrying transient failures until its lease would have
 /// ended anyway (the store then reclaims it by itself).
 pub(crate) fn spawn_release<S: Store>(core: Arc<Core<S>>, permit: Arc<PermitState>) {
-    let pending = core.registry.pending_releases.fetch_add(1, Ordering::Relaxed);
+    let pending = core
+        .registry
+        .pending_releases
+        .fetch_add(1, Ordering::Relaxed);
     if pending >= MAX_PENDING_RELEASES {
-        core.registry.pending_releases.fetch_sub(1, Ordering::Relaxed);
+        core.registry
+            .pending_releases
+            .fetch_sub(1, Ordering::Relaxed);
         tracing::warn!(key = %permit.key, id = %permit.id, "too many releases pending; leaving this one to its lease");
         return;
     }

@@ -123,7 +123,7 @@ impl<C: Clock> MemoryStore<C> {
         self.with_key(req.key, true, |state, now, reclaimed| {
             state.acquire(&req, now, reclaimed)
         })
-            .unwrap_or(Admission::Unlimited)
+        .unwrap_or(Admission::Unlimited)
     }
 
     fn renew_now(&self, req: &RenewRequest) -> Renewal {
@@ -255,6 +255,8 @@ impl KeyState {
         if let Some(lease) = self.leases.get_mut(&req.id) {
             lease.expires_at_ms = expires_at_ms;
             let lease = *lease;
+            // A renewal may shorten the lease: keep the bound a lower bound.
+            self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
             return Renewal::Renewed(self.grant(limit, lease));
         }
         let Some(weight) = req.readd_weight else {
@@ -294,19 +296,33 @@ impl KeyState {
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
-    fn acquire(&self, req: AcquireRequest<'_>) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
         ready(Ok(self.acquire_now(req)))
     }
 
-    fn release(&self, key: &str, id: &PermitId) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    fn release(
+        &self,
+        key: &str,
+        id: &PermitId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         ready(Ok(self.release_sync(key, id)))
     }
 
-    fn renew(&self, batch: &[RenewRequest]) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
         ready(Ok(batch.iter().map(|r| self.renew_now(r)).collect()))
     }
 
-    fn status(&self, key: &str, policy: Policy) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+    fn status(
+        &self,
+        key: &str,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
         ready(Ok(self.status_now(key, policy)))
     }
 

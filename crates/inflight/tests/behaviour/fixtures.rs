@@ -1,0 +1,52 @@
+//! A fixture per store: a store to share between limiters (as processes share one) and a way to move its
+//! clock forward.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inflight::{Limiter, ManualClock, MemoryStore, Policy, Store};
+
+/// What every scenario needs from a store under test.
+pub trait Fixture: Send + Sync + 'static {
+    /// The store type.
+    type S: Store;
+    /// The store, shared: each limiter built from it stands for one process.
+    fn store(&self) -> Arc<Self::S>;
+    /// Moves the store's clock forward.
+    fn advance(&self, by: Duration);
+
+    /// A limiter ("a process") over the shared store.
+    fn limiter(&self, policy: Policy) -> Limiter<Arc<Self::S>> {
+        Limiter::builder(self.store())
+            .policy(policy)
+            .lease(Duration::from_secs(30))
+            .build()
+    }
+}
+
+pub struct MemoryFixture {
+    clock: ManualClock,
+    store: Arc<MemoryStore<ManualClock>>,
+}
+
+impl MemoryFixture {
+    pub fn new() -> Self {
+        let clock = ManualClock::new(1_700_000_000_000);
+        Self {
+            store: Arc::new(MemoryStore::with_clock(clock.clone())),
+            clock,
+        }
+    }
+}
+
+impl Fixture for MemoryFixture {
+    type S = MemoryStore<ManualClock>;
+
+    fn store(&self) -> Arc<Self::S> {
+        self.store.clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+}

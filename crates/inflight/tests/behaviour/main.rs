@@ -1,0 +1,56 @@
+//! One behaviour suite, instantiated for every store.
+#![allow(unreachable_pub, missing_docs)]
+
+mod fixtures;
+mod scenarios;
+
+/// Instantiates every scenario as a test against the fixture `$fixture` builds.
+macro_rules! behaviour_suite {
+    ($store:ident, $fixture:expr) => {
+        mod $store {
+            #[allow(unused_imports)]
+            use super::*;
+
+            behaviour_suite!(@tests $fixture;
+                admits_up_to_the_limit_and_rejects_exactly_at_it,
+                dropping_or_releasing_a_permit_frees_its_slot,
+                generated_ids_are_uuids_and_given_ids_are_kept,
+                reacquiring_a_held_id_counts_once_and_refreshes_its_lease,
+                a_limit_change_applies_to_the_next_admission_in_every_process,
+                the_ceiling_caps_every_override,
+                an_override_limits_a_key_that_is_unlimited_by_default,
+                weights_count_and_a_weight_over_the_limit_can_never_fit,
+                an_expired_lease_is_reclaimed_at_the_next_admission,
+                a_held_permit_keeps_its_slot_across_many_leases,
+                a_renewal_readds_a_lease_the_store_lost,
+                a_renewal_marks_the_permit_lost_when_the_key_filled_up,
+                remote_renewal_of_a_gone_lease_says_lost,
+                a_stream_holds_its_permit_until_it_ends,
+                a_stream_dropped_midway_or_before_its_first_item_releases,
+                a_stream_that_errors_releases_when_it_ends,
+                a_scope_holds_its_permit_until_the_future_completes_or_is_cancelled,
+                a_panic_while_holding_a_permit_releases_it,
+                one_permit_is_handed_from_phase_to_phase,
+                status_of_an_unknown_key_is_empty,
+                keys_are_opaque,
+            );
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn many_tasks_never_exceed_the_limit_and_end_at_zero() {
+                crate::scenarios::many_tasks_never_exceed_the_limit_and_end_at_zero($fixture).await;
+            }
+        }
+    };
+    (@tests $fixture:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                crate::scenarios::$name($fixture).await;
+            }
+        )*
+    };
+}
+
+behaviour_suite!(memory, crate::fixtures::MemoryFixture::new());
+
+mod memory_only;

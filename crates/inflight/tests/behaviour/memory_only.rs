@@ -1,0 +1,167 @@
+//! What only the memory store can show: calls counted, idle keys forgotten.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use inflight::store::{AcquireRequest, Admission, KeyStatus, RenewRequest, Renewal};
+use inflight::{Limiter, ManualClock, MemoryStore, PermitId, Policy, Store, StoreError};
+
+/// A store that counts the calls that would be I/O in a remote store.
+#[derive(Default)]
+struct Counting {
+    inner: MemoryStore,
+    calls: AtomicUsize,
+}
+
+impl Counting {
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Store for Counting {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        self.count();
+        self.inner.acquire(req)
+    }
+    fn release(
+        &self,
+        key: &str,
+        id: &PermitId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.count();
+        self.inner.release(key, id)
+    }
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+        self.count();
+        self.inner.renew(batch)
+    }
+    fn status(
+        &self,
+        key: &str,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        self.count();
+        self.inner.status(key, policy)
+    }
+    fn set_limit(
+        &self,
+        key: &str,
+        limit: Option<u32>,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        self.count();
+        self.inner.set_limit(key, limit, policy)
+    }
+    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
+        self.count();
+        self.inner.release_now(key, id)
+    }
+    fn may_have_override(&self, key: &str) -> bool {
+        self.inner.may_have_override(key)
+    }
+}
+
+#[tokio::test]
+async fn an_unlimited_key_is_admitted_without_any_store_io() {
+    let limiter = Limiter::builder(Counting::default())
+        .policy(Policy::new(0, 0))
+        .build();
+    for _ in 0..1_000 {
+        let permit = limiter.try_acquire("app").await.unwrap();
+        assert!(!permit.is_counted());
+        drop(permit);
+    }
+    let streamed = limiter.try_acquire("app").await.unwrap();
+    drop(streamed.guard_stream(futures_util::stream::iter([1, 2])));
+    limiter.renew_now().await;
+    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 0);
+
+    // Once any key has an override, admissions ask the store again.
+    limiter.set_limit("other", 2).await.unwrap();
+    let before = limiter.store().calls.load(Ordering::SeqCst);
+    let _permit = limiter.try_acquire("app").await.unwrap();
+    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), before + 1);
+}
+
+#[tokio::test]
+async fn a_limited_key_costs_one_store_call_per_acquire_and_per_release() {
+    let limiter = Limiter::builder(Counting::default())
+        .policy(Policy::new(2, 0))
+        .build();
+    let permit = limiter.try_acquire("app").await.unwrap();
+    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 1);
+    drop(permit);
+    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn idle_keys_are_forgotten_so_memory_stays_bounded() {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::with_clock(clock.clone()).idle_ttl(Duration::from_secs(10));
+    let limiter = Limiter::builder(Arc::new(store))
+        .policy(Policy::new(1, 0))
+        .build();
+    for n in 0..10_000 {
+        let permit = limiter.try_acquire(&format!("key-{n}")).await.unwrap();
+        drop(permit);
+    }
+    // A key with a crashed holder and one with an override.
+    let _ = limiter
+        .try_acquire_with(
+            "crashed",
+            inflight::AcquireOptions::new().lease(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .detach();
+    limiter.set_limit("configured", 3).await.unwrap();
+    let store = limiter.store().clone();
+    assert_eq!(store.key_count(), 10_002);
+    store.maintain().await;
+    assert_eq!(store.key_count(), 10_002, "not idle long enough yet");
+    clock.advance(Duration::from_secs(11));
+    store.maintain().await;
+    assert_eq!(
+        store.key_count(),
+        1,
+        "only the key with an override is kept"
+    );
+    assert_eq!(
+        limiter.status("configured").await.unwrap().override_limit,
+        Some(3)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_renewal_task_renews_held_permits_by_itself() {
+    // The store's clock follows tokio's paused clock, so the background task's timers and the leases
+    // move together.
+    let clock = ManualClock::new(0);
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let holder = Limiter::builder(store.clone())
+        .policy(Policy::new(1, 0))
+        .lease(Duration::from_secs(3))
+        .build();
+    let other = Limiter::builder(store).policy(Policy::new(1, 0)).build();
+    let permit = holder.try_acquire("app").await.unwrap();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        clock.advance(Duration::from_millis(500));
+        assert!(other.try_acquire("app").await.unwrap_err().is_full());
+    }
+    assert!(!permit.is_lost());
+    assert!(
+        permit.expires_at_ms() >= 48_000,
+        "renewed: {}",
+        permit.expires_at_ms()
+    );
+}
