@@ -38,6 +38,7 @@
 //! ```
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
 mod clock;
 mod error;

@@ -9,11 +9,12 @@ use tokio::runtime::Handle;
 use crate::clock::millis;
 use crate::error::{AcquireError, StoreError};
 use crate::id::PermitId;
-use crate::permit::{BoxFuture, Owner, Permit, PermitState};
+use crate::permit::{BoxFuture, Hold, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
 use crate::renewer::{self, Registry};
 use crate::store::{
-    AcquireRequest, Admission, Grant, KeyStatus, MemoryStore, RenewRequest, Renewal, Store,
+    AcquireRequest, Admission, Grant, KeyStatus, LocalAdmission, MemoryStore, RenewRequest,
+    Renewal, Store,
 };
 
 /// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
@@ -205,38 +206,48 @@ impl<S: Store> Limiter<S> {
         if lease_ms == 0 {
             return Err(AcquireError::Invalid("lease must be at least 1 ms"));
         }
-        let id = options.id.unwrap_or_else(PermitId::generate);
         let core = &self.core;
         if core.policy.is_unlimited_by_default() && !core.store.may_have_override(key) {
-            return Ok(self.free_permit(key, id, weight, lease_ms));
+            return Ok(free_permit(key, options.id, weight));
         }
-        let request = AcquireRequest {
-            key,
-            id: &id,
-            weight,
-            lease_ms,
-            policy: core.policy,
-        };
-        match core.store.acquire(request).await? {
-            Admission::Admitted { grant, reclaimed } => {
-                if reclaimed > 0 {
-                    core.stats
-                        .reclaimed
-                        .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
+        let admission = match options.id {
+            None => match core.store.acquire_local(key, weight, core.policy) {
+                Some(LocalAdmission::Held {
+                    hold,
+                    grant,
+                    reclaimed,
+                }) => {
+                    self.count_reclaimed(reclaimed);
+                    let hold = Hold::Local { hold, lease_ms };
+                    return Ok(Permit::new(
+                        hold,
+                        None,
+                        grant.weight,
+                        grant.limit,
+                        grant.in_flight,
+                    ));
                 }
-                Ok(self.held_permit(key, id, lease_ms, grant))
+                Some(LocalAdmission::Decided(admission)) => admission,
+                None => {
+                    self.acquire_leased(key, &PermitId::generate(), weight, lease_ms)
+                        .await?
+                }
+            },
+            Some(ref id) => self.acquire_leased(key, id, weight, lease_ms).await?,
+        };
+        match admission {
+            Admission::Admitted { grant, reclaimed } => {
+                self.count_reclaimed(reclaimed);
+                let id = options.id.unwrap_or_else(PermitId::generate);
+                Ok(self.leased_permit(key, id, lease_ms, grant))
             }
-            Admission::Unlimited => Ok(self.free_permit(key, id, weight, lease_ms)),
+            Admission::Unlimited => Ok(free_permit(key, options.id, weight)),
             Admission::Full {
                 limit,
                 in_flight,
                 reclaimed,
             } => {
-                if reclaimed > 0 {
-                    core.stats
-                        .reclaimed
-                        .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
-                }
+                self.count_reclaimed(reclaimed);
                 Err(AcquireError::Full { limit, in_flight })
             }
             Admission::TooHeavy { limit } => {
@@ -245,15 +256,39 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    fn held_permit(&self, key: &str, id: PermitId, lease_ms: u64, grant: Grant) -> Permit {
+    async fn acquire_leased(
+        &self,
+        key: &str,
+        id: &PermitId,
+        weight: u32,
+        lease_ms: u64,
+    ) -> Result<Admission, StoreError> {
+        let request = AcquireRequest {
+            key,
+            id,
+            weight,
+            lease_ms,
+            policy: self.core.policy,
+        };
+        self.core.store.acquire(request).await
+    }
+
+    fn count_reclaimed(&self, reclaimed: u32) {
+        if reclaimed > 0 {
+            self.core
+                .stats
+                .reclaimed
+                .fetch_add(u64::from(reclaimed), Ordering::Relaxed);
+        }
+    }
+
+    fn leased_permit(&self, key: &str, id: PermitId, lease_ms: u64, grant: Grant) -> Permit {
         let registry = &self.core.registry;
         let state = Arc::new(PermitState {
             key: Arc::from(key),
             id,
             weight: grant.weight,
             lease_ms,
-            limit: grant.limit,
-            in_flight: grant.in_flight,
             seq: registry.next_seq(),
             expires_at_ms: AtomicU64::new(grant.expires_at_ms),
             renew_at_ms: AtomicU64::new(registry.renew_at(lease_ms)),
@@ -261,23 +296,14 @@ impl<S: Store> Limiter<S> {
             released: AtomicBool::new(false),
         });
         registry.insert(state.clone());
-        Permit::held(state, self.core.clone())
-    }
-
-    fn free_permit(&self, key: &str, id: PermitId, weight: u32, lease_ms: u64) -> Permit {
-        Permit::free(Arc::new(PermitState {
-            key: Arc::from(key),
-            id,
-            weight,
-            lease_ms,
-            limit: Limit::Unlimited,
-            in_flight: 0,
-            seq: u64::MAX,
-            expires_at_ms: AtomicU64::new(0),
-            renew_at_ms: AtomicU64::new(u64::MAX),
-            lost: AtomicBool::new(false),
-            released: AtomicBool::new(false),
-        }))
+        let owner: Arc<dyn Owner> = self.core.clone();
+        Permit::new(
+            Hold::Leased { state, owner },
+            None,
+            grant.weight,
+            grant.limit,
+            grant.in_flight,
+        )
     }
 
     /// The key's effective limit and in-flight count.
@@ -360,6 +386,13 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+fn free_permit(key: &str, id: Option<PermitId>, weight: u32) -> Permit {
+    let hold = Hold::Free {
+        key: Arc::from(key),
+    };
+    Permit::new(hold, id, weight, Limit::Unlimited, 0)
+}
+
 impl<S: Store> Owner for Core<S> {
     fn release_dropped(self: Arc<Self>, state: Arc<PermitState>) {
         state.released.store(true, Ordering::Release);
@@ -425,5 +458,8 @@ impl<S: Store> Store for Arc<S> {
     }
     fn maintain(&self) -> impl std::future::Future<Output = ()> + Send {
         (**self).maintain()
+    }
+    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        (**self).acquire_local(key, weight, policy)
     }
 }

@@ -21,7 +21,10 @@ const MAX_PENDING_RELEASES: usize = 65_536;
 
 /// The permits this limiter renews.
 pub(crate) struct Registry {
-    permits: DashMap<u64, Arc<PermitState>>,
+    permits: DashMap<u64, Arc<PermitState>, foldhash::fast::RandomState>,
+    /// The limiter clock as of the task's last pass: what admissions read to schedule renewals, so the
+    /// hot path reads no clock. Stale by at most a tick, which only makes a renewal early.
+    coarse_now_ms: AtomicU64,
     next_seq: AtomicU64,
     /// The shortest lease seen: the task wakes at a third of it.
     min_lease_ms: AtomicU64,
@@ -32,7 +35,8 @@ pub(crate) struct Registry {
 impl Registry {
     pub(crate) fn new(default_lease_ms: u64) -> Self {
         Self {
-            permits: DashMap::new(),
+            permits: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            coarse_now_ms: AtomicU64::new(0),
             next_seq: AtomicU64::new(0),
             min_lease_ms: AtomicU64::new(default_lease_ms),
             epoch: Instant::now(),
@@ -51,7 +55,9 @@ impl Registry {
 
     /// When a lease of `lease_ms` renewed now should be renewed next: a third of the way through.
     pub(crate) fn renew_at(&self, lease_ms: u64) -> u64 {
-        self.now_ms().saturating_add((lease_ms / 3).max(1))
+        self.coarse_now_ms
+            .load(Ordering::Relaxed)
+            .saturating_add((lease_ms / 3).max(1))
     }
 
     pub(crate) fn insert(&self, state: Arc<PermitState>) {
@@ -96,7 +102,9 @@ pub(crate) async fn run<S: Store>(core: Weak<Core<S>>) {
         };
         tokio::time::sleep(tick).await;
         let Some(core) = core.upgrade() else { return };
-        renew_due(&core, core.registry.now_ms()).await;
+        let now = core.registry.now_ms();
+        core.registry.coarse_now_ms.store(now, Ordering::Relaxed);
+        renew_due(&core, now).await;
         if last_maintain.elapsed() >= MAX_TICK {
             core.store.maintain().await;
             last_maintain = Instant::now();

@@ -3,14 +3,26 @@
 #![allow(missing_docs)]
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use inflight::store::{AcquireRequest, Admission, RenewRequest, Renewal};
+use inflight::store::{
+    AcquireRequest, Admission, LocalAdmission, LocalHold, RenewRequest, Renewal,
+};
 use inflight::{Limit, ManualClock, MemoryStore, PermitId, Policy, Store};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Op {
+    /// A permit of this process, without a lease (`Store::acquire_local`).
+    Hold {
+        key: u8,
+        weight: u32,
+    },
+    /// Drops the n-th such permit still held.
+    Unhold {
+        nth: usize,
+    },
     Acquire {
         key: u8,
         id: u8,
@@ -43,6 +55,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3u8, 0..6u8, 1..5_000u64).prop_map(|(key, id, lease_ms)| Op::Renew { key, id, lease_ms }),
         1 => (0..3u8, 0..5u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
         2 => (0..3_000u64).prop_map(|ms| Op::Advance { ms }),
+        2 => (0..3u8, 1..3u32).prop_map(|(key, weight)| Op::Hold { key, weight }),
+        1 => (0..8usize).prop_map(|nth| Op::Unhold { nth }),
     ]
 }
 
@@ -73,6 +87,7 @@ enum Outcome {
 #[derive(Default)]
 struct ModelKey {
     leases: HashMap<u8, (u32, u64)>,
+    held: u32,
     override_limit: Option<u32>,
 }
 
@@ -81,6 +96,13 @@ struct Model {
     now: u64,
     policy: Policy,
     keys: HashMap<u8, ModelKey>,
+    holds: Vec<(u8, u32)>,
+}
+
+impl ModelKey {
+    fn in_flight(&self) -> u32 {
+        self.held + self.leases.values().map(|(w, _)| w).sum::<u32>()
+    }
 }
 
 impl Model {
@@ -107,7 +129,7 @@ impl Model {
                 if weight > max {
                     return Outcome::TooHeavy { limit: max };
                 }
-                let in_flight: u32 = k.leases.values().map(|(w, _)| w).sum();
+                let in_flight: u32 = k.in_flight();
                 let held = k.leases.get(&id).map_or(0, |(w, _)| *w);
                 if weight > held && in_flight - held + weight > max {
                     return Outcome::Full {
@@ -126,7 +148,7 @@ impl Model {
             }
             Op::Renew { key, id, lease_ms } => {
                 let k = self.key(key);
-                let in_flight: u32 = k.leases.values().map(|(w, _)| w).sum();
+                let in_flight: u32 = k.in_flight();
                 match k.leases.get_mut(&id) {
                     Some((_, deadline)) => {
                         *deadline = now + lease_ms;
@@ -141,7 +163,7 @@ impl Model {
             Op::SetLimit { key, limit } => {
                 let k = self.key(key);
                 k.override_limit = (limit > 0).then_some(limit);
-                let in_flight = k.leases.values().map(|(w, _)| w).sum();
+                let in_flight = k.in_flight();
                 Outcome::Status {
                     limit: policy.resolve(k.override_limit),
                     in_flight,
@@ -151,11 +173,47 @@ impl Model {
                 self.now += ms;
                 Outcome::Nothing
             }
+            Op::Hold { key, weight } => {
+                let k = self.key(key);
+                let Limit::Limited(max) = policy.resolve(k.override_limit) else {
+                    return Outcome::Unlimited;
+                };
+                if weight > max {
+                    return Outcome::TooHeavy { limit: max };
+                }
+                let in_flight = k.in_flight();
+                if in_flight + weight > max {
+                    return Outcome::Full {
+                        limit: max,
+                        in_flight,
+                    };
+                }
+                k.held += weight;
+                self.holds.push((key, weight));
+                Outcome::Admitted {
+                    in_flight: in_flight + weight,
+                    expires_at_ms: 0,
+                }
+            }
+            Op::Unhold { nth } => {
+                if self.holds.is_empty() {
+                    return Outcome::Nothing;
+                }
+                let (key, weight) = self.holds.remove(nth % self.holds.len());
+                self.keys.get_mut(&key).unwrap().held -= weight;
+                Outcome::Nothing
+            }
         }
     }
 }
 
-async fn apply_store<S: Store>(store: &S, clock: &ManualClock, policy: Policy, op: &Op) -> Outcome {
+async fn apply_store<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    policy: Policy,
+    holds: &mut Vec<(Arc<dyn LocalHold>, u32)>,
+    op: &Op,
+) -> Outcome {
     let key = |k: u8| format!("key-{k}");
     let id = |i: u8| PermitId::from(format!("id-{i}"));
     match *op {
@@ -220,6 +278,32 @@ async fn apply_store<S: Store>(store: &S, clock: &ManualClock, policy: Policy, o
             clock.advance(Duration::from_millis(ms));
             Outcome::Nothing
         }
+        Op::Hold { key: k, weight } => {
+            match store.acquire_local(&key(k), weight, policy).unwrap() {
+                LocalAdmission::Held { hold, grant, .. } => {
+                    holds.push((hold, weight));
+                    Outcome::Admitted {
+                        in_flight: grant.in_flight,
+                        expires_at_ms: grant.expires_at_ms,
+                    }
+                }
+                LocalAdmission::Decided(Admission::Unlimited) => Outcome::Unlimited,
+                LocalAdmission::Decided(Admission::Full {
+                    limit, in_flight, ..
+                }) => Outcome::Full { limit, in_flight },
+                LocalAdmission::Decided(Admission::TooHeavy { limit }) => {
+                    Outcome::TooHeavy { limit }
+                }
+                LocalAdmission::Decided(other) => panic!("unexpected {other:?}"),
+            }
+        }
+        Op::Unhold { nth } => {
+            if !holds.is_empty() {
+                let (hold, weight) = holds.remove(nth % holds.len());
+                hold.release(weight);
+            }
+            Outcome::Nothing
+        }
     }
 }
 
@@ -232,17 +316,18 @@ proptest! {
         let start = 1_000_000;
         let clock = ManualClock::new(start);
         let store = MemoryStore::with_clock(clock.clone());
-        let mut model = Model { now: start, policy, keys: HashMap::new() };
+        let mut model = Model { now: start, policy, keys: HashMap::new(), holds: Vec::new() };
+        let mut holds = Vec::new();
         for (step, op) in ops.iter().enumerate() {
             let want = model.apply(op);
-            let got = rt.block_on(apply_store(&store, &clock, policy, op));
+            let got = rt.block_on(apply_store(&store, &clock, policy, &mut holds, op));
             prop_assert_eq!(&got, &want, "step {} {:?}", step, op);
             if step % 7 == 0 {
                 rt.block_on(store.maintain());
             }
         }
         for k in 0..3u8 {
-            let want: u32 = model.key(k).leases.values().map(|(w, _)| w).sum();
+            let want: u32 = model.key(k).in_flight();
             let got = rt.block_on(store.status(&format!("key-{k}"), policy)).unwrap().in_flight;
             prop_assert_eq!(got, want);
         }

@@ -5,7 +5,7 @@ mod permit;
 mod scope;
 mod stream;
 
-pub(crate) use permit::{BoxFuture, Owner, PermitState};
+pub(crate) use permit::{BoxFuture, Hold, Owner, PermitState};
 pub use permit::{Lease, Permit};
 pub use scope::Scoped;
 pub use stream::PermitStream;

@@ -6,21 +6,22 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use std::sync::OnceLock;
+
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Limit;
+use crate::store::LocalHold;
 
 /// A boxed future, for the one place the permit needs a future from a type it does not name.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// What the permit knows of itself; shared with the limiter's renewal task while the permit is held.
+/// What a leased permit knows of itself; shared with the limiter's renewal task while it is held.
 pub(crate) struct PermitState {
     pub(crate) key: Arc<str>,
     pub(crate) id: PermitId,
     pub(crate) weight: u32,
     pub(crate) lease_ms: u64,
-    pub(crate) limit: Limit,
-    pub(crate) in_flight: u32,
     /// The registry slot, for the renewal task.
     pub(crate) seq: u64,
     pub(crate) expires_at_ms: AtomicU64,
@@ -30,7 +31,7 @@ pub(crate) struct PermitState {
     pub(crate) released: AtomicBool,
 }
 
-/// The limiter side of a permit: how to release it. Type-erased so that `Permit` names no store.
+/// The limiter side of a leased permit: how to release it. Type-erased so that `Permit` names no store.
 pub(crate) trait Owner: Send + Sync + 'static {
     /// Releases now if the store can, else in the background (retrying while the store is away).
     fn release_dropped(self: Arc<Self>, state: Arc<PermitState>);
@@ -41,12 +42,20 @@ pub(crate) trait Owner: Send + Sync + 'static {
 }
 
 /// How a permit holds its slot.
-enum Hold {
+pub(crate) enum Hold {
     /// A lease in the store, renewed by the limiter while the permit is alive.
-    Store(Arc<dyn Owner>),
-    /// Nothing to hold: the key is unlimited (or the store is away and the policy is to fail open).
-    Free,
-    /// Already released or detached.
+    Leased {
+        state: Arc<PermitState>,
+        owner: Arc<dyn Owner>,
+    },
+    /// A slot in an in-process store, which needs no lease: it lives exactly as long as the permit.
+    Local {
+        hold: Arc<dyn LocalHold>,
+        lease_ms: u64,
+    },
+    /// Nothing to hold: the key is unlimited.
+    Free { key: Arc<str> },
+    /// Released or detached.
     Done,
 }
 
@@ -73,8 +82,12 @@ enum Hold {
 /// ```
 #[must_use = "the slot is released as soon as the permit is dropped"]
 pub struct Permit {
-    state: Arc<PermitState>,
     hold: Hold,
+    /// The id, for permits whose id lives nowhere else (generated on first use when not given).
+    id: OnceLock<PermitId>,
+    weight: u32,
+    limit: Limit,
+    in_flight: u32,
 }
 
 /// A lease handed off by [`Permit::detach`]: its holder must renew or release it (for example over HTTP).
@@ -90,65 +103,87 @@ pub struct Lease {
     pub limit: Limit,
     /// The key's in-flight count at admission, this permit included.
     pub in_flight: u32,
-    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when nothing is held.
+    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when nothing is held
+    /// (an unlimited key).
     pub expires_at_ms: u64,
 }
 
 impl Permit {
-    pub(crate) fn held(state: Arc<PermitState>, owner: Arc<dyn Owner>) -> Self {
-        Self {
-            state,
-            hold: Hold::Store(owner),
+    pub(crate) fn new(
+        hold: Hold,
+        id: Option<PermitId>,
+        weight: u32,
+        limit: Limit,
+        in_flight: u32,
+    ) -> Self {
+        let cell = OnceLock::new();
+        if let Some(id) = id {
+            let _ = cell.set(id);
         }
-    }
-
-    pub(crate) fn free(state: Arc<PermitState>) -> Self {
         Self {
-            state,
-            hold: Hold::Free,
+            hold,
+            id: cell,
+            weight,
+            limit,
+            in_flight,
         }
     }
 
     /// The key this permit counts against.
     pub fn key(&self) -> &str {
-        &self.state.key
+        match &self.hold {
+            Hold::Leased { state, .. } => &state.key,
+            Hold::Local { hold, .. } => hold.key(),
+            Hold::Free { key } => key,
+            Hold::Done => "",
+        }
     }
 
-    /// The permit's id: generated, or the one given in [`crate::AcquireOptions::id`].
+    /// The permit's id: the one given in [`crate::AcquireOptions::id`], else a generated UUID v4.
     pub fn id(&self) -> &PermitId {
-        &self.state.id
+        match &self.hold {
+            Hold::Leased { state, .. } => &state.id,
+            _ => self.id.get_or_init(PermitId::generate),
+        }
     }
 
     /// How many slots it takes.
     pub fn weight(&self) -> u32 {
-        self.state.weight
+        self.weight
     }
 
     /// The key's effective limit when the permit was granted.
     pub fn limit(&self) -> Limit {
-        self.state.limit
+        self.limit
     }
 
     /// The key's in-flight count when the permit was granted, this permit included.
     pub fn in_flight(&self) -> u32 {
-        self.state.in_flight
+        self.in_flight
     }
 
-    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when the permit holds
-    /// nothing in the store (an unlimited key).
+    /// When the lease ends unless renewed (ms since the Unix epoch, store clock). 0 when the permit has no
+    /// lease: an unlimited key, or a permit held in this process's memory store, which ends only when it is
+    /// released.
     pub fn expires_at_ms(&self) -> u64 {
-        self.state.expires_at_ms.load(Ordering::Relaxed)
+        match &self.hold {
+            Hold::Leased { state, .. } => state.expires_at_ms.load(Ordering::Relaxed),
+            _ => 0,
+        }
     }
 
     /// True once a renewal found the lease gone and could not take it back (the key was full): the
     /// request is no longer counted. Finishing its work is still safe; the permit is released as usual.
     pub fn is_lost(&self) -> bool {
-        self.state.lost.load(Ordering::Relaxed)
+        match &self.hold {
+            Hold::Leased { state, .. } => state.lost.load(Ordering::Relaxed),
+            _ => false,
+        }
     }
 
-    /// True when the permit holds a lease in the store (false for an unlimited key).
+    /// True when the permit counts against its key's limit (false for an unlimited key).
     pub fn is_counted(&self) -> bool {
-        matches!(self.hold, Hold::Store(_))
+        matches!(self.hold, Hold::Leased { .. } | Hold::Local { .. })
     }
 
     /// Releases the slot now and reports whether the store took the release.
@@ -156,32 +191,45 @@ impl Permit {
     /// Dropping the permit releases it too; this is for callers that want the error.
     pub async fn release(mut self) -> Result<(), StoreError> {
         match std::mem::replace(&mut self.hold, Hold::Done) {
-            Hold::Store(owner) => owner.release(self.state.clone()).await,
-            Hold::Free | Hold::Done => Ok(()),
+            Hold::Leased { state, owner } => owner.release(state).await,
+            Hold::Local { hold, .. } => {
+                hold.release(self.weight);
+                Ok(())
+            }
+            Hold::Free { .. } | Hold::Done => Ok(()),
         }
     }
 
-    /// Hands the lease off: the limiter stops renewing it and dropping the permit no longer releases it.
-    /// Whoever holds the returned [`Lease`] must renew or release it before it expires.
+    /// Hands the slot off as a lease: the limiter stops renewing it and dropping the permit no longer
+    /// releases it. Whoever holds the returned [`Lease`] must renew or release it before it expires.
     pub fn detach(mut self) -> Lease {
-        if let Hold::Store(owner) = std::mem::replace(&mut self.hold, Hold::Done) {
-            owner.detach(&self.state);
-        }
+        let key: Arc<str> = Arc::from(self.key());
+        let id = self.id().clone();
+        let expires_at_ms = match std::mem::replace(&mut self.hold, Hold::Done) {
+            Hold::Leased { state, owner } => {
+                owner.detach(&state);
+                state.expires_at_ms.load(Ordering::Relaxed)
+            }
+            Hold::Local { hold, lease_ms } => hold.hand_off(&id, self.weight, lease_ms),
+            Hold::Free { .. } | Hold::Done => 0,
+        };
         Lease {
-            key: self.state.key.clone(),
-            id: self.state.id.clone(),
-            weight: self.state.weight,
-            limit: self.state.limit,
-            in_flight: self.state.in_flight,
-            expires_at_ms: self.expires_at_ms(),
+            key,
+            id,
+            weight: self.weight,
+            limit: self.limit,
+            in_flight: self.in_flight,
+            expires_at_ms,
         }
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if let Hold::Store(owner) = std::mem::replace(&mut self.hold, Hold::Done) {
-            owner.release_dropped(self.state.clone());
+        match std::mem::replace(&mut self.hold, Hold::Done) {
+            Hold::Leased { state, owner } => owner.release_dropped(state),
+            Hold::Local { hold, .. } => hold.release(self.weight),
+            Hold::Free { .. } | Hold::Done => {}
         }
     }
 }
@@ -189,10 +237,9 @@ impl Drop for Permit {
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
-            .field("key", &self.state.key)
-            .field("id", &self.state.id)
-            .field("weight", &self.state.weight)
-            .field("limit", &self.state.limit)
+            .field("key", &self.key())
+            .field("weight", &self.weight)
+            .field("limit", &self.limit)
             .field("lost", &self.is_lost())
             .finish()
     }

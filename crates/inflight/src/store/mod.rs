@@ -108,6 +108,32 @@ pub struct KeyStatus {
     pub in_flight: u32,
 }
 
+/// A slot held by a permit of this process in an in-process store, without a lease.
+pub trait LocalHold: Send + Sync + 'static {
+    /// The key the slot is under.
+    fn key(&self) -> &str;
+    /// Gives back `weight` slots.
+    fn release(&self, weight: u32);
+    /// Turns the hold into a lease under `id` that ends `lease_ms` from now unless renewed, keeping the
+    /// in-flight count as it is; returns the deadline.
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64;
+}
+
+/// The decision of [`Store::acquire_local`].
+pub enum LocalAdmission {
+    /// Admitted: the permit keeps `hold` until it is released.
+    Held {
+        /// The slot.
+        hold: Arc<dyn LocalHold>,
+        /// The admission (its `expires_at_ms` is 0: there is no lease).
+        grant: Grant,
+        /// Expired leases reclaimed on the way.
+        reclaimed: u32,
+    },
+    /// Any other decision.
+    Decided(Admission),
+}
+
 /// Where leases and limit overrides live. Each method is one atomic step.
 ///
 /// Implement it for a new backend and run the behaviour suite against it. The futures are `Send` so that
@@ -146,6 +172,14 @@ pub trait Store: Send + Sync + 'static {
         limit: Option<u32>,
         policy: Policy,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send;
+
+    /// Admits a permit of this process without a lease, when the store lives in this process: the permit
+    /// holds the returned [`LocalHold`] and ends only by being released, which dropping it does. `None`
+    /// means "cannot: use [`Store::acquire`]". Permits with a caller-given id always take a lease.
+    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        let _ = (key, weight, policy);
+        None
+    }
 
     /// Releases without waiting, when the store can (an in-process store). `None` means "cannot: use
     /// [`Store::release`]". Used when a permit is dropped.

@@ -104,6 +104,36 @@ async fn a_limited_key_costs_one_store_call_per_acquire_and_per_release() {
 }
 
 #[tokio::test]
+async fn permits_of_this_process_hold_their_slot_without_a_lease_until_dropped() {
+    let clock = ManualClock::new(0);
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let limiter = Limiter::builder(store.clone())
+        .policy(Policy::new(1, 0))
+        .lease(Duration::from_secs(1))
+        .build();
+    let permit = limiter.try_acquire("app").await.unwrap();
+    assert_eq!(permit.expires_at_ms(), 0, "no lease to expire");
+    assert_eq!(limiter.held(), 0, "nothing for the renewal task to do");
+    clock.advance(Duration::from_secs(3_600));
+    store.maintain().await;
+    assert!(
+        limiter.try_acquire("app").await.unwrap_err().is_full(),
+        "still held an hour later"
+    );
+    // Handing it off turns it into a lease that then expires like any other.
+    let lease = permit.detach();
+    assert_eq!(lease.expires_at_ms, 3_601_000);
+    assert_eq!(limiter.status("app").await.unwrap().in_flight, 1);
+    clock.advance(Duration::from_secs(1));
+    let again = limiter
+        .try_acquire("app")
+        .await
+        .expect("the detached lease expired");
+    assert_eq!(again.in_flight(), 1);
+    assert_eq!(limiter.stats().reclaimed.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
 async fn idle_keys_are_forgotten_so_memory_stays_bounded() {
     let clock = ManualClock::new(0);
     let store = MemoryStore::with_clock(clock.clone()).idle_ttl(Duration::from_secs(10));
@@ -152,7 +182,10 @@ async fn the_renewal_task_renews_held_permits_by_itself() {
         .lease(Duration::from_secs(3))
         .build();
     let other = Limiter::builder(store).policy(Policy::new(1, 0)).build();
-    let permit = holder.try_acquire("app").await.unwrap();
+    let permit = holder
+        .try_acquire_with("app", inflight::AcquireOptions::new().id("leased"))
+        .await
+        .unwrap();
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         clock.advance(Duration::from_millis(500));

@@ -255,8 +255,14 @@ pub async fn an_expired_lease_is_reclaimed_at_the_next_admission<F: Fixture>(f: 
 pub async fn a_held_permit_keeps_its_slot_across_many_leases<F: Fixture>(f: F) {
     let holder = f.limiter(Policy::new(1, 0));
     let other = f.limiter(Policy::new(1, 0));
+    // A given id always takes a lease, in every store.
     let permit = holder
-        .try_acquire_with("app", AcquireOptions::new().lease(Duration::from_secs(1)))
+        .try_acquire_with(
+            "app",
+            AcquireOptions::new()
+                .id("long")
+                .lease(Duration::from_secs(1)),
+        )
         .await
         .unwrap();
     for _ in 0..40 {
@@ -272,7 +278,10 @@ pub async fn a_held_permit_keeps_its_slot_across_many_leases<F: Fixture>(f: F) {
 
 pub async fn a_renewal_readds_a_lease_the_store_lost<F: Fixture>(f: F) {
     let holder = f.limiter(Policy::new(1, 0));
-    let permit = holder.try_acquire("app").await.unwrap();
+    let permit = holder
+        .try_acquire_with("app", AcquireOptions::new().id("p"))
+        .await
+        .unwrap();
     // The store forgets the lease (as a Redis restarted empty would).
     assert!(holder.release("app", permit.id()).await.unwrap());
     assert_eq!(holder.status("app").await.unwrap().in_flight, 0);
@@ -286,7 +295,10 @@ pub async fn a_renewal_marks_the_permit_lost_when_the_key_filled_up<F: Fixture>(
     let holder = f.limiter(Policy::new(1, 0));
     let other = f.limiter(Policy::new(1, 0));
     let permit = holder
-        .try_acquire_with("app", AcquireOptions::new().lease(Duration::from_secs(1)))
+        .try_acquire_with(
+            "app",
+            AcquireOptions::new().id("p").lease(Duration::from_secs(1)),
+        )
         .await
         .unwrap();
     f.advance(Duration::from_secs(2)); // the renewal task "stalled" past the lease
