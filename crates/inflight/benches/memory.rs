@@ -9,7 +9,8 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use dashmap::DashMap;
 use futures_util::FutureExt;
-use inflight::{Limiter, MemoryStore, Policy};
+use inflight::store::LocalAdmission;
+use inflight::{Limiter, MemoryStore, Policy, Store};
 use tokio::sync::Semaphore;
 
 const LIMIT: u32 = 64;
@@ -55,11 +56,24 @@ fn pairs(c: &mut Criterion) {
             })
         });
 
+        let store = MemoryStore::new();
+        let policy = Policy::new(LIMIT, 0);
+        let mut i = 0;
+        group.bench_function(BenchmarkId::new("inflight_memory_store", n_keys), |b| {
+            b.iter(|| match store.acquire_local(&keys[i], 1, policy) {
+                Some(LocalAdmission::Held { hold, .. }) => {
+                    i = (i + 1) % n_keys;
+                    hold.release(1);
+                }
+                _ => panic!("room"),
+            })
+        });
+
         let limiter = Limiter::builder(MemoryStore::new())
             .policy(Policy::new(LIMIT, 0))
             .build();
         let mut i = 0;
-        group.bench_function(BenchmarkId::new("inflight_memory", n_keys), |b| {
+        group.bench_function(BenchmarkId::new("inflight_limiter", n_keys), |b| {
             b.iter(|| {
                 i = (i + 1) % n_keys;
                 let permit = limiter

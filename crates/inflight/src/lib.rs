@@ -40,19 +40,23 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
+mod acquire;
 mod clock;
 mod error;
 mod id;
 mod limiter;
+mod options;
 mod permit;
 mod policy;
 mod renewer;
 pub mod store;
 
+pub use acquire::TryAcquire;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, StoreError};
 pub use id::PermitId;
-pub use limiter::{AcquireOptions, Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE};
+pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE};
+pub use options::AcquireOptions;
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{Limit, Policy};
 pub use store::{KeyStatus, MemoryStore, Renewal, Store};

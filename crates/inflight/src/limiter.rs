@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+use crate::acquire::TryAcquire;
 use crate::clock::millis;
 use crate::error::{AcquireError, StoreError};
 use crate::id::PermitId;
+use crate::options::AcquireOptions;
 use crate::permit::{BoxFuture, Hold, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
 use crate::renewer::{self, Registry};
@@ -69,52 +71,6 @@ pub struct LimiterBuilder<S> {
     lease: Duration,
 }
 
-/// What a caller may ask of one admission; every field has a default.
-///
-/// ```
-/// use inflight::AcquireOptions;
-/// use std::time::Duration;
-///
-/// let options = AcquireOptions::new()
-///     .id("request-42")
-///     .weight(2)
-///     .lease(Duration::from_secs(5));
-/// # let _ = options;
-/// ```
-#[derive(Clone, Debug, Default)]
-#[must_use]
-pub struct AcquireOptions {
-    id: Option<PermitId>,
-    weight: Option<u32>,
-    lease: Option<Duration>,
-}
-
-impl AcquireOptions {
-    /// The defaults: a generated id, weight 1, the limiter's lease.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The permit's id (for example the request's own id). Acquiring an id the key already holds counts
-    /// once and refreshes its lease, so a retried call cannot count twice.
-    pub fn id(mut self, id: impl Into<PermitId>) -> Self {
-        self.id = Some(id.into());
-        self
-    }
-
-    /// How many slots the permit takes (at least 1; default 1).
-    pub fn weight(mut self, weight: u32) -> Self {
-        self.weight = Some(weight);
-        self
-    }
-
-    /// How long the lease lasts between renewals (at least 1 ms; default: the limiter's).
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-}
-
 /// Counters of what the limiter has seen, for metrics.
 #[derive(Debug, Default)]
 pub struct LimiterStats {
@@ -124,6 +80,13 @@ pub struct LimiterStats {
     pub lost: AtomicU64,
     /// Held permits whose lease was gone at renewal and was re-added (the store had lost it).
     pub readded: AtomicU64,
+}
+
+/// An admission that the store has yet to decide.
+pub(crate) struct Prepared {
+    id: PermitId,
+    weight: u32,
+    lease_ms: u64,
 }
 
 /// What the limiter's handles, its permits and its renewal task share.
@@ -181,37 +144,50 @@ impl<S: Store> Limiter<S> {
     }
 
     /// Admits one request under `key` now, or says why not; never waits for room.
-    pub async fn try_acquire(&self, key: &str) -> Result<Permit, AcquireError> {
-        self.try_acquire_with(key, AcquireOptions::new()).await
+    pub fn try_acquire<'a>(&'a self, key: &'a str) -> TryAcquire<'a, S> {
+        self.try_acquire_with(key, AcquireOptions::new())
     }
 
     /// Admits one request under `key` with `options`, or says why not; never waits for room.
     ///
-    /// A key that is unlimited by the policy and has no override is admitted without any store I/O.
+    /// A key that is unlimited by the policy and has no override is admitted without any store I/O, and
+    /// an in-process store admits without awaiting anything.
     ///
     /// # Cancel safety
     ///
     /// Cancelling the future before it completes may leave a lease in the store that nobody holds; it ends
     /// with its lease.
-    pub async fn try_acquire_with(
+    pub fn try_acquire_with<'a>(
+        &'a self,
+        key: &'a str,
+        options: AcquireOptions,
+    ) -> TryAcquire<'a, S> {
+        TryAcquire::new(self, key, options)
+    }
+
+    /// The part of an admission that needs no waiting: checks the options, then admits without I/O when
+    /// the key is unlimited or the store lives in this process. `Err` hands back what the store must
+    /// decide.
+    #[inline]
+    pub(crate) fn acquire_now(
         &self,
         key: &str,
         options: AcquireOptions,
-    ) -> Result<Permit, AcquireError> {
+    ) -> Result<Result<Permit, AcquireError>, Prepared> {
         let weight = options.weight.unwrap_or(1);
         if weight == 0 {
-            return Err(AcquireError::Invalid("weight must be at least 1"));
+            return Ok(Err(AcquireError::Invalid("weight must be at least 1")));
         }
         let lease_ms = options.lease.map_or(self.core.lease_ms, millis);
         if lease_ms == 0 {
-            return Err(AcquireError::Invalid("lease must be at least 1 ms"));
+            return Ok(Err(AcquireError::Invalid("lease must be at least 1 ms")));
         }
         let core = &self.core;
         if core.policy.is_unlimited_by_default() && !core.store.may_have_override(key) {
-            return Ok(free_permit(key, options.id, weight));
+            return Ok(Ok(free_permit(key, options.id, weight)));
         }
-        let admission = match options.id {
-            None => match core.store.acquire_local(key, weight, core.policy) {
+        if options.id.is_none() {
+            match core.store.acquire_local(key, weight, core.policy) {
                 Some(LocalAdmission::Held {
                     hold,
                     grant,
@@ -219,29 +195,61 @@ impl<S: Store> Limiter<S> {
                 }) => {
                     self.count_reclaimed(reclaimed);
                     let hold = Hold::Local { hold, lease_ms };
-                    return Ok(Permit::new(
-                        hold,
-                        None,
-                        grant.weight,
-                        grant.limit,
-                        grant.in_flight,
-                    ));
+                    let permit =
+                        Permit::new(hold, None, grant.weight, grant.limit, grant.in_flight);
+                    return Ok(Ok(permit));
                 }
-                Some(LocalAdmission::Decided(admission)) => admission,
-                None => {
-                    self.acquire_leased(key, &PermitId::generate(), weight, lease_ms)
-                        .await?
+                Some(LocalAdmission::Decided(admission)) => {
+                    return Ok(self.decided(key, None, weight, lease_ms, admission));
                 }
-            },
-            Some(ref id) => self.acquire_leased(key, id, weight, lease_ms).await?,
+                None => {}
+            }
+        }
+        Err(Prepared {
+            id: options.id.unwrap_or_else(PermitId::generate),
+            weight,
+            lease_ms,
+        })
+    }
+
+    /// The part of an admission that the store decides.
+    pub(crate) async fn acquire_in_store(
+        &self,
+        key: &str,
+        prepared: Prepared,
+    ) -> Result<Permit, AcquireError> {
+        let Prepared {
+            id,
+            weight,
+            lease_ms,
+        } = prepared;
+        let request = AcquireRequest {
+            key,
+            id: &id,
+            weight,
+            lease_ms,
+            policy: self.core.policy,
         };
+        let admission = self.core.store.acquire(request).await?;
+        self.decided(key, Some(id), weight, lease_ms, admission)
+    }
+
+    /// Turns the store's decision into a permit or an error.
+    fn decided(
+        &self,
+        key: &str,
+        id: Option<PermitId>,
+        weight: u32,
+        lease_ms: u64,
+        admission: Admission,
+    ) -> Result<Permit, AcquireError> {
         match admission {
             Admission::Admitted { grant, reclaimed } => {
                 self.count_reclaimed(reclaimed);
-                let id = options.id.unwrap_or_else(PermitId::generate);
+                let id = id.unwrap_or_else(PermitId::generate);
                 Ok(self.leased_permit(key, id, lease_ms, grant))
             }
-            Admission::Unlimited => Ok(free_permit(key, options.id, weight)),
+            Admission::Unlimited => Ok(free_permit(key, id, weight)),
             Admission::Full {
                 limit,
                 in_flight,
@@ -254,23 +262,6 @@ impl<S: Store> Limiter<S> {
                 Err(AcquireError::WeightExceedsLimit { weight, limit })
             }
         }
-    }
-
-    async fn acquire_leased(
-        &self,
-        key: &str,
-        id: &PermitId,
-        weight: u32,
-        lease_ms: u64,
-    ) -> Result<Admission, StoreError> {
-        let request = AcquireRequest {
-            key,
-            id,
-            weight,
-            lease_ms,
-            policy: self.core.policy,
-        };
-        self.core.store.acquire(request).await
     }
 
     fn count_reclaimed(&self, reclaimed: u32) {
@@ -404,7 +395,10 @@ impl<S: Store> Owner for Core<S> {
         }
     }
 
-    fn release(self: Arc<Self>, state: Arc<PermitState>) -> BoxFuture<Result<(), StoreError>> {
+    fn release(
+        self: Arc<Self>,
+        state: Arc<PermitState>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
         state.released.store(true, Ordering::Release);
         self.registry.remove(state.seq);
         Box::pin(async move { self.store.release(&state.key, &state.id).await.map(drop) })
@@ -412,54 +406,5 @@ impl<S: Store> Owner for Core<S> {
 
     fn detach(&self, state: &PermitState) {
         self.registry.remove(state.seq);
-    }
-}
-
-impl<S: Store> Store for Arc<S> {
-    fn acquire(
-        &self,
-        req: AcquireRequest<'_>,
-    ) -> impl std::future::Future<Output = Result<Admission, StoreError>> + Send {
-        (**self).acquire(req)
-    }
-    fn release(
-        &self,
-        key: &str,
-        id: &PermitId,
-    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
-        (**self).release(key, id)
-    }
-    fn renew(
-        &self,
-        batch: &[RenewRequest],
-    ) -> impl std::future::Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
-        (**self).renew(batch)
-    }
-    fn status(
-        &self,
-        key: &str,
-        policy: Policy,
-    ) -> impl std::future::Future<Output = Result<KeyStatus, StoreError>> + Send {
-        (**self).status(key, policy)
-    }
-    fn set_limit(
-        &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl std::future::Future<Output = Result<KeyStatus, StoreError>> + Send {
-        (**self).set_limit(key, limit, policy)
-    }
-    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
-        (**self).release_now(key, id)
-    }
-    fn may_have_override(&self, key: &str) -> bool {
-        (**self).may_have_override(key)
-    }
-    fn maintain(&self) -> impl std::future::Future<Output = ()> + Send {
-        (**self).maintain()
-    }
-    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
-        (**self).acquire_local(key, weight, policy)
     }
 }

@@ -13,8 +13,9 @@ use crate::id::PermitId;
 use crate::policy::Limit;
 use crate::store::LocalHold;
 
-/// A boxed future, for the one place the permit needs a future from a type it does not name.
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+/// A boxed future: for a permit's release through a store it does not name, and for the store's part of an
+/// admission.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a leased permit knows of itself; shared with the limiter's renewal task while it is held.
 pub(crate) struct PermitState {
@@ -36,7 +37,10 @@ pub(crate) trait Owner: Send + Sync + 'static {
     /// Releases now if the store can, else in the background (retrying while the store is away).
     fn release_dropped(self: Arc<Self>, state: Arc<PermitState>);
     /// Releases and reports the store's answer.
-    fn release(self: Arc<Self>, state: Arc<PermitState>) -> BoxFuture<Result<(), StoreError>>;
+    fn release(
+        self: Arc<Self>,
+        state: Arc<PermitState>,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Stops renewing: the lease is someone else's to renew or release now.
     fn detach(&self, state: &PermitState);
 }
@@ -225,6 +229,7 @@ impl Permit {
 }
 
 impl Drop for Permit {
+    #[inline]
     fn drop(&mut self) {
         match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Leased { state, owner } => owner.release_dropped(state),

@@ -200,3 +200,53 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(())
     }
 }
+
+/// A shared store is a store: limiters in one process can share one (as processes share Redis).
+impl<S: Store> Store for Arc<S> {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        (**self).acquire(req)
+    }
+    fn release(
+        &self,
+        key: &str,
+        id: &PermitId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).release(key, id)
+    }
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+        (**self).renew(batch)
+    }
+    fn status(
+        &self,
+        key: &str,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        (**self).status(key, policy)
+    }
+    fn set_limit(
+        &self,
+        key: &str,
+        limit: Option<u32>,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        (**self).set_limit(key, limit, policy)
+    }
+    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
+        (**self).release_now(key, id)
+    }
+    fn may_have_override(&self, key: &str) -> bool {
+        (**self).may_have_override(key)
+    }
+    fn maintain(&self) -> impl Future<Output = ()> + Send {
+        (**self).maintain()
+    }
+    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        (**self).acquire_local(key, weight, policy)
+    }
+}

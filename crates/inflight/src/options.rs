@@ -1,0 +1,51 @@
+//! [`AcquireOptions`]: what a caller may ask of one admission.
+
+use std::time::Duration;
+
+use crate::id::PermitId;
+
+/// What a caller may ask of one admission; every field has a default.
+///
+/// ```
+/// use inflight::AcquireOptions;
+/// use std::time::Duration;
+///
+/// let options = AcquireOptions::new()
+///     .id("request-42")
+///     .weight(2)
+///     .lease(Duration::from_secs(5));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct AcquireOptions {
+    pub(crate) id: Option<PermitId>,
+    pub(crate) weight: Option<u32>,
+    pub(crate) lease: Option<Duration>,
+}
+
+impl AcquireOptions {
+    /// The defaults: a generated id, weight 1, the limiter's lease.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The permit's id (for example the request's own id). Acquiring an id the key already holds counts
+    /// once and refreshes its lease, so a retried call cannot count twice.
+    pub fn id(mut self, id: impl Into<PermitId>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// How many slots the permit takes (at least 1; default 1).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = Some(weight);
+        self
+    }
+
+    /// How long the lease lasts between renewals (at least 1 ms; default: the limiter's).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+}
