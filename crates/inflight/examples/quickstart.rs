@@ -18,18 +18,28 @@ async fn main() {
         requests.push(tokio::spawn(async move {
             match limiter.try_acquire("app-42").await {
                 Ok(permit) => {
-                    println!("request {n}: admitted ({} of {} in flight)", permit.in_flight(), permit.limit());
+                    println!(
+                        "request {n}: admitted ({} of {} in flight)",
+                        permit.in_flight(),
+                        permit.limit()
+                    );
                     // The streamed answer holds the slot until its last chunk.
-                    let chunks = futures_util::stream::iter(["Hello", ", ", "world"])
-                        .then(|c| async move {
+                    let chunks =
+                        futures_util::stream::iter(["Hello", ", ", "world"]).then(|c| async move {
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             c
                         });
-                    let answer: String = permit.guard_stream(chunks).collect::<Vec<_>>().await.concat();
+                    let answer: String = permit
+                        .guard_stream(chunks)
+                        .collect::<Vec<_>>()
+                        .await
+                        .concat();
                     println!("request {n}: streamed {answer:?}, slot released");
                 }
                 Err(AcquireError::Full { limit, in_flight }) => {
-                    println!("request {n}: 429 too many requests ({in_flight} of {limit} in flight)");
+                    println!(
+                        "request {n}: 429 too many requests ({in_flight} of {limit} in flight)"
+                    );
                 }
                 Err(other) => println!("request {n}: {other}"),
             }
@@ -40,5 +50,8 @@ async fn main() {
         request.await.expect("request task");
     }
     let status = limiter.status("app-42").await.expect("memory store");
-    println!("afterwards: {} in flight, limit {}", status.in_flight, status.limit);
+    println!(
+        "afterwards: {} in flight, limit {}",
+        status.in_flight, status.limit
+    );
 }

@@ -60,3 +60,5 @@ pub use options::AcquireOptions;
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{Limit, Policy};
 pub use store::{KeyStatus, MemoryStore, Renewal, Store};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder};

@@ -4,7 +4,11 @@
 //! implementation; every store passes the same behaviour suite.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use memory::MemoryStore;
 
 use std::future::Future;

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use inflight::{Limiter, ManualClock, MemoryStore, Policy, Store};
+use inflight::{Limiter, ManualClock, MemoryStore, Policy, RedisStore, Store};
+
+use crate::support::TestRedis;
 
 /// What every scenario needs from a store under test.
 pub trait Fixture: Send + Sync + 'static {
@@ -48,5 +50,33 @@ impl Fixture for MemoryFixture {
 
     fn advance(&self, by: Duration) {
         self.clock.advance(by);
+    }
+}
+
+pub struct RedisFixture {
+    // Declared first: the store goes before the server it talks to.
+    store: Arc<RedisStore>,
+    _server: TestRedis,
+}
+
+impl RedisFixture {
+    pub fn new() -> Self {
+        let server = TestRedis::start();
+        Self {
+            store: Arc::new(server.store()),
+            _server: server,
+        }
+    }
+}
+
+impl Fixture for RedisFixture {
+    type S = RedisStore;
+
+    fn store(&self) -> Arc<Self::S> {
+        self.store.clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.store.advance_clock(by);
     }
 }

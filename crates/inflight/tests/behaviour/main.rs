@@ -3,6 +3,8 @@
 
 mod fixtures;
 mod scenarios;
+#[path = "../support/mod.rs"]
+mod support;
 
 /// Instantiates every scenario as a test against the fixture `$fixture` builds.
 macro_rules! behaviour_suite {
@@ -52,5 +54,6 @@ macro_rules! behaviour_suite {
 }
 
 behaviour_suite!(memory, crate::fixtures::MemoryFixture::new());
+behaviour_suite!(redis, crate::fixtures::RedisFixture::new());
 
 mod memory_only;

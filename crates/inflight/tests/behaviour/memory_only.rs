@@ -102,7 +102,16 @@ async fn a_limited_key_costs_one_store_call_per_acquire_and_per_release() {
     drop(permit);
     assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 2);
     // The release freed the very lease the admission took.
-    assert_eq!(limiter.store().inner.status("app", Policy::new(2, 0)).await.unwrap().in_flight, 0);
+    assert_eq!(
+        limiter
+            .store()
+            .inner
+            .status("app", Policy::new(2, 0))
+            .await
+            .unwrap()
+            .in_flight,
+        0
+    );
 }
 
 #[tokio::test]

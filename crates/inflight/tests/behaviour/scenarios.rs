@@ -238,12 +238,13 @@ pub async fn an_expired_lease_is_reclaimed_at_the_next_admission<F: Fixture>(f: 
         .unwrap()
         .detach();
     assert!(survivor.try_acquire("app").await.unwrap_err().is_full());
-    f.advance(Duration::from_millis(1_999));
+    // (Redis time also moves for real while the test runs: keep a margin.)
+    f.advance(Duration::from_millis(1_500));
     assert!(
         survivor.try_acquire("app").await.unwrap_err().is_full(),
         "not before the lease ends"
     );
-    f.advance(Duration::from_millis(2));
+    f.advance(Duration::from_millis(500));
     let permit = survivor
         .try_acquire("app")
         .await

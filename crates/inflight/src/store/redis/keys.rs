@@ -1,0 +1,90 @@
+//! Redis key names: a prefix, then the user key escaped inside one hash tag, then a role.
+//!
+//! Escaping keeps every user key inside its own namespace and its own hash tag: `{`, `}`, `%` and control
+//! characters are percent-encoded, so no key can close the tag early or spell another key's names, and
+//! the empty key becomes `%` (an empty tag `{}` would not be a tag at all, and a lone `%` is never the
+//! encoding of anything else).
+
+use std::fmt::Write;
+
+/// The three Redis keys of one user key, in the order the scripts take them.
+pub(super) struct KeyNames {
+    pub(super) leases: String,
+    pub(super) weights: String,
+    pub(super) limit: String,
+}
+
+impl KeyNames {
+    pub(super) fn new(prefix: &str, key: &str) -> Self {
+        let mut tag = String::with_capacity(prefix.len() + key.len() + 2);
+        tag.push_str(prefix);
+        tag.push('{');
+        escape_into(&mut tag, key);
+        tag.push('}');
+        Self {
+            leases: format!("{tag}:leases"),
+            weights: format!("{tag}:weights"),
+            limit: format!("{tag}:limit"),
+        }
+    }
+}
+
+fn escape_into(out: &mut String, key: &str) {
+    if key.is_empty() {
+        out.push('%');
+        return;
+    }
+    for c in key.chars() {
+        match c {
+            '{' | '}' | '%' => {
+                let _ = write!(out, "%{:02X}", c as u32);
+            }
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    let _ = write!(out, "%{b:02X}");
+                }
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(key: &str) -> String {
+        KeyNames::new("inflight:", key).leases
+    }
+
+    #[test]
+    fn every_key_gets_one_non_empty_hash_tag() {
+        assert_eq!(tag("app-1"), "inflight:{app-1}:leases");
+        assert_eq!(tag(""), "inflight:{%}:leases");
+        assert_eq!(tag("a}b{c"), "inflight:{a%7Db%7Bc}:leases");
+        assert_eq!(tag("x}:limit"), "inflight:{x%7D:limit}:leases");
+        assert_eq!(tag("%"), "inflight:{%25}:leases");
+        assert_eq!(tag("a\nb\u{0}"), "inflight:{a%0Ab%00}:leases");
+        assert_eq!(tag("ünï:code"), "inflight:{ünï:code}:leases");
+    }
+
+    #[test]
+    fn distinct_keys_never_share_names() {
+        let keys = [
+            "", "%", "%25", "{", "%7B", "}", "a:b", "a", "b", "\u{0}", "%00",
+        ];
+        let mut names: Vec<String> = keys.iter().map(|k| tag(k)).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), keys.len());
+    }
+
+    #[test]
+    fn the_three_names_share_the_hash_tag() {
+        let names = KeyNames::new("p:", "k}");
+        for name in [&names.leases, &names.weights, &names.limit] {
+            assert!(name.starts_with("p:{k%7D}:"), "{name}");
+        }
+    }
+}

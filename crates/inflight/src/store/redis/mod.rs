@@ -1,0 +1,359 @@
+//! The Redis store: leases and overrides shared by every process that uses the same Redis.
+//!
+//! Every operation is one Lua script (`scripts/*.lua`, each with a header naming its KEYS and ARGV and
+//! saying why it must be atomic), run with EVALSHA over one multiplexed connection that reconnects by
+//! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
+//! one hash tag, so each script touches one slot.
+
+mod error;
+mod keys;
+mod scripts;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
+use redis::{Client, IntoConnectionInfo, Script};
+
+use self::keys::KeyNames;
+use super::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal, Store};
+use crate::clock::millis;
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::policy::{Limit, Policy};
+
+/// The prefix of every Redis key inflight writes unless [`RedisStoreBuilder::prefix`] says otherwise.
+pub const DEFAULT_PREFIX: &str = "inflight:";
+
+/// Leases and overrides in Redis.
+///
+/// ```no_run
+/// use inflight::{Limiter, Policy, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::open("redis://127.0.0.1:6379")?;
+/// let limiter = Limiter::builder(store).policy(Policy::new(4, 0)).build();
+/// let permit = limiter.try_acquire("app-1").await?; // one EVALSHA round trip
+/// # drop(permit);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: Arc<str>,
+    target: Arc<str>,
+    /// Added to Redis `TIME` by every script; moved only by tests ([`RedisStore::advance_clock`]).
+    clock_offset_ms: Arc<AtomicI64>,
+}
+
+/// Builds a [`RedisStore`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    url: String,
+    prefix: String,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every Redis key (default `inflight:`): stores with different prefixes share nothing.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for an answer before the store counts as unavailable (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long one connection attempt may take (default 1 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Checks the URL and prepares the connection; it is made on first use and remade whenever it is
+    /// lost, so a store opened while Redis is down starts working when Redis comes up.
+    ///
+    /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, with the `tls` feature),
+    /// `unix:///path/to/redis.sock` or `redis+unix:///path`.
+    pub fn open(self) -> Result<RedisStore, StoreError> {
+        let info = self
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        let target = info.addr().to_string();
+        let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        let client = Client::open(info)
+            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::from)?;
+        Ok(RedisStore {
+            conn,
+            prefix: Arc::from(self.prefix),
+            target: Arc::from(target),
+            clock_offset_ms: Arc::new(AtomicI64::new(0)),
+        })
+    }
+}
+
+impl RedisStore {
+    /// Starts building a store for `url`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            response_timeout: Duration::from_secs(1),
+            connection_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// A store for `url` with the default prefix and timeouts; see [`RedisStoreBuilder::open`].
+    pub fn open(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).open()
+    }
+
+    /// Where the store connects (host:port or socket path; never credentials), for logs.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Asks Redis for a PONG: is the store reachable now?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// For tests of leases: every script of this handle (and its clones) reads Redis `TIME` plus `by` more
+    /// than before, as if that much time had passed. Other handles on the same Redis are not moved.
+    pub fn advance_clock(&self, by: Duration) {
+        let by = i64::try_from(millis(by)).unwrap_or(i64::MAX);
+        self.clock_offset_ms.fetch_add(by, Ordering::SeqCst);
+    }
+
+    fn offset(&self) -> i64 {
+        self.clock_offset_ms.load(Ordering::SeqCst)
+    }
+
+    fn names(&self, key: &str) -> KeyNames {
+        KeyNames::new(&self.prefix, key)
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        names: &KeyNames,
+        args: &[&dyn ToArg],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut invocation = script.key(&names.leases);
+        invocation.key(&names.weights).key(&names.limit);
+        for arg in args {
+            arg.push(&mut invocation);
+        }
+        let mut conn = self.conn.clone();
+        Ok(invocation.invoke_async(&mut conn).await?)
+    }
+
+    async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
+        let names = self.names(&req.key);
+        let id = req.id.to_string();
+        let out = self
+            .run(
+                &scripts::RENEW,
+                &names,
+                &[
+                    &id,
+                    &req.lease_ms,
+                    &req.policy.default_limit,
+                    &req.policy.max_limit,
+                    &req.readd_weight.unwrap_or(0),
+                    &self.offset(),
+                ],
+            )
+            .await?;
+        let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
+        let grant = Grant {
+            limit: Limit::from_u32(number(limit)?),
+            in_flight: number(in_flight)?,
+            weight: number(weight)?,
+            expires_at_ms: number(expires_at_ms)?,
+        };
+        match outcome {
+            1 => Ok(Renewal::Renewed(grant)),
+            2 => Ok(Renewal::Readded(grant)),
+            0 => Ok(Renewal::Lost),
+            other => Err(StoreError::Protocol(format!(
+                "renew answered outcome {other}"
+            ))),
+        }
+    }
+
+    async fn status_with(
+        &self,
+        key: &str,
+        policy: Policy,
+        new_limit: &str,
+    ) -> Result<KeyStatus, StoreError> {
+        let names = self.names(key);
+        let out = self
+            .run(
+                &scripts::STATUS,
+                &names,
+                &[
+                    &policy.default_limit,
+                    &policy.max_limit,
+                    &new_limit,
+                    &self.offset(),
+                ],
+            )
+            .await?;
+        let [limit, override_limit, in_flight] = fields(&out)?;
+        let override_limit: u32 = number(override_limit)?;
+        Ok(KeyStatus {
+            limit: Limit::from_u32(number(limit)?),
+            override_limit: (override_limit > 0).then_some(override_limit),
+            in_flight: number(in_flight)?,
+        })
+    }
+}
+
+/// A script argument.
+trait ToArg: Sync {
+    fn push(&self, invocation: &mut redis::ScriptInvocation<'_>);
+}
+
+impl<T: redis::ToRedisArgs + Sync> ToArg for T {
+    fn push(&self, invocation: &mut redis::ScriptInvocation<'_>) {
+        invocation.arg(self);
+    }
+}
+
+fn fields<const N: usize>(out: &[i64]) -> Result<[i64; N], StoreError> {
+    out.try_into().map_err(|_| {
+        StoreError::Protocol(format!("expected {N} numbers from a script, got {out:?}"))
+    })
+}
+
+fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
+    T::try_from(n).map_err(|_| StoreError::Protocol(format!("number out of range: {n}")))
+}
+
+impl Store for RedisStore {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        let names = self.names(req.key);
+        let id = req.id.to_string();
+        let (weight, lease_ms, policy) = (req.weight, req.lease_ms, req.policy);
+        async move {
+            let out = self
+                .run(
+                    &scripts::ACQUIRE,
+                    &names,
+                    &[
+                        &id,
+                        &weight,
+                        &lease_ms,
+                        &policy.default_limit,
+                        &policy.max_limit,
+                        &self.offset(),
+                    ],
+                )
+                .await?;
+            let [decision, limit, in_flight, expires_at_ms, reclaimed] = fields(&out)?;
+            let reclaimed = number(reclaimed)?;
+            match decision {
+                1 => Ok(Admission::Admitted {
+                    grant: Grant {
+                        limit: Limit::from_u32(number(limit)?),
+                        in_flight: number(in_flight)?,
+                        weight,
+                        expires_at_ms: number(expires_at_ms)?,
+                    },
+                    reclaimed,
+                }),
+                0 => Ok(Admission::Full {
+                    limit: number(limit)?,
+                    in_flight: number(in_flight)?,
+                    reclaimed,
+                }),
+                2 => Ok(Admission::Unlimited),
+                3 => Ok(Admission::TooHeavy {
+                    limit: number(limit)?,
+                }),
+                other => Err(StoreError::Protocol(format!(
+                    "acquire answered decision {other}"
+                ))),
+            }
+        }
+    }
+
+    fn release(
+        &self,
+        key: &str,
+        id: &PermitId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let names = self.names(key);
+        let id = id.to_string();
+        async move {
+            let mut invocation = scripts::RELEASE.key(&names.leases);
+            invocation.key(&names.weights).arg(&id).arg(self.offset());
+            let mut conn = self.conn.clone();
+            let released: i64 = invocation.invoke_async(&mut conn).await?;
+            Ok(released == 1)
+        }
+    }
+
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+        // Sent together over the multiplexed connection: one pipelined burst, not one round trip each.
+        let renewals = futures_util::future::join_all(batch.iter().map(|req| self.renew_one(req)));
+        async move { renewals.await.into_iter().collect() }
+    }
+
+    fn status(
+        &self,
+        key: &str,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        self.status_with(key, policy, "")
+    }
+
+    fn set_limit(
+        &self,
+        key: &str,
+        limit: Option<u32>,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        let new_limit = limit.unwrap_or(0).to_string();
+        async move { self.status_with(key, policy, &new_limit).await }
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
