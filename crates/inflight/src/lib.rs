@@ -43,6 +43,7 @@
 mod acquire;
 mod clock;
 mod error;
+mod failure;
 mod id;
 mod limiter;
 mod options;
@@ -54,6 +55,7 @@ pub mod store;
 pub use acquire::TryAcquire;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, StoreError};
+pub use failure::FailurePolicy;
 pub use id::PermitId;
 pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE};
 pub use options::AcquireOptions;

@@ -8,6 +8,7 @@ use tokio::runtime::Handle;
 
 use crate::acquire::TryAcquire;
 use crate::clock::millis;
+use crate::failure::{Breaker, FailurePolicy};
 use crate::error::{AcquireError, StoreError};
 use crate::id::PermitId;
 use crate::options::AcquireOptions;
@@ -69,6 +70,7 @@ pub struct LimiterBuilder<S> {
     store: S,
     policy: Policy,
     lease: Duration,
+    on_store_failure: FailurePolicy,
 }
 
 /// Counters of what the limiter has seen, for metrics.
@@ -97,6 +99,10 @@ pub(crate) struct Core<S> {
     pub(crate) registry: Registry,
     pub(crate) runtime: Handle,
     pub(crate) stats: LimiterStats,
+    on_store_failure: FailurePolicy,
+    breaker: Breaker,
+    /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
+    fallback: MemoryStore,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -110,6 +116,12 @@ impl<S: Store> LimiterBuilder<S> {
     /// come back within one lease; live holders renew at a third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// What to do when the store is unavailable (default [`FailurePolicy::FailClosed`]).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_store_failure = policy;
         self
     }
 
@@ -127,6 +139,9 @@ impl<S: Store> LimiterBuilder<S> {
             registry: Registry::new(lease_ms),
             runtime: Handle::current(),
             stats: LimiterStats::default(),
+            on_store_failure: self.on_store_failure,
+            breaker: Breaker::default(),
+            fallback: MemoryStore::new(),
         });
         core.runtime.spawn(renewer::run(Arc::downgrade(&core)));
         Limiter { core }
@@ -140,6 +155,7 @@ impl<S: Store> Limiter<S> {
             store,
             policy: Policy::default(),
             lease: DEFAULT_LEASE,
+            on_store_failure: FailurePolicy::default(),
         }
     }
 
@@ -205,11 +221,40 @@ impl<S: Store> Limiter<S> {
                 None => {}
             }
         }
+        if core.breaker.is_open(core.registry.now_ms()) {
+            let error = StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
+            return Ok(self.store_failed(key, options.id, weight, error));
+        }
         Err(Prepared {
             id: options.id.unwrap_or_else(PermitId::generate),
             weight,
             lease_ms,
         })
+    }
+
+    /// Applies the failure policy to an admission the store could not decide.
+    fn store_failed(
+        &self,
+        key: &str,
+        id: Option<PermitId>,
+        weight: u32,
+        error: StoreError,
+    ) -> Result<Permit, AcquireError> {
+        match self.core.on_store_failure {
+            FailurePolicy::FailClosed => Err(AcquireError::Store(error)),
+            FailurePolicy::FailOpen => Ok(free_permit(key, id, weight)),
+            FailurePolicy::FailOpenLocal { limit } => {
+                let policy = Policy::new(limit, 0);
+                match self.core.fallback.acquire_local(key, weight, policy) {
+                    Some(LocalAdmission::Held { hold, grant, .. }) => {
+                        let hold = Hold::Local { hold, lease_ms: 0 };
+                        Ok(Permit::new(hold, id, grant.weight, grant.limit, grant.in_flight))
+                    }
+                    Some(LocalAdmission::Decided(admission)) => self.decided(key, id, weight, 0, admission),
+                    None => Err(AcquireError::Store(error)),
+                }
+            }
+        }
     }
 
     /// The part of an admission that the store decides.
@@ -230,8 +275,18 @@ impl<S: Store> Limiter<S> {
             lease_ms,
             policy: self.core.policy,
         };
-        let admission = self.core.store.acquire(request).await?;
-        self.decided(key, Some(id), weight, lease_ms, admission)
+        match self.core.store.acquire(request).await {
+            Ok(admission) => {
+                self.core.breaker.reset();
+                self.decided(key, Some(id), weight, lease_ms, admission)
+            }
+            Err(error) if error.is_transient() => {
+                self.core.breaker.trip(self.core.registry.now_ms());
+                tracing::warn!(%error, key, policy = ?self.core.on_store_failure, "store unavailable at admission");
+                self.store_failed(key, Some(id), weight, error)
+            }
+            Err(error) => Err(AcquireError::Store(error)),
+        }
     }
 
     /// Turns the store's decision into a permit or an error.

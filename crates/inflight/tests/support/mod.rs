@@ -1,5 +1,5 @@
 //! Real redis-server processes for tests, on free ports, stopped when dropped.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::time::{Duration, Instant};
 

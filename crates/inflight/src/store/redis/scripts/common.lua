@@ -6,7 +6,8 @@
 --   <prefix>{E}:weights  hash: permit id -> weight, only for weights > 1; field '' -> the sum of
 --                        (weight - 1) over them, so in_flight = ZCARD(leases) + weights[''].
 --   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.
--- Leases and weights expire (PEXPIRE) with their latest deadline, so idle keys leave nothing behind.
+-- Leases and weights expire (PEXPIRE) a while after their latest deadline, so idle keys leave nothing
+-- behind.
 
 -- Now on the Redis clock, in ms; offset_ms is 0 outside tests (which move time instead of sleeping).
 local function now_ms(offset_ms)
@@ -60,9 +61,12 @@ local function reclaim(leases_key, weights_key, now)
   return #expired
 end
 
--- Keeps a key at least `ms` longer (no-op on a missing key).
+-- Keeps a key until well after `ms` from now (no-op on a missing key): past the latest deadline, so that
+-- expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the key next,
+-- and an untouched key still goes away by itself.
 local function keep_for(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+  local ttl = ms * 2 + 1000
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 
 local function add_lease(leases_key, weights_key, id, weight, expires, lease_ms)

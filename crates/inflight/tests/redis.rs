@@ -1,0 +1,394 @@
+//! What only a real, shared Redis can show: many processes on one key, crashes, outages, restarts.
+#![allow(missing_docs)]
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inflight::{AcquireError, AcquireOptions, FailurePolicy, Limiter, Policy, RedisStore, Store};
+use support::TestRedis;
+
+/// Runs this test binary again as a child process doing `role` (see `child_process`).
+fn spawn_child(role: &str, env: &[(&str, String)]) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args(["--ignored", "--exact", "child_process", "--nocapture", "--test-threads=1"])
+        .env("INFLIGHT_TEST_CHILD", role)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn child test process")
+}
+
+/// Reads the child's output until `line`, then drains the rest in the background (so the child never
+/// writes into a closed pipe).
+fn wait_for_line(child: &mut std::process::Child, line: &str) {
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    for got in lines.by_ref() {
+        if got.expect("child output").contains(line) {
+            std::thread::spawn(move || lines.for_each(drop));
+            return;
+        }
+    }
+    panic!("the child ended without saying {line:?}");
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
+}
+
+/// The body of the child processes; does nothing unless started by `spawn_child`.
+#[test]
+#[ignore = "entry point of child processes, started by the tests below"]
+fn child_process() {
+    let Ok(role) = std::env::var("INFLIGHT_TEST_CHILD") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        match role.as_str() {
+            "hammer" => hammer().await,
+            "hold" => hold().await,
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}
+
+/// 64 tasks admit on one key until this process has `ADMISSIONS` admissions, recording each admitted
+/// request in an independent probe (a counter on another Redis): +1 after admission, -1 before release.
+async fn hammer() {
+    let limit: u32 = env("LIMIT").parse().unwrap();
+    let admissions: u64 = env("ADMISSIONS").parse().unwrap();
+    let store = RedisStore::open(env("STORE_URL")).unwrap();
+    let limiter = Limiter::builder(store).policy(Policy::new(limit, 0)).build();
+    let probe = redis::Client::open(env("PROBE_URL"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let enter = redis::Script::new(
+        "local n = redis.call('INCR', KEYS[1]) \
+         if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end \
+         return n",
+    );
+    let enter = Arc::new(enter);
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (limiter, mut probe, enter, admitted) = (limiter.clone(), probe.clone(), enter.clone(), admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            while admitted.load(Ordering::Relaxed) < admissions {
+                match limiter.try_acquire("hot").await {
+                    Ok(permit) => {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        let _: i64 = enter.key("probe").key("probe_max").invoke_async(&mut probe).await.unwrap();
+                        let _: i64 = redis::cmd("DECR").arg("probe").query_async(&mut probe).await.unwrap();
+                        permit.release().await.unwrap();
+                    }
+                    // Full: back off a little, as a client given Retry-After would (and leave Redis to the rest).
+                    Err(AcquireError::Full { .. }) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    Err(other) => panic!("admission failed: {other}"),
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    println!("\nadmitted={}", admitted.load(Ordering::Relaxed));
+}
+
+/// Holds `COUNT` permits with a `LEASE_MS` lease, says so, and waits to be killed.
+async fn hold() {
+    let count: usize = env("COUNT").parse().unwrap();
+    let lease = Duration::from_millis(env("LEASE_MS").parse().unwrap());
+    let store = RedisStore::open(env("STORE_URL")).unwrap();
+    let limiter = Limiter::builder(store).policy(Policy::new(count as u32, 0)).lease(lease).build();
+    let mut permits = Vec::new();
+    for _ in 0..count {
+        permits.push(limiter.try_acquire("crashy").await.unwrap());
+    }
+    println!("held");
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    drop(permits);
+}
+
+fn run_hammer(limit: u32, processes: usize, admissions_each: u64) {
+    let store = TestRedis::start();
+    let probe = TestRedis::start();
+    let children: Vec<_> = (0..processes)
+        .map(|_| {
+            spawn_child(
+                "hammer",
+                &[
+                    ("LIMIT", limit.to_string()),
+                    ("ADMISSIONS", admissions_each.to_string()),
+                    ("STORE_URL", store.url()),
+                    ("PROBE_URL", probe.url()),
+                ],
+            )
+        })
+        .collect();
+    let mut total = 0;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "child failed: {:?}", out.status);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let admitted: u64 = stdout
+            .lines()
+            .find_map(|l| l.split("admitted=").nth(1))
+            .unwrap_or_else(|| panic!("no count in child output: {stdout}"))
+            .parse()
+            .unwrap();
+        total += admitted;
+    }
+    let mut p = probe.client();
+    let max: u32 = redis::cmd("GET").arg("probe_max").query(&mut p).unwrap();
+    let now: i64 = redis::cmd("GET").arg("probe").query(&mut p).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let in_flight = rt.block_on(async {
+        let limiter = Limiter::builder(store.store()).policy(Policy::new(limit, 0)).build();
+        limiter.status("hot").await.unwrap().in_flight
+    });
+    eprintln!("limit {limit}: {processes} processes x 64 tasks, {total} admissions, max in flight seen {max}");
+    assert!(total >= admissions_each * processes as u64);
+    assert!(max <= limit, "saw {max} in flight at limit {limit}");
+    assert_eq!(max, limit, "the load did reach the limit");
+    assert_eq!(now, 0);
+    assert_eq!(in_flight, 0, "everything was released");
+}
+
+#[test]
+fn no_over_admission_from_4_processes_of_64_tasks_at_limit_4() {
+    run_hammer(4, 4, 6_250);
+}
+
+#[test]
+fn no_over_admission_from_4_processes_of_64_tasks_at_limit_100() {
+    run_hammer(100, 4, 19_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holders_slots_come_back_within_its_lease() {
+    let redis = TestRedis::start();
+    let mut child = spawn_child(
+        "hold",
+        &[("COUNT", "3".into()), ("LEASE_MS", "2000".into()), ("STORE_URL", redis.url())],
+    );
+    wait_for_line(&mut child, "held");
+    let limiter = Limiter::builder(redis.store()).policy(Policy::new(3, 0)).build();
+    // Hold the slots a little longer than one lease: the child's renewals keep them.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(limiter.try_acquire("crashy").await.unwrap_err().is_full(), "renewed while alive");
+    child.kill().unwrap(); // SIGKILL: no release, no goodbye
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let mut permits = Vec::new();
+    while permits.len() < 3 {
+        assert!(killed.elapsed() < Duration::from_secs(3), "slots not back 3 s after the kill");
+        match limiter.try_acquire("crashy").await {
+            Ok(p) => permits.push(p),
+            Err(e) if e.is_full() => tokio::time::sleep(Duration::from_millis(25)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    eprintln!("all 3 slots back {:?} after SIGKILL", killed.elapsed());
+    assert!(limiter.stats().reclaimed.load(Ordering::Relaxed) >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_held_for_ten_leases_is_never_evicted() {
+    let redis = TestRedis::start();
+    let holder = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .lease(Duration::from_secs(1))
+        .build();
+    let other = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
+    let permit = holder.try_acquire("long").await.unwrap();
+    let start = Instant::now();
+    let mut attempts = 0;
+    while start.elapsed() < Duration::from_secs(10) {
+        assert!(other.try_acquire("long").await.unwrap_err().is_full(), "evicted after {:?}", start.elapsed());
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(attempts > 100);
+    assert!(!permit.is_lost());
+    assert_eq!(other.stats().reclaimed.load(Ordering::Relaxed), 0);
+    drop(permit);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(other.try_acquire("long").await.is_ok());
+}
+
+fn limiter_for(redis: &TestRedis, failure: FailurePolicy) -> Limiter<RedisStore> {
+    Limiter::builder(redis.store())
+        .policy(Policy::new(2, 0))
+        .lease(Duration::from_millis(900))
+        .on_store_failure(failure)
+        .build()
+}
+
+/// Waits until an admission works again after Redis came back; returns how long it took.
+async fn recovery_time(limiter: &Limiter<RedisStore>, key: &str) -> Duration {
+    let back = Instant::now();
+    loop {
+        if let Ok(permit) = limiter.try_acquire(key).await {
+            if permit.is_counted() {
+                return back.elapsed();
+            }
+        }
+        assert!(back.elapsed() < Duration::from_secs(5), "no recovery");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_refuses_while_redis_is_down_and_heals_after() {
+    let mut redis = TestRedis::start();
+    let limiter = limiter_for(&redis, FailurePolicy::FailClosed);
+    let held = limiter.try_acquire("app").await.unwrap();
+    redis.stop();
+    for _ in 0..5 {
+        match limiter.try_acquire("app").await {
+            Err(AcquireError::Store(e)) => assert!(e.is_transient(), "{e}"),
+            other => panic!("expected a store error, got {other:?}"),
+        }
+    }
+    drop(held); // its release fails now and is retried in the background
+    redis.restart();
+    let took = recovery_time(&limiter, "other").await;
+    eprintln!("admissions work again {took:?} after Redis came back");
+    assert!(took < Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_permits_are_re_registered_after_redis_restarts_empty() {
+    let mut redis = TestRedis::start();
+    let limiter = limiter_for(&redis, FailurePolicy::FailClosed);
+    let permit = limiter.try_acquire("app").await.unwrap();
+    redis.restart(); // empty
+    let back = Instant::now();
+    loop {
+        if limiter.status("app").await.map(|s| s.in_flight).unwrap_or(0) == 1 {
+            break;
+        }
+        assert!(back.elapsed() < Duration::from_secs(2), "the renewal did not re-add the lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("live permit re-registered {:?} after the restart", back.elapsed());
+    assert!(!permit.is_lost());
+    assert!(limiter.stats().readded.load(Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_admits_uncounted_while_redis_is_down() {
+    let mut redis = TestRedis::start();
+    let limiter = limiter_for(&redis, FailurePolicy::FailOpen);
+    redis.stop();
+    for _ in 0..10 {
+        let permit = limiter.try_acquire("app").await.expect("fail open");
+        assert!(!permit.is_counted());
+    }
+    redis.restart();
+    let took = recovery_time(&limiter, "app").await;
+    assert!(took < Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
+    let mut redis = TestRedis::start();
+    let limiter = limiter_for(&redis, FailurePolicy::FailOpenLocal { limit: 3 });
+    redis.stop();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(limiter.try_acquire("app").await.expect("under the local cap"));
+    }
+    assert_eq!(
+        limiter.try_acquire("app").await.unwrap_err(),
+        AcquireError::Full { limit: 3, in_flight: 3 }
+    );
+    drop(held.pop());
+    held.push(limiter.try_acquire("app").await.expect("a local slot came back"));
+    redis.restart();
+    let took = recovery_time(&limiter, "app").await;
+    assert!(took < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_limit_set_through_one_connection_applies_to_the_next_admission_on_another() {
+    let redis = TestRedis::start();
+    let one = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
+    let two = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
+    let _a = two.try_acquire("app").await.unwrap();
+    assert!(two.try_acquire("app").await.unwrap_err().is_full());
+    one.set_limit("app", 2).await.unwrap();
+    let _b = two.try_acquire("app").await.expect("the new limit, at the very next admission");
+    one.set_limit("app", 1).await.unwrap();
+    assert!(two.try_acquire("app").await.unwrap_err().is_full());
+}
+
+#[tokio::test]
+async fn what_is_left_in_redis_expires_except_the_overrides() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store()).policy(Policy::new(5, 0)).build();
+    limiter.set_limit("configured", 3).await.unwrap();
+    let heavy = limiter
+        .try_acquire_with("weighted", AcquireOptions::new().weight(3))
+        .await
+        .unwrap();
+    let plain = limiter.try_acquire("plain").await.unwrap();
+    let _detached = limiter.try_acquire("handed-off").await.unwrap().detach();
+    heavy.release().await.unwrap();
+    plain.release().await.unwrap();
+    let mut c = redis.client();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert!(!keys.is_empty());
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
+        if key.ends_with(":limit") {
+            assert_eq!(key, "inflight:{configured}:limit");
+            assert_eq!(ttl, -1, "an override is configuration: it stays");
+        } else {
+            assert!(ttl > 0, "{key} would never expire");
+        }
+    }
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_a_script_flush() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
+    limiter.try_acquire("a").await.unwrap().release().await.unwrap();
+    redis::cmd("SCRIPT").arg("FLUSH").exec(&mut redis.client()).unwrap();
+    let permit = limiter.try_acquire("a").await.expect("NOSCRIPT answered by loading the script");
+    permit.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_url_is_refused_at_once_with_the_reason() {
+    let err = RedisStore::open("postgres://localhost").unwrap_err();
+    assert!(err.to_string().contains("invalid Redis URL"), "{err}");
+    assert!(!err.is_transient());
+}
+
+#[tokio::test]
+async fn the_store_connects_lazily_and_a_dead_server_is_a_transient_error() {
+    let mut redis = TestRedis::start();
+    let store = redis.store();
+    redis.stop();
+    let started = Instant::now();
+    let err = store.ping().await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let status = store.status("k", Policy::new(1, 0)).await;
+    assert!(status.is_err());
+}
