@@ -42,8 +42,10 @@ impl Breaker {
     }
 
     pub(crate) fn trip(&self, now_ms: u64) {
-        self.open_until_ms
-            .store(now_ms.saturating_add(millis(RETRY_STORE_AFTER)), Ordering::Relaxed);
+        self.open_until_ms.store(
+            now_ms.saturating_add(millis(RETRY_STORE_AFTER)),
+            Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn reset(&self) {

@@ -8,8 +8,8 @@ use tokio::runtime::Handle;
 
 use crate::acquire::TryAcquire;
 use crate::clock::millis;
-use crate::failure::{Breaker, FailurePolicy};
 use crate::error::{AcquireError, StoreError};
+use crate::failure::{Breaker, FailurePolicy};
 use crate::id::PermitId;
 use crate::options::AcquireOptions;
 use crate::permit::{BoxFuture, Hold, Owner, Permit, PermitState};
@@ -222,7 +222,8 @@ impl<S: Store> Limiter<S> {
             }
         }
         if core.breaker.is_open(core.registry.now_ms()) {
-            let error = StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
+            let error =
+                StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
             return Ok(self.store_failed(key, options.id, weight, error));
         }
         Err(Prepared {
@@ -248,9 +249,17 @@ impl<S: Store> Limiter<S> {
                 match self.core.fallback.acquire_local(key, weight, policy) {
                     Some(LocalAdmission::Held { hold, grant, .. }) => {
                         let hold = Hold::Local { hold, lease_ms: 0 };
-                        Ok(Permit::new(hold, id, grant.weight, grant.limit, grant.in_flight))
+                        Ok(Permit::new(
+                            hold,
+                            id,
+                            grant.weight,
+                            grant.limit,
+                            grant.in_flight,
+                        ))
                     }
-                    Some(LocalAdmission::Decided(admission)) => self.decided(key, id, weight, 0, admission),
+                    Some(LocalAdmission::Decided(admission)) => {
+                        self.decided(key, id, weight, 0, admission)
+                    }
                     None => Err(AcquireError::Store(error)),
                 }
             }

@@ -14,10 +14,16 @@ use support::TestRedis;
 /// Runs this test binary again as a child process doing `role` (see `child_process`).
 fn spawn_child(role: &str, env: &[(&str, String)]) -> std::process::Child {
     let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args(["--ignored", "--exact", "child_process", "--nocapture", "--test-threads=1"])
-        .env("INFLIGHT_TEST_CHILD", role)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "--ignored",
+        "--exact",
+        "child_process",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("INFLIGHT_TEST_CHILD", role)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -69,7 +75,9 @@ async fn hammer() {
     let limit: u32 = env("LIMIT").parse().unwrap();
     let admissions: u64 = env("ADMISSIONS").parse().unwrap();
     let store = RedisStore::open(env("STORE_URL")).unwrap();
-    let limiter = Limiter::builder(store).policy(Policy::new(limit, 0)).build();
+    let limiter = Limiter::builder(store)
+        .policy(Policy::new(limit, 0))
+        .build();
     let probe = redis::Client::open(env("PROBE_URL"))
         .unwrap()
         .get_multiplexed_async_connection()
@@ -84,18 +92,34 @@ async fn hammer() {
     let admitted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for _ in 0..64 {
-        let (limiter, mut probe, enter, admitted) = (limiter.clone(), probe.clone(), enter.clone(), admitted.clone());
+        let (limiter, mut probe, enter, admitted) = (
+            limiter.clone(),
+            probe.clone(),
+            enter.clone(),
+            admitted.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             while admitted.load(Ordering::Relaxed) < admissions {
                 match limiter.try_acquire("hot").await {
                     Ok(permit) => {
                         admitted.fetch_add(1, Ordering::Relaxed);
-                        let _: i64 = enter.key("probe").key("probe_max").invoke_async(&mut probe).await.unwrap();
-                        let _: i64 = redis::cmd("DECR").arg("probe").query_async(&mut probe).await.unwrap();
+                        let _: i64 = enter
+                            .key("probe")
+                            .key("probe_max")
+                            .invoke_async(&mut probe)
+                            .await
+                            .unwrap();
+                        let _: i64 = redis::cmd("DECR")
+                            .arg("probe")
+                            .query_async(&mut probe)
+                            .await
+                            .unwrap();
                         permit.release().await.unwrap();
                     }
                     // Full: back off a little, as a client given Retry-After would (and leave Redis to the rest).
-                    Err(AcquireError::Full { .. }) => tokio::time::sleep(Duration::from_millis(1)).await,
+                    Err(AcquireError::Full { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(1)).await
+                    }
                     Err(other) => panic!("admission failed: {other}"),
                 }
             }
@@ -112,7 +136,10 @@ async fn hold() {
     let count: usize = env("COUNT").parse().unwrap();
     let lease = Duration::from_millis(env("LEASE_MS").parse().unwrap());
     let store = RedisStore::open(env("STORE_URL")).unwrap();
-    let limiter = Limiter::builder(store).policy(Policy::new(count as u32, 0)).lease(lease).build();
+    let limiter = Limiter::builder(store)
+        .policy(Policy::new(count as u32, 0))
+        .lease(lease)
+        .build();
     let mut permits = Vec::new();
     for _ in 0..count {
         permits.push(limiter.try_acquire("crashy").await.unwrap());
@@ -154,9 +181,14 @@ fn run_hammer(limit: u32, processes: usize, admissions_each: u64) {
     let mut p = probe.client();
     let max: u32 = redis::cmd("GET").arg("probe_max").query(&mut p).unwrap();
     let now: i64 = redis::cmd("GET").arg("probe").query(&mut p).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let in_flight = rt.block_on(async {
-        let limiter = Limiter::builder(store.store()).policy(Policy::new(limit, 0)).build();
+        let limiter = Limiter::builder(store.store())
+            .policy(Policy::new(limit, 0))
+            .build();
         limiter.status("hot").await.unwrap().in_flight
     });
     eprintln!("limit {limit}: {processes} processes x 64 tasks, {total} admissions, max in flight seen {max}");
@@ -182,19 +214,31 @@ async fn a_killed_holders_slots_come_back_within_its_lease() {
     let redis = TestRedis::start();
     let mut child = spawn_child(
         "hold",
-        &[("COUNT", "3".into()), ("LEASE_MS", "2000".into()), ("STORE_URL", redis.url())],
+        &[
+            ("COUNT", "3".into()),
+            ("LEASE_MS", "2000".into()),
+            ("STORE_URL", redis.url()),
+        ],
     );
     wait_for_line(&mut child, "held");
-    let limiter = Limiter::builder(redis.store()).policy(Policy::new(3, 0)).build();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(3, 0))
+        .build();
     // Hold the slots a little longer than one lease: the child's renewals keep them.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    assert!(limiter.try_acquire("crashy").await.unwrap_err().is_full(), "renewed while alive");
+    assert!(
+        limiter.try_acquire("crashy").await.unwrap_err().is_full(),
+        "renewed while alive"
+    );
     child.kill().unwrap(); // SIGKILL: no release, no goodbye
     child.wait().unwrap();
     let killed = Instant::now();
     let mut permits = Vec::new();
     while permits.len() < 3 {
-        assert!(killed.elapsed() < Duration::from_secs(3), "slots not back 3 s after the kill");
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "slots not back 3 s after the kill"
+        );
         match limiter.try_acquire("crashy").await {
             Ok(p) => permits.push(p),
             Err(e) if e.is_full() => tokio::time::sleep(Duration::from_millis(25)).await,
@@ -212,12 +256,18 @@ async fn a_permit_held_for_ten_leases_is_never_evicted() {
         .policy(Policy::new(1, 0))
         .lease(Duration::from_secs(1))
         .build();
-    let other = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
+    let other = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
     let permit = holder.try_acquire("long").await.unwrap();
     let start = Instant::now();
     let mut attempts = 0;
     while start.elapsed() < Duration::from_secs(10) {
-        assert!(other.try_acquire("long").await.unwrap_err().is_full(), "evicted after {:?}", start.elapsed());
+        assert!(
+            other.try_acquire("long").await.unwrap_err().is_full(),
+            "evicted after {:?}",
+            start.elapsed()
+        );
         attempts += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -278,13 +328,25 @@ async fn live_permits_are_re_registered_after_redis_restarts_empty() {
     redis.restart(); // empty
     let back = Instant::now();
     loop {
-        if limiter.status("app").await.map(|s| s.in_flight).unwrap_or(0) == 1 {
+        if limiter
+            .status("app")
+            .await
+            .map(|s| s.in_flight)
+            .unwrap_or(0)
+            == 1
+        {
             break;
         }
-        assert!(back.elapsed() < Duration::from_secs(2), "the renewal did not re-add the lease");
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "the renewal did not re-add the lease"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    eprintln!("live permit re-registered {:?} after the restart", back.elapsed());
+    eprintln!(
+        "live permit re-registered {:?} after the restart",
+        back.elapsed()
+    );
     assert!(!permit.is_lost());
     assert!(limiter.stats().readded.load(Ordering::Relaxed) >= 1);
 }
@@ -310,14 +372,27 @@ async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
     redis.stop();
     let mut held = Vec::new();
     for _ in 0..3 {
-        held.push(limiter.try_acquire("app").await.expect("under the local cap"));
+        held.push(
+            limiter
+                .try_acquire("app")
+                .await
+                .expect("under the local cap"),
+        );
     }
     assert_eq!(
         limiter.try_acquire("app").await.unwrap_err(),
-        AcquireError::Full { limit: 3, in_flight: 3 }
+        AcquireError::Full {
+            limit: 3,
+            in_flight: 3
+        }
     );
     drop(held.pop());
-    held.push(limiter.try_acquire("app").await.expect("a local slot came back"));
+    held.push(
+        limiter
+            .try_acquire("app")
+            .await
+            .expect("a local slot came back"),
+    );
     redis.restart();
     let took = recovery_time(&limiter, "app").await;
     assert!(took < Duration::from_secs(1));
@@ -326,12 +401,19 @@ async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
 #[tokio::test]
 async fn a_limit_set_through_one_connection_applies_to_the_next_admission_on_another() {
     let redis = TestRedis::start();
-    let one = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
-    let two = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
+    let one = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let two = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
     let _a = two.try_acquire("app").await.unwrap();
     assert!(two.try_acquire("app").await.unwrap_err().is_full());
     one.set_limit("app", 2).await.unwrap();
-    let _b = two.try_acquire("app").await.expect("the new limit, at the very next admission");
+    let _b = two
+        .try_acquire("app")
+        .await
+        .expect("the new limit, at the very next admission");
     one.set_limit("app", 1).await.unwrap();
     assert!(two.try_acquire("app").await.unwrap_err().is_full());
 }
@@ -339,7 +421,9 @@ async fn a_limit_set_through_one_connection_applies_to_the_next_admission_on_ano
 #[tokio::test]
 async fn what_is_left_in_redis_expires_except_the_overrides() {
     let redis = TestRedis::start();
-    let limiter = Limiter::builder(redis.store()).policy(Policy::new(5, 0)).build();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(5, 0))
+        .build();
     limiter.set_limit("configured", 3).await.unwrap();
     let heavy = limiter
         .try_acquire_with("weighted", AcquireOptions::new().weight(3))
@@ -366,10 +450,24 @@ async fn what_is_left_in_redis_expires_except_the_overrides() {
 #[tokio::test]
 async fn scripts_are_reloaded_after_a_script_flush() {
     let redis = TestRedis::start();
-    let limiter = Limiter::builder(redis.store()).policy(Policy::new(1, 0)).build();
-    limiter.try_acquire("a").await.unwrap().release().await.unwrap();
-    redis::cmd("SCRIPT").arg("FLUSH").exec(&mut redis.client()).unwrap();
-    let permit = limiter.try_acquire("a").await.expect("NOSCRIPT answered by loading the script");
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    limiter
+        .try_acquire("a")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec(&mut redis.client())
+        .unwrap();
+    let permit = limiter
+        .try_acquire("a")
+        .await
+        .expect("NOSCRIPT answered by loading the script");
     permit.release().await.unwrap();
 }
 

@@ -1,6 +1,8 @@
 //! Real redis-server processes for tests, on free ports, stopped when dropped.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod ops;
+
 use std::time::{Duration, Instant};
 
 use inflight::RedisStore;

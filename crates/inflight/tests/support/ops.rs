@@ -1,0 +1,211 @@
+//! Random operation sequences on a store, for the property tests (model.rs, stores_agree.rs).
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use inflight::store::{
+    AcquireRequest, Admission, LocalAdmission, LocalHold, RenewRequest, Renewal,
+};
+use inflight::{Limit, PermitId, Policy, Store};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// A permit of this process, without a lease (`Store::acquire_local`).
+    Hold {
+        key: u8,
+        weight: u32,
+    },
+    /// Drops the n-th such permit still held.
+    Unhold {
+        nth: usize,
+    },
+    Acquire {
+        key: u8,
+        id: u8,
+        weight: u32,
+        lease_ms: u64,
+    },
+    Release {
+        key: u8,
+        id: u8,
+    },
+    Renew {
+        key: u8,
+        id: u8,
+        lease_ms: u64,
+    },
+    SetLimit {
+        key: u8,
+        limit: u32,
+    },
+    Advance {
+        ms: u64,
+    },
+}
+
+/// Operations; with `holds`, also permits without a lease (`Store::acquire_local`: the memory store).
+pub fn op(holds: bool) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3u8, 0..6u8, 1..4u32, 1..5_000u64)
+            .prop_map(|(key, id, weight, lease_ms)| Op::Acquire { key, id, weight, lease_ms }),
+        2 => (0..3u8, 0..6u8).prop_map(|(key, id)| Op::Release { key, id }),
+        1 => (0..3u8, 0..6u8, 1..5_000u64).prop_map(|(key, id, lease_ms)| Op::Renew { key, id, lease_ms }),
+        1 => (0..3u8, 0..5u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
+        2 => (0..3_000u64).prop_map(|ms| Op::Advance { ms }),
+        2 => (0..3u8, 1..3u32).prop_map(|(key, weight)| Op::Hold { key, weight }),
+        1 => (0..8usize).prop_map(|nth| Op::Unhold { nth }),
+    ]
+    .prop_filter("permits without a lease", move |op| holds || !matches!(op, Op::Hold { .. } | Op::Unhold { .. }))
+}
+
+/// Operations whose times are whole half-seconds, for stores on a clock that also moves by itself (Redis
+/// `TIME`): a few real milliseconds between two operations can then never change a decision.
+pub fn coarse_op() -> impl Strategy<Value = Op> {
+    op(false).prop_map(|op| match op {
+        Op::Acquire {
+            key,
+            id,
+            weight,
+            lease_ms,
+        } => Op::Acquire {
+            key,
+            id,
+            weight,
+            lease_ms: (lease_ms % 4 + 1) * 1_000,
+        },
+        Op::Renew { key, id, lease_ms } => Op::Renew {
+            key,
+            id,
+            lease_ms: (lease_ms % 4 + 1) * 1_000,
+        },
+        Op::Advance { ms } => Op::Advance { ms: ms % 6 * 500 },
+        other => other,
+    })
+}
+
+pub fn policy() -> impl Strategy<Value = Policy> {
+    prop_oneof![
+        Just(Policy::new(0, 0)),
+        Just(Policy::new(3, 0)),
+        Just(Policy::new(2, 4)),
+        Just(Policy::new(0, 2)),
+        Just(Policy::new(5, 3)),
+    ]
+}
+
+/// What a decision looks like, stripped to what both sides must agree on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Admitted { in_flight: u32, expires_at_ms: u64 },
+    Unlimited,
+    Full { limit: u32, in_flight: u32 },
+    TooHeavy { limit: u32 },
+    Released(bool),
+    Renewed { in_flight: u32, expires_at_ms: u64 },
+    Lost,
+    Status { limit: Limit, in_flight: u32 },
+    Nothing,
+}
+
+/// Applies `op` to `store`; `advance` moves the store's clock.
+pub async fn apply_store<S: Store>(
+    store: &S,
+    advance: &dyn Fn(Duration),
+    policy: Policy,
+    holds: &mut Vec<(Arc<dyn LocalHold>, u32)>,
+    op: &Op,
+) -> Outcome {
+    let key = |k: u8| format!("key-{k}");
+    let id = |i: u8| PermitId::from(format!("id-{i}"));
+    match *op {
+        Op::Acquire {
+            key: k,
+            id: i,
+            weight,
+            lease_ms,
+        } => {
+            let (key, id) = (key(k), id(i));
+            let req = AcquireRequest {
+                key: &key,
+                id: &id,
+                weight,
+                lease_ms,
+                policy,
+            };
+            match store.acquire(req).await.unwrap() {
+                Admission::Admitted { grant, .. } => Outcome::Admitted {
+                    in_flight: grant.in_flight,
+                    expires_at_ms: grant.expires_at_ms,
+                },
+                Admission::Unlimited => Outcome::Unlimited,
+                Admission::Full {
+                    limit, in_flight, ..
+                } => Outcome::Full { limit, in_flight },
+                Admission::TooHeavy { limit } => Outcome::TooHeavy { limit },
+            }
+        }
+        Op::Release { key: k, id: i } => {
+            Outcome::Released(store.release(&key(k), &id(i)).await.unwrap())
+        }
+        Op::Renew {
+            key: k,
+            id: i,
+            lease_ms,
+        } => {
+            let req = RenewRequest {
+                key: key(k).into(),
+                id: id(i),
+                lease_ms,
+                policy,
+                readd_weight: None,
+            };
+            match store.renew(&[req]).await.unwrap().pop().unwrap() {
+                Renewal::Renewed(g) => Outcome::Renewed {
+                    in_flight: g.in_flight,
+                    expires_at_ms: g.expires_at_ms,
+                },
+                Renewal::Readded(_) => panic!("no re-add was asked for"),
+                Renewal::Lost => Outcome::Lost,
+            }
+        }
+        Op::SetLimit { key: k, limit } => {
+            let s = store.set_limit(&key(k), Some(limit), policy).await.unwrap();
+            Outcome::Status {
+                limit: s.limit,
+                in_flight: s.in_flight,
+            }
+        }
+        Op::Advance { ms } => {
+            advance(Duration::from_millis(ms));
+            Outcome::Nothing
+        }
+        Op::Hold { key: k, weight } => {
+            match store.acquire_local(&key(k), weight, policy).unwrap() {
+                LocalAdmission::Held { hold, grant, .. } => {
+                    holds.push((hold, weight));
+                    Outcome::Admitted {
+                        in_flight: grant.in_flight,
+                        expires_at_ms: grant.expires_at_ms,
+                    }
+                }
+                LocalAdmission::Decided(Admission::Unlimited) => Outcome::Unlimited,
+                LocalAdmission::Decided(Admission::Full {
+                    limit, in_flight, ..
+                }) => Outcome::Full { limit, in_flight },
+                LocalAdmission::Decided(Admission::TooHeavy { limit }) => {
+                    Outcome::TooHeavy { limit }
+                }
+                LocalAdmission::Decided(other) => panic!("unexpected {other:?}"),
+            }
+        }
+        Op::Unhold { nth } => {
+            if !holds.is_empty() {
+                let (hold, weight) = holds.remove(nth % holds.len());
+                hold.release(weight);
+            }
+            Outcome::Nothing
+        }
+    }
+}
