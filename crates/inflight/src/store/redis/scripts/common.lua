@@ -64,15 +64,23 @@ end
 -- Keeps a key until well after `ms` from now (no-op on a missing key): past the latest deadline, so that
 -- expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the key next,
 -- and an untouched key still goes away by itself.
+-- (One PTTL per call; the PEXPIRE only when the key would otherwise end within a second of `ms`.)
 local function keep_for(key, ms)
-  local ttl = ms * 2 + 1000
-  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  if redis.call('PTTL', key) < ms + 1000 then redis.call('PEXPIRE', key, ms * 2 + 1000) end
+end
+
+-- Sets the weight of a lease that was held with `held` (0: new); touches the weights hash only when a
+-- weight other than 1 is involved.
+local function reweigh(weights_key, id, held, weight, lease_ms)
+  if held > 1 or weight > 1 then
+    set_weight(weights_key, id, weight)
+    keep_for(weights_key, lease_ms)
+  end
 end
 
 local function add_lease(leases_key, weights_key, id, weight, expires, lease_ms)
   redis.call('ZADD', leases_key, expires, id)
-  set_weight(weights_key, id, weight)
+  reweigh(weights_key, id, 0, weight, lease_ms)
   keep_for(leases_key, lease_ms)
-  keep_for(weights_key, lease_ms)
 end
 
