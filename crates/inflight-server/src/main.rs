@@ -1,5 +1,65 @@
-//! `inflight`: the command-line entry point. The server issue fills this in.
+//! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
-fn main() {
-    println!("inflight {}", env!("CARGO_PKG_VERSION"));
+use anyhow::Context;
+use clap::Parser;
+use inflight::{MemoryStore, RedisStore, Store};
+use inflight_server::config::{Cli, Command};
+use inflight_server::{api, proxy, server, Settings};
+use tokio::net::TcpListener;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("INFLIGHT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let (settings, is_proxy) = match &cli.command {
+        Command::Serve(args) => (Settings::for_serve(args)?, false),
+        Command::Proxy(args) => (Settings::for_proxy(args)?, true),
+    };
+    if settings.store.starts_with("memory://") {
+        run(settings, is_proxy, MemoryStore::new()).await
+    } else {
+        let store = RedisStore::builder(settings.store.clone())
+            .prefix(settings.redis_prefix.clone())
+            .open()
+            .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
+        run(settings, is_proxy, store).await
+    }
+}
+
+async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let app = inflight_server::app(&settings, store);
+    let router = match &settings.upstream {
+        Some(base) if is_proxy => proxy::router(
+            app.clone(),
+            proxy::Upstream {
+                base: base.clone(),
+                key_header: settings.key_header.clone(),
+                timeout: settings.upstream_timeout,
+            },
+        ),
+        _ => api::router(app.clone()),
+    };
+    tracing::info!(
+        command = if is_proxy { "proxy" } else { "serve" },
+        listen = %listener.local_addr()?,
+        store = %settings.store_for_logs(),
+        default_limit = settings.default_limit,
+        max_limit = settings.max_limit,
+        lease = ?settings.lease,
+        upstream = settings.upstream.as_ref().map(ToString::to_string),
+        "inflight started"
+    );
+    server::run(listener, router, app.limiter.clone(), server::shutdown_signal(), settings.shutdown_grace).await?;
+    Ok(())
 }

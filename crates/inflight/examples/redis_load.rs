@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inflight::{Limiter, Policy, RedisStore};
+use inflight::{Limiter, Policy, RedisStore, Store};
 use redis::aio::ConnectionManager;
 
 const LIMIT: u32 = 1_000_000; // never reached: this measures the cost of a pair, not rejections

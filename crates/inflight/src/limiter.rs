@@ -435,6 +435,20 @@ impl<S: Store> Limiter<S> {
         self.core.registry.len()
     }
 
+    /// Releases, in the store, the lease of every permit this limiter still holds; for shutdown, so that a
+    /// process that stops does not leave its slots taken until their leases end. The permits stay usable
+    /// objects; dropping them later releases nothing more.
+    pub async fn release_held(&self) {
+        for permit in self.core.registry.all() {
+            if !permit.released.swap(true, Ordering::AcqRel) {
+                self.core.registry.remove(permit.seq);
+                if let Err(error) = self.core.store.release(&permit.key, &permit.id).await {
+                    tracing::warn!(%error, key = %permit.key, "release at shutdown failed; the lease will expire");
+                }
+            }
+        }
+    }
+
     /// Renews the lease of every permit this limiter holds now, without waiting for the renewal task.
     pub async fn renew_now(&self) {
         renewer::renew_due(&self.core, u64::MAX).await;

@@ -82,6 +82,11 @@ impl Registry {
         Duration::from_millis(third.max(1)).min(MAX_TICK)
     }
 
+    /// Every permit being renewed.
+    pub(crate) fn all(&self) -> Vec<Arc<PermitState>> {
+        self.due(u64::MAX)
+    }
+
     /// The permits whose renewal is due by `now_ms` (`u64::MAX`: all of them).
     fn due(&self, now: u64) -> Vec<Arc<PermitState>> {
         self.permits

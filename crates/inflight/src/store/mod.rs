@@ -199,6 +199,11 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
+    /// Is the store reachable now? (An in-process store always is.)
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
     /// Housekeeping, called by the limiter now and then: reclaim expired leases, forget idle keys.
     fn maintain(&self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
@@ -252,5 +257,8 @@ impl<S: Store> Store for Arc<S> {
     }
     fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
         (**self).acquire_local(key, weight, policy)
+    }
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).ping()
     }
 }

@@ -133,13 +133,6 @@ impl RedisStore {
         &self.target
     }
 
-    /// Asks Redis for a PONG: is the store reachable now?
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
-        redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        Ok(())
-    }
-
     /// For tests of leases: every script of this handle (and its clones) reads Redis `TIME` plus `by` more
     /// than before, as if that much time had passed. Other handles on the same Redis are not moved.
     pub fn advance_clock(&self, by: Duration) {
@@ -255,6 +248,15 @@ fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
 }
 
 impl Store for RedisStore {
+    /// Asks Redis for a PONG.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let mut conn = self.conn.clone();
+        async move {
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            Ok(())
+        }
+    }
+
     fn acquire(
         &self,
         req: AcquireRequest<'_>,

@@ -1,0 +1,323 @@
+//! The HTTP limiter API, for workers in any language. The interface is a contract: see `openapi.json`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::app::App;
+use crate::error::ApiError;
+use crate::metrics::AdmissionResult;
+
+/// The OpenAPI document of this API.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// Longest key and id, in bytes.
+const MAX_NAME: usize = 256;
+/// Longest lease a request may ask for.
+const MAX_LEASE: Duration = Duration::from_secs(86_400);
+
+/// The API's routes over `app`.
+pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
+    Router::new()
+        .route("/v1/keys/{key}/permits", post(acquire::<S>))
+        .route("/v1/keys/{key}/permits/{id}", put(renew::<S>).delete(release::<S>))
+        .route("/v1/keys/{key}", get(status::<S>))
+        .route("/v1/keys/{key}/limit", put(set_limit::<S>).delete(clear_limit::<S>))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    id: Option<String>,
+    weight: Option<u32>,
+    lease_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewBody {
+    lease_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitBody {
+    limit: u32,
+}
+
+/// A permit, as `POST .../permits` and `PUT .../permits/{id}` answer it.
+#[derive(Debug, Serialize)]
+struct PermitJson {
+    id: String,
+    key: String,
+    weight: u32,
+    limit: Option<u32>,
+    in_flight: u32,
+    lease_expires_at_ms: Option<u64>,
+}
+
+/// A key, as `GET /v1/keys/{key}` and the limit routes answer it.
+#[derive(Debug, Serialize)]
+struct KeyJson {
+    key: String,
+    limit: Option<u32>,
+    in_flight: u32,
+}
+
+/// A key from the path: non-empty, at most 256 bytes, no control characters.
+fn checked_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(key) = path.map_err(|_| ApiError::invalid_key("The key is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    Ok(key)
+}
+
+fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("Keys and ids may not be empty.")
+    } else if name.len() > MAX_NAME {
+        Err("Keys and ids are at most 256 bytes.")
+    } else if name.chars().any(char::is_control) {
+        Err("Keys and ids may not contain control characters.")
+    } else {
+        Ok(())
+    }
+}
+
+/// A JSON body; an empty body is the defaults.
+fn body<T: DeserializeOwned + Default>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("Malformed JSON body: {e}")))
+}
+
+fn lease(lease_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
+    match lease_ms {
+        None => Ok(None),
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_LEASE => {
+            Err(ApiError::invalid_request("lease_ms must be between 1 and 86400000."))
+        }
+        Some(ms) => Ok(Some(Duration::from_millis(ms))),
+    }
+}
+
+fn permit_json(lease: Lease) -> PermitJson {
+    PermitJson {
+        id: lease.id.to_string(),
+        key: lease.key.to_string(),
+        weight: lease.weight,
+        limit: lease.limit.get(),
+        in_flight: lease.in_flight,
+        lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
+    }
+}
+
+async fn acquire<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = checked_key(path)?;
+    let request: AcquireBody = body(bytes)?;
+    let mut options = AcquireOptions::new();
+    if let Some(id) = request.id {
+        check_name(&id).map_err(ApiError::invalid_request)?;
+        options = options.id(id);
+    }
+    if let Some(weight) = request.weight {
+        if weight == 0 {
+            return Err(ApiError::invalid_request("weight must be at least 1."));
+        }
+        options = options.weight(weight);
+    }
+    if let Some(lease) = lease(request.lease_ms)? {
+        options = options.lease(lease);
+    }
+    let outcome = app.timed("acquire", app.limiter.try_acquire_with(&key, options)).await;
+    match outcome {
+        Ok(permit) => {
+            app.metrics.admission(&key, AdmissionResult::Admitted);
+            // The caller holds the lease from here: it renews or releases it over HTTP.
+            Ok((StatusCode::CREATED, Json(permit_json(permit.detach()))).into_response())
+        }
+        Err(error) => {
+            let result = match error {
+                inflight::AcquireError::Store(_) => AdmissionResult::Error,
+                _ => AdmissionResult::Rejected,
+            };
+            app.metrics.admission(&key, result);
+            Err(error.into())
+        }
+    }
+}
+
+async fn renew<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<PermitJson>, ApiError> {
+    let Path((key, id)) = path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    let request: RenewBody = body(bytes)?;
+    let lease = lease(request.lease_ms)?;
+    let id = PermitId::from(id);
+    match app.timed("renew", app.limiter.renew(&key, &id, lease)).await? {
+        Renewal::Renewed(grant) | Renewal::Readded(grant) => Ok(Json(PermitJson {
+            id: id.to_string(),
+            key,
+            weight: grant.weight,
+            limit: grant.limit.get(),
+            in_flight: grant.in_flight,
+            lease_expires_at_ms: Some(grant.expires_at_ms),
+        })),
+        Renewal::Lost => {
+            // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
+            let status = app.timed("status", app.limiter.status(&key)).await?;
+            if status.limit == Limit::Unlimited {
+                return Ok(Json(PermitJson {
+                    id: id.to_string(),
+                    key,
+                    weight: 1,
+                    limit: None,
+                    in_flight: status.in_flight,
+                    lease_expires_at_ms: None,
+                }));
+            }
+            Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "permit_not_found",
+                "No such permit: it was released, or its lease ended. Acquire a new one.",
+            ))
+        }
+    }
+}
+
+async fn release<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path((key, id)) = path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    let id = PermitId::from(id);
+    if app.timed("release", app.limiter.release(&key, &id)).await? {
+        app.metrics.release();
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {
+    Json(KeyJson {
+        key,
+        limit: status.limit.get(),
+        in_flight: status.in_flight,
+    })
+}
+
+async fn status<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<KeyJson>, ApiError> {
+    let key = checked_key(path)?;
+    let status = app.timed("status", app.limiter.status(&key)).await?;
+    Ok(key_json(key, status))
+}
+
+fn require_admin<S: Store>(app: &App<S>, headers: &HeaderMap) -> Result<(), ApiError> {
+    if app.is_admin(headers.get(header::AUTHORIZATION)) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Changing limits needs the admin token: Authorization: Bearer TOKEN.",
+        ))
+    }
+}
+
+async fn set_limit<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<KeyJson>, ApiError> {
+    require_admin(&app, &headers)?;
+    let key = checked_key(path)?;
+    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let request: LimitBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid_request(format!("Expected {{\"limit\": N}} with N >= 0: {e}")))?;
+    let status = app.timed("set_limit", app.limiter.set_limit(&key, request.limit)).await?;
+    Ok(key_json(key, status))
+}
+
+async fn clear_limit<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<KeyJson>, ApiError> {
+    require_admin(&app, &headers)?;
+    let key = checked_key(path)?;
+    let status = app.timed("set_limit", app.limiter.clear_limit(&key)).await?;
+    Ok(key_json(key, status))
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
+    match app.limiter.store().ping().await {
+        Ok(()) => Json(serde_json::json!({ "status": "ready" })).into_response(),
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "The limiter's store is unreachable.",
+        )
+        .into_response(),
+    }
+}
+
+async fn metrics<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
+    let text = app.metrics.render(app.limiter.stats());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// Unknown routes; a key route with an empty key is a bad key rather than an unknown route.
+async fn not_found(uri: Uri) -> ApiError {
+    let path = uri.path();
+    if path == "/v1/keys/" || path.starts_with("/v1/keys//") {
+        return ApiError::invalid_key("Keys may not be empty.");
+    }
+    ApiError::not_found()
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "This route does not take that method.",
+    )
+}

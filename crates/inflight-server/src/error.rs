@@ -1,0 +1,87 @@
+//! API errors: always `{"code": "...", "message": "...", "status": N}` with a stable code.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use inflight::{AcquireError, StoreError};
+use inflight_tower::rejection;
+
+/// An error answer of the API.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    /// The refused admission, when that is what this is (for `Retry-After`).
+    acquire: Option<AcquireError>,
+}
+
+impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            acquire: None,
+        }
+    }
+
+    /// 400 `invalid_key`.
+    pub fn invalid_key(why: &str) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_key", why)
+    }
+
+    /// 400 `invalid_request`.
+    pub fn invalid_request(why: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", why)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", "No such resource.")
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The stable code.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl From<AcquireError> for ApiError {
+    fn from(error: AcquireError) -> Self {
+        let (status, code, message) = rejection::describe(&error);
+        Self {
+            status,
+            code,
+            message,
+            acquire: Some(error),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        tracing::warn!(%error, "store error");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "The limiter's store is unavailable; please try again shortly.",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let response = match &self.acquire {
+            Some(error) => rejection::rejection(error),
+            None => rejection::error_response(self.status, self.code, &self.message),
+        };
+        response.map(Body::new)
+    }
+}

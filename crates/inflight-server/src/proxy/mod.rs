@@ -1,0 +1,151 @@
+//! The reverse proxy: admits each request under the value of its key header, forwards it to the
+//! upstream, and holds the permit until the response body has been sent or the client has gone away.
+//! Bodies stream both ways unbuffered (server-sent events included). The API answers under `/_inflight/`.
+
+mod headers;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http::{HeaderName, HeaderValue, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use inflight::Store;
+use http_body_util::BodyExt;
+use inflight_tower::PermitBody;
+
+use crate::api;
+use crate::app::App;
+use crate::error::ApiError;
+use crate::metrics::{AdmissionResult, InFlightGuard};
+
+/// Where and how to forward.
+pub struct Upstream {
+    /// The upstream's base URL (`http://host:port[/base]`).
+    pub base: Uri,
+    /// The header whose value is the key.
+    pub key_header: HeaderName,
+    /// How long to wait for the upstream's response headers.
+    pub timeout: Duration,
+}
+
+struct Proxy<S: Store> {
+    app: Arc<App<S>>,
+    upstream: Upstream,
+    client: Client<HttpConnector, Body>,
+}
+
+/// The proxy's routes: the API under `/_inflight/`, everything else forwarded.
+pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    let client = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector);
+    let proxy = Arc::new(Proxy {
+        app: app.clone(),
+        upstream,
+        client,
+    });
+    Router::new()
+        .nest_service("/_inflight", api::router(app))
+        .fallback(forward::<S>)
+        .with_state(proxy)
+}
+
+/// The response body: the upstream's, holding the permit and counting in `inflight_in_flight`.
+struct Held {
+    _gauge: InFlightGuard,
+}
+
+async fn forward<S: Store>(
+    State(proxy): State<Arc<Proxy<S>>>,
+    ConnectInfo(client): ConnectInfo<SocketAddr>,
+    request: Request,
+) -> Response {
+    match forward_checked(&proxy, client, request).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn forward_checked<S: Store>(
+    proxy: &Proxy<S>,
+    client: SocketAddr,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let app = &proxy.app;
+    let key = match request.headers().get(&proxy.upstream.key_header) {
+        None => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "missing_key",
+                format!("The request has no {} header.", proxy.upstream.key_header),
+            ))
+        }
+        Some(value) => key_of(value)?,
+    };
+    let permit = match app.timed("acquire", app.limiter.try_acquire(&key)).await {
+        Ok(permit) => {
+            app.metrics.admission(&key, AdmissionResult::Admitted);
+            permit
+        }
+        Err(error) => {
+            let result = match error {
+                inflight::AcquireError::Store(_) => AdmissionResult::Error,
+                _ => AdmissionResult::Rejected,
+            };
+            app.metrics.admission(&key, result);
+            return Err(error.into());
+        }
+    };
+    let held = Held {
+        _gauge: app.metrics.hold(),
+    };
+    let upstream_request = headers::to_upstream(request, &proxy.upstream.base, client)?;
+    let response = tokio::time::timeout(proxy.upstream.timeout, proxy.client.request(upstream_request)).await;
+    // On every early return below, the permit and the gauge guard are dropped: the slot is released.
+    let response = match response {
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "The upstream did not answer in time.",
+            ))
+        }
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "upstream request failed");
+            return Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unavailable",
+                "The upstream could not be reached.",
+            ));
+        }
+        Ok(Ok(response)) => response,
+    };
+    let (mut parts, body) = response.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    // The body holds the permit (released when the body ends, fails or is dropped) and the gauge guard.
+    let body = PermitBody::new(body, Some(permit)).map_frame(move |frame| {
+        let _held = &held;
+        frame
+    });
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+fn key_of(value: &HeaderValue) -> Result<String, ApiError> {
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::invalid_key("The key header is not visible ASCII."))?;
+    if key.is_empty() || key.len() > 256 {
+        return Err(ApiError::invalid_key("Keys are 1 to 256 bytes."));
+    }
+    Ok(key.to_owned())
+}

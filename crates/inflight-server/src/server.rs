@@ -1,0 +1,71 @@
+//! Running a server: the API or the proxy on a listener until shutdown, then a bounded grace period.
+
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use inflight::{Limiter, Store};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+/// Serves `router` on `listener` until `shutdown` completes; then stops accepting, lets running responses
+/// (proxied streams) finish for up to `grace`, drops what is left, and releases every permit the limiter
+/// still holds.
+pub async fn run<S: Store>(
+    listener: TcpListener,
+    router: Router,
+    limiter: Limiter<S>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let signalled = Arc::new(Notify::new());
+    let notify = signalled.clone();
+    let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            notify.notify_one();
+        });
+    let mut server = tokio::spawn(serve.into_future());
+    let result = tokio::select! {
+        result = &mut server => result,
+        () = async {
+            signalled.notified().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(?grace, "grace period over: closing the connections still open");
+            server.abort();
+            server.await
+        }
+    };
+    limiter.release_held().await;
+    match result {
+        Ok(result) => result,
+        Err(join) if join.is_cancelled() => Ok(()),
+        Err(join) => Err(std::io::Error::other(join)),
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutting down");
+}
