@@ -1,0 +1,95 @@
+//! Real redis-server processes for tests, on free ports, stopped when dropped.
+#![allow(missing_docs)]
+
+use std::time::{Duration, Instant};
+
+use inflight::RedisStore;
+use redis_test::server::RedisServer;
+
+/// A redis-server of this test's own.
+pub struct TestRedis {
+    server: Option<RedisServer>,
+    addr: redis::ConnectionAddr,
+}
+
+impl TestRedis {
+    /// Starts a redis-server on a free port and waits until it answers.
+    pub fn start() -> Self {
+        let server = RedisServer::new();
+        let addr = server.client_addr().clone();
+        let redis = Self {
+            server: Some(server),
+            addr,
+        };
+        redis.wait_ready();
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        match &self.addr {
+            redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
+            other => panic!("unexpected test server address {other:?}"),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        match &self.addr {
+            redis::ConnectionAddr::Tcp(_, port) => *port,
+            other => panic!("unexpected test server address {other:?}"),
+        }
+    }
+
+    /// A store on this server (lazy: connects on first use).
+    pub fn store(&self) -> RedisStore {
+        RedisStore::builder(self.url())
+            .response_timeout(Duration::from_millis(500))
+            .connection_timeout(Duration::from_millis(200))
+            .open()
+            .expect("test redis url")
+    }
+
+    /// A plain connection, to look at what the store wrote.
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to the test redis")
+    }
+
+    /// Kills the server (SIGKILL): everything it held is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            server.stop();
+        }
+    }
+
+    /// Starts an empty server on the same port again.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.server = Some(RedisServer::new_with_addr_and_modules(
+            self.addr.clone(),
+            &[],
+            false,
+        ));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ping = redis::Client::open(self.url())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+            match ping {
+                Ok(_) => return,
+                Err(e) if Instant::now() > deadline => panic!("redis-server did not start: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
