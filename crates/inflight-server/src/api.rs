@@ -30,9 +30,15 @@ const MAX_LEASE: Duration = Duration::from_secs(86_400);
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
     Router::new()
         .route("/v1/keys/{key}/permits", post(acquire::<S>))
-        .route("/v1/keys/{key}/permits/{id}", put(renew::<S>).delete(release::<S>))
+        .route(
+            "/v1/keys/{key}/permits/{id}",
+            put(renew::<S>).delete(release::<S>),
+        )
         .route("/v1/keys/{key}", get(status::<S>))
-        .route("/v1/keys/{key}/limit", put(set_limit::<S>).delete(clear_limit::<S>))
+        .route(
+            "/v1/keys/{key}/limit",
+            put(set_limit::<S>).delete(clear_limit::<S>),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))
         .route("/metrics", get(metrics::<S>))
@@ -101,20 +107,23 @@ fn check_name(name: &str) -> Result<(), &'static str> {
 }
 
 /// A JSON body; an empty body is the defaults.
-fn body<T: DeserializeOwned + Default>(bytes: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+fn body<T: DeserializeOwned + Default>(
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
     let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid_request(format!("Malformed JSON body: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid_request(format!("Malformed JSON body: {e}")))
 }
 
 fn lease(lease_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
     match lease_ms {
         None => Ok(None),
-        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_LEASE => {
-            Err(ApiError::invalid_request("lease_ms must be between 1 and 86400000."))
-        }
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_LEASE => Err(
+            ApiError::invalid_request("lease_ms must be between 1 and 86400000."),
+        ),
         Some(ms) => Ok(Some(Duration::from_millis(ms))),
     }
 }
@@ -151,7 +160,9 @@ async fn acquire<S: Store>(
     if let Some(lease) = lease(request.lease_ms)? {
         options = options.lease(lease);
     }
-    let outcome = app.timed("acquire", app.limiter.try_acquire_with(&key, options)).await;
+    let outcome = app
+        .timed("acquire", app.limiter.try_acquire_with(&key, options))
+        .await;
     match outcome {
         Ok(permit) => {
             app.metrics.admission(&key, AdmissionResult::Admitted);
@@ -174,13 +185,17 @@ async fn renew<S: Store>(
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PermitJson>, ApiError> {
-    let Path((key, id)) = path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    let Path((key, id)) =
+        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
     let id = PermitId::from(id);
-    match app.timed("renew", app.limiter.renew(&key, &id, lease)).await? {
+    match app
+        .timed("renew", app.limiter.renew(&key, &id, lease))
+        .await?
+    {
         Renewal::Renewed(grant) | Renewal::Readded(grant) => Ok(Json(PermitJson {
             id: id.to_string(),
             key,
@@ -215,7 +230,8 @@ async fn release<S: Store>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let Path((key, id)) = path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    let Path((key, id)) =
+        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
     let id = PermitId::from(id);
@@ -263,9 +279,12 @@ async fn set_limit<S: Store>(
     require_admin(&app, &headers)?;
     let key = checked_key(path)?;
     let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
-    let request: LimitBody = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid_request(format!("Expected {{\"limit\": N}} with N >= 0: {e}")))?;
-    let status = app.timed("set_limit", app.limiter.set_limit(&key, request.limit)).await?;
+    let request: LimitBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::invalid_request(format!("Expected {{\"limit\": N}} with N >= 0: {e}"))
+    })?;
+    let status = app
+        .timed("set_limit", app.limiter.set_limit(&key, request.limit))
+        .await?;
     Ok(key_json(key, status))
 }
 
@@ -276,7 +295,9 @@ async fn clear_limit<S: Store>(
 ) -> Result<Json<KeyJson>, ApiError> {
     require_admin(&app, &headers)?;
     let key = checked_key(path)?;
-    let status = app.timed("set_limit", app.limiter.clear_limit(&key)).await?;
+    let status = app
+        .timed("set_limit", app.limiter.clear_limit(&key))
+        .await?;
     Ok(key_json(key, status))
 }
 

@@ -18,7 +18,11 @@ pub struct App<S: Store> {
 
 impl<S: Store> App<S> {
     /// Runs a store operation and records its latency under `op`.
-    pub async fn timed<T>(&self, op: &'static str, work: impl std::future::Future<Output = T>) -> T {
+    pub async fn timed<T>(
+        &self,
+        op: &'static str,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
         let started = Instant::now();
         let out = work.await;
         self.metrics.store_latency(op, started.elapsed());

@@ -59,7 +59,12 @@ pub struct CommonArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease: Option<String>,
     /// Bearer token that changing limits requires (unset: no token needed).
-    #[arg(long, env = "INFLIGHT_ADMIN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "INFLIGHT_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<String>,
     /// When the store is unreachable: fail_closed (503), fail_open (admit), fail_open_local (admit under a
@@ -191,21 +196,34 @@ impl Settings {
         args.common = with_dify_aliases(args.common)?;
         let settings = Self::layer(args.common.config.as_deref(), Serialized::defaults(&args))?;
         if settings.upstream.is_none() {
-            return Err(invalid("upstream", "`inflight proxy` needs --upstream URL (or INFLIGHT_UPSTREAM)"));
+            return Err(invalid(
+                "upstream",
+                "`inflight proxy` needs --upstream URL (or INFLIGHT_UPSTREAM)",
+            ));
         }
         Ok(settings)
     }
 
-    fn layer(file: Option<&std::path::Path>, cli: Serialized<impl Serialize>) -> Result<Self, ConfigError> {
+    fn layer(
+        file: Option<&std::path::Path>,
+        cli: Serialized<impl Serialize>,
+    ) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
         if let Some(path) = file {
             if !path.exists() {
-                return Err(invalid("config", format!("{} does not exist", path.display())));
+                return Err(invalid(
+                    "config",
+                    format!("{} does not exist", path.display()),
+                ));
             }
             figment = figment.merge(Toml::file(path));
         }
         let raw: Raw = figment.merge(cli).extract().map_err(|e| {
-            let setting = e.path.last().cloned().unwrap_or_else(|| "config".to_owned());
+            let setting = e
+                .path
+                .last()
+                .cloned()
+                .unwrap_or_else(|| "config".to_owned());
             invalid(&setting, e.kind)
         })?;
         Self::check(raw)
@@ -213,12 +231,17 @@ impl Settings {
 
     fn check(raw: Raw) -> Result<Self, ConfigError> {
         let listen = raw.listen.as_deref().unwrap_or("127.0.0.1:8080");
-        let listen = listen
-            .parse()
-            .map_err(|e| invalid("listen", format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})")))?;
+        let listen = listen.parse().map_err(|e| {
+            invalid(
+                "listen",
+                format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"),
+            )
+        })?;
         let store = raw.store.unwrap_or_else(|| "memory://".to_owned());
         let scheme = store.split("://").next().unwrap_or_default();
-        if !store.contains("://") || !["memory", "redis", "rediss", "unix", "redis+unix"].contains(&scheme) {
+        if !store.contains("://")
+            || !["memory", "redis", "rediss", "unix", "redis+unix"].contains(&scheme)
+        {
             return Err(invalid(
                 "store",
                 format!("{store:?}: use memory://, redis://host:port[/db], rediss://... or unix:///path"),
@@ -247,11 +270,15 @@ impl Settings {
         let upstream = match raw.upstream {
             None => None,
             Some(url) => {
-                let uri: http::Uri = url.parse().map_err(|e| invalid("upstream", format!("{url:?}: {e}")))?;
+                let uri: http::Uri = url
+                    .parse()
+                    .map_err(|e| invalid("upstream", format!("{url:?}: {e}")))?;
                 if uri.scheme_str() != Some("http") || uri.authority().is_none() {
                     return Err(invalid(
                         "upstream",
-                        format!("{url:?}: use http://host:port (TLS to the upstream is not supported)"),
+                        format!(
+                            "{url:?}: use http://host:port (TLS to the upstream is not supported)"
+                        ),
                     ));
                 }
                 Some(uri)
@@ -269,28 +296,48 @@ impl Settings {
             admin_token: raw.admin_token.filter(|t| !t.is_empty()),
             on_store_failure,
             metrics_per_key: raw.metrics_per_key.unwrap_or(false),
-            shutdown_grace: duration("shutdown_grace", raw.shutdown_grace.as_deref(), Duration::from_secs(30))?,
-            redis_prefix: raw.redis_prefix.unwrap_or_else(|| inflight::store::DEFAULT_PREFIX.to_owned()),
+            shutdown_grace: duration(
+                "shutdown_grace",
+                raw.shutdown_grace.as_deref(),
+                Duration::from_secs(30),
+            )?,
+            redis_prefix: raw
+                .redis_prefix
+                .unwrap_or_else(|| inflight::store::DEFAULT_PREFIX.to_owned()),
             upstream,
             key_header,
-            upstream_timeout: duration("upstream_timeout", raw.upstream_timeout.as_deref(), Duration::from_secs(60))?,
+            upstream_timeout: duration(
+                "upstream_timeout",
+                raw.upstream_timeout.as_deref(),
+                Duration::from_secs(60),
+            )?,
         })
     }
 
     /// The store URL with any password masked, for logs.
     pub fn store_for_logs(&self) -> String {
         match (self.store.find("://"), self.store.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &self.store[..scheme], &self.store[at + 1..]),
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}://***@{}", &self.store[..scheme], &self.store[at + 1..])
+            }
             _ => self.store.clone(),
         }
     }
 }
 
-fn duration(setting: &str, value: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+fn duration(
+    setting: &str,
+    value: Option<&str>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
     match value {
         None => Ok(default),
-        Some(text) => humantime::parse_duration(text)
-            .map_err(|e| invalid(setting, format!("{text:?} is not a duration like 30s or 500ms ({e})"))),
+        Some(text) => humantime::parse_duration(text).map_err(|e| {
+            invalid(
+                setting,
+                format!("{text:?} is not a duration like 30s or 500ms ({e})"),
+            )
+        }),
     }
 }
 

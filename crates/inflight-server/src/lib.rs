@@ -24,7 +24,10 @@ pub use config::Settings;
 /// The limiter and app state that `settings` describe, over `store`.
 pub fn app<S: Store>(settings: &Settings, store: S) -> Arc<App<S>> {
     let limiter = Limiter::builder(store)
-        .policy(inflight::Policy::new(settings.default_limit, settings.max_limit))
+        .policy(inflight::Policy::new(
+            settings.default_limit,
+            settings.max_limit,
+        ))
         .lease(settings.lease)
         .on_store_failure(settings.on_store_failure)
         .build();

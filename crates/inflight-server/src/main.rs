@@ -60,6 +60,13 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
         upstream = settings.upstream.as_ref().map(ToString::to_string),
         "inflight started"
     );
-    server::run(listener, router, app.limiter.clone(), server::shutdown_signal(), settings.shutdown_grace).await?;
+    server::run(
+        listener,
+        router,
+        app.limiter.clone(),
+        server::shutdown_signal(),
+        settings.shutdown_grace,
+    )
+    .await?;
     Ok(())
 }

@@ -81,7 +81,8 @@ impl Metrics {
 
     /// Records how long a store operation took.
     pub fn store_latency(&self, op: &'static str, took: Duration) {
-        metrics::histogram!("inflight_store_duration_seconds", "op" => op).record(took.as_secs_f64());
+        metrics::histogram!("inflight_store_duration_seconds", "op" => op)
+            .record(took.as_secs_f64());
     }
 
     /// One more permit held by this process until the guard is dropped.
@@ -92,9 +93,12 @@ impl Metrics {
 
     /// The Prometheus text, with the limiter's own counters brought up to date.
     pub fn render(&self, stats: &inflight::LimiterStats) -> String {
-        metrics::counter!("inflight_leases_reclaimed_total").absolute(stats.reclaimed.load(Ordering::Relaxed));
-        metrics::counter!("inflight_leases_lost_total").absolute(stats.lost.load(Ordering::Relaxed));
-        metrics::counter!("inflight_leases_readded_total").absolute(stats.readded.load(Ordering::Relaxed));
+        metrics::counter!("inflight_leases_reclaimed_total")
+            .absolute(stats.reclaimed.load(Ordering::Relaxed));
+        metrics::counter!("inflight_leases_lost_total")
+            .absolute(stats.lost.load(Ordering::Relaxed));
+        metrics::counter!("inflight_leases_readded_total")
+            .absolute(stats.readded.load(Ordering::Relaxed));
         self.handle.render()
     }
 }

@@ -22,11 +22,14 @@ pub async fn run<S: Store>(
 ) -> std::io::Result<()> {
     let signalled = Arc::new(Notify::new());
     let notify = signalled.clone();
-    let serve = axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            notify.notify_one();
-        });
+    let serve = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        notify.notify_one();
+    });
     let mut server = tokio::spawn(serve.into_future());
     let result = tokio::select! {
         result = &mut server => result,

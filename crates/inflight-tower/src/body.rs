@@ -33,7 +33,10 @@ impl<B: Body> Body for PermitBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
         let frame = std::task::ready!(this.inner.poll_frame(cx));
         if !matches!(frame, Some(Ok(_))) {

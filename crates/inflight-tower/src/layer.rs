@@ -107,12 +107,18 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let Some(key) = key else {
-                let refusal = error_response(StatusCode::BAD_REQUEST, "missing_key", "The request names no key.");
+                let refusal = error_response(
+                    StatusCode::BAD_REQUEST,
+                    "missing_key",
+                    "The request names no key.",
+                );
                 return Ok(refusal.map(|b| PermitBody::new(Either::Right(b), None)));
             };
             let permit = match limiter.try_acquire(&key).await {
                 Ok(permit) => permit,
-                Err(error) => return Ok(rejection(&error).map(|b| PermitBody::new(Either::Right(b), None))),
+                Err(error) => {
+                    return Ok(rejection(&error).map(|b| PermitBody::new(Either::Right(b), None)))
+                }
             };
             let response = inner.call(request).await?;
             Ok(response.map(|b| PermitBody::new(Either::Left(b), Some(permit))))

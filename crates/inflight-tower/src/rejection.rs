@@ -19,13 +19,21 @@ pub fn describe(error: &AcquireError) -> (StatusCode, &'static str, String) {
             "weight_exceeds_limit",
             format!("A weight of {weight} can never fit under the limit of {limit}."),
         ),
-        AcquireError::Invalid(why) => (StatusCode::BAD_REQUEST, "invalid_request", (*why).to_owned()),
+        AcquireError::Invalid(why) => (
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            (*why).to_owned(),
+        ),
         AcquireError::Store(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
             "The limiter's store is unavailable; please try again shortly.".to_owned(),
         ),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", error.to_string()),
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            error.to_string(),
+        ),
     }
 }
 
@@ -34,9 +42,10 @@ pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response
     let body = serde_json::json!({ "code": code, "message": message, "status": status.as_u16() });
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -46,7 +55,9 @@ pub fn rejection(error: &AcquireError) -> Response<Full<Bytes>> {
     let mut response = error_response(status, code, &message);
     if let Some(after) = error.retry_after() {
         let secs = after.as_secs().max(1);
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }

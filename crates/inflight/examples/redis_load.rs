@@ -47,7 +47,11 @@ where
     }
     let elapsed = start.elapsed().as_secs_f64();
     all.sort_unstable();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0);
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
     Row {
         tasks,
         pairs_per_sec: all.len() as f64 / elapsed,
@@ -59,14 +63,20 @@ where
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
-    let url = args.next().unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let url = args
+        .next()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
     let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(3.0);
 
     let store = RedisStore::open(url.clone()).expect("redis url");
     store.ping().await.expect("redis reachable");
-    let limiter = Limiter::builder(store).policy(Policy::new(LIMIT, 0)).build();
+    let limiter = Limiter::builder(store)
+        .policy(Policy::new(LIMIT, 0))
+        .build();
     let client = redis::Client::open(url.as_str()).expect("redis url");
-    let naive_conn = ConnectionManager::new(client).await.expect("redis reachable");
+    let naive_conn = ConnectionManager::new(client)
+        .await
+        .expect("redis reachable");
 
     println!("| tasks | inflight pairs/s | p50 µs | p99 µs | naive check-then-set pairs/s | p50 µs | p99 µs | ratio |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -89,11 +99,26 @@ async fn main() {
             async move {
                 let id = n.to_string();
                 let started = Instant::now();
-                let count: u32 = redis::cmd("HLEN").arg("naive").query_async(&mut conn).await.expect("HLEN");
+                let count: u32 = redis::cmd("HLEN")
+                    .arg("naive")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("HLEN");
                 assert!(count < LIMIT);
-                let _: () = redis::cmd("HSET").arg("naive").arg(&id).arg(n).query_async(&mut conn).await.expect("HSET");
+                let _: () = redis::cmd("HSET")
+                    .arg("naive")
+                    .arg(&id)
+                    .arg(n)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("HSET");
                 let latency = started.elapsed();
-                let _: () = redis::cmd("HDEL").arg("naive").arg(&id).query_async(&mut conn).await.expect("HDEL");
+                let _: () = redis::cmd("HDEL")
+                    .arg("naive")
+                    .arg(&id)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("HDEL");
                 latency
             }
         })

@@ -37,7 +37,11 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// The request as the upstream gets it.
-pub(super) fn to_upstream(request: Request, base: &Uri, client: SocketAddr) -> Result<Request<Body>, ApiError> {
+pub(super) fn to_upstream(
+    request: Request,
+    base: &Uri,
+    client: SocketAddr,
+) -> Result<Request<Body>, ApiError> {
     let (mut parts, body) = request.into_parts();
     let original_host = parts.headers.get(header::HOST).cloned();
     strip_hop_by_hop(&mut parts.headers);
@@ -45,30 +49,47 @@ pub(super) fn to_upstream(request: Request, base: &Uri, client: SocketAddr) -> R
     let base_path = base.path().trim_end_matches('/');
     let path = format!("{base_path}{tail}");
     let mut target = base.clone().into_parts();
-    target.path_and_query = Some(
-        path.parse()
-            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "Unusable request path."))?,
-    );
-    parts.uri = Uri::from_parts(target)
-        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", "Unusable request path."))?;
+    target.path_and_query = Some(path.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Unusable request path.",
+        )
+    })?);
+    parts.uri = Uri::from_parts(target).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "Unusable request path.",
+        )
+    })?;
     if let Some(authority) = base.authority() {
         if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
             parts.headers.insert(header::HOST, host);
         }
     }
     if let Some(host) = original_host {
-        parts.headers.insert(HeaderName::from_static("x-forwarded-host"), host);
+        parts
+            .headers
+            .insert(HeaderName::from_static("x-forwarded-host"), host);
     }
-    let forwarded_for = match parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+    let forwarded_for = match parts
+        .headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+    {
         Some(earlier) => format!("{earlier}, {}", client.ip()),
         None => client.ip().to_string(),
     };
     if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
-        parts.headers.insert(HeaderName::from_static("x-forwarded-for"), value);
+        parts
+            .headers
+            .insert(HeaderName::from_static("x-forwarded-for"), value);
     }
-    parts
-        .headers
-        .insert(HeaderName::from_static("x-forwarded-proto"), HeaderValue::from_static("http"));
+    parts.headers.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_static("http"),
+    );
     parts.version = http::Version::HTTP_11;
     Ok(Request::from_parts(parts, body))
 }

@@ -13,11 +13,11 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http::{HeaderName, HeaderValue, StatusCode, Uri};
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use inflight::Store;
-use http_body_util::BodyExt;
 use inflight_tower::PermitBody;
 
 use crate::api;
@@ -110,7 +110,11 @@ async fn forward_checked<S: Store>(
         _gauge: app.metrics.hold(),
     };
     let upstream_request = headers::to_upstream(request, &proxy.upstream.base, client)?;
-    let response = tokio::time::timeout(proxy.upstream.timeout, proxy.client.request(upstream_request)).await;
+    let response = tokio::time::timeout(
+        proxy.upstream.timeout,
+        proxy.client.request(upstream_request),
+    )
+    .await;
     // On every early return below, the permit and the gauge guard are dropped: the slot is released.
     let response = match response {
         Err(_) => {

@@ -1,0 +1,275 @@
+//! In-process servers on port-0 listeners, an upstream to proxy to, and stores to run them on.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::routing::{any, get};
+use axum::Router;
+use inflight::Store;
+use inflight_server::config::{CommonArgs, ProxyArgs};
+use inflight_server::{api, proxy, server, App, Settings};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, Semaphore};
+use tokio::task::JoinHandle;
+
+pub use test_support::TestRedis;
+
+/// A running server.
+pub struct Server<S: Store> {
+    pub base: String,
+    pub app: Arc<App<S>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl<S: Store> Server<S> {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Signals shutdown (as SIGTERM would) and waits for the server to finish.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        self.signal();
+        self.finished().await
+    }
+
+    pub fn signal(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    pub async fn finished(&mut self) -> std::io::Result<()> {
+        match self.task.take() {
+            Some(task) => task.await.expect("server task"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<S: Store> Drop for Server<S> {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+/// Settings as `inflight serve` would read them from these flags (no file, no environment).
+pub fn settings(args: CommonArgs) -> Settings {
+    Settings::for_serve(&args).expect("valid test settings")
+}
+
+pub fn proxy_settings(upstream: &str, mut args: CommonArgs) -> Settings {
+    args.config = None;
+    let args = ProxyArgs {
+        upstream: Some(upstream.to_owned()),
+        upstream_timeout: Some("2s".into()),
+        key_header: None,
+        common: args,
+    };
+    Settings::for_proxy(&args).expect("valid test settings")
+}
+
+pub fn limits(default_limit: u32, max_limit: u32) -> CommonArgs {
+    CommonArgs {
+        default_limit: Some(default_limit),
+        max_limit: Some(max_limit),
+        ..CommonArgs::default()
+    }
+}
+
+async fn start<S: Store>(settings: &Settings, store: S, proxy_to: Option<&str>) -> Server<S> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = inflight_server::app(settings, store);
+    let router = match proxy_to {
+        None => api::router(app.clone()),
+        Some(_) => proxy::router(
+            app.clone(),
+            proxy::Upstream {
+                base: settings.upstream.clone().expect("proxy settings"),
+                key_header: settings.key_header.clone(),
+                timeout: settings.upstream_timeout,
+            },
+        ),
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server::run(
+        listener,
+        router,
+        app.limiter.clone(),
+        async {
+            let _ = stopped.await;
+        },
+        settings.shutdown_grace,
+    ));
+    Server {
+        base,
+        app,
+        stop: Some(stop),
+        task: Some(task),
+    }
+}
+
+pub async fn start_api<S: Store>(settings: &Settings, store: S) -> Server<S> {
+    start(settings, store, None).await
+}
+
+pub async fn start_proxy<S: Store>(settings: &Settings, store: S) -> Server<S> {
+    let upstream = settings.upstream.as_ref().map(ToString::to_string);
+    start(settings, store, upstream.as_deref()).await
+}
+
+/// An upstream API to proxy to.
+pub struct Upstream {
+    pub base: String,
+    /// Requests it has seen.
+    pub hits: Arc<AtomicUsize>,
+    /// Each permit lets `/sse` send its next event.
+    pub gate: Arc<Semaphore>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(Semaphore::new(0));
+        let (h1, h2, h3, g) = (hits.clone(), hits.clone(), hits.clone(), gate.clone());
+        let app = Router::new()
+            .route(
+                "/echo/{*rest}",
+                any(move |request: Request| {
+                    let hits = h1.clone();
+                    async move {
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        echo(request).await
+                    }
+                }),
+            )
+            .route(
+                "/sse",
+                get(move || {
+                    let (hits, gate) = (h2.clone(), g.clone());
+                    async move {
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        let events = futures_util::stream::unfold(0u32, move |n| {
+                            let gate = gate.clone();
+                            async move {
+                                if n == 3 {
+                                    return None;
+                                }
+                                if n > 0 {
+                                    gate.acquire().await.expect("gate").forget();
+                                }
+                                Some((
+                                    Ok::<_, Infallible>(Bytes::from(format!("data: {n}\n\n"))),
+                                    n + 1,
+                                ))
+                            }
+                        });
+                        (
+                            [("content-type", "text/event-stream")],
+                            Body::from_stream(events),
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/forever",
+                get(|| async {
+                    let ticks = futures_util::stream::unfold((), |()| async {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Some((
+                            Ok::<_, Infallible>(Bytes::from_static(b"data: tick\n\n")),
+                            (),
+                        ))
+                    });
+                    (
+                        [("content-type", "text/event-stream")],
+                        Body::from_stream(ticks),
+                    )
+                }),
+            )
+            .route(
+                "/slow",
+                get(move || {
+                    let hits = h3.clone();
+                    async move {
+                        hits.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        "late"
+                    }
+                }),
+            );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            base,
+            hits,
+            gate,
+            task,
+        }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+async fn echo(request: Request) -> axum::Json<serde_json::Value> {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    let headers: serde_json::Map<String, serde_json::Value> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").into()))
+        .collect();
+    axum::Json(serde_json::json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "query": parts.uri.query(),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    }))
+}
+
+/// Polls `GET {base}{prefix}/v1/keys/{key}` until its in_flight is `want`; panics after 2 s.
+pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
+    let started = Instant::now();
+    let client = reqwest::Client::new();
+    loop {
+        let body: serde_json::Value = client
+            .get(format!("{base}/v1/keys/{key}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if body["in_flight"] == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "in_flight of {key} stayed {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
