@@ -14,6 +14,8 @@ pub struct App<S: Store> {
     pub admin_token: Option<String>,
     /// The process's metrics.
     pub metrics: Metrics,
+    /// Set when the shutdown grace period is over: responses still streaming end then.
+    pub cut: tokio::sync::watch::Sender<bool>,
 }
 
 impl<S: Store> App<S> {

@@ -35,5 +35,6 @@ pub fn app<S: Store>(settings: &Settings, store: S) -> Arc<App<S>> {
         limiter,
         admin_token: settings.admin_token.clone(),
         metrics: metrics::Metrics::new(settings.metrics_per_key),
+        cut: tokio::sync::watch::Sender::new(false),
     })
 }

@@ -63,7 +63,7 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
     server::run(
         listener,
         router,
-        app.limiter.clone(),
+        app,
         server::shutdown_signal(),
         settings.shutdown_grace,
     )

@@ -6,17 +6,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use inflight::{Limiter, Store};
+use inflight::Store;
+
+use crate::app::App;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+/// How long, after the grace period, the cut streams get to close before the server stops waiting.
+const CUT_WAIT: Duration = Duration::from_secs(1);
+
 /// Serves `router` on `listener` until `shutdown` completes; then stops accepting, lets running responses
-/// (proxied streams) finish for up to `grace`, drops what is left, and releases every permit the limiter
-/// still holds.
+/// (proxied streams) finish for up to `grace`, ends the ones still running, and releases every permit the
+/// limiter still holds.
 pub async fn run<S: Store>(
     listener: TcpListener,
     router: Router,
-    limiter: Limiter<S>,
+    app: Arc<App<S>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
@@ -37,12 +42,18 @@ pub async fn run<S: Store>(
             signalled.notified().await;
             tokio::time::sleep(grace).await;
         } => {
-            tracing::warn!(?grace, "grace period over: closing the connections still open");
-            server.abort();
-            server.await
+            tracing::warn!(?grace, "grace period over: ending the responses still running");
+            app.cut.send_replace(true);
+            match tokio::time::timeout(CUT_WAIT, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    server.abort();
+                    server.await
+                }
+            }
         }
     };
-    limiter.release_held().await;
+    app.limiter.release_held().await;
     match result {
         Ok(result) => result,
         Err(join) if join.is_cancelled() => Ok(()),

@@ -2,6 +2,7 @@
 //! upstream, and holds the permit until the response body has been sent or the client has gone away.
 //! Bodies stream both ways unbuffered (server-sent events included). The API answers under `/_inflight/`.
 
+mod body;
 mod headers;
 
 use std::net::SocketAddr;
@@ -13,17 +14,15 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http::{HeaderName, HeaderValue, StatusCode, Uri};
-use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use inflight::Store;
-use inflight_tower::PermitBody;
 
 use crate::api;
 use crate::app::App;
 use crate::error::ApiError;
-use crate::metrics::{AdmissionResult, InFlightGuard};
+use crate::metrics::AdmissionResult;
 
 /// Where and how to forward.
 pub struct Upstream {
@@ -58,11 +57,6 @@ pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
         .nest_service("/_inflight", api::router(app))
         .fallback(forward::<S>)
         .with_state(proxy)
-}
-
-/// The response body: the upstream's, holding the permit and counting in `inflight_in_flight`.
-struct Held {
-    _gauge: InFlightGuard,
 }
 
 async fn forward<S: Store>(
@@ -106,9 +100,7 @@ async fn forward_checked<S: Store>(
             return Err(error.into());
         }
     };
-    let held = Held {
-        _gauge: app.metrics.hold(),
-    };
+    let gauge = app.metrics.hold();
     let upstream_request = headers::to_upstream(request, &proxy.upstream.base, client)?;
     let response = tokio::time::timeout(
         proxy.upstream.timeout,
@@ -116,6 +108,7 @@ async fn forward_checked<S: Store>(
     )
     .await;
     // On every early return below, the permit and the gauge guard are dropped: the slot is released.
+
     let response = match response {
         Err(_) => {
             return Err(ApiError::new(
@@ -136,11 +129,8 @@ async fn forward_checked<S: Store>(
     };
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    // The body holds the permit (released when the body ends, fails or is dropped) and the gauge guard.
-    let body = PermitBody::new(body, Some(permit)).map_frame(move |frame| {
-        let _held = &held;
-        frame
-    });
+    // The body holds the permit: released when the body ends, fails or is dropped.
+    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), gauge);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 

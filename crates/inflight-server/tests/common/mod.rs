@@ -103,7 +103,7 @@ async fn start<S: Store>(settings: &Settings, store: S, proxy_to: Option<&str>) 
     let task = tokio::spawn(server::run(
         listener,
         router,
-        app.limiter.clone(),
+        app.clone(),
         async {
             let _ = stopped.await;
         },

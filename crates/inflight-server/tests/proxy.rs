@@ -1,0 +1,369 @@
+//! The reverse proxy against a real upstream and a real client, on the memory and the Redis store.
+#![allow(missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{limits, proxy_settings, start_proxy, wait_in_flight, TestRedis, Upstream};
+use inflight::{MemoryStore, RedisStore, Store};
+use inflight_server::config::CommonArgs;
+use reqwest::{Client, StatusCode};
+use serde_json::Value;
+
+trait Make {
+    type S: Store;
+    fn make(redis: &Option<TestRedis>) -> Self::S;
+    fn redis() -> Option<TestRedis>;
+}
+
+struct Memory;
+impl Make for Memory {
+    type S = MemoryStore;
+    fn make(_: &Option<TestRedis>) -> MemoryStore {
+        MemoryStore::new()
+    }
+    fn redis() -> Option<TestRedis> {
+        None
+    }
+}
+
+struct Redis;
+impl Make for Redis {
+    type S = RedisStore;
+    fn make(redis: &Option<TestRedis>) -> RedisStore {
+        redis.as_ref().expect("a redis").store()
+    }
+    fn redis() -> Option<TestRedis> {
+        Some(TestRedis::start())
+    }
+}
+
+const KEY: &str = "x-inflight-key";
+
+async fn requests_are_forwarded_whole<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let server = start_proxy(
+        &proxy_settings(&upstream.base, limits(2, 0)),
+        M::make(&redis),
+    )
+    .await;
+    let http = Client::new();
+    let response = http
+        .post(server.url("/echo/a/b?x=1&y=two"))
+        .header(KEY, "app-1")
+        .header("x-custom", "kept")
+        .header("connection", "close, x-drop-me")
+        .header("x-drop-me", "hop-by-hop")
+        .body("hello upstream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let echo: Value = response.json().await.unwrap();
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["path"], "/echo/a/b");
+    assert_eq!(echo["query"], "x=1&y=two");
+    assert_eq!(echo["body"], "hello upstream");
+    assert_eq!(echo["headers"]["x-custom"], "kept");
+    assert_eq!(echo["headers"][KEY], "app-1");
+    assert_eq!(echo["headers"]["x-forwarded-for"], "127.0.0.1");
+    assert!(
+        echo["headers"].get("x-drop-me").is_none(),
+        "headers named by Connection are hop-by-hop"
+    );
+    wait_in_flight(&server.url("/_inflight"), "app-1", 0).await;
+}
+
+async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let server = start_proxy(
+        &proxy_settings(&upstream.base, limits(1, 0)),
+        M::make(&redis),
+    )
+    .await;
+    let http = Client::new();
+    let missing = http.get(server.url("/echo/x")).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.json::<Value>().await.unwrap()["code"],
+        "missing_key"
+    );
+    // Hold the only slot with a stream, then ask again.
+    let stream = http
+        .get(server.url("/sse"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let hits = upstream.hits();
+    let refused = http
+        .get(server.url("/echo/x"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(
+        refused.json::<Value>().await.unwrap()["code"],
+        "too_many_requests"
+    );
+    assert_eq!(upstream.hits(), hits, "nothing was forwarded");
+    drop(stream);
+}
+
+async fn a_streamed_response_holds_its_slot_for_its_whole_life<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    // Leases of 300 ms: the stream below lives for several of them.
+    let args = CommonArgs {
+        lease: Some("300ms".into()),
+        ..limits(1, 0)
+    };
+    let server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let http = Client::new();
+    let mut stream = http
+        .get(server.url("/sse"))
+        .header(KEY, "chat")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+    // The first event arrives while the upstream has not produced the second: nothing is buffered.
+    assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
+    for event in 1..3 {
+        tokio::time::sleep(Duration::from_millis(400)).await; // more than a lease
+        let refused = http
+            .get(server.url("/echo/x"))
+            .header(KEY, "chat")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "the stream still holds its slot"
+        );
+        upstream.gate.add_permits(1);
+        assert_eq!(
+            stream.chunk().await.unwrap().unwrap(),
+            format!("data: {event}\n\n")
+        );
+    }
+    assert!(stream.chunk().await.unwrap().is_none(), "the stream ended");
+    wait_in_flight(&server.url("/_inflight"), "chat", 0).await;
+    let after = http
+        .get(server.url("/echo/x"))
+        .header(KEY, "chat")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), StatusCode::OK);
+}
+
+async fn a_client_that_goes_away_frees_the_slot_within_a_second<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let server = start_proxy(
+        &proxy_settings(&upstream.base, limits(1, 0)),
+        M::make(&redis),
+    )
+    .await;
+    let http = Client::new();
+    let mut stream = http
+        .get(server.url("/forever"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert!(stream.chunk().await.unwrap().is_some());
+    drop(stream);
+    drop(http); // closes the connection
+    let took = wait_in_flight(&server.url("/_inflight"), "k", 0).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "released {took:?} after the client left"
+    );
+}
+
+async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
+    let redis = M::redis();
+    // Nothing listens on this port.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::make(&redis)).await;
+    let http = Client::new();
+    let response = http
+        .get(server.url("/x"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["code"],
+        "upstream_unavailable"
+    );
+    wait_in_flight(&server.url("/_inflight"), "k", 0).await;
+
+    let upstream = Upstream::start().await;
+    let mut args = limits(1, 0);
+    args.lease = Some("1s".into());
+    let mut settings = proxy_settings(&upstream.base, args);
+    settings.upstream_timeout = Duration::from_millis(300);
+    let server = start_proxy(&settings, M::make(&redis)).await;
+    let response = http
+        .get(server.url("/slow"))
+        .header(KEY, "k2")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        response.json::<Value>().await.unwrap()["code"],
+        "upstream_timeout"
+    );
+    wait_in_flight(&server.url("/_inflight"), "k2", 0).await;
+}
+
+async fn the_api_answers_under_inflight<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let server = start_proxy(
+        &proxy_settings(&upstream.base, limits(1, 0)),
+        M::make(&redis),
+    )
+    .await;
+    let http = Client::new();
+    let set = http
+        .put(server.url("/_inflight/v1/keys/k/limit"))
+        .json(&serde_json::json!({"limit": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), StatusCode::OK);
+    let a = http
+        .get(server.url("/sse"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    let b = http
+        .get(server.url("/sse"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (a.status(), b.status()),
+        (StatusCode::OK, StatusCode::OK),
+        "the new limit applies"
+    );
+    let key: Value = http
+        .get(server.url("/_inflight/v1/keys/k"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(key["in_flight"], 2);
+    let metrics = http
+        .get(server.url("/_inflight/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("inflight_in_flight"), "{metrics}");
+    assert_eq!(upstream.hits(), 2, "/_inflight is not forwarded");
+}
+
+async fn shutdown_lets_running_streams_finish<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let mut args = limits(2, 0);
+    args.shutdown_grace = Some("5s".into());
+    let mut server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let http = Client::new();
+    let mut stream = http
+        .get(server.url("/sse"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
+    server.signal();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        Client::new()
+            .get(server.url("/echo/x"))
+            .header(KEY, "k")
+            .send()
+            .await
+            .is_err(),
+        "no new connections after the signal"
+    );
+    upstream.gate.add_permits(2);
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(
+        rest, b"data: 1\n\ndata: 2\n\n",
+        "the running stream finished"
+    );
+    server.finished().await.unwrap();
+    let status = server.app.limiter.status("k").await.unwrap();
+    assert_eq!(status.in_flight, 0);
+}
+
+async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let mut args = limits(2, 0);
+    args.shutdown_grace = Some("300ms".into());
+    let mut server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let http = Client::new();
+    let mut stream = http
+        .get(server.url("/forever"))
+        .header(KEY, "k")
+        .send()
+        .await
+        .unwrap();
+    assert!(stream.chunk().await.unwrap().is_some());
+    server.signal();
+    server.finished().await.unwrap();
+    let limiter = server.app.limiter.clone();
+    for _ in 0..100 {
+        if limiter.status("k").await.unwrap().in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the permit of the cut stream was not released");
+}
+
+macro_rules! per_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<super::Memory>().await } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<super::Redis>().await } )* }
+    };
+}
+
+per_store!(
+    requests_are_forwarded_whole,
+    no_key_no_forwarding_and_a_full_key_forwards_nothing,
+    a_streamed_response_holds_its_slot_for_its_whole_life,
+    a_client_that_goes_away_frees_the_slot_within_a_second,
+    upstream_failures_are_502_or_504_and_release_the_slot,
+    the_api_answers_under_inflight,
+    shutdown_lets_running_streams_finish,
+    shutdown_releases_what_outlives_the_grace_period,
+);
