@@ -7,8 +7,26 @@ use inflight_server::config::{Cli, Command};
 use inflight_server::{api, proxy, server, Settings};
 use tokio::net::TcpListener;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("inflight: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(start(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One plain line (with its causes), never a backtrace: these are the operator's errors.
+            eprintln!("inflight: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn start(cli: Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -18,7 +36,6 @@ async fn main() -> anyhow::Result<()> {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let (settings, is_proxy) = match &cli.command {
         Command::Serve(args) => (Settings::for_serve(args)?, false),
         Command::Proxy(args) => (Settings::for_proxy(args)?, true),

@@ -1,0 +1,216 @@
+//! The `inflight` binary's settings: flags > environment > file > defaults, the Dify aliases, bad values
+//! named, secrets never logged, SIGTERM handled. Runs the real binary.
+#![allow(missing_docs)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `inflight ARGS` with only `env` set (plus PATH); returns its start line, or its failure output.
+fn start(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run inflight");
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    for line in stderr.lines() {
+        let line = line.unwrap();
+        if line.contains("inflight started") {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return Ok(line);
+        }
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "inflight exited 0 without starting: {seen}"
+    );
+    Err(seen)
+}
+
+fn serve(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+    let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    start(&all, env)
+}
+
+fn file(contents: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    std::io::Write::write_all(&mut file, contents.as_bytes()).unwrap();
+    file
+}
+
+#[test]
+fn the_defaults_are_the_embedded_store_and_no_limits() {
+    let line = serve(&[], &[]).unwrap();
+    for want in [
+        "command=\"serve\"",
+        "store=memory://",
+        "default_limit=0",
+        "max_limit=0",
+        "lease=30s",
+    ] {
+        assert!(line.contains(want), "{want} in {line}");
+    }
+}
+
+#[test]
+fn flags_beat_the_environment_which_beats_the_file() {
+    let toml = file("default_limit = 2\nmax_limit = 20\nlease = \"10s\"\n");
+    let path = toml.path().to_str().unwrap();
+    let line = serve(&["--config", path], &[]).unwrap();
+    assert!(
+        line.contains("default_limit=2")
+            && line.contains("max_limit=20")
+            && line.contains("lease=10s"),
+        "{line}"
+    );
+    let line = serve(&["--config", path], &[("INFLIGHT_DEFAULT_LIMIT", "3")]).unwrap();
+    assert!(
+        line.contains("default_limit=3") && line.contains("max_limit=20"),
+        "{line}"
+    );
+    let line = serve(
+        &["--config", path, "--default-limit", "4"],
+        &[("INFLIGHT_DEFAULT_LIMIT", "3")],
+    )
+    .unwrap();
+    assert!(line.contains("default_limit=4"), "{line}");
+    let line = serve(
+        &[],
+        &[("INFLIGHT_CONFIG", path), ("INFLIGHT_LEASE", "750ms")],
+    )
+    .unwrap();
+    assert!(
+        line.contains("default_limit=2") && line.contains("lease=750ms"),
+        "{line}"
+    );
+}
+
+#[test]
+fn difys_variables_carry_over_when_inflights_are_unset() {
+    let dify = [
+        ("APP_DEFAULT_ACTIVE_REQUESTS", "7"),
+        ("APP_MAX_ACTIVE_REQUESTS", "9"),
+    ];
+    let line = serve(&[], &dify).unwrap();
+    assert!(
+        line.contains("default_limit=7") && line.contains("max_limit=9"),
+        "{line}"
+    );
+    let both = [dify[0], dify[1], ("INFLIGHT_DEFAULT_LIMIT", "3")];
+    let line = serve(&[], &both).unwrap();
+    assert!(
+        line.contains("default_limit=3") && line.contains("max_limit=9"),
+        "{line}"
+    );
+    // They are environment: they beat the file too.
+    let toml = file("default_limit = 2\n");
+    let line = serve(&["--config", toml.path().to_str().unwrap()], &dify).unwrap();
+    assert!(line.contains("default_limit=7"), "{line}");
+}
+
+#[test]
+fn a_bad_value_names_its_setting_and_exits_non_zero() {
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (vec![], vec![("INFLIGHT_LEASE", "soon")], "lease"),
+        (vec!["--lease", "10ms"], vec![], "lease"),
+        (vec!["--default-limit", "many"], vec![], "default-limit"),
+        (vec![], vec![("INFLIGHT_MAX_LIMIT", "-1")], "max-limit"),
+        (
+            vec![],
+            vec![("APP_DEFAULT_ACTIVE_REQUESTS", "lots")],
+            "APP_DEFAULT_ACTIVE_REQUESTS",
+        ),
+        (vec!["--store", "ftp://x"], vec![], "store"),
+        (vec!["--store", "redis://[::1"], vec![], "store"),
+        (vec!["--listen", "everywhere"], vec![], "listen"),
+        (
+            vec!["--on-store-failure", "shrug"],
+            vec![],
+            "on_store_failure",
+        ),
+        (
+            vec!["--config", "/nonexistent/inflight.toml"],
+            vec![],
+            "config",
+        ),
+    ];
+    for (args, env, setting) in cases {
+        let err = serve(&args, &env).expect_err(setting);
+        assert!(err.contains(setting), "{setting} not named in: {err}");
+    }
+    let toml = file("default_limit = \"x\"\n");
+    let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
+    assert!(err.contains("default_limit"), "{err}");
+    let toml = file("defualt_limit = 3\n");
+    let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
+    assert!(
+        err.contains("defualt_limit"),
+        "a misspelt setting is refused: {err}"
+    );
+    let err = start(&["proxy", "--listen", "127.0.0.1:0"], &[]).unwrap_err();
+    assert!(err.contains("upstream"), "{err}");
+    let err = start(&["proxy", "--upstream", "https://api.example"], &[]).unwrap_err();
+    assert!(err.contains("upstream"), "{err}");
+}
+
+#[test]
+fn secrets_never_reach_the_log() {
+    let line = serve(
+        &[
+            "--store",
+            "redis://:hunter2@127.0.0.1:1/0",
+            "--admin-token",
+            "tok3n",
+        ],
+        &[],
+    )
+    .unwrap();
+    assert!(
+        !line.contains("hunter2") && !line.contains("tok3n"),
+        "{line}"
+    );
+    assert!(line.contains("***@127.0.0.1:1/0"), "{line}");
+}
+
+#[test]
+fn sigterm_stops_the_server_gracefully() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_clear()
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    assert!(stderr.next().unwrap().unwrap().contains("inflight started"));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l.contains("shutting down")), "{rest:?}");
+}
