@@ -194,19 +194,24 @@ fn run_hammer(limit: u32, processes: usize, admissions_each: u64) {
     eprintln!("limit {limit}: {processes} processes x 64 tasks, {total} admissions, max in flight seen {max}");
     assert!(total >= admissions_each * processes as u64);
     assert!(max <= limit, "saw {max} in flight at limit {limit}");
-    assert_eq!(max, limit, "the load did reach the limit");
+    // The load must press on the limit, or the first assertion proves nothing. (The probe samples the
+    // holders a little after they are admitted, so at 100 it may see a few fewer.)
+    assert!(
+        max >= limit - limit / 10,
+        "the load never neared the limit: {max} of {limit}"
+    );
     assert_eq!(now, 0);
     assert_eq!(in_flight, 0, "everything was released");
 }
 
 #[test]
 fn no_over_admission_from_4_processes_of_64_tasks_at_limit_4() {
-    run_hammer(4, 4, 6_250);
+    run_hammer(4, 4, 2_500);
 }
 
 #[test]
 fn no_over_admission_from_4_processes_of_64_tasks_at_limit_100() {
-    run_hammer(100, 4, 19_000);
+    run_hammer(100, 4, 23_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
