@@ -31,6 +31,8 @@ pub enum Command {
     /// A reverse proxy that enforces the limits in front of an upstream API (and answers the API under
     /// /_inflight/).
     Proxy(ProxyArgs),
+    /// Drives the library directly (no HTTP) and prints one JSON line of throughput and latency.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Options of every command. Each also comes from its `INFLIGHT_*` variable and from the TOML file.

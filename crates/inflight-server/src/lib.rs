@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod error;
 pub mod metrics;

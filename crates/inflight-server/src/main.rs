@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 use inflight::{MemoryStore, RedisStore, Store};
+use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command};
 use inflight_server::{api, proxy, server, Settings};
 use tokio::net::TcpListener;
@@ -39,6 +40,7 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
     let (settings, is_proxy) = match &cli.command {
         Command::Serve(args) => (Settings::for_serve(args)?, false),
         Command::Proxy(args) => (Settings::for_proxy(args)?, true),
+        Command::Bench(args) => return bench(args).await,
     };
     if settings.store.starts_with("memory://") {
         run(settings, is_proxy, MemoryStore::new()).await
@@ -85,5 +87,23 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
         settings.shutdown_grace,
     )
     .await?;
+    Ok(())
+}
+
+async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let report = if args.store.starts_with("memory://") {
+        inflight_server::bench::run(args, MemoryStore::new()).await?
+    } else {
+        let store = RedisStore::builder(args.store.clone())
+            .prefix(args.redis_prefix.clone())
+            .open()
+            .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
+        store
+            .ping()
+            .await
+            .map_err(|e| anyhow::anyhow!("the store is unreachable: {e}"))?;
+        inflight_server::bench::run(args, store).await?
+    };
+    println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

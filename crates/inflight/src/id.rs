@@ -34,6 +34,11 @@ impl PermitId {
         Self(Repr::Uuid(Uuid::new_v4()))
     }
 
+    /// True for the empty id, which no permit may have.
+    pub fn is_empty(&self) -> bool {
+        matches!(&self.0, Repr::Given(s) if s.is_empty())
+    }
+
     /// The id as a string, allocated only for given ids that are not UUIDs.
     pub fn as_string(&self) -> String {
         self.to_string()

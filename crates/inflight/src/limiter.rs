@@ -20,6 +20,9 @@ use crate::store::{
     Renewal, Store,
 };
 
+/// The longest lease a permit may have (a day): renewals keep longer work alive.
+const MAX_LEASE_MS: u64 = 86_400_000;
+
 /// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -102,7 +105,7 @@ pub(crate) struct Core<S> {
     on_store_failure: FailurePolicy,
     breaker: Breaker,
     /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
-    fallback: MemoryStore,
+    pub(crate) fallback: MemoryStore,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -195,8 +198,13 @@ impl<S: Store> Limiter<S> {
             return Ok(Err(AcquireError::Invalid("weight must be at least 1")));
         }
         let lease_ms = options.lease.map_or(self.core.lease_ms, millis);
-        if lease_ms == 0 {
-            return Ok(Err(AcquireError::Invalid("lease must be at least 1 ms")));
+        if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
+            return Ok(Err(AcquireError::Invalid(
+                "lease must be between 1 ms and 24 h",
+            )));
+        }
+        if options.id.as_ref().is_some_and(PermitId::is_empty) {
+            return Ok(Err(AcquireError::Invalid("id must not be empty")));
         }
         let core = &self.core;
         if core.policy.is_unlimited_by_default() && !core.store.may_have_override(key) {
@@ -224,7 +232,7 @@ impl<S: Store> Limiter<S> {
         if core.breaker.is_open(core.registry.now_ms()) {
             let error =
                 StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
-            return Ok(self.store_failed(key, options.id, weight, error));
+            return Ok(self.store_failed(key, options.id, weight, lease_ms, error));
         }
         Err(Prepared {
             id: options.id.unwrap_or_else(PermitId::generate),
@@ -239,6 +247,7 @@ impl<S: Store> Limiter<S> {
         key: &str,
         id: Option<PermitId>,
         weight: u32,
+        lease_ms: u64,
         error: StoreError,
     ) -> Result<Permit, AcquireError> {
         match self.core.on_store_failure {
@@ -248,7 +257,7 @@ impl<S: Store> Limiter<S> {
                 let policy = Policy::new(limit, 0);
                 match self.core.fallback.acquire_local(key, weight, policy) {
                     Some(LocalAdmission::Held { hold, grant, .. }) => {
-                        let hold = Hold::Local { hold, lease_ms: 0 };
+                        let hold = Hold::Local { hold, lease_ms };
                         Ok(Permit::new(
                             hold,
                             id,
@@ -258,7 +267,7 @@ impl<S: Store> Limiter<S> {
                         ))
                     }
                     Some(LocalAdmission::Decided(admission)) => {
-                        self.decided(key, id, weight, 0, admission)
+                        self.decided(key, id, weight, lease_ms, admission)
                     }
                     None => Err(AcquireError::Store(error)),
                 }
@@ -292,7 +301,7 @@ impl<S: Store> Limiter<S> {
             Err(error) if error.is_transient() => {
                 self.core.breaker.trip(self.core.registry.now_ms());
                 tracing::warn!(%error, key, policy = ?self.core.on_store_failure, "store unavailable at admission");
-                self.store_failed(key, Some(id), weight, error)
+                self.store_failed(key, Some(id), weight, lease_ms, error)
             }
             Err(error) => Err(AcquireError::Store(error)),
         }
@@ -395,19 +404,36 @@ impl<S: Store> Limiter<S> {
             policy: self.core.policy,
             readd_weight: None,
         };
-        let mut outcomes = self
-            .core
-            .store
-            .renew(std::slice::from_ref(&request))
-            .await?;
-        outcomes
-            .pop()
-            .ok_or_else(|| StoreError::Protocol("renewal returned no outcome".into()))
+        if id.is_empty() {
+            return Ok(Renewal::Lost);
+        }
+        let request = std::slice::from_ref(&request);
+        let outcome = self.core.store.renew(request).await?.pop();
+        let outcome =
+            outcome.ok_or_else(|| StoreError::Protocol("renewal returned no outcome".into()))?;
+        if outcome == Renewal::Lost {
+            // A lease handed out while the store was away (fail_open_local) lives in the fallback.
+            if let Some(found @ Renewal::Renewed(_)) =
+                self.core.fallback.renew(request).await?.pop()
+            {
+                return Ok(found);
+            }
+        }
+        Ok(outcome)
     }
 
     /// Releases a lease held elsewhere; returns whether it was held. Releasing twice is not an error.
     pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
-        self.core.store.release(key, id).await
+        if id.is_empty() {
+            return Ok(false);
+        }
+        // A lease handed out while the store was away (fail_open_local) lives in the fallback.
+        let in_fallback = matches!(self.core.fallback.release_now(key, id), Some(Ok(true)));
+        match self.core.store.release(key, id).await {
+            Ok(held) => Ok(held || in_fallback),
+            Err(_) if in_fallback => Ok(true),
+            Err(error) => Err(error),
+        }
     }
 
     /// The limit settings.
@@ -479,10 +505,44 @@ impl<S: Store> Owner for Core<S> {
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         state.released.store(true, Ordering::Release);
         self.registry.remove(state.seq);
-        Box::pin(async move { self.store.release(&state.key, &state.id).await.map(drop) })
+        // If this future is dropped before the store answers, or the store is away, the release goes on
+        // in the background like a dropped permit's.
+        let mut pending = PendingRelease {
+            core: Some(self),
+            state,
+        };
+        Box::pin(async move {
+            let Some(core) = pending.core.clone() else {
+                return Ok(());
+            };
+            let result = core
+                .store
+                .release(&pending.state.key, &pending.state.id)
+                .await;
+            if !matches!(&result, Err(error) if error.is_transient()) {
+                pending.core.take();
+            }
+            result.map(drop)
+        })
     }
 
     fn detach(&self, state: &PermitState) {
+        // No longer this limiter's: a renewal already on its way must not re-add it, nor shutdown release it.
+        state.released.store(true, Ordering::Release);
         self.registry.remove(state.seq);
+    }
+}
+
+/// An explicit release not yet taken by the store: finished in the background if dropped.
+struct PendingRelease<S: Store> {
+    core: Option<Arc<Core<S>>>,
+    state: Arc<PermitState>,
+}
+
+impl<S: Store> Drop for PendingRelease<S> {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.take() {
+            renewer::spawn_release(core, self.state.clone());
+        }
     }
 }

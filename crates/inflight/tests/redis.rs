@@ -398,6 +398,28 @@ async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
             .await
             .expect("a local slot came back"),
     );
+    // Handed-off permits (what the HTTP API gives out) count against the cap too, until released.
+    held.clear();
+    let mut leases = Vec::new();
+    for _ in 0..3 {
+        leases.push(
+            limiter
+                .try_acquire("handed")
+                .await
+                .expect("under the cap")
+                .detach(),
+        );
+    }
+    assert!(limiter.try_acquire("handed").await.unwrap_err().is_full());
+    assert!(limiter
+        .release("handed", &leases[0].id)
+        .await
+        .expect("released from the fallback"));
+    let again = limiter
+        .try_acquire("handed")
+        .await
+        .expect("a slot came back");
+    drop(again);
     redis.restart();
     let took = recovery_time(&limiter, "app").await;
     assert!(took < Duration::from_secs(1));
@@ -494,4 +516,72 @@ async fn the_store_connects_lazily_and_a_dead_server_is_a_transient_error() {
     assert!(started.elapsed() < Duration::from_secs(2));
     let status = store.status("k", Policy::new(1, 0)).await;
     assert!(status.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_release_cut_short_goes_on_in_the_background() {
+    let mut redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let permit = limiter.try_acquire("app").await.unwrap();
+    redis.stop();
+    // The caller gives up on the release (a timeout around it), while Redis is away.
+    let _ = tokio::time::timeout(Duration::from_millis(50), permit.release()).await;
+    redis.restart();
+    let started = Instant::now();
+    while limiter
+        .status("app")
+        .await
+        .map(|s| s.in_flight)
+        .unwrap_or(1)
+        != 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the release was not carried on"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn weights_never_outlive_the_leases_they_count() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(10, 0))
+        .build();
+    let _plain = limiter.try_acquire("k").await.unwrap();
+    let _heavy = limiter
+        .try_acquire_with(
+            "k",
+            AcquireOptions::new()
+                .weight(5)
+                .lease(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let mut c = redis.client();
+    let leases: i64 = redis::cmd("PTTL")
+        .arg("inflight:{k}:leases")
+        .query(&mut c)
+        .unwrap();
+    let weights: i64 = redis::cmd("PTTL")
+        .arg("inflight:{k}:weights")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        weights > 0 && weights <= leases,
+        "weights {weights} ms, leases {leases} ms"
+    );
+    // If the leases vanish alone (evicted), their weights must not keep counting.
+    redis::cmd("DEL")
+        .arg("inflight:{k}:leases")
+        .exec(&mut c)
+        .unwrap();
+    assert_eq!(limiter.status("k").await.unwrap().in_flight, 0);
+    let heavy = limiter
+        .try_acquire_with("k", AcquireOptions::new().weight(10))
+        .await;
+    assert!(heavy.is_ok(), "{heavy:?}");
 }

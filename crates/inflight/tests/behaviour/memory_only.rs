@@ -209,3 +209,58 @@ async fn the_renewal_task_renews_held_permits_by_itself() {
         permit.expires_at_ms()
     );
 }
+
+#[test]
+fn maintenance_racing_admissions_never_lets_a_key_over_its_limit() {
+    // Forgetting idle keys while admissions come and go must not leave two cells for one key.
+    let store = Arc::new(MemoryStore::new().idle_ttl(Duration::ZERO));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = rt.block_on(async {
+        Limiter::builder(store.clone())
+            .policy(Policy::new(1, 0))
+            .build()
+    });
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let max_seen = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let maintainer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                futures_util::FutureExt::now_or_never(store.maintain());
+            }
+        })
+    };
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (limiter, in_flight, max_seen) =
+                (limiter.clone(), in_flight.clone(), max_seen.clone());
+            std::thread::spawn(move || {
+                for _ in 0..50_000 {
+                    let admitted = futures_util::FutureExt::now_or_never(limiter.try_acquire("k"));
+                    if let Some(Ok(permit)) = admitted {
+                        let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                        max_seen.fetch_max(now, Ordering::SeqCst);
+                        for _ in 0..200 {
+                            std::hint::spin_loop(); // hold it a moment, so that holders can overlap
+                        }
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        drop(permit);
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    maintainer.join().unwrap();
+    assert_eq!(max_seen.load(Ordering::SeqCst), 1);
+    let status = rt.block_on(limiter.status("k")).unwrap();
+    assert_eq!(status.in_flight, 0);
+}

@@ -483,6 +483,55 @@ pub async fn many_tasks_never_exceed_the_limit_and_end_at_zero<F: Fixture>(f: F)
     assert_eq!(limiters[0].status("hot").await.unwrap().in_flight, 0);
 }
 
+pub async fn an_empty_id_is_refused_and_never_matches<F: Fixture>(f: F) {
+    let limiter = f.limiter(Policy::new(5, 0));
+    let _weighted = limiter
+        .try_acquire_with("app", AcquireOptions::new().weight(3))
+        .await
+        .unwrap();
+    let err = limiter
+        .try_acquire_with("app", AcquireOptions::new().id(""))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AcquireError::Invalid(_)), "{err:?}");
+    let empty = PermitId::from("");
+    assert!(!limiter.release("app", &empty).await.unwrap());
+    assert_eq!(
+        limiter.renew("app", &empty, None).await.unwrap(),
+        Renewal::Lost
+    );
+    assert_eq!(
+        limiter.status("app").await.unwrap().in_flight,
+        3,
+        "the weights' bookkeeping is intact"
+    );
+}
+
+pub async fn weights_as_large_as_the_limit_never_overflow<F: Fixture>(f: F) {
+    let limiter = f.limiter(Policy::new(u32::MAX, 0));
+    let big = AcquireOptions::new().weight(3_000_000_000);
+    let _first = limiter.try_acquire_with("app", big.clone()).await.unwrap();
+    let err = limiter.try_acquire_with("app", big).await.unwrap_err();
+    assert_eq!(
+        err,
+        AcquireError::Full {
+            limit: u32::MAX,
+            in_flight: 3_000_000_000
+        }
+    );
+    let err = limiter
+        .try_acquire_with(
+            "app",
+            AcquireOptions::new().lease(Duration::from_secs(2 * 86_400)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AcquireError::Invalid(_)),
+        "leases are at most a day: {err:?}"
+    );
+}
+
 pub async fn status_of_an_unknown_key_is_empty<F: Fixture>(f: F) {
     let limiter = f.limiter(Policy::new(7, 0));
     let status = limiter.status("never-seen").await.unwrap();

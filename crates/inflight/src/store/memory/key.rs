@@ -71,11 +71,17 @@ impl KeyState {
     }
 
     fn add(&mut self, id: &PermitId, lease: Lease) {
-        self.in_flight += lease.weight;
         self.next_expiry_ms = self.next_expiry_ms.min(lease.expires_at_ms);
+        // The old weight leaves before the new one comes: the sum never passes the limit, so no overflow.
         if let Some(old) = self.leases.insert(id.clone(), lease) {
             self.in_flight -= old.weight;
         }
+        self.in_flight += lease.weight;
+    }
+
+    /// Would `in_flight - held + weight` pass `max`? (In u64: weights may be as large as the limit.)
+    fn over(&self, held: u32, weight: u32, max: u32) -> bool {
+        u64::from(self.in_flight - held) + u64::from(weight) > u64::from(max)
     }
 
     /// The admission rule, shared by leases and in-process holds: `held` is the weight `id` already has.
@@ -93,7 +99,7 @@ impl KeyState {
             return Err(Admission::TooHeavy { limit: max });
         }
         // A retried acquisition of a held id never needs more room than it already has.
-        if weight > held && self.in_flight - held + weight > max {
+        if weight > held && self.over(held, weight, max) {
             return Err(Admission::Full {
                 limit: max,
                 in_flight: self.in_flight,
@@ -170,8 +176,9 @@ impl KeyState {
             return Renewal::Lost;
         };
         match limit {
-            Limit::Unlimited => Renewal::Readded(self.grant(limit, weight, expires_at_ms)),
-            Limit::Limited(max) if self.in_flight + weight <= max => {
+            // Nothing is recorded for an unlimited key: nothing was lost.
+            Limit::Unlimited => Renewal::Renewed(self.grant(limit, weight, expires_at_ms)),
+            Limit::Limited(max) if !self.over(0, weight, max) => {
                 self.add(
                     &req.id,
                     Lease {

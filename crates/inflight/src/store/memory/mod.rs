@@ -222,9 +222,13 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.time.now_ms();
         let idle_ttl = self.idle_ttl_ms;
         self.keys.retain(|_, cell| {
+            // Someone between finding the cell and locking it (under this shard's write lock no one new
+            // can find it): keep it, or what they do would land on a cell no longer in the map.
+            if Arc::strong_count(cell) > 1 {
+                return true;
+            }
             let mut state = cell.lock();
             state.reclaim(now);
-            // A cell that an in-process permit still points at has weight in flight, so it is not idle.
             !state.is_idle() || now.saturating_sub(state.last_used_ms) < idle_ttl
         });
     }
@@ -318,5 +322,27 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn maintain(&self) -> impl Future<Output = ()> + Send {
         self.maintain_now();
         ready(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+
+    #[test]
+    fn maintenance_keeps_a_cell_someone_is_about_to_use() {
+        let store = MemoryStore::with_clock(ManualClock::new(0)).idle_ttl(Duration::ZERO);
+        // Found (as an admission finds it) but not yet locked: idle, yet about to be used.
+        let cell = store.cell("k", true).expect("created");
+        store.maintain_now();
+        assert_eq!(
+            store.key_count(),
+            1,
+            "removing it would orphan what the admission does next"
+        );
+        drop(cell);
+        store.maintain_now();
+        assert_eq!(store.key_count(), 0, "idle and unreferenced: forgotten");
     }
 }

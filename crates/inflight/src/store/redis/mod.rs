@@ -5,19 +5,21 @@
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
 //! one hash tag, so each script touches one slot.
 
+mod batch;
 mod error;
 mod keys;
 mod scripts;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, Script};
 
+use self::batch::{Batcher, Op};
 use self::keys::KeyNames;
 use super::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal, Store};
 use crate::clock::millis;
@@ -49,6 +51,8 @@ pub struct RedisStore {
     target: Arc<str>,
     /// Added to Redis `TIME` by every script; moved only by tests ([`RedisStore::advance_clock`]).
     clock_offset_ms: Arc<AtomicI64>,
+    /// Admissions and releases, batched; started on first use (inside the runtime).
+    batcher: Arc<OnceLock<Batcher>>,
 }
 
 /// Builds a [`RedisStore`].
@@ -108,6 +112,7 @@ impl RedisStoreBuilder {
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
             clock_offset_ms: Arc::new(AtomicI64::new(0)),
+            batcher: Arc::new(OnceLock::new()),
         })
     }
 }
@@ -142,6 +147,11 @@ impl RedisStore {
 
     fn offset(&self) -> i64 {
         self.clock_offset_ms.load(Ordering::SeqCst)
+    }
+
+    fn batcher(&self) -> &Batcher {
+        self.batcher
+            .get_or_init(|| Batcher::start(self.conn.clone(), self.clock_offset_ms.clone()))
     }
 
     fn names(&self, key: &str) -> KeyNames {
@@ -261,24 +271,16 @@ impl Store for RedisStore {
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        let names = self.names(req.key);
-        let id = req.id.to_string();
-        let (weight, lease_ms, policy) = (req.weight, req.lease_ms, req.policy);
+        let weight = req.weight;
+        let op = Op::Acquire {
+            names: self.names(req.key),
+            id: req.id.to_string(),
+            weight,
+            lease_ms: req.lease_ms,
+            policy: req.policy,
+        };
         async move {
-            let out = self
-                .run(
-                    &scripts::ACQUIRE,
-                    &names,
-                    &[
-                        &id,
-                        &weight,
-                        &lease_ms,
-                        &policy.default_limit,
-                        &policy.max_limit,
-                        &self.offset(),
-                    ],
-                )
-                .await?;
+            let out = self.batcher().run(op).await?;
             let [decision, limit, in_flight, expires_at_ms, reclaimed] = fields(&out)?;
             let reclaimed = number(reclaimed)?;
             match decision {
@@ -312,13 +314,12 @@ impl Store for RedisStore {
         key: &str,
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let names = self.names(key);
-        let id = id.to_string();
+        let op = Op::Release {
+            names: self.names(key),
+            id: id.to_string(),
+        };
         async move {
-            let mut invocation = scripts::RELEASE.key(&names.leases);
-            invocation.key(&names.weights).arg(&id).arg(self.offset());
-            let mut conn = self.conn.clone();
-            let released: i64 = invocation.invoke_async(&mut conn).await?;
+            let [released] = fields(&self.batcher().run(op).await?)?;
             Ok(released == 1)
         }
     }

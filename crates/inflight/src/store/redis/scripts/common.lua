@@ -6,8 +6,8 @@
 --   <prefix>{E}:weights  hash: permit id -> weight, only for weights > 1; field '' -> the sum of
 --                        (weight - 1) over them, so in_flight = ZCARD(leases) + weights[''].
 --   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.
--- Leases and weights expire (PEXPIRE) a while after their latest deadline, so idle keys leave nothing
--- behind.
+-- Leases and weights expire together (PEXPIRE) a while after their latest deadline, so idle keys leave
+-- nothing behind.
 
 -- Now on the Redis clock, in ms; offset_ms is 0 outside tests (which move time instead of sleeping).
 local function now_ms(offset_ms)
@@ -17,13 +17,17 @@ end
 
 -- The effective limit and the override: the override when > 0, else the default; capped by the
 -- ceiling when that is > 0; 0 means unlimited.
-local function effective_limit(limit_key, default_limit, max_limit)
-  local override = tonumber(redis.call('GET', limit_key) or '0') or 0
+local function resolve_limit(override, default_limit, max_limit)
   local own = default_limit
   if override > 0 then own = override end
-  if own == 0 then return max_limit, override end
-  if max_limit == 0 or own < max_limit then return own, override end
-  return max_limit, override
+  if own == 0 then return max_limit end
+  if max_limit == 0 or own < max_limit then return own end
+  return max_limit
+end
+
+local function effective_limit(limit_key, default_limit, max_limit)
+  local override = tonumber(redis.call('GET', limit_key) or '0') or 0
+  return resolve_limit(override, default_limit, max_limit), override
 end
 
 local function weight_of(weights_key, id)
@@ -47,7 +51,13 @@ local function set_weight(weights_key, id, weight)
 end
 
 local function in_flight(leases_key, weights_key)
-  return redis.call('ZCARD', leases_key) + tonumber(redis.call('HGET', weights_key, '') or '0')
+  local n = redis.call('ZCARD', leases_key)
+  if n == 0 then
+    -- No lease, so no weight: drop weights left over (say, a leases key evicted alone).
+    redis.call('DEL', weights_key)
+    return 0
+  end
+  return n + tonumber(redis.call('HGET', weights_key, '') or '0')
 end
 
 -- Removes the leases whose deadline has passed (deadline <= now); returns how many.
@@ -61,26 +71,31 @@ local function reclaim(leases_key, weights_key, now)
   return #expired
 end
 
--- Keeps a key until well after `ms` from now (no-op on a missing key): past the latest deadline, so that
--- expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the key next,
--- and an untouched key still goes away by itself.
--- (One PTTL per call; the PEXPIRE only when the key would otherwise end within a second of `ms`.)
-local function keep_for(key, ms)
-  if redis.call('PTTL', key) < ms + 1000 then redis.call('PEXPIRE', key, ms * 2 + 1000) end
+-- Keeps a key's leases until well after `ms` from now: past the latest deadline, so that expired leases
+-- are reclaimed (and counted, a sign of crashed holders) by whoever touches the key next, and an untouched
+-- key still goes away by itself. The weights always expire with the leases, never after them.
+-- (One PTTL per call; the PEXPIREs only when the leases would otherwise end within a second of `ms`.)
+local function keep_for(leases_key, weights_key, ms)
+  if redis.call('PTTL', leases_key) < ms + 1000 then
+    local ttl = ms * 2 + 1000
+    redis.call('PEXPIRE', leases_key, ttl)
+    redis.call('PEXPIRE', weights_key, ttl)
+  end
 end
 
 -- Sets the weight of a lease that was held with `held` (0: new); touches the weights hash only when a
--- weight other than 1 is involved.
-local function reweigh(weights_key, id, held, weight, lease_ms)
+-- weight other than 1 is involved, and gives it the leases' expiry.
+local function reweigh(leases_key, weights_key, id, held, weight)
   if held > 1 or weight > 1 then
     set_weight(weights_key, id, weight)
-    keep_for(weights_key, lease_ms)
+    local ttl = redis.call('PTTL', leases_key)
+    if ttl > 0 then redis.call('PEXPIRE', weights_key, ttl) end
   end
 end
 
 local function add_lease(leases_key, weights_key, id, weight, expires, lease_ms)
   redis.call('ZADD', leases_key, expires, id)
-  reweigh(weights_key, id, 0, weight, lease_ms)
-  keep_for(leases_key, lease_ms)
+  reweigh(leases_key, weights_key, id, 0, weight)
+  keep_for(leases_key, weights_key, lease_ms)
 end
 

@@ -12,14 +12,14 @@ local expires = now + lease_ms
 local score = redis.call('ZSCORE', KEYS[1], id)
 if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], expires, id)
-  keep_for(KEYS[1], lease_ms)
-  keep_for(KEYS[2], lease_ms)
+  keep_for(KEYS[1], KEYS[2], lease_ms)
   return {1, limit, in_flight(KEYS[1], KEYS[2]), weight_of(KEYS[2], id), expires}
 end
 reclaim(KEYS[1], KEYS[2], now)
 if readd == 0 then return {0, limit, 0, 0, 0} end
 local count = in_flight(KEYS[1], KEYS[2])
-if limit == 0 then return {2, 0, count, readd, expires} end
+-- Nothing is recorded for an unlimited key: nothing was lost.
+if limit == 0 then return {1, 0, count, readd, expires} end
 if count + readd > limit then return {0, limit, count, 0, 0} end
 add_lease(KEYS[1], KEYS[2], id, readd, expires, lease_ms)
 return {2, limit, count + readd, readd, expires}
