@@ -2,14 +2,16 @@
 //! one call of `batch.lua`. A script call costs Redis far more than the few commands in it, so under load
 //! this multiplies what one Redis can admit; with little load a batch is one operation and nothing waits.
 //!
-//! One dispatcher task per store (shared by its clones) forms the batches. At most [`IN_FLIGHT`] batches
-//! are out at once: while they are, new operations queue, and the next batch takes them all.
+//! One dispatcher task per store (shared by its clones) forms the batches and drives them. At most
+//! [`IN_FLIGHT`] batches are out at once: while they are, new operations queue, and the next batch takes
+//! them all.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::ConnectionManager;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use super::keys::KeyNames;
 use super::scripts;
@@ -17,7 +19,7 @@ use crate::error::StoreError;
 use crate::policy::Policy;
 
 /// Batches sent and not yet answered, at most.
-const IN_FLIGHT: usize = 4;
+const IN_FLIGHT: usize = 2;
 /// Operations in one batch, at most.
 const MAX_BATCH: usize = 128;
 
@@ -71,51 +73,55 @@ async fn dispatch(
     conn: ConnectionManager,
     offset: Arc<AtomicI64>,
 ) {
-    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut in_flight = FuturesUnordered::new();
+    let mut open = true;
     loop {
-        // Wait for a free slot first: what arrives meanwhile joins the next batch.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(first) = queue.recv().await else {
-            return;
-        };
-        let mut jobs = Vec::with_capacity(16);
-        jobs.push(first);
-        while jobs.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
+        tokio::select! {
+            biased;
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            // Only with a batch slot free: what arrives meanwhile waits and joins the next batch.
+            job = queue.recv(), if open && in_flight.len() < IN_FLIGHT => match job {
+                Some(first) => {
+                    let mut jobs = Vec::with_capacity(16);
+                    jobs.push(first);
+                    while jobs.len() < MAX_BATCH {
+                        match queue.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    in_flight.push(run(conn.clone(), offset.load(Ordering::SeqCst), jobs));
+                }
+                None => open = false,
+            },
+            else => return,
+        }
+    }
+}
+
+/// Sends one batch and hands each operation its reply.
+async fn run(mut conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
+    match send(&mut conn, offset, &jobs).await {
+        Ok(replies) if replies.len() == jobs.len() => {
+            for (job, reply) in jobs.into_iter().zip(replies) {
+                let _ = job.reply.send(Ok(reply));
             }
         }
-        let mut conn = conn.clone();
-        let offset = offset.load(Ordering::SeqCst);
-        tokio::spawn(async move {
-            let result = send(&mut conn, offset, &jobs).await;
-            drop(slot);
-            match result {
-                Ok(replies) if replies.len() == jobs.len() => {
-                    for (job, reply) in jobs.into_iter().zip(replies) {
-                        let _ = job.reply.send(Ok(reply));
-                    }
-                }
-                Ok(replies) => {
-                    let error = StoreError::Protocol(format!(
-                        "{} replies to {} operations",
-                        replies.len(),
-                        jobs.len()
-                    ));
-                    for job in jobs {
-                        let _ = job.reply.send(Err(error.clone()));
-                    }
-                }
-                Err(error) => {
-                    for job in jobs {
-                        let _ = job.reply.send(Err(error.clone()));
-                    }
-                }
+        Ok(replies) => {
+            let error = StoreError::Protocol(format!(
+                "{} replies to {} operations",
+                replies.len(),
+                jobs.len()
+            ));
+            for job in jobs {
+                let _ = job.reply.send(Err(error.clone()));
             }
-        });
+        }
+        Err(error) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+        }
     }
 }
 
@@ -136,9 +142,9 @@ async fn send(
                 policy,
             } => {
                 invocation
-                    .key(&names.leases)
-                    .key(&names.weights)
-                    .key(&names.limit)
+                    .key(names.leases())
+                    .key(names.weights())
+                    .key(names.limit())
                     .arg("a")
                     .arg(id)
                     .arg(weight)
@@ -148,9 +154,9 @@ async fn send(
             }
             Op::Release { names, id } => {
                 invocation
-                    .key(&names.leases)
-                    .key(&names.weights)
-                    .key(&names.limit)
+                    .key(names.leases())
+                    .key(names.weights())
+                    .key(names.limit())
                     .arg("r")
                     .arg(id)
                     .arg(0)

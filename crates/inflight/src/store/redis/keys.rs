@@ -7,11 +7,16 @@
 
 use std::fmt::Write;
 
-/// The three Redis keys of one user key, in the order the scripts take them.
+/// The Redis keys of one user key: `<prefix>{<escaped key>}` and a role suffix, written straight into the
+/// command (one allocation per key, not one per name).
 pub(super) struct KeyNames {
-    pub(super) leases: String,
-    pub(super) weights: String,
-    pub(super) limit: String,
+    tag: String,
+}
+
+/// One of the names, as a command argument.
+pub(super) struct KeyArg<'a> {
+    tag: &'a str,
+    role: &'static str,
 }
 
 impl KeyNames {
@@ -21,11 +26,44 @@ impl KeyNames {
         tag.push('{');
         escape_into(&mut tag, key);
         tag.push('}');
-        Self {
-            leases: format!("{tag}:leases"),
-            weights: format!("{tag}:weights"),
-            limit: format!("{tag}:limit"),
+        Self { tag }
+    }
+
+    /// The sorted set of leases.
+    pub(super) fn leases(&self) -> KeyArg<'_> {
+        KeyArg {
+            tag: &self.tag,
+            role: ":leases",
         }
+    }
+
+    /// The weights hash.
+    pub(super) fn weights(&self) -> KeyArg<'_> {
+        KeyArg {
+            tag: &self.tag,
+            role: ":weights",
+        }
+    }
+
+    /// The limit override.
+    pub(super) fn limit(&self) -> KeyArg<'_> {
+        KeyArg {
+            tag: &self.tag,
+            role: ":limit",
+        }
+    }
+}
+
+impl std::fmt::Display for KeyArg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.tag)?;
+        f.write_str(self.role)
+    }
+}
+
+impl redis::ToRedisArgs for KeyArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self);
     }
 }
 
@@ -55,7 +93,7 @@ mod tests {
     use super::*;
 
     fn tag(key: &str) -> String {
-        KeyNames::new("inflight:", key).leases
+        KeyNames::new("inflight:", key).leases().to_string()
     }
 
     #[test]
@@ -83,8 +121,8 @@ mod tests {
     #[test]
     fn the_three_names_share_the_hash_tag() {
         let names = KeyNames::new("p:", "k}");
-        for name in [&names.leases, &names.weights, &names.limit] {
-            assert!(name.starts_with("p:{k%7D}:"), "{name}");
+        for name in [names.leases(), names.weights(), names.limit()] {
+            assert!(name.to_string().starts_with("p:{k%7D}:"), "{name}");
         }
     }
 }

@@ -164,8 +164,8 @@ impl RedisStore {
         names: &KeyNames,
         args: &[&dyn ToArg],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut invocation = script.key(&names.leases);
-        invocation.key(&names.weights).key(&names.limit);
+        let mut invocation = script.key(names.leases());
+        invocation.key(names.weights()).key(names.limit());
         for arg in args {
             arg.push(&mut invocation);
         }
