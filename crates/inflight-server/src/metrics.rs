@@ -21,12 +21,21 @@ const STORE_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// The process's metrics (one recorder per process, shared by every server in it).
+/// The process's metrics (one recorder per process, shared by every server in it). The handles of the
+/// fixed series are registered once, so the request path only bumps atomics.
 #[derive(Clone)]
 pub struct Metrics {
     handle: PrometheusHandle,
     per_key: bool,
+    admitted: metrics::Counter,
+    rejected: metrics::Counter,
+    errors: metrics::Counter,
+    releases: metrics::Counter,
+    in_flight: metrics::Gauge,
+    store: [(&'static str, metrics::Histogram); 5],
 }
+
+const STORE_OPS: [&str; 5] = ["acquire", "release", "renew", "status", "set_limit"];
 
 /// How an admission ended, for `inflight_admissions_total`.
 #[derive(Clone, Copy, Debug)]
@@ -57,38 +66,54 @@ impl Metrics {
                 handle
             })
             .clone();
-        Self { handle, per_key }
+        Self {
+            handle,
+            per_key,
+            admitted: metrics::counter!("inflight_admissions_total", "result" => "admitted"),
+            rejected: metrics::counter!("inflight_admissions_total", "result" => "rejected"),
+            errors: metrics::counter!("inflight_admissions_total", "result" => "error"),
+            releases: metrics::counter!("inflight_releases_total"),
+            in_flight: metrics::gauge!("inflight_in_flight"),
+            store: STORE_OPS.map(|op| {
+                (
+                    op,
+                    metrics::histogram!("inflight_store_duration_seconds", "op" => op),
+                )
+            }),
+        }
     }
 
     /// Counts an admission.
     pub fn admission(&self, key: &str, result: AdmissionResult) {
-        let result = match result {
-            AdmissionResult::Admitted => "admitted",
-            AdmissionResult::Rejected => "rejected",
-            AdmissionResult::Error => "error",
+        let (counter, label) = match result {
+            AdmissionResult::Admitted => (&self.admitted, "admitted"),
+            AdmissionResult::Rejected => (&self.rejected, "rejected"),
+            AdmissionResult::Error => (&self.errors, "error"),
         };
         if self.per_key {
-            metrics::counter!("inflight_admissions_total", "result" => result, "key" => key.to_owned()).increment(1);
+            metrics::counter!("inflight_admissions_total", "result" => label, "key" => key.to_owned())
+                .increment(1);
         } else {
-            metrics::counter!("inflight_admissions_total", "result" => result).increment(1);
+            counter.increment(1);
         }
     }
 
     /// Counts a release.
     pub fn release(&self) {
-        metrics::counter!("inflight_releases_total").increment(1);
+        self.releases.increment(1);
     }
 
     /// Records how long a store operation took.
     pub fn store_latency(&self, op: &'static str, took: Duration) {
-        metrics::histogram!("inflight_store_duration_seconds", "op" => op)
-            .record(took.as_secs_f64());
+        if let Some((_, histogram)) = self.store.iter().find(|(name, _)| *name == op) {
+            histogram.record(took.as_secs_f64());
+        }
     }
 
     /// One more permit held by this process until the guard is dropped.
     pub fn hold(&self) -> InFlightGuard {
-        metrics::gauge!("inflight_in_flight").increment(1.0);
-        InFlightGuard(())
+        self.in_flight.increment(1.0);
+        InFlightGuard(self.in_flight.clone())
     }
 
     /// The Prometheus text, with the limiter's own counters brought up to date.
@@ -104,10 +129,10 @@ impl Metrics {
 }
 
 /// Decrements `inflight_in_flight` when dropped.
-pub struct InFlightGuard(());
+pub struct InFlightGuard(metrics::Gauge);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        metrics::gauge!("inflight_in_flight").decrement(1.0);
+        self.0.decrement(1.0);
     }
 }

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Measures inflight side by side with its alternatives, in one run, and writes BENCHMARKS.md and
+# bench/latency.svg. About 5 minutes on a 2-core machine (plus the release build).
+#
+#   scripts/bench.sh            # everything
+#   KEEP=1 scripts/bench.sh     # keep the raw results (printed path)
+#
+# Everything listens on 127.0.0.1 only; every load is bounded in time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server redis-tools)
+command -v nginx >/dev/null || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+out=$(mktemp -d)
+chmod 755 "$out" # nginx's workers read the event-stream file from here
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  [ -f "$out/nginx.pid" ] && kill "$(cat "$out/nginx.pid")" 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [ -z "${KEEP:-}" ]; then rm -rf "$out"; else echo "raw results kept in $out" >&2; fi
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "nothing listens on $1" >&2; return 1; }
+say() { echo "== $*" >&2; }
+
+say "building (release)"
+cargo build --release -q -p inflight-server -p inflight --examples
+bin=$root/target/release/inflight
+
+say "memory store vs per-key tokio semaphore (criterion)"
+cargo bench -q -p inflight --bench memory -- --warm-up-time 1 --measurement-time 3 --noplot >"$out/criterion.txt" 2>/dev/null
+
+redis_port=$(port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$out" >"$out/redis.log" 2>&1 &
+pids+=($!)
+wait_port "$redis_port"
+redis="redis://127.0.0.1:$redis_port"
+
+say "Redis store vs naive check-then-set"
+"$root/target/release/examples/redis_load" "$redis" 2 >"$out/redis_load.md"
+say "script-call ceiling (redis-benchmark)"
+redis-benchmark -p "$redis_port" -c 64 -n 200000 -q EVAL "return 1" 0 2>/dev/null | tr '\r' '\n' | grep -a "requests per second" | tail -1 >"$out/ceiling_unpipelined.txt"
+redis-benchmark -p "$redis_port" -c 64 -n 1000000 -P 16 -q EVAL "return 1" 0 2>/dev/null | tr '\r' '\n' | grep -a "requests per second" | tail -1 >"$out/ceiling_pipelined.txt"
+
+say "latency vs concurrency"
+for store in memory:// "$redis"; do
+  for tasks in 1 16 64 256; do
+    "$bin" bench --store "$store" --tasks "$tasks" --duration 2s --redis-prefix "c$tasks:" >>"$out/concurrency.jsonl"
+  done
+done
+say "scaling with keys"
+for store in memory:// "$redis"; do
+  for keys in 1 100 10000 100000; do
+    "$bin" bench --store "$store" --tasks 64 --keys "$keys" --duration 2s --redis-prefix "k$keys:" >>"$out/keys.jsonl"
+  done
+done
+say "scaling with permits held per key"
+for store in memory:// "$redis"; do
+  for held in 1 100 1000 10000; do
+    "$bin" bench --store "$store" --tasks 16 --held "$held" --duration 2s --redis-prefix "h$held:" >>"$out/held.jsonl"
+  done
+done
+
+say "Redis memory per held permit"
+for n in 100 100000; do
+  redis-cli -p "$redis_port" EVAL "for i = 1, tonumber(ARGV[1]) do redis.call('ZADD', KEYS[1], 1795973173426 + i, string.format('%08x-0000-4000-8000-%012x', i, i)) end return 1" 1 "mem$n:{k}:leases" "$n" >/dev/null
+  echo "$n $(redis-cli -p "$redis_port" MEMORY USAGE "mem$n:{k}:leases" SAMPLES 0)" >>"$out/memory.txt"
+done
+
+say "proxy vs direct vs nginx limit_conn (wrk)"
+up=$(port); ng=$(port); pm=$(port); pr=$(port)
+for _ in $(seq 20); do printf 'data: {"token": "hello"}\n\n'; done >"$out/sse.txt"
+cat >"$out/nginx.conf" <<NGINX
+worker_processes 1;
+pid $out/nginx.pid;
+error_log $out/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  limit_conn_zone \$http_x_inflight_key zone=keys:10m;
+  upstream api { server 127.0.0.1:$up; keepalive 128; }
+  server {
+    listen 127.0.0.1:$up;
+    location / { return 200 "ok\n"; }
+    location /sse { default_type text/event-stream; alias $out/sse.txt; }
+  }
+  server {
+    listen 127.0.0.1:$ng;
+    location / {
+      limit_conn keys 60000;
+      proxy_pass http://api;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+nginx -c "$out/nginx.conf" -p "$out" -e "$out/nginx-error.log"
+wait_port "$up"; wait_port "$ng"
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 &
+pids+=($!)
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
+pids+=($!)
+wait_port "$pm"; wait_port "$pr"
+for path in / /sse; do
+  for target in "direct $up" "nginx $ng" "inflight-memory $pm" "inflight-redis $pr"; do
+    set -- $target
+    wrk -t2 -c64 -d5s --latency -H "X-Inflight-Key: app-1" "http://127.0.0.1:$2$path" >"$out/wrk-$1-${path//\//_}.txt"
+  done
+done
+
+say "rendering BENCHMARKS.md and bench/latency.svg"
+python3 scripts/bench/render.py "$out" "$root"

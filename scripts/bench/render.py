@@ -1,0 +1,219 @@
+"""Renders the raw results of scripts/bench.sh into BENCHMARKS.md and docs/latency.svg."""
+import json
+import math
+import pathlib
+import re
+import sys
+import datetime
+
+raw = pathlib.Path(sys.argv[1])
+root = pathlib.Path(sys.argv[2])
+
+
+def jsonl(name):
+    path = raw / name
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def ns(value, unit):
+    return float(value) * {"ps": 1e-3, "ns": 1.0, "µs": 1e3, "us": 1e3, "ms": 1e6, "s": 1e9}[unit]
+
+
+def criterion():
+    text = (raw / "criterion.txt").read_text()
+    found = {}
+    for name, mid, unit in re.findall(r"(acquire\+release/\S+)\s+time:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]", text):
+        found[name] = ns(mid, unit)
+    return found
+
+
+def store_name(store):
+    return "memory" if store.startswith("memory") else "redis"
+
+
+def wrk(name):
+    path = raw / name
+    if not path.exists():
+        return None
+    text = path.read_text()
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    p50 = re.search(r"^\s+50%\s+([\d.]+)(us|ms|s)", text, re.M)
+    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)", text, re.M)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    to_us = lambda m: float(m.group(1)) * {"us": 1, "ms": 1e3, "s": 1e6}[m.group(2)] if m else float("nan")
+    return {
+        "rps": float(rps.group(1)) if rps else float("nan"),
+        "p50_us": to_us(p50),
+        "p99_us": to_us(p99),
+        "non_2xx": int(errors.group(1)) if errors else 0,
+    }
+
+
+def fmt(x, digits=0):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:,.{digits}f}"
+
+
+lines = []
+w = lines.append
+today = datetime.date.today().isoformat()
+w("# Benchmarks")
+w("")
+w("Every figure here was produced by one run of `scripts/bench.sh` (it also wrote this file), on the project's")
+w(f"2-core machine, on {today}. Each alternative ran beside inflight in the same run; the machines are noisy, so")
+w("compare ratios within a table rather than absolute numbers across runs. Client, servers and load generator")
+w("share the same 2 cores.")
+w("")
+
+# 1. memory vs semaphore
+c = criterion()
+w("## Memory store vs a per-key tokio semaphore (criterion)")
+w("")
+w("One acquire+release pair on one thread, limit 64; on one key and cycling over 100,000 keys. The baseline is")
+w("what a Rust user would otherwise write: `DashMap<String, Arc<tokio::sync::Semaphore>>`, `try_acquire_owned`, drop.")
+w("")
+w("| one acquire+release | 1 key | vs semaphore | 100,000 keys | vs semaphore | pairs/s, 100,000 keys |")
+w("|---|---|---|---|---|---|")
+rows = [
+    ("tokio semaphore per key (baseline)", "tokio_semaphore_per_key"),
+    ("`MemoryStore` (the store)", "inflight_memory_store"),
+    ("`Limiter::try_acquire` + drop the `Permit`", "inflight_limiter"),
+]
+for label, key in rows:
+    one = c.get(f"acquire+release/{key}/1")
+    many = c.get(f"acquire+release/{key}/100000")
+    base1 = c.get("acquire+release/tokio_semaphore_per_key/1")
+    basen = c.get("acquire+release/tokio_semaphore_per_key/100000")
+    if one is None or many is None:
+        continue
+    w(f"| {label} | {one:.1f} ns | {one / base1:.2f}x | {many:.1f} ns | {many / basen:.2f}x | {1e9 / many / 1e6:.1f} M |")
+w("")
+
+# 2. redis vs naive
+w("## Redis store vs a naive two-round-trip check-then-set")
+w("")
+w("acquire+release pairs/s and acquire latency, in one process, beside the reference system's way (HLEN, then")
+w("HSET; HDEL to release) against the same `redis-server` in the same run (`examples/redis_load.rs`). The naive")
+w("limiter over-admits under concurrency (defect D1); inflight never does (`tests/redis.rs`).")
+w("")
+w((raw / "redis_load.md").read_text().strip())
+w("")
+unp = (raw / "ceiling_unpipelined.txt").read_text().strip() if (raw / "ceiling_unpipelined.txt").exists() else ""
+pip = (raw / "ceiling_pipelined.txt").read_text().strip() if (raw / "ceiling_pipelined.txt").exists() else ""
+num = lambda s: float(re.search(r"([\d.]+) requests per second", s).group(1)) if re.search(r"([\d.]+) requests per second", s) else float("nan")
+w("The script-call ceiling of this Redis on this machine (`redis-benchmark -c 64 EVAL \"return 1\" 0`): "
+  f"{fmt(num(unp))} calls/s one at a time, {fmt(num(pip))} calls/s pipelined 16 deep. inflight sends the admissions and")
+w("releases that are waiting together in one script call (`batch.lua`), so under load it is not bound by that ceiling.")
+w("")
+
+# 3. concurrency
+conc = jsonl("concurrency.jsonl")
+w("## Latency vs concurrency (`inflight bench`)")
+w("")
+w("The library driven directly (no HTTP), one key, limit never reached: acquire latency and pairs/s as the")
+w("number of concurrent tasks grows. `max seen` is the independent probe's largest in-flight count.")
+w("")
+w("| store | tasks | pairs/s | p50 µs | p99 µs | max seen |")
+w("|---|---|---|---|---|---|")
+for r in conc:
+    w(f"| {store_name(r['store'])} | {r['tasks']} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['max_in_flight_seen']} |")
+w("")
+w("![acquire latency vs concurrent tasks](docs/latency.svg)")
+w("")
+
+# 4. scaling
+for title, name, field, label in [
+    ("Scaling with the number of keys", "keys.jsonl", "keys", "keys"),
+    ("Scaling with permits held per key", "held.jsonl", "held", "held per key"),
+]:
+    rows = jsonl(name)
+    w(f"## {title}")
+    w("")
+    w("Latency should stay flat." if field == "keys" else
+      "Permits held on the key for the whole run (16 tasks acquiring and releasing beside them): latency should stay flat.")
+    w("")
+    w(f"| store | {label} | pairs/s | p50 µs | p99 µs |")
+    w("|---|---|---|---|---|")
+    for r in rows:
+        w(f"| {store_name(r['store'])} | {r[field]:,} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.1f} | {r['p99_us']:.1f} |")
+    w("")
+
+# 5. memory per permit
+w("## Redis memory per held permit")
+w("")
+w("A held permit is one member of its key's sorted set: the id (a 36-character UUID) and its deadline.")
+w("`MEMORY USAGE` of a key holding N such leases, divided by N:")
+w("")
+w("| leases on the key | bytes | bytes per permit |")
+w("|---|---|---|")
+for line in (raw / "memory.txt").read_text().splitlines():
+    n, used = line.split()
+    w(f"| {int(n):,} | {int(used):,} | {int(used) / int(n):.1f} |")
+w("")
+
+# 6. proxy
+w("## Proxy vs calling the upstream directly vs nginx `limit_conn`")
+w("")
+w("`wrk -t2 -c64 -d5s` against the same upstream (nginx answering `ok`, or a 20-event `text/event-stream`), directly,")
+w("through nginx with `limit_conn` on the key header, and through `inflight proxy` on the memory and the Redis")
+w("store (limits high enough that nothing is refused).")
+w("")
+w("| response | path | requests/s | vs nginx | p50 µs | p99 µs | non-2xx |")
+w("|---|---|---|---|---|---|---|")
+for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
+    nginx = wrk(f"wrk-nginx-{path}.txt")
+    for target, name in [("direct", "direct to upstream"), ("nginx", "nginx limit_conn"),
+                         ("inflight-memory", "inflight proxy, memory"), ("inflight-redis", "inflight proxy, Redis")]:
+        r = wrk(f"wrk-{target}-{path}.txt")
+        if r is None:
+            continue
+        ratio = r["rps"] / nginx["rps"] if nginx and nginx["rps"] else float("nan")
+        w(f"| {label} | {name} | {fmt(r['rps'])} | {fmt(ratio, 2)} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {r['non_2xx']} |")
+w("")
+w("## Reproduce")
+w("")
+w("```sh")
+w("scripts/bench.sh                  # all of the above; installs redis-server, nginx and wrk when missing")
+w("cargo bench -p inflight --bench memory")
+w("scripts/bench-redis.sh 3          # the Redis table alone")
+w("inflight bench --store redis://127.0.0.1:6379 --tasks 64 --duration 5s   # one JSON line")
+w("```")
+(root / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
+
+# The plot: p50 and p99 vs tasks, per store, log scale.
+series = {}
+for r in conc:
+    for q in ("p50_us", "p99_us"):
+        series.setdefault(f"{store_name(r['store'])} {q[:3]}", []).append((r["tasks"], max(r[q], 0.01)))
+W, H, L, R, T, B = 640, 400, 70, 170, 30, 50
+xs = sorted({t for pts in series.values() for t, _ in pts})
+ys = [v for pts in series.values() for _, v in pts]
+lo, hi = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
+hi = max(hi, lo + 1)
+px = lambda t: L + (W - L - R) * (xs.index(t) / max(len(xs) - 1, 1))
+py = lambda v: T + (H - T - B) * (1 - (math.log10(v) - lo) / (hi - lo))
+colors = {"memory p50": "#1f77b4", "memory p99": "#6baed6", "redis p50": "#d62728", "redis p99": "#fc9272"}
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+       f'<rect width="{W}" height="{H}" fill="white"/>',
+       f'<text x="{L}" y="18" font-size="14">inflight acquire latency vs concurrent tasks ({today})</text>']
+for e in range(lo, hi + 1):
+    y = py(10 ** e)
+    svg.append(f'<line x1="{L}" y1="{y:.1f}" x2="{W - R}" y2="{y:.1f}" stroke="#ddd"/>')
+    svg.append(f'<text x="{L - 8}" y="{y + 4:.1f}" text-anchor="end">{10 ** e:g} µs</text>')
+for t in xs:
+    svg.append(f'<text x="{px(t):.1f}" y="{H - B + 18}" text-anchor="middle">{t}</text>')
+svg.append(f'<text x="{(L + W - R) / 2:.1f}" y="{H - 12}" text-anchor="middle">concurrent tasks</text>')
+for i, (name, pts) in enumerate(sorted(series.items())):
+    color = colors.get(name, "#333")
+    path = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in sorted(pts))
+    dash = ' stroke-dasharray="5,3"' if "p99" in name else ""
+    svg.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>')
+    for t, v in pts:
+        svg.append(f'<circle cx="{px(t):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
+    svg.append(f'<line x1="{W - R + 15}" y1="{T + 20 + i * 20}" x2="{W - R + 40}" y2="{T + 20 + i * 20}" stroke="{color}" stroke-width="2"{dash}/>')
+    svg.append(f'<text x="{W - R + 46}" y="{T + 24 + i * 20}">{name}</text>')
+svg.append("</svg>")
+(root / "docs").mkdir(exist_ok=True)
+(root / "docs" / "latency.svg").write_text("\n".join(svg) + "\n")
+print((root / "BENCHMARKS.md").read_text())
