@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measures inflight side by side with its alternatives, in one run, and writes BENCHMARKS.md and
-# bench/latency.svg. About 5 minutes on a 2-core machine (plus the release build).
+# docs/latency.svg. About 5 minutes on a 2-core machine (plus the release build).
 #
 #   scripts/bench.sh            # everything
 #   KEEP=1 scripts/bench.sh     # keep the raw results (printed path)
@@ -121,5 +121,5 @@ for path in / /sse; do
   done
 done
 
-say "rendering BENCHMARKS.md and bench/latency.svg"
+say "rendering BENCHMARKS.md and docs/latency.svg"
 python3 scripts/bench/render.py "$out" "$root"

@@ -1,4 +1,6 @@
-"""Renders the raw results of scripts/bench.sh into BENCHMARKS.md and docs/latency.svg."""
+"""Renders the raw results of scripts/bench.sh into BENCHMARKS.md and docs/latency.svg.
+
+Usage: python3 scripts/bench/render.py RAW_DIR REPO_ROOT (scripts/bench.sh calls it; KEEP=1 keeps RAW_DIR)."""
 import json
 import math
 import pathlib
@@ -171,6 +173,23 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
         ratio = r["rps"] / nginx["rps"] if nginx and nginx["rps"] else float("nan")
         w(f"| {label} | {name} | {fmt(r['rps'])} | {fmt(ratio, 2)} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {r['non_2xx']} |")
 w("")
+w("## What the figures say")
+w("")
+w("- **Memory store.** The store itself is as fast as the per-key semaphore or faster (a permit of this process")
+w("  holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire` path adds about")
+w("  60 ns on top (building the `Permit`, its type-erased release, the `TryAcquire` future): within 1.5x of the")
+w("  semaphore over many keys, about 2.5x on one hot key. That gap is open.")
+w("- **Redis store.** Admissions and releases waiting together ride in one `batch.lua` call, which remembers what it")
+w("  learnt about each key, so a hot key costs one ZADD per admission and one ZREM per release. Redis is then no")
+w("  longer the limit; the client is, on cross-thread wake-ups and socket syscalls (client, Redis and load share")
+w("  2 cores). 100,000 pairs/s is reached at 256 tasks, not at 64; p99 at 64 tasks stays under about 1 ms.")
+w("  Spreading the load over many keys costs more calls per operation (less is shared within a batch).")
+w("- **Memory per permit.** Small keys (up to 128 leases, Redis's listpack encoding) cost about 50 bytes per held")
+w("  permit; large ones, in a skiplist, about 135. Storing generated ids as 16 raw bytes instead of 36 characters")
+w("  would bring large keys near the 100-byte goal; not done yet.")
+w("- **Proxy.** On the memory store the proxy serves about what nginx with `limit_conn` does (small responses) and")
+w("  more for event streams; on Redis it pays one batched round trip per admission and per release.")
+w("")
 w("## Reproduce")
 w("")
 w("```sh")
@@ -216,4 +235,4 @@ for i, (name, pts) in enumerate(sorted(series.items())):
 svg.append("</svg>")
 (root / "docs").mkdir(exist_ok=True)
 (root / "docs" / "latency.svg").write_text("\n".join(svg) + "\n")
-print((root / "BENCHMARKS.md").read_text())
+
