@@ -9,13 +9,13 @@ local id, lease_ms, readd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local limit = effective_limit(KEYS[3], tonumber(ARGV[3]), tonumber(ARGV[4]))
 local now = now_ms(tonumber(ARGV[6]))
 local expires = now + lease_ms
-local score = redis.call('ZSCORE', KEYS[1], id)
-if score and tonumber(score) > now then
+-- Expired leases go first (this one included, if it has expired), so that the count is of live ones.
+reclaim(KEYS[1], KEYS[2], now)
+if redis.call('ZSCORE', KEYS[1], id) then
   redis.call('ZADD', KEYS[1], expires, id)
   keep_for(KEYS[1], KEYS[2], lease_ms)
   return {1, limit, in_flight(KEYS[1], KEYS[2]), weight_of(KEYS[2], id), expires}
 end
-reclaim(KEYS[1], KEYS[2], now)
 if readd == 0 then return {0, limit, 0, 0, 0} end
 local count = in_flight(KEYS[1], KEYS[2])
 -- Nothing is recorded for an unlimited key: nothing was lost.
