@@ -585,3 +585,37 @@ async fn weights_never_outlive_the_leases_they_count() {
         .await;
     assert!(heavy.is_ok(), "{heavy:?}");
 }
+
+#[tokio::test]
+async fn a_unix_socket_url_works() {
+    let dir = std::env::temp_dir().join(format!("inflight-unix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("redis.sock");
+    let mut server = Command::new("redis-server")
+        .args(["--port", "0", "--save", "", "--unixsocket"])
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !socket.exists() {
+        assert!(started.elapsed() < Duration::from_secs(5), "no socket");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let store = RedisStore::open(format!("unix://{}", socket.display())).unwrap();
+    let limiter = Limiter::builder(store).policy(Policy::new(1, 0)).build();
+    let result = async {
+        let permit = limiter.try_acquire("k").await?;
+        let full = limiter.try_acquire("k").await.unwrap_err().is_full();
+        permit.release().await?;
+        Ok::<_, AcquireError>(full)
+    }
+    .await;
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        result.expect("admissions over the socket"),
+        "the limit held over the socket"
+    );
+}
