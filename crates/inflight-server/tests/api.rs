@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{limits, settings, start_api, wait_in_flight, TestRedis};
-use inflight::{MemoryStore, RedisStore, Store};
+use common::{limits, settings, start_api, wait_in_flight, Make, TestRedis};
+use inflight::MemoryStore;
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
@@ -27,35 +27,6 @@ async fn assert_error(response: reqwest::Response, status: StatusCode, code: &st
     assert_eq!(body["code"], code, "{body}");
     assert_eq!(body["status"], status.as_u16());
     assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
-}
-
-/// A store per test: the memory store, or a fresh redis-server's.
-trait Make {
-    type S: Store;
-    fn make(redis: &Option<TestRedis>) -> Self::S;
-    fn redis() -> Option<TestRedis>;
-}
-
-struct Memory;
-impl Make for Memory {
-    type S = MemoryStore;
-    fn make(_: &Option<TestRedis>) -> MemoryStore {
-        MemoryStore::new()
-    }
-    fn redis() -> Option<TestRedis> {
-        None
-    }
-}
-
-struct Redis;
-impl Make for Redis {
-    type S = RedisStore;
-    fn make(redis: &Option<TestRedis>) -> RedisStore {
-        redis.as_ref().expect("a redis").store()
-    }
-    fn redis() -> Option<TestRedis> {
-        Some(TestRedis::start())
-    }
 }
 
 async fn permits_are_acquired_renewed_and_released<M: Make>() {
@@ -468,13 +439,6 @@ async fn health_readiness_metrics_and_openapi<M: Make>() {
     ] {
         assert!(openapi["paths"][path].is_object(), "{path} documented");
     }
-}
-
-macro_rules! per_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<super::Memory>().await } )* }
-        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<super::Redis>().await } )* }
-    };
 }
 
 per_store!(

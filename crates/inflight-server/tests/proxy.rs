@@ -5,39 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{limits, proxy_settings, start_proxy, wait_in_flight, TestRedis, Upstream};
-use inflight::{MemoryStore, RedisStore, Store};
+use common::{limits, proxy_settings, start_proxy, wait_in_flight, Make, Upstream};
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
-
-trait Make {
-    type S: Store;
-    fn make(redis: &Option<TestRedis>) -> Self::S;
-    fn redis() -> Option<TestRedis>;
-}
-
-struct Memory;
-impl Make for Memory {
-    type S = MemoryStore;
-    fn make(_: &Option<TestRedis>) -> MemoryStore {
-        MemoryStore::new()
-    }
-    fn redis() -> Option<TestRedis> {
-        None
-    }
-}
-
-struct Redis;
-impl Make for Redis {
-    type S = RedisStore;
-    fn make(redis: &Option<TestRedis>) -> RedisStore {
-        redis.as_ref().expect("a redis").store()
-    }
-    fn redis() -> Option<TestRedis> {
-        Some(TestRedis::start())
-    }
-}
 
 const KEY: &str = "x-inflight-key";
 
@@ -348,13 +319,6 @@ async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the permit of the cut stream was not released");
-}
-
-macro_rules! per_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<super::Memory>().await } )* }
-        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<super::Redis>().await } )* }
-    };
 }
 
 per_store!(

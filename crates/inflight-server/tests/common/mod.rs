@@ -19,6 +19,8 @@ use tokio::task::JoinHandle;
 
 pub use test_support::TestRedis;
 
+use inflight::{MemoryStore, RedisStore};
+
 /// A running server.
 pub struct Server<S: Store> {
     pub base: String,
@@ -272,4 +274,42 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A store per test: the memory store, or a fresh redis-server's.
+pub trait Make {
+    type S: Store;
+    fn make(redis: &Option<TestRedis>) -> Self::S;
+    fn redis() -> Option<TestRedis>;
+}
+
+pub struct Memory;
+impl Make for Memory {
+    type S = MemoryStore;
+    fn make(_: &Option<TestRedis>) -> MemoryStore {
+        MemoryStore::new()
+    }
+    fn redis() -> Option<TestRedis> {
+        None
+    }
+}
+
+pub struct Redis;
+impl Make for Redis {
+    type S = RedisStore;
+    fn make(redis: &Option<TestRedis>) -> RedisStore {
+        redis.as_ref().expect("a redis").store()
+    }
+    fn redis() -> Option<TestRedis> {
+        Some(TestRedis::start())
+    }
+}
+
+/// Instantiates each scenario as a test on the memory store and on a fresh redis-server.
+#[macro_export]
+macro_rules! per_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<crate::common::Memory>().await } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<crate::common::Redis>().await } )* }
+    };
 }
