@@ -309,7 +309,7 @@ impl Make for Redis {
 #[macro_export]
 macro_rules! per_store {
     ($($name:ident),* $(,)?) => {
-        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<crate::common::Memory>().await } )* }
-        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<crate::common::Redis>().await } )* }
+        mod memory { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<$crate::common::Memory>().await } )* }
+        mod redis { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)] async fn $name() { super::$name::<$crate::common::Redis>().await } )* }
     };
 }
