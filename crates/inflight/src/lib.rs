@@ -10,7 +10,31 @@
 //!   and its lease is renewed in the background while it lives, so a crashed holder's slots come back
 //!   within a lease while a live one never loses its slot.
 //! - [`PermitStream`] and [`Permit::scope`] carry a permit through a stream or a future.
-//! - [`Store`]: [`MemoryStore`] is the embedded default and the reference implementation.
+//! - [`Store`]: [`MemoryStore`] is the embedded default and the reference implementation; `RedisStore`
+//!   (feature `redis`, on by default) shares the limits between every process that uses the same Redis,
+//!   each decision one atomic Lua script, deadlines on the Redis clock.
+//! - [`FailurePolicy`]: what to do when the store cannot answer: refuse, admit, or admit under a
+//!   per-process cap; the limiter goes back to the store by itself.
+//!
+//! ## Sharing limits between processes
+//!
+//! ```no_run
+//! use inflight::{FailurePolicy, Limiter, Policy, RedisStore};
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limiter = Limiter::builder(RedisStore::open("redis://127.0.0.1:6379")?)
+//!     .policy(Policy::new(4, 20))                 // 4 per key by default, never more than 20
+//!     .lease(Duration::from_secs(10))              // a crashed process's slots return within 10 s
+//!     .on_store_failure(FailurePolicy::FailOpenLocal { limit: 2 })
+//!     .build();
+//! limiter.set_limit("app-42", 8).await?;           // every process sees it at its next admission
+//! let permit = limiter.try_acquire("app-42").await?;
+//! # drop(permit);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ## Quick start
 //!
