@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use axum::Router;
 use inflight::Store;
 
@@ -27,6 +28,10 @@ pub async fn run<S: Store>(
 ) -> std::io::Result<()> {
     let signalled = Arc::new(Notify::new());
     let notify = signalled.clone();
+    // Answers are small and latency matters: no Nagle delay on accepted connections.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let serve = axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),
