@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{limits, settings, start_api, wait_in_flight, Make, TestRedis};
+use common::{get_json, limits, settings, start_api, wait_in_flight, Make, TestRedis};
 use inflight::MemoryStore;
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
@@ -422,14 +422,7 @@ async fn health_readiness_metrics_and_openapi<M: Make>() {
         !metrics.contains("key=\"m\""),
         "no per-key labels unless asked for"
     );
-    let openapi: Value = http
-        .get(server.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let openapi: Value = get_json(&http, server.url("/openapi.json")).await;
     assert_eq!(openapi["openapi"], "3.0.3");
     for path in [
         "/v1/keys/{key}/permits",

@@ -5,12 +5,22 @@ mod common;
 
 use std::time::Duration;
 
-use common::{limits, proxy_settings, start_proxy, wait_in_flight, Make, Upstream};
+use common::{
+    get_json, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis, Upstream,
+};
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
 
 const KEY: &str = "x-inflight-key";
+
+/// A store, an upstream and a proxy in front of it with these settings.
+async fn proxied<M: Make>(args: CommonArgs) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
+    let redis = M::redis();
+    let upstream = Upstream::start().await;
+    let server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    (redis, upstream, server)
+}
 
 async fn requests_are_forwarded_whole<M: Make>() {
     let redis = M::redis();
@@ -48,13 +58,7 @@ async fn requests_are_forwarded_whole<M: Make>() {
 }
 
 async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
-    let server = start_proxy(
-        &proxy_settings(&upstream.base, limits(1, 0)),
-        M::make(&redis),
-    )
-    .await;
+    let (_redis, upstream, server) = proxied::<M>(limits(1, 0)).await;
     let http = Client::new();
     let missing = http.get(server.url("/echo/x")).send().await.unwrap();
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
@@ -137,13 +141,7 @@ async fn a_streamed_response_holds_its_slot_for_its_whole_life<M: Make>() {
 }
 
 async fn a_client_that_goes_away_frees_the_slot_within_a_second<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
-    let server = start_proxy(
-        &proxy_settings(&upstream.base, limits(1, 0)),
-        M::make(&redis),
-    )
-    .await;
+    let (_redis, _upstream, server) = proxied::<M>(limits(1, 0)).await;
     let http = Client::new();
     let mut stream = http
         .get(server.url("/forever"))
@@ -203,13 +201,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
 }
 
 async fn the_api_answers_under_inflight<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
-    let server = start_proxy(
-        &proxy_settings(&upstream.base, limits(1, 0)),
-        M::make(&redis),
-    )
-    .await;
+    let (_redis, upstream, server) = proxied::<M>(limits(1, 0)).await;
     let http = Client::new();
     let set = http
         .put(server.url("/_inflight/v1/keys/k/limit"))
@@ -235,14 +227,7 @@ async fn the_api_answers_under_inflight<M: Make>() {
         (StatusCode::OK, StatusCode::OK),
         "the new limit applies"
     );
-    let key: Value = http
-        .get(server.url("/_inflight/v1/keys/k"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let key: Value = get_json(&http, server.url("/_inflight/v1/keys/k")).await;
     assert_eq!(key["in_flight"], 2);
     let metrics = http
         .get(server.url("/_inflight/metrics"))

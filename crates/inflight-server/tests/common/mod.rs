@@ -252,19 +252,17 @@ async fn echo(request: Request) -> axum::Json<serde_json::Value> {
     }))
 }
 
+/// `GET url` as JSON.
+pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_json::Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 /// Polls `GET {base}{prefix}/v1/keys/{key}` until its in_flight is `want`; panics after 2 s.
 pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
     let started = Instant::now();
     let client = reqwest::Client::new();
     loop {
-        let body: serde_json::Value = client
-            .get(format!("{base}/v1/keys/{key}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = get_json(&client, format!("{base}/v1/keys/{key}")).await;
         if body["in_flight"] == want {
             return started.elapsed();
         }
