@@ -44,6 +44,18 @@ fn wait_for_line(child: &mut std::process::Child, line: &str) {
     panic!("the child ended without saying {line:?}");
 }
 
+/// The load tests take the machine (4 busy child processes); the tests that time a recovery or a reclaim
+/// wait for them rather than share 2 cores with them.
+static MACHINE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+fn whole_machine() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.blocking_write()
+}
+
+async fn timing_sensitive() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().await
+}
+
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
 }
@@ -150,6 +162,7 @@ async fn hold() {
 }
 
 fn run_hammer(limit: u32, processes: usize, admissions_each: u64) {
+    let _machine = whole_machine();
     let store = TestRedis::start();
     let probe = TestRedis::start();
     let children: Vec<_> = (0..processes)
@@ -216,6 +229,7 @@ fn no_over_admission_from_4_processes_of_64_tasks_at_limit_100() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holders_slots_come_back_within_its_lease() {
+    let _machine = timing_sensitive().await;
     let redis = TestRedis::start();
     let mut child = spawn_child(
         "hold",
@@ -256,6 +270,7 @@ async fn a_killed_holders_slots_come_back_within_its_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_held_for_ten_leases_is_never_evicted() {
+    let _machine = timing_sensitive().await;
     let redis = TestRedis::start();
     let holder = Limiter::builder(redis.store())
         .policy(Policy::new(1, 0))
@@ -308,6 +323,7 @@ async fn recovery_time(limiter: &Limiter<RedisStore>, key: &str) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_refuses_while_redis_is_down_and_heals_after() {
+    let _machine = timing_sensitive().await;
     let mut redis = TestRedis::start();
     let limiter = limiter_for(&redis, FailurePolicy::FailClosed);
     let held = limiter.try_acquire("app").await.unwrap();
@@ -327,6 +343,7 @@ async fn fail_closed_refuses_while_redis_is_down_and_heals_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_permits_are_re_registered_after_redis_restarts_empty() {
+    let _machine = timing_sensitive().await;
     let mut redis = TestRedis::start();
     let limiter = limiter_for(&redis, FailurePolicy::FailClosed);
     let permit = limiter.try_acquire("app").await.unwrap();
@@ -358,6 +375,7 @@ async fn live_permits_are_re_registered_after_redis_restarts_empty() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_open_admits_uncounted_while_redis_is_down() {
+    let _machine = timing_sensitive().await;
     let mut redis = TestRedis::start();
     let limiter = limiter_for(&redis, FailurePolicy::FailOpen);
     redis.stop();
@@ -372,6 +390,7 @@ async fn fail_open_admits_uncounted_while_redis_is_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
+    let _machine = timing_sensitive().await;
     let mut redis = TestRedis::start();
     let limiter = limiter_for(&redis, FailurePolicy::FailOpenLocal { limit: 3 });
     redis.stop();
@@ -520,6 +539,7 @@ async fn the_store_connects_lazily_and_a_dead_server_is_a_transient_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_explicit_release_cut_short_goes_on_in_the_background() {
+    let _machine = timing_sensitive().await;
     let mut redis = TestRedis::start();
     let limiter = Limiter::builder(redis.store())
         .policy(Policy::new(1, 0))
