@@ -66,3 +66,14 @@ impl StoreError {
         matches!(self, Self::Unavailable(_))
     }
 }
+
+/// Which key of [`crate::Limiter::try_acquire_all`] refused the request, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("key {key:?} refused: {error}")]
+pub struct KeyRefused {
+    /// The key that refused (the first that did, in the order given).
+    pub key: String,
+    /// Its refusal.
+    #[source]
+    pub error: AcquireError,
+}

@@ -78,7 +78,7 @@ pub mod store;
 
 pub use acquire::TryAcquire;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{AcquireError, StoreError};
+pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
 pub use id::PermitId;
 pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE};

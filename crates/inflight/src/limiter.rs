@@ -8,7 +8,7 @@ use tokio::runtime::Handle;
 
 use crate::acquire::TryAcquire;
 use crate::clock::millis;
-use crate::error::{AcquireError, StoreError};
+use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::{Breaker, FailurePolicy};
 use crate::id::PermitId;
 use crate::options::AcquireOptions;
@@ -182,6 +182,81 @@ impl<S: Store> Limiter<S> {
         options: AcquireOptions,
     ) -> TryAcquire<'a, S> {
         TryAcquire::new(self, key, options)
+    }
+
+    /// Admits one request under every key of `keys` at once, or under none: an app's limit, its tenant's
+    /// and a global one, say (defect D12 of the reference system). The permit holds a slot on each key,
+    /// all with the same id, and releases them all together.
+    ///
+    /// The keys are tried in order; when one refuses, the slots already taken are given back. No key ever
+    /// goes over its limit; for that brief moment a concurrent request on an earlier key may be refused
+    /// for a slot that was about to come back. Repeated keys count once. The permit's `key`, `limit` and
+    /// `in_flight` are those of the first key.
+    ///
+    /// ```
+    /// use inflight::{AcquireOptions, Limiter, MemoryStore, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(5, 0)).build();
+    /// limiter.set_limit("tenant:acme", 2).await.unwrap();
+    /// let keys = ["app:chat", "tenant:acme", "global"];
+    /// let a = limiter.try_acquire_all(&keys, AcquireOptions::new()).await.unwrap();
+    /// let b = limiter.try_acquire_all(&["app:search", "tenant:acme", "global"], AcquireOptions::new()).await.unwrap();
+    /// let refused = limiter.try_acquire_all(&keys, AcquireOptions::new()).await.unwrap_err();
+    /// assert_eq!(refused.key, "tenant:acme");
+    /// assert_eq!(limiter.status("app:chat").await.unwrap().in_flight, 1, "nothing kept from the refusal");
+    /// # drop((a, b));
+    /// # }
+    /// ```
+    pub async fn try_acquire_all(
+        &self,
+        keys: &[&str],
+        options: AcquireOptions,
+    ) -> Result<Permit, KeyRefused> {
+        let Some(first) = keys.first() else {
+            return Err(KeyRefused {
+                key: String::new(),
+                error: AcquireError::Invalid("no keys"),
+            });
+        };
+        let id = options.id.clone().unwrap_or_else(PermitId::generate);
+        let mut permits: Vec<Permit> = Vec::with_capacity(keys.len());
+        for (n, key) in keys.iter().enumerate() {
+            if keys[..n].contains(key) {
+                continue;
+            }
+            match self
+                .try_acquire_with(key, options.clone().id(id.clone()))
+                .await
+            {
+                Ok(permit) => permits.push(permit),
+                Err(error) => {
+                    // Give back the slots taken so far before answering (a failed release goes on in the
+                    // background).
+                    for permit in permits {
+                        let _ = permit.release().await;
+                    }
+                    return Err(KeyRefused {
+                        key: (*key).to_owned(),
+                        error,
+                    });
+                }
+            }
+        }
+        let (weight, limit, in_flight) = (
+            permits[0].weight(),
+            permits[0].limit(),
+            permits[0].in_flight(),
+        );
+        debug_assert_eq!(permits[0].key(), *first);
+        Ok(Permit::new(
+            Hold::Many(permits),
+            Some(id),
+            weight,
+            limit,
+            in_flight,
+        ))
     }
 
     /// The part of an admission that needs no waiting: checks the options, then admits without I/O when

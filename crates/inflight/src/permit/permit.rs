@@ -59,6 +59,8 @@ pub(crate) enum Hold {
     },
     /// Nothing to hold: the key is unlimited.
     Free { key: Arc<str> },
+    /// One permit on each of several keys, taken together (never empty).
+    Many(Vec<Permit>),
     /// Released or detached.
     Done,
 }
@@ -139,6 +141,7 @@ impl Permit {
             Hold::Leased { state, .. } => &state.key,
             Hold::Local { hold, .. } => hold.key(),
             Hold::Free { key } => key,
+            Hold::Many(permits) => permits.first().map_or("", Permit::key),
             Hold::Done => "",
         }
     }
@@ -147,6 +150,7 @@ impl Permit {
     pub fn id(&self) -> &PermitId {
         match &self.hold {
             Hold::Leased { state, .. } => &state.id,
+            Hold::Many(permits) if !permits.is_empty() => permits[0].id(),
             _ => self.id.get_or_init(PermitId::generate),
         }
     }
@@ -172,6 +176,12 @@ impl Permit {
     pub fn expires_at_ms(&self) -> u64 {
         match &self.hold {
             Hold::Leased { state, .. } => state.expires_at_ms.load(Ordering::Relaxed),
+            Hold::Many(permits) => permits
+                .iter()
+                .map(Permit::expires_at_ms)
+                .filter(|at| *at > 0)
+                .min()
+                .unwrap_or(0),
             _ => 0,
         }
     }
@@ -181,13 +191,18 @@ impl Permit {
     pub fn is_lost(&self) -> bool {
         match &self.hold {
             Hold::Leased { state, .. } => state.lost.load(Ordering::Relaxed),
+            Hold::Many(permits) => permits.iter().any(Permit::is_lost),
             _ => false,
         }
     }
 
     /// True when the permit counts against its key's limit (false for an unlimited key).
     pub fn is_counted(&self) -> bool {
-        matches!(self.hold, Hold::Leased { .. } | Hold::Local { .. })
+        match &self.hold {
+            Hold::Leased { .. } | Hold::Local { .. } => true,
+            Hold::Many(permits) => permits.iter().any(Permit::is_counted),
+            Hold::Free { .. } | Hold::Done => false,
+        }
     }
 
     /// Releases the slot now and reports whether the store took the release.
@@ -199,6 +214,16 @@ impl Permit {
             Hold::Local { hold, .. } => {
                 hold.release(self.weight);
                 Ok(())
+            }
+            Hold::Many(permits) => {
+                let mut first_error = Ok(());
+                for permit in permits {
+                    let result = Box::pin(permit.release()).await;
+                    if first_error.is_ok() {
+                        first_error = result;
+                    }
+                }
+                first_error
             }
             Hold::Free { .. } | Hold::Done => Ok(()),
         }
@@ -215,6 +240,13 @@ impl Permit {
                 state.expires_at_ms.load(Ordering::Relaxed)
             }
             Hold::Local { hold, lease_ms } => hold.hand_off(&id, self.weight, lease_ms),
+            // Every key's lease has the same id: whoever takes them over renews or releases each by it.
+            Hold::Many(permits) => permits
+                .into_iter()
+                .map(|permit| permit.detach().expires_at_ms)
+                .filter(|at| *at > 0)
+                .min()
+                .unwrap_or(0),
             Hold::Free { .. } | Hold::Done => 0,
         };
         Lease {
@@ -234,6 +266,7 @@ impl Drop for Permit {
         match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Leased { state, owner } => owner.release_dropped(state),
             Hold::Local { hold, .. } => hold.release(self.weight),
+            Hold::Many(permits) => drop(permits),
             Hold::Free { .. } | Hold::Done => {}
         }
     }

@@ -34,6 +34,7 @@ macro_rules! behaviour_suite {
                 a_panic_while_holding_a_permit_releases_it,
                 one_permit_is_handed_from_phase_to_phase,
                 status_of_an_unknown_key_is_empty,
+                several_limits_are_taken_together_or_not_at_all,
                 an_empty_id_is_refused_and_never_matches,
                 weights_as_large_as_the_limit_never_overflow,
                 keys_are_opaque,

@@ -532,6 +532,73 @@ pub async fn weights_as_large_as_the_limit_never_overflow<F: Fixture>(f: F) {
     );
 }
 
+pub async fn several_limits_are_taken_together_or_not_at_all<F: Fixture>(f: F) {
+    // An app's own limit, its tenant's, and a global one (defect D12).
+    let limiter = f.limiter(Policy::new(2, 0));
+    limiter.set_limit("tenant:acme", 3).await.unwrap();
+    limiter.set_limit("global", 10).await.unwrap();
+    let keys = |app: &'static str| [app, "tenant:acme", "global"];
+    let a1 = limiter
+        .try_acquire_all(&keys("app:a"), AcquireOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        (a1.key(), a1.limit(), a1.in_flight()),
+        ("app:a", Limit::Limited(2), 1)
+    );
+    let _a2 = limiter
+        .try_acquire_all(&keys("app:a"), AcquireOptions::new())
+        .await
+        .unwrap();
+    let refused = limiter
+        .try_acquire_all(&keys("app:a"), AcquireOptions::new())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.key, "app:a", "the app's own limit refused");
+    assert!(refused.error.is_full());
+    let b1 = limiter
+        .try_acquire_all(&keys("app:b"), AcquireOptions::new())
+        .await
+        .unwrap();
+    let refused = limiter
+        .try_acquire_all(&keys("app:b"), AcquireOptions::new())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.key, "tenant:acme", "the tenant is full");
+    let status = |key| limiter.status(key);
+    assert_eq!(
+        status("app:b").await.unwrap().in_flight,
+        1,
+        "nothing kept from the refusal"
+    );
+    assert_eq!(status("global").await.unwrap().in_flight, 3);
+    // One permit, released together on every path; the same id on every key.
+    let id = b1.id().clone();
+    let streamed = b1.guard_stream(stream::iter([1]));
+    drop(streamed);
+    settle(&limiter, "tenant:acme", 2).await;
+    settle(&limiter, "app:b", 0).await;
+    settle(&limiter, "global", 2).await;
+    assert!(
+        !limiter.release("global", &id).await.unwrap(),
+        "already released"
+    );
+    a1.release().await.unwrap();
+    settle(&limiter, "tenant:acme", 1).await;
+    // Repeated keys count once; no keys is a bad request.
+    let twice = limiter
+        .try_acquire_all(&["app:c", "app:c"], AcquireOptions::new())
+        .await
+        .unwrap();
+    assert_eq!(limiter.status("app:c").await.unwrap().in_flight, 1);
+    drop(twice);
+    let none = limiter
+        .try_acquire_all(&[], AcquireOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(none.error, AcquireError::Invalid(_)));
+}
+
 pub async fn status_of_an_unknown_key_is_empty<F: Fixture>(f: F) {
     let limiter = f.limiter(Policy::new(7, 0));
     let status = limiter.status("never-seen").await.unwrap();
