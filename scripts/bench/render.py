@@ -182,7 +182,7 @@ w("  is well over the 1.5x goal. That gap is open. The 100,000-key rows move by 
 w("- **Redis store.** Admissions and releases waiting together ride in one `batch.lua` call, which remembers what it")
 w("  learnt about each key, so a hot key costs one ZADD per admission and one ZREM per release. Redis is then no")
 w("  longer the limit; the client is, on cross-thread wake-ups and socket syscalls (client, Redis and load share")
-w("  2 cores). 100,000 pairs/s is reached at 256 tasks, not at 64; p99 at 64 tasks stays under about 1 ms.")
+w("  2 cores). It reaches about 100,000 pairs/s at 256 tasks, not at 64; p99 at 64 tasks stays under about 1 ms.")
 w("  Spreading the load over many keys costs more calls per operation (less is shared within a batch).")
 w("- **Memory per permit.** Small keys (up to 128 leases, Redis's listpack encoding) cost about 50 bytes per held")
 w("  permit; large ones, in a skiplist, about 135. Storing generated ids as 16 raw bytes instead of 36 characters")
