@@ -639,3 +639,85 @@ async fn a_unix_socket_url_works() {
         "the limit held over the socket"
     );
 }
+
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_rediss_url_works_with_a_private_ca() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("inflight-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca_path, cert_path, key_path) = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    std::fs::write(&cert_path, server.pem()).unwrap();
+    std::fs::write(&key_path, server_key.serialize_pem()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut redis = Command::new("redis-server")
+        .args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--tls-auth-clients",
+            "no",
+        ])
+        .arg("--tls-port")
+        .arg(port.to_string())
+        .arg("--tls-cert-file")
+        .arg(&cert_path)
+        .arg("--tls-key-file")
+        .arg(&key_path)
+        .arg("--tls-ca-cert-file")
+        .arg(&ca_path)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let store = RedisStore::builder(format!("rediss://127.0.0.1:{port}"))
+        .root_cert(ca.pem())
+        .open()
+        .unwrap();
+    let started = Instant::now();
+    let mut ready = store.ping().await;
+    while ready.is_err() && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ready = store.ping().await;
+    }
+    let outcome = async {
+        ready?;
+        let limiter = Limiter::builder(store).policy(Policy::new(1, 0)).build();
+        let permit = limiter
+            .try_acquire("k")
+            .await
+            .map_err(|e| inflight::StoreError::Protocol(e.to_string()))?;
+        let full = limiter.try_acquire("k").await.is_err();
+        permit.release().await?;
+        Ok::<_, inflight::StoreError>(full)
+    }
+    .await;
+    redis.kill().unwrap();
+    redis.wait().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        outcome.expect("admissions over TLS"),
+        "the limit held over TLS"
+    );
+}

@@ -63,6 +63,8 @@ pub struct RedisStoreBuilder {
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
+    #[cfg(feature = "tls")]
+    root_cert: Option<Vec<u8>>,
 }
 
 impl RedisStoreBuilder {
@@ -84,6 +86,14 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// For `rediss://` URLs: trust this CA certificate (PEM) instead of the web's root certificates, as
+    /// for a Redis whose certificate a private CA signed.
+    #[cfg(feature = "tls")]
+    pub fn root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
     /// Checks the URL and prepares the connection; it is made on first use and remade whenever it is
     /// lost, so a store opened while Redis is down starts working when Redis comes up.
     ///
@@ -97,8 +107,20 @@ impl RedisStoreBuilder {
             .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
         let target = info.addr().to_string();
         let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        let client = Client::open(info)
-            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        #[cfg(feature = "tls")]
+        let client = match self.root_cert {
+            Some(pem) => Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            ),
+            None => Client::open(info),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = Client::open(info);
+        let client = client.map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
             .set_connection_timeout(Some(self.connection_timeout))
@@ -125,6 +147,8 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
+            #[cfg(feature = "tls")]
+            root_cert: None,
         }
     }
 
