@@ -90,6 +90,10 @@ pub struct CommonArgs {
     #[arg(long, env = "INFLIGHT_REDIS_PREFIX", value_name = "PREFIX")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_prefix: Option<String>,
+    /// For rediss:// stores signed by a private CA: its certificate (PEM file). Needs the `tls` feature.
+    #[arg(long, env = "INFLIGHT_REDIS_CA_CERT", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_ca_cert: Option<PathBuf>,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -132,6 +136,7 @@ struct Raw {
     metrics_per_key: Option<bool>,
     shutdown_grace: Option<String>,
     redis_prefix: Option<String>,
+    redis_ca_cert: Option<PathBuf>,
     upstream: Option<String>,
     key_header: Option<String>,
     upstream_timeout: Option<String>,
@@ -160,6 +165,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// The Redis key prefix.
     pub redis_prefix: String,
+    /// The CA certificate (PEM) that a rediss:// store's certificate is checked against, if not the web's.
+    pub redis_ca_cert: Option<Vec<u8>>,
     /// The proxy's upstream (proxy only).
     pub upstream: Option<http::Uri>,
     /// The proxy's key header.
@@ -286,6 +293,25 @@ impl Settings {
                 Some(uri)
             }
         };
+        let redis_ca_cert = match raw.redis_ca_cert {
+            None => None,
+            Some(path) if cfg!(feature = "tls") => Some(
+                std::fs::read(&path)
+                    .map_err(|e| invalid("redis_ca_cert", format!("{}: {e}", path.display())))?,
+            ),
+            Some(_) => {
+                return Err(invalid(
+                    "redis_ca_cert",
+                    "this build has no TLS (build with --features tls)",
+                ))
+            }
+        };
+        if store.starts_with("rediss://") && !cfg!(feature = "tls") {
+            return Err(invalid(
+                "store",
+                "rediss:// needs a build with TLS (--features tls)",
+            ));
+        }
         let key_header = raw.key_header.as_deref().unwrap_or("X-Inflight-Key");
         let key_header = http::HeaderName::from_bytes(key_header.as_bytes())
             .map_err(|_| invalid("key_header", format!("{key_header:?} is not a header name")))?;
@@ -306,6 +332,7 @@ impl Settings {
             redis_prefix: raw
                 .redis_prefix
                 .unwrap_or_else(|| inflight::store::DEFAULT_PREFIX.to_owned()),
+            redis_ca_cert,
             upstream,
             key_header,
             upstream_timeout: duration(

@@ -45,8 +45,14 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
     if settings.store.starts_with("memory://") {
         run(settings, is_proxy, MemoryStore::new()).await
     } else {
-        let store = RedisStore::builder(settings.store.clone())
-            .prefix(settings.redis_prefix.clone())
+        let builder =
+            RedisStore::builder(settings.store.clone()).prefix(settings.redis_prefix.clone());
+        #[cfg(feature = "tls")]
+        let builder = match &settings.redis_ca_cert {
+            Some(pem) => builder.root_cert(pem.clone()),
+            None => builder,
+        };
+        let store = builder
             .open()
             .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
         run(settings, is_proxy, store).await
