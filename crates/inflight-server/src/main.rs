@@ -75,6 +75,7 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
         ),
         _ => api::router(app.clone()),
     };
+    let shutdown = server::shutdown_signal();
     tracing::info!(
         command = if is_proxy { "proxy" } else { "serve" },
         listen = %listener.local_addr()?,
@@ -85,14 +86,7 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
         upstream = settings.upstream.as_ref().map(ToString::to_string),
         "inflight started"
     );
-    server::run(
-        listener,
-        router,
-        app,
-        server::shutdown_signal(),
-        settings.shutdown_grace,
-    )
-    .await?;
+    server::run(listener, router, app, shutdown, settings.shutdown_grace).await?;
     Ok(())
 }
 

@@ -66,25 +66,46 @@ pub async fn run<S: Store>(
     }
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called (not when first
+/// polled), so a signal that arrives right after start-up is not missed.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
+    let signals = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let (mut term, mut int) = signals;
+            let term = async {
+                match term.as_mut() {
+                    Some(term) => {
+                        term.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(int) => {
+                        int.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = term => {}
+                () = int => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutting down");
     }
-    tracing::info!("shutting down");
 }
