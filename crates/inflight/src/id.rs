@@ -38,11 +38,6 @@ impl PermitId {
     pub fn is_empty(&self) -> bool {
         matches!(&self.0, Repr::Given(s) if s.is_empty())
     }
-
-    /// The id as a string, allocated only for given ids that are not UUIDs.
-    pub fn as_string(&self) -> String {
-        self.to_string()
-    }
 }
 
 impl From<&str> for PermitId {

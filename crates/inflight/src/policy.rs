@@ -84,14 +84,6 @@ impl Limit {
             Self::Limited(n) => Some(n),
         }
     }
-
-    /// The limit as a number with `0` for unlimited (the store's encoding).
-    pub const fn as_u32(self) -> u32 {
-        match self {
-            Self::Unlimited => 0,
-            Self::Limited(n) => n,
-        }
-    }
 }
 
 impl fmt::Display for Limit {
