@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get_json, limits, settings, start_api, wait_in_flight, Make, TestRedis};
+use common::{get_json, limits, settings, start_api, status_of, wait_in_flight, Make, TestRedis};
 use inflight::MemoryStore;
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
@@ -151,20 +151,12 @@ async fn limits_are_set_and_cleared<M: Make>() {
     assert_eq!(body(set).await["limit"], 3);
     for _ in 0..3 {
         assert_eq!(
-            http.post(server.url("/v1/keys/tenant%2F7/permits"))
-                .send()
-                .await
-                .unwrap()
-                .status(),
+            status_of(http.post(server.url("/v1/keys/tenant%2F7/permits"))).await,
             201
         );
     }
     assert_eq!(
-        http.post(server.url("/v1/keys/tenant%2F7/permits"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status_of(http.post(server.url("/v1/keys/tenant%2F7/permits"))).await,
         429
     );
     let cleared = http
@@ -286,7 +278,7 @@ async fn bad_input_gets_a_clear_error_and_never_a_500<M: Make>() {
         "\u{feff}{}",
         "{\"weight\": 1e99}",
     ] {
-        let status = http.post(&url).body(body).send().await.unwrap().status();
+        let status = status_of(http.post(&url).body(body)).await;
         assert!(
             status.is_success() || status.is_client_error(),
             "{body:?} -> {status}"
@@ -345,11 +337,7 @@ async fn the_admin_token_guards_limit_changes<M: Make>() {
     assert_eq!(right.status(), StatusCode::OK);
     // Acquiring needs no token.
     assert_eq!(
-        http.post(server.url("/v1/keys/app/permits"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        status_of(http.post(server.url("/v1/keys/app/permits"))).await,
         201
     );
 }
@@ -366,33 +354,19 @@ async fn an_abandoned_lease_frees_its_slot<M: Make>() {
         .await
         .unwrap();
     assert_eq!(held.status(), StatusCode::CREATED);
-    assert_eq!(http.post(&url).send().await.unwrap().status(), 429);
+    assert_eq!(status_of(http.post(&url)).await, 429);
     // The worker died: nobody renews. The slot comes back when the lease ends.
     let took = wait_in_flight(&server.base, "app", 0).await;
     assert!(took < Duration::from_secs(2));
-    assert_eq!(http.post(&url).send().await.unwrap().status(), 201);
+    assert_eq!(status_of(http.post(&url)).await, 201);
 }
 
 async fn health_readiness_metrics_and_openapi<M: Make>() {
     let redis = M::redis();
     let server = start_api(&settings(limits(1, 0)), M::make(&redis)).await;
     let http = Client::new();
-    assert_eq!(
-        http.get(server.url("/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        http.get(server.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(status_of(http.get(server.url("/healthz"))).await, 200);
+    assert_eq!(status_of(http.get(server.url("/readyz"))).await, 200);
     http.post(server.url("/v1/keys/m/permits"))
         .send()
         .await
@@ -483,14 +457,7 @@ async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready(
     redis.restart();
     let mut ready = false;
     for _ in 0..100 {
-        if http
-            .get(server.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            == 200
-        {
+        if status_of(http.get(server.url("/readyz"))).await == 200 {
             ready = true;
             break;
         }
@@ -499,14 +466,7 @@ async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready(
     assert!(ready, "ready again once Redis is back");
     // Admissions skip the store for a moment after a failure, then try it again by themselves.
     let back = std::time::Instant::now();
-    while http
-        .post(server.url("/v1/keys/a/permits"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        != 201
-    {
+    while status_of(http.post(server.url("/v1/keys/a/permits"))).await != 201 {
         assert!(
             back.elapsed() < Duration::from_secs(1),
             "admissions did not resume within 1 s"

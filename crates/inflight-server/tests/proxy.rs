@@ -14,6 +14,11 @@ use serde_json::Value;
 
 const KEY: &str = "x-inflight-key";
 
+/// `GET url` with the key header.
+async fn keyed(http: &Client, url: String, key: &str) -> reqwest::Response {
+    http.get(url).header(KEY, key).send().await.unwrap()
+}
+
 /// A store, an upstream and a proxy in front of it with these settings.
 async fn proxied<M: Make>(args: CommonArgs) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
     let redis = M::redis();
@@ -23,13 +28,7 @@ async fn proxied<M: Make>(args: CommonArgs) -> (Option<TestRedis>, Upstream, com
 }
 
 async fn requests_are_forwarded_whole<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
-    let server = start_proxy(
-        &proxy_settings(&upstream.base, limits(2, 0)),
-        M::make(&redis),
-    )
-    .await;
+    let (_redis, _upstream, server) = proxied::<M>(limits(2, 0)).await;
     let http = Client::new();
     let response = http
         .post(server.url("/echo/a/b?x=1&y=two"))
@@ -67,20 +66,10 @@ async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
         "missing_key"
     );
     // Hold the only slot with a stream, then ask again.
-    let stream = http
-        .get(server.url("/sse"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let stream = keyed(&http, server.url("/sse"), "k").await;
     assert_eq!(stream.status(), StatusCode::OK);
     let hits = upstream.hits();
-    let refused = http
-        .get(server.url("/echo/x"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let refused = keyed(&http, server.url("/echo/x"), "k").await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(refused.headers().contains_key("retry-after"));
     assert_eq!(
@@ -92,32 +81,20 @@ async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
 }
 
 async fn a_streamed_response_holds_its_slot_for_its_whole_life<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
     // Leases of 300 ms: the stream below lives for several of them.
     let args = CommonArgs {
         lease: Some("300ms".into()),
         ..limits(1, 0)
     };
-    let server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let (_redis, upstream, server) = proxied::<M>(args).await;
     let http = Client::new();
-    let mut stream = http
-        .get(server.url("/sse"))
-        .header(KEY, "chat")
-        .send()
-        .await
-        .unwrap();
+    let mut stream = keyed(&http, server.url("/sse"), "chat").await;
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
     // The first event arrives while the upstream has not produced the second: nothing is buffered.
     assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
     for event in 1..3 {
         tokio::time::sleep(Duration::from_millis(400)).await; // more than a lease
-        let refused = http
-            .get(server.url("/echo/x"))
-            .header(KEY, "chat")
-            .send()
-            .await
-            .unwrap();
+        let refused = keyed(&http, server.url("/echo/x"), "chat").await;
         assert_eq!(
             refused.status(),
             StatusCode::TOO_MANY_REQUESTS,
@@ -131,24 +108,14 @@ async fn a_streamed_response_holds_its_slot_for_its_whole_life<M: Make>() {
     }
     assert!(stream.chunk().await.unwrap().is_none(), "the stream ended");
     wait_in_flight(&server.url("/_inflight"), "chat", 0).await;
-    let after = http
-        .get(server.url("/echo/x"))
-        .header(KEY, "chat")
-        .send()
-        .await
-        .unwrap();
+    let after = keyed(&http, server.url("/echo/x"), "chat").await;
     assert_eq!(after.status(), StatusCode::OK);
 }
 
 async fn a_client_that_goes_away_frees_the_slot_within_a_second<M: Make>() {
     let (_redis, _upstream, server) = proxied::<M>(limits(1, 0)).await;
     let http = Client::new();
-    let mut stream = http
-        .get(server.url("/forever"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let mut stream = keyed(&http, server.url("/forever"), "k").await;
     assert!(stream.chunk().await.unwrap().is_some());
     drop(stream);
     drop(http); // closes the connection
@@ -167,12 +134,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
     drop(closed);
     let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::make(&redis)).await;
     let http = Client::new();
-    let response = http
-        .get(server.url("/x"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let response = keyed(&http, server.url("/x"), "k").await;
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     assert_eq!(
         response.json::<Value>().await.unwrap()["code"],
@@ -186,12 +148,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
     let mut settings = proxy_settings(&upstream.base, args);
     settings.upstream_timeout = Duration::from_millis(300);
     let server = start_proxy(&settings, M::make(&redis)).await;
-    let response = http
-        .get(server.url("/slow"))
-        .header(KEY, "k2")
-        .send()
-        .await
-        .unwrap();
+    let response = keyed(&http, server.url("/slow"), "k2").await;
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(
         response.json::<Value>().await.unwrap()["code"],
@@ -210,18 +167,8 @@ async fn the_api_answers_under_inflight<M: Make>() {
         .await
         .unwrap();
     assert_eq!(set.status(), StatusCode::OK);
-    let a = http
-        .get(server.url("/sse"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
-    let b = http
-        .get(server.url("/sse"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let a = keyed(&http, server.url("/sse"), "k").await;
+    let b = keyed(&http, server.url("/sse"), "k").await;
     assert_eq!(
         (a.status(), b.status()),
         (StatusCode::OK, StatusCode::OK),
@@ -242,18 +189,11 @@ async fn the_api_answers_under_inflight<M: Make>() {
 }
 
 async fn shutdown_lets_running_streams_finish<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
     let mut args = limits(2, 0);
     args.shutdown_grace = Some("5s".into());
-    let mut server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let (_redis, upstream, mut server) = proxied::<M>(args).await;
     let http = Client::new();
-    let mut stream = http
-        .get(server.url("/sse"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let mut stream = keyed(&http, server.url("/sse"), "k").await;
     assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
     server.signal();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -281,18 +221,11 @@ async fn shutdown_lets_running_streams_finish<M: Make>() {
 }
 
 async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
-    let redis = M::redis();
-    let upstream = Upstream::start().await;
     let mut args = limits(2, 0);
     args.shutdown_grace = Some("300ms".into());
-    let mut server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let (_redis, _upstream, mut server) = proxied::<M>(args).await;
     let http = Client::new();
-    let mut stream = http
-        .get(server.url("/forever"))
-        .header(KEY, "k")
-        .send()
-        .await
-        .unwrap();
+    let mut stream = keyed(&http, server.url("/forever"), "k").await;
     assert!(stream.chunk().await.unwrap().is_some());
     server.signal();
     server.finished().await.unwrap();

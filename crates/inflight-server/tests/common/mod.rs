@@ -252,6 +252,11 @@ async fn echo(request: Request) -> axum::Json<serde_json::Value> {
     }))
 }
 
+/// The status of a request's answer.
+pub async fn status_of(request: reqwest::RequestBuilder) -> reqwest::StatusCode {
+    request.send().await.unwrap().status()
+}
+
 /// `GET url` as JSON.
 pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> serde_json::Value {
     client.get(url).send().await.unwrap().json().await.unwrap()
