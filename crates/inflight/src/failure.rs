@@ -37,8 +37,12 @@ pub(crate) struct Breaker {
 }
 
 impl Breaker {
-    pub(crate) fn is_open(&self, now_ms: u64) -> bool {
-        now_ms < self.open_until_ms.load(Ordering::Relaxed)
+    /// Reads the clock only when the breaker has tripped at some point: admissions pay one load.
+    pub(crate) fn is_open(&self, now_ms: impl FnOnce() -> u64) -> bool {
+        match self.open_until_ms.load(Ordering::Relaxed) {
+            0 => false,
+            until => now_ms() < until,
+        }
     }
 
     pub(crate) fn trip(&self, now_ms: u64) {

@@ -112,7 +112,9 @@ pub(crate) async fn run<S: Store>(core: Weak<Core<S>>) {
         renew_due(&core, now).await;
         if last_maintain.elapsed() >= MAX_TICK {
             core.store.maintain().await;
-            core.fallback.maintain().await;
+            if let Some(fallback) = &core.fallback {
+                fallback.maintain().await;
+            }
             last_maintain = Instant::now();
         }
     }

@@ -145,7 +145,7 @@ impl<S: Store> Limiter<S> {
                 None => {}
             }
         }
-        if core.breaker.is_open(core.registry.now_ms()) {
+        if core.breaker.is_open(|| core.registry.now_ms()) {
             let error =
                 StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
             return Ok(self.store_failed(key, options.id, weight, lease_ms, error));
@@ -171,7 +171,10 @@ impl<S: Store> Limiter<S> {
             FailurePolicy::FailOpen => Ok(free_permit(key, id, weight)),
             FailurePolicy::FailOpenLocal { limit } => {
                 let policy = Policy::new(limit, 0);
-                match self.core.fallback.acquire_local(key, weight, policy) {
+                let Some(fallback) = &self.core.fallback else {
+                    return Err(AcquireError::Store(error));
+                };
+                match fallback.acquire_local(key, weight, policy) {
                     Some(LocalAdmission::Held { hold, grant, .. }) => {
                         let hold = Hold::Local { hold, lease_ms };
                         Ok(Permit::new(

@@ -96,8 +96,9 @@ pub(crate) struct Core<S> {
     pub(crate) stats: LimiterStats,
     on_store_failure: FailurePolicy,
     breaker: Breaker,
-    /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
-    pub(crate) fallback: MemoryStore,
+    /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away (only
+    /// under that policy).
+    pub(crate) fallback: Option<MemoryStore>,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -136,7 +137,8 @@ impl<S: Store> LimiterBuilder<S> {
             stats: LimiterStats::default(),
             on_store_failure: self.on_store_failure,
             breaker: Breaker::default(),
-            fallback: MemoryStore::new(),
+            fallback: matches!(self.on_store_failure, FailurePolicy::FailOpenLocal { .. })
+                .then(MemoryStore::new),
         });
         core.runtime.spawn(renewer::run(Arc::downgrade(&core)));
         Limiter { core }
@@ -217,11 +219,9 @@ impl<S: Store> Limiter<S> {
         let outcome = self.core.store.renew(request).await?.pop();
         let outcome =
             outcome.ok_or_else(|| StoreError::Protocol("renewal returned no outcome".into()))?;
-        if outcome == Renewal::Lost {
+        if let (Renewal::Lost, Some(fallback)) = (outcome, &self.core.fallback) {
             // A lease handed out while the store was away (fail_open_local) lives in the fallback.
-            if let Some(found @ Renewal::Renewed(_)) =
-                self.core.fallback.renew(request).await?.pop()
-            {
+            if let Some(found @ Renewal::Renewed(_)) = fallback.renew(request).await?.pop() {
                 return Ok(found);
             }
         }
@@ -234,7 +234,11 @@ impl<S: Store> Limiter<S> {
             return Ok(false);
         }
         // A lease handed out while the store was away (fail_open_local) lives in the fallback.
-        let in_fallback = matches!(self.core.fallback.release_now(key, id), Some(Ok(true)));
+        let in_fallback = self
+            .core
+            .fallback
+            .as_ref()
+            .is_some_and(|fallback| matches!(fallback.release_now(key, id), Some(Ok(true))));
         match self.core.store.release(key, id).await {
             Ok(held) => Ok(held || in_fallback),
             Err(_) if in_fallback => Ok(true),

@@ -13,9 +13,7 @@ pub(super) type Hasher = foldhash::fast::RandomState;
 #[derive(Default)]
 pub(super) struct KeyState {
     leases: HashMap<PermitId, Lease, Hasher>,
-    /// Weight held by permits of this process that have no lease (they end only by being released).
-    held: u32,
-    /// `held` plus the weight of every lease.
+    /// The weight of every lease plus that of the permits of this process that have no lease.
     in_flight: u32,
     pub(super) override_limit: Option<u32>,
     /// No lease ends before this (a lower bound): reclaiming can be skipped until then.
@@ -137,7 +135,6 @@ impl KeyState {
             Ok(max) => max,
             Err(decision) => return decision,
         };
-        self.held += weight;
         self.in_flight += weight;
         Admission::Admitted {
             grant: self.grant(Limit::Limited(max), weight, 0),
@@ -146,7 +143,6 @@ impl KeyState {
     }
 
     pub(super) fn unhold(&mut self, weight: u32) {
-        self.held -= weight;
         self.in_flight -= weight;
     }
 
