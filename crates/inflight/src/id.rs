@@ -38,6 +38,15 @@ impl PermitId {
     pub fn is_empty(&self) -> bool {
         matches!(&self.0, Repr::Given(s) if s.is_empty())
     }
+
+    /// The UUID, for a generated id (or a given one that spells a UUID canonically).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn uuid(&self) -> Option<&Uuid> {
+        match &self.0 {
+            Repr::Uuid(u) => Some(u),
+            Repr::Given(_) => None,
+        }
+    }
 }
 
 impl From<&str> for PermitId {

@@ -6,6 +6,7 @@
 //! [`IN_FLIGHT`] batches are out at once: while they are, new operations queue, and the next batch takes
 //! them all.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -13,13 +14,14 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
-use super::keys::KeyNames;
+use super::keys::{KeyNames, Member};
 use super::scripts;
 use crate::error::StoreError;
+use crate::id::PermitId;
 use crate::policy::Policy;
 
 /// Batches sent and not yet answered, at most.
-const IN_FLIGHT: usize = 2;
+const IN_FLIGHT: usize = 3;
 /// Operations in one batch, at most.
 const MAX_BATCH: usize = 128;
 
@@ -27,20 +29,55 @@ const MAX_BATCH: usize = 128;
 pub(super) enum Op {
     Acquire {
         names: KeyNames,
-        id: String,
+        id: PermitId,
         weight: u32,
         lease_ms: u64,
         policy: Policy,
     },
     Release {
         names: KeyNames,
-        id: String,
+        id: PermitId,
     },
 }
 
+impl Op {
+    fn names(&self) -> &KeyNames {
+        match self {
+            Op::Acquire { names, .. } | Op::Release { names, .. } => names,
+        }
+    }
+
+    /// How many numbers `batch.lua` answers it with.
+    fn reply_len(&self) -> usize {
+        match self {
+            Op::Acquire { .. } => 5,
+            Op::Release { .. } => 1,
+        }
+    }
+}
+
+/// An admission's terms as `batch.lua` reads them: `weight lease_ms default_limit max_limit`.
+struct Terms<'a> {
+    weight: u32,
+    lease_ms: u64,
+    policy: &'a Policy,
+}
+
+impl redis::ToRedisArgs for Terms<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(format_args!(
+            "{} {} {} {}",
+            self.weight, self.lease_ms, self.policy.default_limit, self.policy.max_limit
+        ));
+    }
+}
+
+/// What `batch.lua` answered one operation (a release uses the first number only).
+pub(super) type Reply = [i64; 5];
+
 struct Job {
     op: Op,
-    reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
+    reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
 /// The way into the dispatcher.
@@ -57,7 +94,7 @@ impl Batcher {
     }
 
     /// Runs `op` in the next batch; its reply from `batch.lua`.
-    pub(super) async fn run(&self, op: Op) -> Result<Vec<i64>, StoreError> {
+    pub(super) async fn run(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
             .send(Job { op, reply })
@@ -101,15 +138,21 @@ async fn dispatch(
 
 /// Sends one batch and hands each operation its reply.
 async fn run(mut conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
+    let expected: usize = jobs.iter().map(|job| job.op.reply_len()).sum();
     match send(&mut conn, offset, &jobs).await {
-        Ok(replies) if replies.len() == jobs.len() => {
-            for (job, reply) in jobs.into_iter().zip(replies) {
+        Ok(replies) if replies.len() == expected => {
+            let mut rest = replies.as_slice();
+            for job in jobs {
+                let (mine, others) = rest.split_at(job.op.reply_len());
+                rest = others;
+                let mut reply = Reply::default();
+                reply[..mine.len()].copy_from_slice(mine);
                 let _ = job.reply.send(Ok(reply));
             }
         }
         Ok(replies) => {
             let error = StoreError::Protocol(format!(
-                "{} replies to {} operations",
+                "{} numbers in reply to {} operations",
                 replies.len(),
                 jobs.len()
             ));
@@ -125,44 +168,41 @@ async fn run(mut conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
     }
 }
 
+/// One `batch.lua` call: each user key's names once, then the operations, each pointing at its key.
 async fn send(
     conn: &mut ConnectionManager,
     offset: i64,
     jobs: &[Job],
-) -> Result<Vec<Vec<i64>>, StoreError> {
+) -> Result<Vec<i64>, StoreError> {
     let mut invocation = scripts::BATCH.prepare_invoke();
     invocation.arg(offset);
+    let mut places: HashMap<&str, usize> = HashMap::new();
     for job in jobs {
+        let names = job.op.names();
+        let next = places.len() + 1;
+        let place = *places.entry(names.tag()).or_insert_with(|| {
+            invocation
+                .key(names.leases())
+                .key(names.weights())
+                .key(names.limit());
+            next
+        });
         match &job.op {
             Op::Acquire {
-                names,
                 id,
                 weight,
                 lease_ms,
                 policy,
+                ..
             } => {
-                invocation
-                    .key(names.leases())
-                    .key(names.weights())
-                    .key(names.limit())
-                    .arg("a")
-                    .arg(id)
-                    .arg(weight)
-                    .arg(lease_ms)
-                    .arg(policy.default_limit)
-                    .arg(policy.max_limit);
+                invocation.arg(place).arg(Member(id)).arg(Terms {
+                    weight: *weight,
+                    lease_ms: *lease_ms,
+                    policy,
+                });
             }
-            Op::Release { names, id } => {
-                invocation
-                    .key(names.leases())
-                    .key(names.weights())
-                    .key(names.limit())
-                    .arg("r")
-                    .arg(id)
-                    .arg(0)
-                    .arg(0)
-                    .arg(0)
-                    .arg(0);
+            Op::Release { id, .. } => {
+                invocation.arg(-(place as i64)).arg(Member(id));
             }
         }
     }

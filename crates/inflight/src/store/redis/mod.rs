@@ -20,7 +20,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, Script};
 
 use self::batch::{Batcher, Op};
-use self::keys::KeyNames;
+use self::keys::{KeyNames, Member};
 use super::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal, Store};
 use crate::clock::millis;
 use crate::error::StoreError;
@@ -199,13 +199,12 @@ impl RedisStore {
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
         let names = self.names(&req.key);
-        let id = req.id.to_string();
         let out = self
             .run(
                 &scripts::RENEW,
                 &names,
                 &[
-                    &id,
+                    &Member(&req.id),
                     &req.lease_ms,
                     &req.policy.default_limit,
                     &req.policy.max_limit,
@@ -298,14 +297,14 @@ impl Store for RedisStore {
         let weight = req.weight;
         let op = Op::Acquire {
             names: self.names(req.key),
-            id: req.id.to_string(),
+            id: req.id.clone(),
             weight,
             lease_ms: req.lease_ms,
             policy: req.policy,
         };
         async move {
-            let out = self.batcher().run(op).await?;
-            let [decision, limit, in_flight, expires_at_ms, reclaimed] = fields(&out)?;
+            let [decision, limit, in_flight, expires_at_ms, reclaimed] =
+                self.batcher().run(op).await?;
             let reclaimed = number(reclaimed)?;
             match decision {
                 1 => Ok(Admission::Admitted {
@@ -340,10 +339,10 @@ impl Store for RedisStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let op = Op::Release {
             names: self.names(key),
-            id: id.to_string(),
+            id: id.clone(),
         };
         async move {
-            let [released] = fields(&self.batcher().run(op).await?)?;
+            let [released, ..] = self.batcher().run(op).await?;
             Ok(released == 1)
         }
     }

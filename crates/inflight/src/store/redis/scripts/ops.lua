@@ -45,26 +45,38 @@ local function held_weight(key, id)
   return weight_of(key.weights, id)
 end
 
--- One admission: returns {decision, limit, in_flight, expires_at_ms, reclaimed}:
+-- A deadline as ZADD takes it: formatted once per batch and lease length, not once per admission.
+local deadlines = {}
+local function deadline(now, lease_ms)
+  local text = deadlines[lease_ms]
+  if not text then
+    text = string.format('%d', now + lease_ms)
+    deadlines[lease_ms] = text
+  end
+  return text
+end
+
+-- One admission: returns decision, limit, in_flight, expires_at_ms, reclaimed:
 --   decision 1 admitted, 0 full, 2 unlimited (nothing recorded), 3 weight over the limit.
 local function acquire(leases, weights, limit_key, id, weight, lease_ms, default_limit, max_limit, now)
   local key = touch(leases, weights, now)
   local limit = resolve_limit(override(key, limit_key), default_limit, max_limit)
   local reclaimed = key.reclaimed
   key.reclaimed = 0 -- reported once
-  if limit == 0 then return {2, 0, 0, 0, reclaimed} end
-  if weight > limit then return {3, limit, 0, 0, reclaimed} end
+  if limit == 0 then return 2, 0, 0, 0, reclaimed end
+  if weight > limit then return 3, limit, 0, 0, reclaimed end
   local n = count(key)
   local expires = now + lease_ms
+  local at = deadline(now, lease_ms)
   local held = 0
   if n + weight <= limit then
     -- Room even if the id is new: add (or refresh) it; ZADD says whether it was new.
-    if redis.call('ZADD', leases, expires, id) == 0 then held = held_weight(key, id) end
+    if redis.call('ZADD', leases, at, id) == 0 then held = held_weight(key, id) end
   else
     -- No room for a new lease; a retried acquisition of a held id never needs more than it has.
     if redis.call('ZSCORE', leases, id) then held = held_weight(key, id) end
-    if weight > held and n - held + weight > limit then return {0, limit, n, 0, reclaimed} end
-    redis.call('ZADD', leases, expires, id)
+    if weight > held and n - held + weight > limit then return 0, limit, n, 0, reclaimed end
+    redis.call('ZADD', leases, at, id)
   end
   if held > 1 or weight > 1 then
     key.extra = extra(key) - math.max(held - 1, 0) + (weight - 1)
@@ -75,20 +87,20 @@ local function acquire(leases, weights, limit_key, id, weight, lease_ms, default
     keep_for(leases, weights, lease_ms)
     key.ttl_ms = lease_ms
   end
-  return {1, limit, key.count, expires, reclaimed}
+  return 1, limit, key.count, expires, reclaimed
 end
 
--- One release; releasing twice is not an error. Returns {1} when a live lease was released, {0} when it
--- was already gone (released, or expired: touching the key reclaimed it).
+-- One release; releasing twice is not an error. Returns 1 when a live lease was released, 0 when it was
+-- already gone (released, or expired: touching the key reclaimed it).
 local function release(leases, weights, id, now)
   local key = touch(leases, weights, now)
   local weight = held_weight(key, id)
-  if redis.call('ZREM', leases, id) == 0 then return {0} end
+  if redis.call('ZREM', leases, id) == 0 then return 0 end
   if weight > 1 then
     forget_weight(weights, id)
     key.extra = extra(key) - (weight - 1)
   end
   if key.count ~= nil then key.count = key.count - weight end
-  return {1}
+  return 1
 end
 
