@@ -2,7 +2,8 @@
 --
 -- Data model of one user key K (E = K escaped, so that every key name shares the hash tag {E} and
 -- lives in one Cluster slot):
---   <prefix>{E}:leases   sorted set: member = permit id, score = lease deadline (ms, Redis clock)
+--   <prefix>{E}:leases   sorted set: member = permit id, score = lease deadline (ms, Redis clock).
+--                        A generated (UUID) id is the byte 0xFF and its 16 bytes; a given id is its text.
 --   <prefix>{E}:weights  hash: permit id -> weight, only for weights > 1; field '' -> the sum of
 --                        (weight - 1) over them, so in_flight = ZCARD(leases) + weights[''].
 --   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.

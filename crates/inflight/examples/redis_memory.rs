@@ -1,0 +1,44 @@
+//! Redis memory per held permit, measured on real permits: holds N permits on one key through a
+//! [`Limiter`] on the Redis store, asks Redis for `MEMORY USAGE` of the key's leases, and prints one line,
+//! `N BYTES`, for each N given. The permits are released before the next N.
+//!
+//! `scripts/bench.sh` runs this; by hand:
+//! `cargo run --release -p inflight --example redis_memory -- redis://127.0.0.1:6379 100 100000`
+
+use futures_util::future::try_join_all;
+use inflight::{Limiter, Policy, RedisStore};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let url = args.next().ok_or("usage: redis_memory URL N...")?;
+    let client = redis::Client::open(url.as_str())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    for n in args {
+        let n: usize = n.parse()?;
+        let prefix = format!("inflight-memory-{}-{n}:", std::process::id());
+        let store = RedisStore::builder(url.as_str())
+            .prefix(prefix.clone())
+            .open()?;
+        let limiter = Limiter::builder(store).policy(Policy::new(0, 0)).build();
+        // Unlimited keys record nothing, so set a limit the permits fit under.
+        limiter.set_limit("k", u32::try_from(n)?).await?;
+        let mut permits = Vec::with_capacity(n);
+        while permits.len() < n {
+            let chunk = (n - permits.len()).min(256);
+            permits.extend(try_join_all((0..chunk).map(|_| limiter.try_acquire("k"))).await?);
+        }
+        let bytes: u64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(format!("{prefix}{{k}}:leases"))
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await?;
+        println!("{n} {bytes}");
+        // Released and awaited: dropped permits would be released in the background, after this exits.
+        try_join_all(permits.into_iter().map(|permit| permit.release())).await?;
+        limiter.clear_limit("k").await?;
+    }
+    Ok(())
+}
