@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inflight::{AcquireError, AcquireOptions, FailurePolicy, Limiter, Policy, RedisStore, Store};
+use inflight::store::{AcquireRequest, Admission};
+use inflight::{
+    AcquireError, AcquireOptions, FailurePolicy, Limiter, PermitId, Policy, RedisStore, Store,
+};
 use support::TestRedis;
 
 /// Runs this test binary again as a child process doing `role` (see `child_process`).
@@ -563,6 +566,43 @@ async fn an_explicit_release_cut_short_goes_on_in_the_background() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// One batch that empties a key and fills it again: the set Redis deletes with its last lease and the one
+/// the next admission creates are two keys, and the new one must get an expiry of its own.
+#[tokio::test]
+async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    let policy = Policy::new(4, 0);
+    let (first, second) = (PermitId::generate(), PermitId::generate());
+    let acquire = |id| {
+        store.acquire(AcquireRequest {
+            key: "k",
+            id,
+            weight: 1,
+            lease_ms: 30_000,
+            policy,
+        })
+    };
+    // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.
+    let (a, released, b) = tokio::join!(
+        acquire(&first),
+        store.release("k", &first),
+        acquire(&second)
+    );
+    assert!(matches!(a.unwrap(), Admission::Admitted { .. }));
+    assert!(released.unwrap());
+    assert!(matches!(b.unwrap(), Admission::Admitted { .. }));
+    let mut c = redis.client();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("inflight:{k}:leases")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        ttl > 30_000,
+        "the refilled set must expire after its lease, PTTL {ttl}"
+    );
 }
 
 #[tokio::test]

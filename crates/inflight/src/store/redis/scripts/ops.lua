@@ -50,7 +50,7 @@ local deadlines = {}
 local function deadline(now, lease_ms)
   local text = deadlines[lease_ms]
   if not text then
-    text = string.format('%d', now + lease_ms)
+    text = string.format('%.0f', now + lease_ms) -- %d would wrap past 2^63
     deadlines[lease_ms] = text
   end
   return text
@@ -101,6 +101,9 @@ local function release(leases, weights, id, now)
     key.extra = extra(key) - (weight - 1)
   end
   if key.count ~= nil then key.count = key.count - weight end
+  -- The last lease gone, Redis deletes the set, and its expiry with it: the next admission of the batch
+  -- must set one again on the set it creates (one PTTL when the count is not known here).
+  if key.count == nil or key.count == 0 then key.ttl_ms = 0 end
   return 1
 end
 
