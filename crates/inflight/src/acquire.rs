@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::error::AcquireError;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Now};
 use crate::options::AcquireOptions;
 use crate::permit::{BoxFuture, Permit};
 use crate::store::Store;
@@ -49,28 +49,38 @@ impl<S: Store> Future for TryAcquire<'_, S> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        loop {
-            match std::mem::replace(&mut this.state, State::Done) {
-                State::Start {
-                    limiter,
-                    key,
-                    options,
-                } => match limiter.acquire_now(key, options) {
-                    Ok(decided) => return Poll::Ready(decided),
-                    Err(prepared) => {
-                        this.state =
-                            State::Store(Box::pin(limiter.acquire_in_store(key, prepared)));
-                    }
-                },
-                State::Store(mut future) => match future.as_mut().poll(cx) {
-                    Poll::Ready(out) => return Poll::Ready(out),
-                    Poll::Pending => {
-                        this.state = State::Store(future);
-                        return Poll::Pending;
-                    }
-                },
-                State::Done => panic!("TryAcquire polled after completion"),
+        if let State::Start {
+            limiter,
+            key,
+            options,
+        } = &mut this.state
+        {
+            let (limiter, key) = (*limiter, *key);
+            match limiter.acquire_now(key, options) {
+                Now::Local {
+                    hold,
+                    grant,
+                    lease_ms,
+                } => {
+                    this.state = State::Done;
+                    return Poll::Ready(Ok(Now::local_permit(hold, grant, lease_ms)));
+                }
+                Now::Decided(decided) => {
+                    this.state = State::Done;
+                    return Poll::Ready(decided);
+                }
+                Now::Store(prepared) => {
+                    this.state = State::Store(Box::pin(limiter.acquire_in_store(key, prepared)));
+                }
             }
+        }
+        match &mut this.state {
+            State::Store(future) => {
+                let out = std::task::ready!(future.as_mut().poll(cx));
+                this.state = State::Done;
+                Poll::Ready(out)
+            }
+            _ => panic!("TryAcquire polled after completion"),
         }
     }
 }

@@ -12,10 +12,37 @@ use crate::id::PermitId;
 use crate::options::AcquireOptions;
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
-use crate::store::{AcquireRequest, Admission, Grant, LocalAdmission, Store};
+use crate::store::{AcquireRequest, Admission, Grant, LocalAdmission, LocalHold, Store};
 
 /// The longest lease a permit may have (a day): renewals keep longer work alive.
-const MAX_LEASE_MS: u64 = 86_400_000;
+pub(super) const MAX_LEASE_MS: u64 = 86_400_000;
+
+/// What [`Limiter::acquire_now`] decided.
+pub(crate) enum Now {
+    /// Held in this process's store; the caller builds the permit (in place, where it is returned).
+    Local {
+        hold: Arc<dyn LocalHold>,
+        grant: Grant,
+        lease_ms: u64,
+    },
+    /// Decided otherwise.
+    Decided(Result<Permit, AcquireError>),
+    /// For the store to decide.
+    Store(Prepared),
+}
+
+impl Now {
+    #[inline]
+    pub(crate) fn local_permit(hold: Arc<dyn LocalHold>, grant: Grant, lease_ms: u64) -> Permit {
+        Permit::new(
+            Hold::Local { hold, lease_ms },
+            None,
+            grant.weight,
+            grant.limit,
+            grant.in_flight,
+        )
+    }
+}
 
 /// An admission that the store has yet to decide.
 pub(crate) struct Prepared {
@@ -101,30 +128,33 @@ impl<S: Store> Limiter<S> {
     }
 
     /// The part of an admission that needs no waiting: checks the options, then admits without I/O when
-    /// the key is unlimited or the store lives in this process. `Err` hands back what the store must
-    /// decide.
+    /// the key is unlimited or the store lives in this process; otherwise hands back what the store must
+    /// decide. Takes the options by reference: moving them out of the future costs more than reading them.
     #[inline]
-    pub(crate) fn acquire_now(
-        &self,
-        key: &str,
-        options: AcquireOptions,
-    ) -> Result<Result<Permit, AcquireError>, Prepared> {
-        let weight = options.weight.unwrap_or(1);
-        if weight == 0 {
-            return Ok(Err(AcquireError::Invalid("weight must be at least 1")));
-        }
-        let lease_ms = options.lease.map_or(self.core.lease_ms, millis);
-        if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
-            return Ok(Err(AcquireError::Invalid(
-                "lease must be between 1 ms and 24 h",
-            )));
-        }
+    pub(crate) fn acquire_now(&self, key: &str, options: &mut AcquireOptions) -> Now {
+        // Only what the caller set needs checking (the limiter's own lease was checked when it was built).
+        let weight = match options.weight {
+            None => 1,
+            Some(0) => {
+                return Now::Decided(Err(AcquireError::Invalid("weight must be at least 1")))
+            }
+            Some(weight) => weight,
+        };
+        let lease_ms = match options.lease.map(millis) {
+            None => self.core.lease_ms,
+            Some(lease_ms @ 1..=MAX_LEASE_MS) => lease_ms,
+            Some(_) => {
+                return Now::Decided(Err(AcquireError::Invalid(
+                    "lease must be between 1 ms and 24 h",
+                )))
+            }
+        };
         if options.id.as_ref().is_some_and(PermitId::is_empty) {
-            return Ok(Err(AcquireError::Invalid("id must not be empty")));
+            return Now::Decided(Err(AcquireError::Invalid("id must not be empty")));
         }
         let core = &self.core;
         if core.policy.is_unlimited_by_default() && !core.store.may_have_override(key) {
-            return Ok(Ok(free_permit(key, options.id, weight)));
+            return Now::Decided(Ok(free_permit(key, options.id.take(), weight)));
         }
         if options.id.is_none() {
             match core.store.acquire_local(key, weight, core.policy) {
@@ -134,13 +164,14 @@ impl<S: Store> Limiter<S> {
                     reclaimed,
                 }) => {
                     self.count_reclaimed(reclaimed);
-                    let hold = Hold::Local { hold, lease_ms };
-                    let permit =
-                        Permit::new(hold, None, grant.weight, grant.limit, grant.in_flight);
-                    return Ok(Ok(permit));
+                    return Now::Local {
+                        hold,
+                        grant,
+                        lease_ms,
+                    };
                 }
                 Some(LocalAdmission::Decided(admission)) => {
-                    return Ok(self.decided(key, None, weight, lease_ms, admission));
+                    return Now::Decided(self.decided(key, None, weight, lease_ms, admission));
                 }
                 None => {}
             }
@@ -148,10 +179,16 @@ impl<S: Store> Limiter<S> {
         if core.breaker.is_open(|| core.registry.now_ms()) {
             let error =
                 StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
-            return Ok(self.store_failed(key, options.id, weight, lease_ms, error));
+            return Now::Decided(self.store_failed(
+                key,
+                options.id.take(),
+                weight,
+                lease_ms,
+                error,
+            ));
         }
-        Err(Prepared {
-            id: options.id.unwrap_or_else(PermitId::generate),
+        Now::Store(Prepared {
+            id: options.id.take().unwrap_or_else(PermitId::generate),
             weight,
             lease_ms,
         })

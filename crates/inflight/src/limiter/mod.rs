@@ -4,6 +4,7 @@
 //! `admission.rs` decides one admission; `owner.rs` is how a permit gets back to its limiter.
 
 mod admission;
+pub(crate) use admission::Now;
 mod owner;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -109,7 +110,7 @@ impl<S: Store> LimiterBuilder<S> {
     }
 
     /// The lease of each permit unless its options say otherwise (default 30 s). A crashed holder's slots
-    /// come back within one lease; live holders renew at a third of it.
+    /// come back within one lease; live holders renew at a third of it. Kept between 1 ms and 24 h.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -127,7 +128,7 @@ impl<S: Store> LimiterBuilder<S> {
     ///
     /// Outside a Tokio runtime, like `tokio::spawn`.
     pub fn build(self) -> Limiter<S> {
-        let lease_ms = millis(self.lease).max(1);
+        let lease_ms = millis(self.lease).clamp(1, admission::MAX_LEASE_MS);
         let core = Arc::new(Core {
             store: self.store,
             policy: self.policy,

@@ -115,6 +115,7 @@ pub struct Lease {
 }
 
 impl Permit {
+    #[inline]
     pub(crate) fn new(
         hold: Hold,
         id: Option<PermitId>,
@@ -263,11 +264,16 @@ impl Permit {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.hold, Hold::Done) {
-            Hold::Leased { state, owner } => owner.release_dropped(state),
+        match &self.hold {
+            // Released in place; the hold itself goes with the field.
             Hold::Local { hold, .. } => hold.release(self.weight),
-            Hold::Many(permits) => drop(permits),
-            Hold::Free { .. } | Hold::Done => {}
+            Hold::Leased { .. } => {
+                if let Hold::Leased { state, owner } = std::mem::replace(&mut self.hold, Hold::Done)
+                {
+                    owner.release_dropped(state);
+                }
+            }
+            Hold::Many(_) | Hold::Free { .. } | Hold::Done => {}
         }
     }
 }
