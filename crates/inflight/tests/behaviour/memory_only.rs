@@ -264,3 +264,20 @@ fn maintenance_racing_admissions_never_lets_a_key_over_its_limit() {
     let status = rt.block_on(limiter.status("k")).unwrap();
     assert_eq!(status.in_flight, 0);
 }
+
+#[tokio::test]
+async fn a_limiter_lease_is_kept_between_a_millisecond_and_a_day() {
+    let built = |lease| {
+        Limiter::builder(MemoryStore::new())
+            .policy(Policy::new(1, 0))
+            .lease(lease)
+            .build()
+    };
+    let long = built(Duration::from_secs(3 * 86_400));
+    assert_eq!(long.lease(), Duration::from_secs(86_400));
+    let _admitted = long
+        .try_acquire("app")
+        .await
+        .expect("admitted with a day's lease");
+    assert_eq!(built(Duration::ZERO).lease(), Duration::from_millis(1));
+}
