@@ -25,7 +25,9 @@ chmod 755 "$out" # nginx's workers read the event-stream file from here
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  [ -f "$out/nginx.pid" ] && kill "$(cat "$out/nginx.pid")" 2>/dev/null || true
+  for conf in upstream proxy; do
+    [ -f "$out/$conf.pid" ] && kill "$(cat "$out/$conf.pid")" 2>/dev/null || true
+  done
   wait 2>/dev/null || true
   if [ -z "${KEEP:-}" ]; then rm -rf "$out"; else echo "raw results kept in $out" >&2; fi
 }
@@ -90,20 +92,32 @@ done
 say "proxy vs direct vs nginx limit_conn (wrk)"
 up=$(port); ng=$(port); pm=$(port); pr=$(port)
 for _ in $(seq 20); do printf 'data: {"token": "hello"}\n\n'; done >"$out/sse.txt"
-cat >"$out/nginx.conf" <<NGINX
+# The upstream and the nginx proxy are two nginx instances, so that the proxy under test, nginx or
+# inflight, never shares a process with the upstream it fronts. The proxy gets Debian's default of one
+# worker per core.
+cat >"$out/upstream.conf" <<NGINX
 worker_processes 1;
-pid $out/nginx.pid;
+pid $out/upstream.pid;
+error_log $out/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:$up;
+    location / { return 200 "ok\n"; }
+    location /sse { default_type text/event-stream; alias $out/sse.txt; }
+  }
+}
+NGINX
+cat >"$out/proxy.conf" <<NGINX
+worker_processes auto;
+pid $out/proxy.pid;
 error_log $out/nginx-error.log;
 events { worker_connections 4096; }
 http {
   access_log off;
   limit_conn_zone \$http_x_inflight_key zone=keys:10m;
   upstream api { server 127.0.0.1:$up; keepalive 128; }
-  server {
-    listen 127.0.0.1:$up;
-    location / { return 200 "ok\n"; }
-    location /sse { default_type text/event-stream; alias $out/sse.txt; }
-  }
   server {
     listen 127.0.0.1:$ng;
     location / {
@@ -116,7 +130,8 @@ http {
   }
 }
 NGINX
-nginx -c "$out/nginx.conf" -p "$out" -e "$out/nginx-error.log"
+nginx -c "$out/upstream.conf" -p "$out" -e "$out/nginx-error.log"
+nginx -c "$out/proxy.conf" -p "$out" -e "$out/nginx-error.log"
 wait_port "$up"; wait_port "$ng"
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 &
 pids+=($!)
