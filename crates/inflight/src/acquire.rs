@@ -63,7 +63,7 @@ impl<S: Store> Future for TryAcquire<'_, S> {
                     lease_ms,
                 } => {
                     this.state = State::Done;
-                    return Poll::Ready(Ok(Now::local_permit(hold, grant, lease_ms)));
+                    return Poll::Ready(Ok(Permit::local(hold, None, grant, lease_ms)));
                 }
                 Now::Decided(decided) => {
                     this.state = State::Done;

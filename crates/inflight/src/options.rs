@@ -43,7 +43,8 @@ impl AcquireOptions {
         self
     }
 
-    /// How long the lease lasts between renewals (at least 1 ms; default: the limiter's).
+    /// How long the lease lasts between renewals (1 ms to 24 h, else the admission is refused as invalid;
+    /// default: the limiter's).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self

@@ -19,29 +19,18 @@ pub(super) const MAX_LEASE_MS: u64 = 86_400_000;
 
 /// What [`Limiter::acquire_now`] decided.
 pub(crate) enum Now {
-    /// Held in this process's store; the caller builds the permit (in place, where it is returned).
+    /// Held in this process's store. The caller turns it into a permit at once, with
+    /// [`Permit::local`], where it returns it: the slot is released only by that permit's drop.
     Local {
         hold: Arc<dyn LocalHold>,
         grant: Grant,
         lease_ms: u64,
     },
-    /// Decided otherwise.
+    /// The answer, with no store to ask: refused as invalid, admitted without a count (an unlimited key),
+    /// decided by the in-process store, or the failure policy's answer while the store is failing.
     Decided(Result<Permit, AcquireError>),
     /// For the store to decide.
     Store(Prepared),
-}
-
-impl Now {
-    #[inline]
-    pub(crate) fn local_permit(hold: Arc<dyn LocalHold>, grant: Grant, lease_ms: u64) -> Permit {
-        Permit::new(
-            Hold::Local { hold, lease_ms },
-            None,
-            grant.weight,
-            grant.limit,
-            grant.in_flight,
-        )
-    }
 }
 
 /// An admission that the store has yet to decide.
@@ -132,7 +121,7 @@ impl<S: Store> Limiter<S> {
     /// decide. Takes the options by reference: moving them out of the future costs more than reading them.
     #[inline]
     pub(crate) fn acquire_now(&self, key: &str, options: &mut AcquireOptions) -> Now {
-        // Only what the caller set needs checking (the limiter's own lease was checked when it was built).
+        // Only what the caller set needs checking (the limiter's own lease was clamped when it was built).
         let weight = match options.weight {
             None => 1,
             Some(0) => {
@@ -213,14 +202,7 @@ impl<S: Store> Limiter<S> {
                 };
                 match fallback.acquire_local(key, weight, policy) {
                     Some(LocalAdmission::Held { hold, grant, .. }) => {
-                        let hold = Hold::Local { hold, lease_ms };
-                        Ok(Permit::new(
-                            hold,
-                            id,
-                            grant.weight,
-                            grant.limit,
-                            grant.in_flight,
-                        ))
+                        Ok(Permit::local(hold, id, grant, lease_ms))
                     }
                     Some(LocalAdmission::Decided(admission)) => {
                         self.decided(key, id, weight, lease_ms, admission)

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Limit;
-use crate::store::LocalHold;
+use crate::store::{Grant, LocalHold};
 
 /// A boxed future: for a permit's release through a store it does not name, and for the store's part of an
 /// admission.
@@ -134,6 +134,23 @@ impl Permit {
             limit,
             in_flight,
         }
+    }
+
+    /// A permit holding a slot of an in-process store (no lease: it lives exactly as long as the permit).
+    #[inline]
+    pub(crate) fn local(
+        hold: Arc<dyn LocalHold>,
+        id: Option<PermitId>,
+        grant: Grant,
+        lease_ms: u64,
+    ) -> Self {
+        Self::new(
+            Hold::Local { hold, lease_ms },
+            id,
+            grant.weight,
+            grant.limit,
+            grant.in_flight,
+        )
     }
 
     /// The key this permit counts against.

@@ -20,7 +20,8 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Policy;
 
-/// Batches sent and not yet answered, at most.
+/// Batches sent and not yet answered, at most. Measured side by side (`inflight bench`, 16 to 256 tasks)
+/// against 2: the same at 64 tasks, steadier at 256.
 const IN_FLIGHT: usize = 3;
 /// Operations in one batch, at most.
 const MAX_BATCH: usize = 128;

@@ -32,6 +32,10 @@ pub const DEFAULT_PREFIX: &str = "inflight:";
 
 /// Leases and overrides in Redis.
 ///
+/// The data model is described in `scripts/common.lua`. Every process sharing a Redis (and a prefix)
+/// must run a version that writes the same model: a generated permit id is stored as the byte 0xFF and
+/// the UUID's 16 bytes, a given id as its text (`CHANGELOG.md` lists changes to the model).
+///
 /// ```no_run
 /// use inflight::{Limiter, Policy, RedisStore};
 ///
