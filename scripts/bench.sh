@@ -58,7 +58,11 @@ redis-benchmark -p "$redis_port" -c 64 -n 1000000 -P 16 -q EVAL "return 1" 0 2>/
 say "latency vs concurrency"
 for store in memory:// "$redis"; do
   for tasks in 1 16 64 256; do
+    # Redis's own time per operation at 64 tasks, from its command statistics.
+    stats=""; if [ "$store" = "$redis" ] && [ "$tasks" = 64 ]; then stats=1; fi
+    if [ -n "$stats" ]; then redis-cli -p "$redis_port" CONFIG RESETSTAT >/dev/null; fi
     "$bin" bench --store "$store" --tasks "$tasks" --duration 2s --redis-prefix "c$tasks:" >>"$out/concurrency.jsonl"
+    if [ -n "$stats" ]; then redis-cli -p "$redis_port" INFO commandstats >"$out/commandstats-64.txt"; fi
   done
 done
 say "scaling with keys"
@@ -138,10 +142,14 @@ pids+=($!)
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
 pids+=($!)
 wait_port "$pm"; wait_port "$pr"
+# Three rounds, the four targets in turn within each: the table gives each target's median round and the
+# range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
-  for target in "direct $up" "nginx $ng" "inflight-memory $pm" "inflight-redis $pr"; do
-    set -- $target
-    wrk -t2 -c64 -d5s --latency -H "X-Inflight-Key: app-1" "http://127.0.0.1:$2$path" >"$out/wrk-$1-${path//\//_}.txt"
+  for round in 1 2 3; do
+    for target in "direct $up" "nginx $ng" "inflight-memory $pm" "inflight-redis $pr"; do
+      set -- $target
+      wrk -t2 -c64 -d3s --latency -H "X-Inflight-Key: app-1" "http://127.0.0.1:$2$path" >"$out/wrk-$1-${path//\//_}-$round.txt"
+    done
   done
 done
 

@@ -65,7 +65,7 @@ w("")
 w("Every figure here was produced by one run of `scripts/bench.sh` (it also wrote this file), on the project's")
 w(f"2-core machine, on {today}. Each alternative ran beside inflight in the same run; the machines are noisy, so")
 w("compare ratios within a table rather than absolute numbers across runs. Client, servers and load generator")
-w("share the same 2 cores.")
+w("share the same 2 cores. The last section reads the tables; where it says why, it names how that was seen.")
 w("")
 
 # 1. memory vs semaphore
@@ -170,56 +170,106 @@ w("")
 # 6. proxy
 w("## Proxy vs calling the upstream directly vs nginx `limit_conn`")
 w("")
-w("`wrk -t2 -c64 -d5s` against the same upstream (nginx answering `ok`, or a 20-event `text/event-stream`), directly,")
+w("`wrk -t2 -c64 -d3s`, three rounds, against the same upstream (nginx answering `ok`, or a 20-event `text/event-stream`), directly,")
 w("through nginx with `limit_conn` on the key header, and through `inflight proxy` on the memory and the Redis")
 w("store (limits high enough that nothing is refused). The upstream is an nginx of its own (one worker); the")
 w("nginx proxy is another (one worker per core, Debian's default), so neither proxy shares a process with the")
 w("upstream. (Earlier versions of this script ran one nginx worker as both proxy and upstream, which cut")
 w("nginx's figures by a third or more.)")
 w("")
-w("| response | path | requests/s | vs nginx | p50 µs | p99 µs | non-2xx |")
+w("| response | path | requests/s (median round) | vs nginx (each round) | p50 µs | p99 µs | non-2xx |")
 w("|---|---|---|---|---|---|---|")
+proxy_ratios = {}
 for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
-    nginx = wrk(f"wrk-nginx-{path}.txt")
+    rounds = sorted({int(m.group(1)) for f in raw.glob(f"wrk-nginx-{path}-*.txt")
+                     for m in [re.search(r"-(\d+)\.txt$", f.name)] if m})
+    nginx = {n: wrk(f"wrk-nginx-{path}-{n}.txt") for n in rounds}
     for target, name in [("direct", "direct to upstream"), ("nginx", "nginx limit_conn"),
                          ("inflight-memory", "inflight proxy, memory"), ("inflight-redis", "inflight proxy, Redis")]:
-        r = wrk(f"wrk-{target}-{path}.txt")
-        if r is None:
+        runs = {n: wrk(f"wrk-{target}-{path}-{n}.txt") for n in rounds}
+        runs = {n: r for n, r in runs.items() if r is not None}
+        if not runs:
             continue
-        ratio = r["rps"] / nginx["rps"] if nginx and nginx["rps"] else float("nan")
-        w(f"| {label} | {name} | {fmt(r['rps'])} | {fmt(ratio, 2)} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {r['non_2xx']} |")
+        ratios = sorted(r["rps"] / nginx[n]["rps"] for n, r in runs.items() if nginx.get(n) and nginx[n]["rps"])
+        proxy_ratios[(target, path)] = ratios
+        median = sorted(runs.values(), key=lambda r: r["rps"])[len(runs) // 2]
+        spread = (f"{ratios[0]:.2f}" if f"{ratios[0]:.2f}" == f"{ratios[-1]:.2f}" else f"{ratios[0]:.2f}-{ratios[-1]:.2f}") if ratios else "n/a"
+        w(f"| {label} | {name} | {fmt(median['rps'])} | {spread} | {fmt(median['p50_us'])} | {fmt(median['p99_us'])} | {sum(r['non_2xx'] for r in runs.values())} |")
 w("")
 w("## What the figures say")
 w("")
-w("- **Memory store.** The store itself is as fast as the per-key semaphore or faster (a permit of this process")
-w("  holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire` path, awaited")
-w("  as a handler awaits it, costs about 1.2-1.3x the semaphore, on one hot key and over 100,000 keys, inside the")
-w("  1.5x goal. (It was 2.2-2.7x until the permit was built where it is returned: the time went to")
-w("  store-forwarding stalls when a just-built `Permit` and the options were copied between frames, not to")
-w("  instructions.) In `inflight bench` the memory rows swing between about 2 and 7 M pairs/s from run to run:")
-w("  64 tasks on two threads hit one key's counter from both cores, or mostly from one.")
+
+
+def ratio(key, keys):
+    one, base = c.get(f"acquire+release/{key}/{keys}"), c.get(f"acquire+release/tokio_semaphore_per_key/{keys}")
+    return one / base if one and base else float("nan")
+
+
+def load_row(tasks):
+    for line in (raw / "redis_load.md").read_text().splitlines():
+        cells = [x.strip() for x in line.strip("|").split("|")]
+        if cells and cells[0] == str(tasks):
+            return {"pairs": float(cells[1]), "p99_us": float(cells[3])}
+    return None
+
+
+def conc_row(store, tasks):
+    return next((r for r in conc if store_name(r["store"]) == store and r["tasks"] == tasks), None)
+
+
+def redis_us_per_op():
+    path, row = raw / "commandstats-64.txt", conc_row("redis", 64)
+    if not path.exists() or row is None:
+        return float("nan")
+    m = re.search(r"cmdstat_evalsha:calls=\d+,usec=(\d+)", path.read_text())
+    ops = 2 * row["pairs_per_sec"] * row["duration_s"]
+    return int(m.group(1)) / ops if m and ops else float("nan")
+
+
+def span(values, digits=2):
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "n/a"
+    lo, hi = min(values), max(values)
+    return f"{lo:.{digits}f}x" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}-{hi:.{digits}f}x"
+
+
+memory_rows = {(int(n), server): int(used) / int(n) for n, used, server in
+               (line.split() for line in (raw / "memory.txt").read_text().splitlines())}
+memory_latency = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+                  for line in (raw / "memory-latency.txt").read_text().splitlines()}
+load64, bench64, bench256 = load_row(64), conc_row("redis", 64), conc_row("redis", 256)
+w(f"- **Memory store.** The store itself costs {span([ratio('inflight_memory_store', 1), ratio('inflight_memory_store', 100000)])} of the per-key semaphore (a permit of")
+w("  this process holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire`")
+w(f"  path, awaited as a handler awaits it, costs {ratio('inflight_limiter', 1):.2f}x on one hot key and {ratio('inflight_limiter', 100000):.2f}x over 100,000 keys:")
+w("  inside the 1.5x goal. In `inflight bench` the memory rows vary widely from run to run and row to row: 64")
+w("  tasks on two threads hit one key's counter from both cores, or mostly from one.")
 w("- **Redis store.** The admissions and releases that are waiting ride together in one `batch.lua` call. A batch")
 w("  names each key once, reads the operations' shared terms once, and answers in one flat array of numbers, so")
-w("  a hot key costs one ZADD per admission and one ZREM per release plus a handful of calls per batch, about")
-w("  2.5 µs of Redis time per operation. At 64 tasks it makes about 100,000 pairs/s (92-104k across runs) with")
-w("  p99 well under 1 ms, and more at 256 tasks. Client, Redis and load share 2 cores, and neither side is")
-w("  saturated at 64 tasks: what is left is the round trip itself (wake-ups and socket calls on both sides).")
+w("  a hot key costs one ZADD per admission and one ZREM per release plus a handful of calls per batch:")
+w(f"  {redis_us_per_op():.1f} µs of Redis time per operation at 64 tasks (its `INFO commandstats`, read by the script).")
+pairs64 = [load64["pairs"] if load64 else float("nan"), bench64["pairs_per_sec"] if bench64 else float("nan")]
+p99s64 = [load64["p99_us"] if load64 else float("nan"), bench64["p99_us"] if bench64 else float("nan")]
+w(f"  At 64 tasks it makes {fmt(pairs64[0])} and {fmt(pairs64[1])} pairs/s in the two tables, with p99 {fmt(p99s64[0])} and")
+w(f"  {fmt(p99s64[1])} µs; the goal is 100,000 with p99 under 1 ms, and runs on this machine land on both sides of it.")
+w(f"  At 256 tasks: {fmt(bench256['pairs_per_sec'] if bench256 else float('nan'))}. Client, Redis and load share 2 cores, and at 64 tasks neither side is")
+w("  busy all the time (`vmstat 1` during a run shows idle time left): what is left is the round trip itself.")
 w("  Spreading the load over many keys costs more calls per operation (less is shared within a batch).")
-w("- **Memory per permit.** Up to 128 leases on a key (Redis's compact listpack encoding), a held permit costs")
-w("  about 32 bytes. Above that Redis switches the sorted set to a skiplist and a dict, whose own structures cost")
-w("  about 95 bytes per member before the id (skiplist node, dict entry, bucket): about 118-120 bytes per permit,")
-w("  over the 100-byte goal, and no shorter id can bring it under. A deployment that holds many permits per key")
-w("  can raise `zset-max-listpack-entries` (33 bytes per permit at 1,000 leases), at the cost shown above: on a")
-w("  key holding 1,000 permits, the listpack's linear updates halve the pairs/s.")
-w("- **Proxy.** It is behind nginx. On the memory store it serves 0.85-0.90x of nginx's requests/s in the run")
-w("  above and 0.61-0.80x in side-by-side reruns against the same pair of nginx instances, so the 1x goal is")
-w("  not met. On Redis it serves 0.65-0.67x here but 0.43-0.54x in reruns, so the 0.6x goal is not reliably")
-w("  met either. Both proxies make the same system calls per request (two `writev`, two `recvfrom`, counted")
-w("  with `strace -c`) and both saturate one core, but inflight spends about 27 µs of CPU per request where")
-w("  nginx spends about 17: about 10 µs in user space (hyper's server and client, axum, and Tokio's hand-offs")
-w("  between the downstream connection, the pooled upstream connection and the body) against about 3.5 µs for")
-w("  nginx. Neither a second worker thread, nor another allocator, nor removing the upstream timeout changed")
-w("  the figure.")
+w(f"- **Memory per permit.** Up to 128 leases on a key (Redis's compact listpack encoding), a held permit costs")
+w(f"  {memory_rows.get((100, 'default'), float('nan')):.0f} bytes. Above that Redis keeps the sorted set as a skiplist and a dict, whose own")
+w(f"  per-member structures cost more than the 17-byte id: {memory_rows.get((100000, 'default'), float('nan')):.0f} bytes per permit at 100,000 leases, over the")
+w("  100-byte goal, and no shorter id could bring it under. A deployment that holds many permits per key can")
+w(f"  raise `zset-max-listpack-entries` ({memory_rows.get((1000, 'listpack1024'), float('nan')):.0f} bytes per permit at 1,000 leases), at the cost shown above: on a")
+dl, ll = memory_latency.get("default"), memory_latency.get("listpack1024")
+w(f"  key holding 1,000 permits the listpack's linear updates take pairs/s from {fmt(dl['pairs_per_sec'] if dl else float('nan'))} to {fmt(ll['pairs_per_sec'] if ll else float('nan'))}.")
+mem_r = proxy_ratios.get(("inflight-memory", "_"), []) + proxy_ratios.get(("inflight-memory", "_sse"), [])
+red_r = proxy_ratios.get(("inflight-redis", "_"), []) + proxy_ratios.get(("inflight-redis", "_sse"), [])
+w(f"- **Proxy.** It is behind nginx: {span(mem_r)} of nginx's requests/s on the memory store (goal 1x) and {span(red_r)}")
+w("  on Redis (goal 0.6x), over the rounds and both responses above. Both proxies make the same system calls per")
+w("  request, two `writev` and two `recvfrom` (`strace -c -f -p PID` on either during a `wrk` run), and both")
+w("  saturate one core; inflight's extra CPU is in user space (`perf record -g -p PID`: hyper's server and")
+w("  client, axum, and Tokio's hand-offs between the downstream connection, the pooled upstream connection and")
+w("  the body, with no single hot spot).")
 w("")
 w("## Reproduce")
 w("")
