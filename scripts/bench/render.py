@@ -149,22 +149,23 @@ w("leases holding N of them, divided by N. A lease is its id (a generated id is 
 w("and its deadline. The last row is a Redis started with `zset-max-listpack-entries 1024`, which keeps sorted")
 w("sets of up to 1,024 members in the compact listpack encoding (the default is 128).")
 w("")
+# Each line of the raw files names the Redis it ran on.
+servers = {"default": "default", "listpack1024": "`zset-max-listpack-entries 1024`"}
+memory_used = [(int(n), server, int(used)) for n, used, server in
+               (line.split() for line in (raw / "memory.txt").read_text().splitlines())]
+memory_latency = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+                  for line in (raw / "memory-latency.txt").read_text().splitlines()}
 w("| leases on the key | Redis | bytes | bytes per permit |")
 w("|---|---|---|---|")
-for line in (raw / "memory.txt").read_text().splitlines():
-    n, used, server = line.split()
-    label = "default" if server == "default" else "`zset-max-listpack-entries 1024`"
-    w(f"| {int(n):,} | {label} | {int(used):,} | {int(used) / int(n):.1f} |")
+for n, server, used in memory_used:
+    w(f"| {n:,} | {servers[server]} | {used:,} | {used / n:.1f} |")
 w("")
 w("What the compact encoding costs: 16 tasks acquiring and releasing on a key that holds 1,000 permits.")
 w("")
 w("| Redis | pairs/s | p50 µs | p99 µs |")
 w("|---|---|---|---|")
-for line in (raw / "memory-latency.txt").read_text().splitlines():
-    server, doc = line.split(" ", 1)
-    r = json.loads(doc)
-    label = "default" if server == "default" else "`zset-max-listpack-entries 1024`"
-    w(f"| {label} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.1f} | {r['p99_us']:.1f} |")
+for server, r in memory_latency.items():
+    w(f"| {servers[server]} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.1f} | {r['p99_us']:.1f} |")
 w("")
 
 # 6. proxy
@@ -234,10 +235,7 @@ def span(values, digits=2):
     return f"{lo:.{digits}f}x" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}-{hi:.{digits}f}x"
 
 
-memory_rows = {(int(n), server): int(used) / int(n) for n, used, server in
-               (line.split() for line in (raw / "memory.txt").read_text().splitlines())}
-memory_latency = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
-                  for line in (raw / "memory-latency.txt").read_text().splitlines()}
+memory_rows = {(n, server): used / n for n, server, used in memory_used}
 load64, bench64, bench256 = load_row(64), conc_row("redis", 64), conc_row("redis", 256)
 w(f"- **Memory store.** The store itself costs {span([ratio('inflight_memory_store', 1), ratio('inflight_memory_store', 100000)])} of the per-key semaphore (a permit of")
 w("  this process holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire`")

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get_json, limits, settings, start_api, status_of, wait_in_flight, Make, TestRedis};
+use common::{
+    get_json, get_text, limits, settings, start_api, status_of, wait_in_flight, Make, TestRedis,
+};
 use inflight::MemoryStore;
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
@@ -375,14 +377,7 @@ async fn health_readiness_metrics_and_openapi<M: Make>() {
         .send()
         .await
         .unwrap();
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, server.url("/metrics")).await;
     for line in [
         "inflight_admissions_total{result=\"admitted\"}",
         "inflight_admissions_total{result=\"rejected\"}",
@@ -445,14 +440,7 @@ async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready(
         "store_unavailable",
     )
     .await;
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, server.url("/metrics")).await;
     assert!(metrics.contains("inflight_admissions_total{result=\"error\"}"));
     redis.restart();
     let mut ready = false;
@@ -487,13 +475,6 @@ async fn per_key_metric_labels_when_asked_for() {
         .send()
         .await
         .unwrap();
-    let metrics = http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, server.url("/metrics")).await;
     assert!(metrics.contains("key=\"labelled-key\""), "{metrics}");
 }

@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    get_json, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis, Upstream,
+    get_json, get_text, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis,
+    Upstream,
 };
 use inflight_server::config::CommonArgs;
 use reqwest::{Client, StatusCode};
@@ -176,14 +177,7 @@ async fn the_api_answers_under_inflight<M: Make>() {
     );
     let key: Value = get_json(&http, server.url("/_inflight/v1/keys/k")).await;
     assert_eq!(key["in_flight"], 2);
-    let metrics = http
-        .get(server.url("/_inflight/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, server.url("/_inflight/metrics")).await;
     assert!(metrics.contains("inflight_in_flight"), "{metrics}");
     assert_eq!(upstream.hits(), 2, "/_inflight is not forwarded");
 }

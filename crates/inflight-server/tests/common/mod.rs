@@ -262,6 +262,11 @@ pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> s
     client.get(url).send().await.unwrap().json().await.unwrap()
 }
 
+/// GET `url` and its body as text (the metrics page, say).
+pub async fn get_text(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 /// Polls `GET {base}{prefix}/v1/keys/{key}` until its in_flight is `want`; panics after 2 s.
 pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
     let started = Instant::now();
