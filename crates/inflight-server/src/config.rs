@@ -42,6 +42,11 @@ pub struct CommonArgs {
     #[arg(long, env = "INFLIGHT_LISTEN", value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// Worker threads serving connections, each with its own runtime and listening socket [default: one
+    /// per CPU core].
+    #[arg(long, env = "INFLIGHT_WORKERS", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
     /// Where leases live: memory:// (embedded), redis://host:port[/db], rediss://..., unix:///path
     /// [default: memory://].
     #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
@@ -126,6 +131,7 @@ pub struct ProxyArgs {
 #[serde(deny_unknown_fields)]
 struct Raw {
     listen: Option<String>,
+    workers: Option<usize>,
     store: Option<String>,
     default_limit: Option<u32>,
     max_limit: Option<u32>,
@@ -147,6 +153,8 @@ struct Raw {
 pub struct Settings {
     /// Where to listen.
     pub listen: SocketAddr,
+    /// How many worker threads serve connections.
+    pub workers: usize,
     /// The store URL.
     pub store: String,
     /// The default limit (0 = unlimited).
@@ -184,6 +192,9 @@ pub struct ConfigError {
     /// What is wrong with it.
     pub reason: String,
 }
+
+/// The most worker threads a server runs.
+const MAX_WORKERS: usize = 1024;
 
 fn invalid(setting: &str, reason: impl std::fmt::Display) -> ConfigError {
     ConfigError {
@@ -246,6 +257,16 @@ impl Settings {
                 format!("{listen:?} is not an address like 127.0.0.1:8080 ({e})"),
             )
         })?;
+        let workers = match raw.workers {
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+            Some(n @ 1..=MAX_WORKERS) => n,
+            Some(n) => {
+                return Err(invalid(
+                    "workers",
+                    format!("{n}: use 1 to {MAX_WORKERS} worker threads"),
+                ))
+            }
+        };
         let store = raw.store.unwrap_or_else(|| "memory://".to_owned());
         let scheme = store.split("://").next().unwrap_or_default();
         if !store.contains("://")
@@ -317,6 +338,7 @@ impl Settings {
             .map_err(|_| invalid("key_header", format!("{key_header:?} is not a header name")))?;
         Ok(Self {
             listen,
+            workers,
             store,
             default_limit,
             max_limit,

@@ -6,7 +6,6 @@ use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command};
 use inflight_server::{api, proxy, server, Settings};
-use tokio::net::TcpListener;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -60,11 +59,11 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(settings.listen)
-        .await
+    let listeners = server::bind(settings.listen, settings.workers)
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let listen = listeners[0].local_addr()?;
     let app = inflight_server::app(&settings, store);
-    let router = match &settings.upstream {
+    let router = || match &settings.upstream {
         Some(base) if is_proxy => proxy::router(
             app.clone(),
             proxy::Upstream {
@@ -78,7 +77,8 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
     let shutdown = server::shutdown_signal();
     tracing::info!(
         command = if is_proxy { "proxy" } else { "serve" },
-        listen = %listener.local_addr()?,
+        %listen,
+        workers = settings.workers,
         store = %settings.store_for_logs(),
         default_limit = settings.default_limit,
         max_limit = settings.max_limit,
@@ -86,7 +86,14 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
         upstream = settings.upstream.as_ref().map(ToString::to_string),
         "inflight started"
     );
-    server::run(listener, router, app, shutdown, settings.shutdown_grace).await?;
+    server::run(
+        listeners,
+        router,
+        app.clone(),
+        shutdown,
+        settings.shutdown_grace,
+    )
+    .await?;
     Ok(())
 }
 

@@ -1,4 +1,10 @@
-//! Running a server: the API or the proxy on a listener until shutdown, then a bounded grace period.
+//! Running a server: the API or the proxy on its workers until shutdown, then a bounded grace period.
+//!
+//! Each worker is a thread with its own single-threaded Tokio runtime and its own listening socket on the
+//! shared address (`SO_REUSEPORT`, so the kernel spreads connections over them), as nginx's worker
+//! processes do: a connection, its requests and its upstream connections stay on one thread, with no
+//! hand-offs between threads. The limiter and its store are shared by every worker; their background
+//! work (renewals, Redis connections) runs on the runtime that built them.
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
@@ -7,63 +13,136 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use axum::Router;
+use futures_util::future::try_join_all;
 use inflight::Store;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{oneshot, watch};
 
 use crate::app::App;
-use tokio::net::TcpListener;
-use tokio::sync::Notify;
 
 /// How long, after the grace period, the cut streams get to close before the server stops waiting.
 const CUT_WAIT: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `shutdown` completes; then stops accepting, lets running responses
-/// (proxied streams) finish for up to `grace`, ends the ones still running, and releases every permit the
-/// limiter still holds.
+/// Listening sockets for `workers` workers on `addr` (port 0 picks one port for all of them). Call it
+/// inside a Tokio runtime. Fails, like a plain bind, when anything already listens on `addr`, even
+/// another process's `SO_REUSEPORT` sockets.
+pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let socket = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }?;
+        socket.set_reuseaddr(true)?;
+        Ok::<_, std::io::Error>(socket)
+    };
+    // First a socket without SO_REUSEPORT: it fails if the address is taken, and fixes the port.
+    let first = socket()?;
+    first.bind(addr)?;
+    let first = first.listen(1024)?;
+    if workers <= 1 {
+        return Ok(vec![first.into_std()?]);
+    }
+    let addr = first.local_addr()?;
+    drop(first);
+    (0..workers)
+        .map(|_| {
+            let socket = socket()?;
+            socket.set_reuseport(true)?;
+            socket.bind(addr)?;
+            socket.listen(1024)?.into_std()
+        })
+        .collect()
+}
+
+/// Serves on `listeners`, one worker thread each, with a router from `router` each, until `shutdown`
+/// completes; then stops accepting, lets running responses (proxied streams) finish for up to `grace`,
+/// ends the ones still running, and releases every permit the limiter still holds. Dropping the returned
+/// future stops the workers at once.
 pub async fn run<S: Store>(
-    listener: TcpListener,
-    router: Router,
+    listeners: Vec<std::net::TcpListener>,
+    router: impl Fn() -> Router,
     app: Arc<App<S>>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let signalled = Arc::new(Notify::new());
-    let notify = signalled.clone();
-    // Answers are small and latency matters: no Nagle delay on accepted connections.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let serve = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        shutdown.await;
-        notify.notify_one();
-    });
-    let mut server = tokio::spawn(serve.into_future());
+    if listeners.is_empty() {
+        return Err(std::io::Error::other("no listener to serve on"));
+    }
+    // `stop`: stop accepting and finish what runs. `end`: end at once (dropping this future does too).
+    let (stop, stopping) = watch::channel(false);
+    let (end, ending) = watch::channel(false);
+    let mut workers = Vec::with_capacity(listeners.len());
+    for (n, listener) in listeners.into_iter().enumerate() {
+        let (done, finished) = oneshot::channel();
+        let (router, stopping, ending) = (router(), stopping.clone(), ending.clone());
+        std::thread::Builder::new()
+            .name(format!("inflight-worker-{n}"))
+            .spawn(move || {
+                let _ = done.send(worker(listener, router, stopping, ending));
+            })?;
+        workers.push(async move {
+            finished
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("a worker thread panicked")))
+        });
+    }
+    let served = try_join_all(workers);
+    tokio::pin!(served);
     let result = tokio::select! {
-        result = &mut server => result,
-        () = async {
-            signalled.notified().await;
-            tokio::time::sleep(grace).await;
-        } => {
-            tracing::warn!(?grace, "grace period over: ending the responses still running");
-            app.cut.send_replace(true);
-            match tokio::time::timeout(CUT_WAIT, &mut server).await {
+        result = &mut served => result,
+        () = shutdown => {
+            stop.send_replace(true);
+            match tokio::time::timeout(grace, &mut served).await {
                 Ok(result) => result,
                 Err(_) => {
-                    server.abort();
-                    server.await
+                    tracing::warn!(?grace, "grace period over: ending the responses still running");
+                    app.cut.send_replace(true);
+                    match tokio::time::timeout(CUT_WAIT, &mut served).await {
+                        Ok(result) => result,
+                        Err(_) => {
+                            end.send_replace(true);
+                            served.await
+                        }
+                    }
                 }
             }
         }
     };
+    // A worker that failed ends the others.
+    end.send_replace(true);
     app.limiter.release_held().await;
-    match result {
-        Ok(result) => result,
-        Err(join) if join.is_cancelled() => Ok(()),
-        Err(join) => Err(std::io::Error::other(join)),
-    }
+    result.map(drop)
+}
+
+/// One worker: serves `listener` on a runtime of its own until told to stop (and its connections have
+/// closed) or to end. Its runtime, with any connection still open, is gone when this returns.
+fn worker(
+    listener: std::net::TcpListener,
+    router: Router,
+    mut stopping: watch::Receiver<bool>,
+    mut ending: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        // Answers are small and latency matters: no Nagle delay on accepted connections.
+        let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let serve = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        });
+        tokio::select! {
+            result = serve.into_future() => result,
+            _ = ending.wait_for(|end| *end) => Ok(()),
+        }
+    })
 }
 
 /// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called (not when first

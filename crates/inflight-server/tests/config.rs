@@ -135,6 +135,8 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
         (vec!["--store", "ftp://x"], vec![], "store"),
         (vec!["--store", "redis://[::1"], vec![], "store"),
         (vec!["--listen", "everywhere"], vec![], "listen"),
+        (vec!["--workers", "0"], vec![], "workers"),
+        (vec![], vec![("INFLIGHT_WORKERS", "many")], "workers"),
         (
             vec!["--on-store-failure", "shrug"],
             vec![],
@@ -213,4 +215,32 @@ fn sigterm_stops_the_server_gracefully() {
     assert!(exit.success(), "{exit:?}");
     let rest: Vec<String> = stderr.map_while(Result::ok).collect();
     assert!(rest.iter().any(|l| l.contains("shutting down")), "{rest:?}");
+}
+
+#[test]
+fn workers_share_one_address_that_no_other_server_can_take() {
+    let line = serve(&["--workers", "3"], &[]).unwrap();
+    assert!(line.contains("workers=3"), "{line}");
+    let mut first = Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
+        .env_clear()
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = BufReader::new(first.stderr.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let listen = started
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("listen="))
+        .unwrap_or_else(|| panic!("no listen= in {started}"))
+        .to_owned();
+    // The first server's sockets share their port with each other, never with another process.
+    let err = start(&["serve", "--listen", &listen, "--workers", "2"], &[]);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let err = err.expect_err("a second server on a taken address");
+    assert!(err.contains("cannot listen on"), "{err}");
 }

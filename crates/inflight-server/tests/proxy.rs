@@ -233,8 +233,36 @@ async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
     panic!("the permit of the cut stream was not released");
 }
 
+async fn a_limit_holds_across_workers<M: Make>() {
+    let mut args = limits(3, 0);
+    args.workers = Some(4);
+    let (_redis, upstream, server) = proxied::<M>(args).await;
+    // Each client is its own connection, so the kernel spreads them over the four workers.
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let stream = keyed(&Client::new(), server.url("/sse"), "k").await;
+        assert_eq!(stream.status(), StatusCode::OK);
+        streams.push(stream);
+    }
+    for _ in 0..12 {
+        let refused = keyed(&Client::new(), server.url("/echo/x"), "k").await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    upstream.gate.add_permits(3 * 2);
+    for mut stream in streams {
+        while stream.chunk().await.unwrap().is_some() {}
+    }
+    wait_in_flight(&server.url("/_inflight"), "k", 0).await;
+    for _ in 0..12 {
+        let admitted = keyed(&Client::new(), server.url("/echo/x"), "k").await;
+        assert_eq!(admitted.status(), StatusCode::OK);
+    }
+    server.shutdown().await.unwrap();
+}
+
 per_store!(
     requests_are_forwarded_whole,
+    a_limit_holds_across_workers,
     no_key_no_forwarding_and_a_full_key_forwards_nothing,
     a_streamed_response_holds_its_slot_for_its_whole_life,
     a_client_that_goes_away_frees_the_slot_within_a_second,

@@ -527,6 +527,51 @@ async fn a_bad_url_is_refused_at_once_with_the_reason() {
     assert!(!err.is_transient());
 }
 
+#[test]
+fn opening_a_store_outside_a_runtime_is_an_error_not_a_panic() {
+    let err = RedisStore::open("redis://127.0.0.1:1").unwrap_err();
+    assert!(err.to_string().contains("Tokio runtime"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_first_used_from_a_runtime_that_ends_keeps_working() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    let policy = Policy::new(1, 0);
+    // Another runtime (a server worker's) makes the first use, so it would own the lazily made connection
+    // if the store did not send everything from its home runtime; then that runtime ends.
+    let elsewhere = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            elsewhere.ping().await.unwrap();
+            let limiter = Limiter::builder(elsewhere).policy(policy).build();
+            limiter
+                .try_acquire("k")
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            limiter.status("k").await.unwrap();
+        });
+    })
+    .await
+    .unwrap();
+    store
+        .ping()
+        .await
+        .expect("the connection outlives the other runtime");
+    assert_eq!(store.status("k", policy).await.unwrap().in_flight, 0);
+    let limiter = Limiter::builder(store).policy(policy).build();
+    let permit = limiter.try_acquire("k").await.unwrap();
+    assert_eq!(limiter.status("k").await.unwrap().in_flight, 1);
+    permit.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn the_store_connects_lazily_and_a_dead_server_is_a_transient_error() {
     let mut redis = TestRedis::start();

@@ -13,7 +13,6 @@ use axum::Router;
 use inflight::Store;
 use inflight_server::config::{CommonArgs, ProxyArgs};
 use inflight_server::{api, proxy, server, App, Settings};
-use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -87,29 +86,34 @@ pub fn limits(default_limit: u32, max_limit: u32) -> CommonArgs {
 }
 
 async fn start<S: Store>(settings: &Settings, store: S, proxy_to: Option<&str>) -> Server<S> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+    let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers).unwrap();
+    let base = format!("http://{}", listeners[0].local_addr().unwrap());
     let app = inflight_server::app(settings, store);
-    let router = match proxy_to {
-        None => api::router(app.clone()),
-        Some(_) => proxy::router(
-            app.clone(),
-            proxy::Upstream {
-                base: settings.upstream.clone().expect("proxy settings"),
-                key_header: settings.key_header.clone(),
-                timeout: settings.upstream_timeout,
-            },
-        ),
+    let grace = settings.shutdown_grace;
+    let (shared, settings, is_proxy) = (app.clone(), settings.clone(), proxy_to.is_some());
+    let router = move || {
+        if is_proxy {
+            proxy::router(
+                shared.clone(),
+                proxy::Upstream {
+                    base: settings.upstream.clone().expect("proxy settings"),
+                    key_header: settings.key_header.clone(),
+                    timeout: settings.upstream_timeout,
+                },
+            )
+        } else {
+            api::router(shared.clone())
+        }
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server::run(
-        listener,
+        listeners,
         router,
         app.clone(),
         async {
             let _ = stopped.await;
         },
-        settings.shutdown_grace,
+        grace,
     ));
     Server {
         base,
@@ -215,7 +219,7 @@ impl Upstream {
                     }
                 }),
             );
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();

@@ -87,10 +87,14 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the dispatcher (inside a Tokio runtime).
-    pub(super) fn start(conn: ConnectionManager, clock_offset_ms: Arc<AtomicI64>) -> Self {
+    /// Starts the dispatcher on `runtime`.
+    pub(super) fn start(
+        runtime: &tokio::runtime::Handle,
+        conn: ConnectionManager,
+        clock_offset_ms: Arc<AtomicI64>,
+    ) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(queue, conn, clock_offset_ms));
+        runtime.spawn(dispatch(queue, conn, clock_offset_ms));
         Self { jobs }
     }
 

@@ -4,6 +4,10 @@
 //! saying why it must be atomic), run with EVALSHA over one multiplexed connection that reconnects by
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
 //! one hash tag, so each script touches one slot.
+//!
+//! The connection lives on the Tokio runtime the store was opened in (its home): every command is sent
+//! from a task there, so the store can be used from other runtimes too (a thread-per-core server's
+//! workers) without its connection ending with whichever runtime happened to use it first.
 
 mod batch;
 mod error;
@@ -18,6 +22,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, Script};
+use tokio::runtime::Handle;
 
 use self::batch::{Batcher, Op};
 use self::keys::{KeyNames, Member};
@@ -55,8 +60,10 @@ pub struct RedisStore {
     target: Arc<str>,
     /// Added to Redis `TIME` by every script; moved only by tests ([`RedisStore::advance_clock`]).
     clock_offset_ms: Arc<AtomicI64>,
-    /// Admissions and releases, batched; started on first use (inside the runtime).
+    /// Admissions and releases, batched; started on first use, on `home`.
     batcher: Arc<OnceLock<Batcher>>,
+    /// The runtime the store was opened in: its connection and its tasks run there.
+    home: Handle,
 }
 
 /// Builds a [`RedisStore`].
@@ -103,7 +110,12 @@ impl RedisStoreBuilder {
     ///
     /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, with the `tls` feature),
     /// `unix:///path/to/redis.sock` or `redis+unix:///path`.
+    ///
+    /// Call it inside a Tokio runtime: the store's connection and tasks run on that runtime, which must
+    /// outlive the store's use.
     pub fn open(self) -> Result<RedisStore, StoreError> {
+        let home = Handle::try_current()
+            .map_err(|_| StoreError::Rejected("open a RedisStore inside a Tokio runtime".into()))?;
         let info = self
             .url
             .as_str()
@@ -139,6 +151,7 @@ impl RedisStoreBuilder {
             target: Arc::from(target),
             clock_offset_ms: Arc::new(AtomicI64::new(0)),
             batcher: Arc::new(OnceLock::new()),
+            home,
         })
     }
 }
@@ -178,8 +191,9 @@ impl RedisStore {
     }
 
     fn batcher(&self) -> &Batcher {
-        self.batcher
-            .get_or_init(|| Batcher::start(self.conn.clone(), self.clock_offset_ms.clone()))
+        self.batcher.get_or_init(|| {
+            Batcher::start(&self.home, self.conn.clone(), self.clock_offset_ms.clone())
+        })
     }
 
     fn names(&self, key: &str) -> KeyNames {
@@ -188,7 +202,7 @@ impl RedisStore {
 
     async fn run(
         &self,
-        script: &Script,
+        script: &'static Script,
         names: &KeyNames,
         args: &[&dyn ToArg],
     ) -> Result<Vec<i64>, StoreError> {
@@ -198,7 +212,18 @@ impl RedisStore {
             arg.push(&mut invocation);
         }
         let mut conn = self.conn.clone();
-        Ok(invocation.invoke_async(&mut conn).await?)
+        self.at_home(async move { Ok(invocation.invoke_async(&mut conn).await?) })
+            .await
+    }
+
+    /// Runs `command` in a task on the store's home runtime (see the module docs).
+    async fn at_home<T: Send + 'static>(
+        &self,
+        command: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.home.spawn(command).await.map_err(|_| {
+            StoreError::Unavailable("the runtime the store was opened in has stopped".into())
+        })?
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
@@ -288,10 +313,10 @@ impl Store for RedisStore {
     /// Asks Redis for a PONG.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         let mut conn = self.conn.clone();
-        async move {
+        self.at_home(async move {
             redis::cmd("PING").query_async::<()>(&mut conn).await?;
             Ok(())
-        }
+        })
     }
 
     fn acquire(
