@@ -260,8 +260,42 @@ async fn a_limit_holds_across_workers<M: Make>() {
     server.shutdown().await.unwrap();
 }
 
+async fn upstream_connections_are_kept_alive_and_replaced_when_closed<M: Make>() {
+    let mut args = limits(2, 0);
+    args.workers = Some(1); // one worker: one pool of upstream connections
+    let (_redis, upstream, server) = proxied::<M>(args).await;
+    let http = Client::new();
+    for path in ["/echo/x", "/empty", "/echo/y", "/empty", "/sse"] {
+        if path == "/sse" {
+            upstream.gate.add_permits(2);
+        }
+        let response = keyed(&http, server.url(path), "k").await;
+        assert!(response.status().is_success(), "{path}");
+        response.bytes().await.unwrap();
+    }
+    assert_eq!(upstream.connections(), 1, "one kept-alive connection");
+
+    // The upstream closes its end after answering: the next request goes on a new connection.
+    let closing = keyed(&http, server.url("/close"), "k").await;
+    assert_eq!(closing.text().await.unwrap(), "closing");
+    let after = keyed(&http, server.url("/echo/x"), "k").await;
+    assert_eq!(after.status(), StatusCode::OK);
+    assert_eq!(upstream.connections(), 2);
+
+    // A response the client left mid-stream leaves the rest of it on its connection: never reused.
+    let mut forever = keyed(&Client::new(), server.url("/forever"), "k").await;
+    assert!(forever.chunk().await.unwrap().is_some());
+    drop(forever);
+    wait_in_flight(&server.url("/_inflight"), "k", 0).await;
+    let after = keyed(&http, server.url("/echo/x"), "k").await;
+    assert_eq!(after.status(), StatusCode::OK);
+    assert_eq!(upstream.connections(), 3);
+    wait_in_flight(&server.url("/_inflight"), "k", 0).await;
+}
+
 per_store!(
     requests_are_forwarded_whole,
+    upstream_connections_are_kept_alive_and_replaced_when_closed,
     a_limit_holds_across_workers,
     no_key_no_forwarding_and_a_full_key_forwards_nothing,
     a_streamed_response_holds_its_slot_for_its_whole_life,

@@ -48,21 +48,15 @@ pub(super) fn to_upstream(
     let tail = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
     let base_path = base.path().trim_end_matches('/');
     let path = format!("{base_path}{tail}");
-    let mut target = base.clone().into_parts();
-    target.path_and_query = Some(path.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "Unusable request path.",
-        )
-    })?);
-    parts.uri = Uri::from_parts(target).map_err(|_| {
+    // Origin-form (`/path?query`): the upstream's authority goes in the Host header.
+    let path: PathAndQuery = path.parse().map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_request",
             "Unusable request path.",
         )
     })?;
+    parts.uri = Uri::from(path);
     if let Some(authority) = base.authority() {
         if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
             parts.headers.insert(header::HOST, host);

@@ -4,6 +4,7 @@
 
 mod body;
 mod headers;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,9 +15,6 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http::{HeaderName, HeaderValue, StatusCode, Uri};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use inflight::Store;
 
 use crate::api;
@@ -34,24 +32,25 @@ pub struct Upstream {
     pub timeout: Duration,
 }
 
+/// How long making a connection to the upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
-    client: Client<HttpConnector, Body>,
+    connections: Arc<upstream::Connections>,
 }
 
-/// The proxy's routes: the API under `/_inflight/`, everything else forwarded.
+/// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each router has its own
+/// pool of upstream connections: a server builds one per worker.
 pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    let client = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector);
+    let host = upstream.base.host().unwrap_or("localhost");
+    let port = upstream.base.port_u16().unwrap_or(80);
+    let connections = upstream::Connections::new(format!("{host}:{port}"), CONNECT_TIMEOUT);
     let proxy = Arc::new(Proxy {
         app: app.clone(),
         upstream,
-        client,
+        connections,
     });
     Router::new()
         .nest_service("/_inflight", api::router(app))
@@ -104,7 +103,7 @@ async fn forward_checked<S: Store>(
     let upstream_request = headers::to_upstream(request, &proxy.upstream.base, client)?;
     let response = tokio::time::timeout(
         proxy.upstream.timeout,
-        proxy.client.request(upstream_request),
+        proxy.connections.send(upstream_request),
     )
     .await;
     // On every early return below, the permit and the gauge guard are dropped: the slot is released.
@@ -127,10 +126,12 @@ async fn forward_checked<S: Store>(
         }
         Ok(Ok(response)) => response,
     };
+    let (response, connection) = response;
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    // The body holds the permit: released when the body ends, fails or is dropped.
-    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), gauge);
+    // The body holds the permit (released when the body ends, fails or is dropped) and the upstream
+    // connection (given back when the body has been read to the end).
+    let body = body::ProxyBody::new(body, permit, connection, app.cut.subscribe(), gauge);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 

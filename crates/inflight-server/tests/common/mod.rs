@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::routing::{any, get};
+use axum::serve::ListenerExt;
 use axum::Router;
+use http::StatusCode;
 use inflight::Store;
 use inflight_server::config::{CommonArgs, ProxyArgs};
 use inflight_server::{api, proxy, server, App, Settings};
@@ -139,6 +141,8 @@ pub struct Upstream {
     pub hits: Arc<AtomicUsize>,
     /// Each permit lets `/sse` send its next event.
     pub gate: Arc<Semaphore>,
+    /// Connections it has accepted.
+    pub connections: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -208,6 +212,11 @@ impl Upstream {
                     )
                 }),
             )
+            .route("/empty", get(|| async { StatusCode::NO_CONTENT }))
+            .route(
+                "/close",
+                get(|| async { ([("connection", "close")], "closing") }),
+            )
             .route(
                 "/slow",
                 get(move || {
@@ -221,6 +230,11 @@ impl Upstream {
             );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
+        let listener = listener.tap_io(move |_| {
+            accepted.fetch_add(1, Ordering::SeqCst);
+        });
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
@@ -228,12 +242,17 @@ impl Upstream {
             base,
             hits,
             gate,
+            connections,
             task,
         }
     }
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 

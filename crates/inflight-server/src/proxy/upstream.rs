@@ -1,0 +1,155 @@
+//! Connections to the upstream: HTTP/1.1 keep-alive connections, pooled per worker (each worker builds
+//! its own router, so its pool is used by one thread only). A connection goes back to the pool when its
+//! response body has been read to the end; one whose response ended any other way is closed, since the
+//! rest of that response would still be on it.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use futures_util::FutureExt;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Idle connections kept, at most (nginx's `keepalive 128`).
+const MAX_IDLE: usize = 128;
+
+/// An idle connection older than this is closed instead of used.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why no response came from the upstream.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UpstreamError {
+    /// No connection within the connect timeout.
+    #[error("connecting to the upstream timed out")]
+    ConnectTimeout,
+    /// The connection could not be made.
+    #[error("connecting to the upstream failed: {0}")]
+    Connect(#[from] std::io::Error),
+    /// The exchange failed.
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+}
+
+/// The upstream's address and this worker's idle connections to it.
+pub(super) struct Connections {
+    /// `host:port`.
+    address: String,
+    connect_timeout: Duration,
+    /// Most recently used last.
+    idle: Mutex<VecDeque<Idle>>,
+}
+
+struct Idle {
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+/// The connection a response came on, to give back once its body has been read to the end.
+pub(super) struct Reusable {
+    sender: SendRequest<Body>,
+    pool: Arc<Connections>,
+}
+
+impl Reusable {
+    /// Returns the connection to the pool.
+    pub(super) fn give_back(self) {
+        self.pool.park(self.sender);
+    }
+}
+
+impl Connections {
+    /// Connections to `address` (`host:port`).
+    pub(super) fn new(address: String, connect_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            address,
+            connect_timeout,
+            idle: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Sends `request` (origin-form, with its Host header) on an idle connection, else on a new one. A
+    /// request that an idle connection closed before sending goes once more, on a new connection.
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        request: Request<Body>,
+    ) -> Result<(Response<Incoming>, Reusable), UpstreamError> {
+        let mut sender = match self.checkout().await {
+            Some(sender) => sender,
+            None => self.connect().await?,
+        };
+        let response = match sender.try_send_request(request).await {
+            Ok(response) => response,
+            Err(mut error) => match error.take_message() {
+                Some(request) => {
+                    sender = self.connect().await?;
+                    sender.send_request(request).await?
+                }
+                None => return Err(error.into_error().into()),
+            },
+        };
+        let reusable = Reusable {
+            sender,
+            pool: self.clone(),
+        };
+        Ok((response, reusable))
+    }
+
+    /// The most recently used idle connection that can take a request, if any.
+    async fn checkout(&self) -> Option<SendRequest<Body>> {
+        loop {
+            let Idle { mut sender, since } = self.lock().pop_back()?;
+            if since.elapsed() > IDLE_TIMEOUT {
+                // The rest are older still.
+                self.lock().clear();
+                return None;
+            }
+            match sender.ready().now_or_never() {
+                Some(Ok(())) => return Some(sender),
+                Some(Err(_)) => continue,
+                // Given back a moment ago: its connection is still finishing the last response.
+                None => match tokio::time::timeout(self.connect_timeout, sender.ready()).await {
+                    Ok(Ok(())) => return Some(sender),
+                    _ => continue,
+                },
+            }
+        }
+    }
+
+    /// Keeps a connection for later; the oldest idle one is closed when the pool is full.
+    fn park(&self, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.lock();
+        if idle.len() >= MAX_IDLE {
+            idle.pop_front();
+        }
+        idle.push_back(Idle {
+            sender,
+            since: Instant::now(),
+        });
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout)??;
+        tcp.set_nodelay(true)?;
+        let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "upstream connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
