@@ -9,7 +9,15 @@ use inflight_server::{api, proxy, server, Settings};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
+    // keeps the store's connection, renewals and signals. `bench` drives the library from every core.
+    let runtime = match &cli.command {
+        Command::Bench(_) => tokio::runtime::Runtime::new(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("inflight: cannot start the runtime: {e}");
