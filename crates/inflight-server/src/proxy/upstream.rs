@@ -78,7 +78,7 @@ impl Connections {
         self: &Arc<Self>,
         request: Request<Body>,
     ) -> Result<(Response<Incoming>, Reusable), UpstreamError> {
-        let mut sender = match self.checkout().await {
+        let mut sender = match self.checkout() {
             Some(sender) => sender,
             None => self.connect().await?,
         };
@@ -99,25 +99,24 @@ impl Connections {
         Ok((response, reusable))
     }
 
-    /// The most recently used idle connection that can take a request, if any.
-    async fn checkout(&self) -> Option<SendRequest<Body>> {
-        loop {
-            let Idle { mut sender, since } = self.lock().pop_back()?;
+    /// The most recently used idle connection that can take a request now, if any. One still busy (say,
+    /// still sending a request body its upstream answered early) goes to the far end, to be tried last.
+    fn checkout(&self) -> Option<SendRequest<Body>> {
+        let mut idle = self.lock();
+        for _ in 0..idle.len() {
+            let Idle { mut sender, since } = idle.pop_back()?;
             if since.elapsed() > IDLE_TIMEOUT {
-                // The rest are older still.
-                self.lock().clear();
+                // The rest have waited longer still.
+                idle.clear();
                 return None;
             }
             match sender.ready().now_or_never() {
                 Some(Ok(())) => return Some(sender),
-                Some(Err(_)) => continue,
-                // Given back a moment ago: its connection is still finishing the last response.
-                None => match tokio::time::timeout(self.connect_timeout, sender.ready()).await {
-                    Ok(Ok(())) => return Some(sender),
-                    _ => continue,
-                },
+                Some(Err(_)) => {} // closed
+                None => idle.push_front(Idle { sender, since }),
             }
         }
+        None
     }
 
     /// Keeps a connection for later; the oldest idle one is closed when the pool is full.
