@@ -138,17 +138,40 @@ nginx -c "$out/upstream.conf" -p "$out" -e "$out/nginx-error.log"
 nginx -c "$out/proxy.conf" -p "$out" -e "$out/nginx-error.log"
 wait_port "$up"; wait_port "$ng"
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 &
-pids+=($!)
+pids+=($!); memory_pid=$!
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
-pids+=($!)
+pids+=($!); redis_proxy_pid=$!
 wait_port "$pm"; wait_port "$pr"
+redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
+# CPU time (clock ticks, user and system) of processes and all their threads, from /proc.
+cpu_ticks() {
+  local user=0 system=0 pid stat fields
+  for pid in "$@"; do
+    for stat in /proc/"$pid"/task/*/stat; do
+      read -r -a fields < <(sed 's/.*) //' "$stat") || continue
+      user=$((user + fields[11])); system=$((system + fields[12]))
+    done
+  done
+  echo "$user $system"
+}
+declare -A cpu_pids=(
+  [nginx]="$(pgrep -P "$(cat "$out/proxy.pid")" | tr '\n' ' ')"
+  [inflight-memory]="$memory_pid"
+  [inflight-redis]="$redis_proxy_pid"
+)
 # Three rounds, the four targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
   for round in 1 2 3; do
     for target in "direct $up" "nginx $ng" "inflight-memory $pm" "inflight-redis $pr"; do
       set -- $target
+      # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
+      watched=${cpu_pids[$1]:-}
+      before="$(cpu_ticks $watched) $(cpu_ticks $redis_pid)"
       wrk -t2 -c64 -d3s --latency -H "X-Inflight-Key: app-1" "http://127.0.0.1:$2$path" >"$out/wrk-$1-${path//\//_}-$round.txt"
+      if [ -n "$watched" ]; then
+        echo "$(getconf CLK_TCK) $before $(cpu_ticks $watched) $(cpu_ticks $redis_pid)" >"$out/cpu-$1-${path//\//_}-$round.txt"
+      fi
     done
   done
 done

@@ -18,7 +18,8 @@ use tokio::net::TcpStream;
 /// Idle connections kept, at most (nginx's `keepalive 128`).
 const MAX_IDLE: usize = 128;
 
-/// An idle connection older than this is closed instead of used.
+/// An idle connection older than this is closed instead of used (when the pool is next used: a pool that
+/// is never used again keeps its connections until the upstream closes them).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why no response came from the upstream.
@@ -119,12 +120,19 @@ impl Connections {
         None
     }
 
-    /// Keeps a connection for later; the oldest idle one is closed when the pool is full.
+    /// Keeps a connection for later. Idle ones past the idle timeout are closed, and the oldest one when the
+    /// pool is full.
     fn park(&self, sender: SendRequest<Body>) {
         if sender.is_closed() {
             return;
         }
         let mut idle = self.lock();
+        while idle
+            .front()
+            .is_some_and(|oldest| oldest.since.elapsed() > IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
         if idle.len() >= MAX_IDLE {
             idle.pop_front();
         }
