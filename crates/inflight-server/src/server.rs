@@ -2,9 +2,10 @@
 //!
 //! Each worker is a thread with its own single-threaded Tokio runtime and its own listening socket on the
 //! shared address (`SO_REUSEPORT`, so the kernel spreads connections over them), as nginx's worker
-//! processes do: a connection, its requests and its upstream connections stay on one thread, with no
-//! hand-offs between threads. The limiter and its store are shared by every worker; their background
-//! work (renewals, Redis connections) runs on the runtime that built them.
+//! processes do: a connection, its requests and its upstream connections stay on one thread. The limiter
+//! and its store are shared by every worker; their background work (renewals, background releases, the
+//! Redis connection and its batches) runs on the runtime that built them, so with Redis every store
+//! operation goes through that one thread.
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use axum::Router;
-use futures_util::future::try_join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use inflight::Store;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
@@ -25,7 +26,8 @@ const CUT_WAIT: Duration = Duration::from_secs(1);
 
 /// Listening sockets for `workers` workers on `addr` (port 0 picks one port for all of them). Call it
 /// inside a Tokio runtime. Fails, like a plain bind, when anything already listens on `addr`, even
-/// another process's `SO_REUSEPORT` sockets.
+/// another process's `SO_REUSEPORT` sockets. As with nginx's `reuseport`, a process of the same user that
+/// binds the address with `SO_REUSEPORT` later (or at the very same moment) shares it.
 pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
     let socket = || {
         let socket = if addr.is_ipv4() {
@@ -36,12 +38,11 @@ pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::T
         socket.set_reuseaddr(true)?;
         Ok::<_, std::io::Error>(socket)
     };
-    // First a socket without SO_REUSEPORT: it fails if the address is taken, and fixes the port.
+    // First a socket without SO_REUSEPORT: its bind fails if the address is taken, and fixes the port.
     let first = socket()?;
     first.bind(addr)?;
-    let first = first.listen(1024)?;
     if workers <= 1 {
-        return Ok(vec![first.into_std()?]);
+        return Ok(vec![first.listen(1024)?.into_std()?]);
     }
     let addr = first.local_addr()?;
     drop(first);
@@ -72,7 +73,7 @@ pub async fn run<S: Store>(
     // `stop`: stop accepting and finish what runs. `end`: end at once (dropping this future does too).
     let (stop, stopping) = watch::channel(false);
     let (end, ending) = watch::channel(false);
-    let mut workers = Vec::with_capacity(listeners.len());
+    let mut workers = FuturesUnordered::new();
     for (n, listener) in listeners.into_iter().enumerate() {
         let (done, finished) = oneshot::channel();
         let (router, stopping, ending) = (router(), stopping.clone(), ending.clone());
@@ -87,7 +88,17 @@ pub async fn run<S: Store>(
                 .unwrap_or_else(|_| Err(std::io::Error::other("a worker thread panicked")))
         });
     }
-    let served = try_join_all(workers);
+    // Every worker's end, waited for; the first to fail ends the others at once.
+    let served = async {
+        let mut first_error = None;
+        while let Some(result) = workers.next().await {
+            if let Err(error) = result {
+                end.send_replace(true);
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    };
     tokio::pin!(served);
     let result = tokio::select! {
         result = &mut served => result,
@@ -109,10 +120,10 @@ pub async fn run<S: Store>(
             }
         }
     };
-    // A worker that failed ends the others.
-    end.send_replace(true);
+    // The workers have all ended: what they held was dropped with their runtimes, and is being released in
+    // the background; `release_held` releases the rest and waits for those.
     app.limiter.release_held().await;
-    result.map(drop)
+    result
 }
 
 /// One worker: serves `listener` on a runtime of its own until told to stop (and its connections have
@@ -126,7 +137,7 @@ fn worker(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         // Answers are small and latency matters: no Nagle delay on accepted connections.
         let listener = TcpListener::from_std(listener)?.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
@@ -142,7 +153,11 @@ fn worker(
             result = serve.into_future() => result,
             _ = ending.wait_for(|end| *end) => Ok(()),
         }
-    })
+    });
+    // Connections still open are dropped with the runtime; a blocking task (a DNS lookup of the upstream)
+    // is not waited for past this.
+    runtime.shutdown_timeout(CUT_WAIT);
+    served
 }
 
 /// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called (not when first

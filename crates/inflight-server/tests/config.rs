@@ -221,26 +221,36 @@ fn sigterm_stops_the_server_gracefully() {
 fn workers_share_one_address_that_no_other_server_can_take() {
     let line = serve(&["--workers", "3"], &[]).unwrap();
     assert!(line.contains("workers=3"), "{line}");
-    let mut first = Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
-        .env_clear()
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = BufReader::new(first.stderr.take().unwrap())
+    let mut first = Running(
+        Command::new(env!("CARGO_BIN_EXE_inflight"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
+            .env_clear()
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let started = BufReader::new(first.0.stderr.take().unwrap())
         .lines()
-        .next()
-        .unwrap()
-        .unwrap();
+        .map_while(Result::ok)
+        .find(|line| line.contains("inflight started"))
+        .expect("the first server starts");
     let listen = started
         .split_whitespace()
         .find_map(|field| field.strip_prefix("listen="))
         .unwrap_or_else(|| panic!("no listen= in {started}"))
         .to_owned();
-    // The first server's sockets share their port with each other, never with another process.
-    let err = start(&["serve", "--listen", &listen, "--workers", "2"], &[]);
-    first.kill().unwrap();
-    first.wait().unwrap();
-    let err = err.expect_err("a second server on a taken address");
+    // The first server's sockets share their port with each other, not with a server started after it.
+    let err = start(&["serve", "--listen", &listen, "--workers", "2"], &[])
+        .expect_err("a second server on a taken address");
     assert!(err.contains("cannot listen on"), "{err}");
+}
+
+/// A server process, killed when dropped (also when the test fails).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

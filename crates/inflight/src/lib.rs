@@ -81,7 +81,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
 pub use id::PermitId;
-pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE};
+pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE, SHUTDOWN_DRAIN};
 pub use options::AcquireOptions;
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{Limit, Policy};

@@ -37,7 +37,8 @@ impl ProxyBody {
     ) -> Self {
         let mut connection = Some(connection);
         if inner.is_end_stream() {
-            // No body to read (the server will not ask for one): the connection is free already.
+            // No body to read (the server will not ask for one): the connection goes back now. Should its
+            // request body still be on its way up, it stays busy until then, and checkouts pass it over.
             give_back(&mut connection);
         }
         Self {

@@ -44,9 +44,12 @@ struct Proxy<S: Store> {
 /// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each router has its own
 /// pool of upstream connections: a server builds one per worker.
 pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
-    let host = upstream.base.host().unwrap_or("localhost");
-    let port = upstream.base.port_u16().unwrap_or(80);
-    let connections = upstream::Connections::new(format!("{host}:{port}"), CONNECT_TIMEOUT);
+    let mut address = http::uri::Parts::default();
+    address.scheme = upstream.base.scheme().cloned();
+    address.authority = upstream.base.authority().cloned();
+    address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+    let address = Uri::from_parts(address).unwrap_or_else(|_| upstream.base.clone());
+    let connections = upstream::Connections::new(address, CONNECT_TIMEOUT);
     let proxy = Arc::new(Proxy {
         app: app.clone(),
         upstream,

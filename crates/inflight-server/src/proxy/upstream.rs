@@ -1,7 +1,10 @@
 //! Connections to the upstream: HTTP/1.1 keep-alive connections, pooled per worker (each worker builds
 //! its own router, so its pool is used by one thread only). A connection goes back to the pool when its
 //! response body has been read to the end; one whose response ended any other way is closed, since the
-//! rest of that response would still be on it.
+//! rest of that response would still be on it. (hyper itself never sends a request on a connection whose
+//! previous exchange is unfinished either way: such a connection hands the request back, and it goes on a
+//! new one.) Connections are made by hyper-util's `HttpConnector`: every address a name resolves to is
+//! tried, IPv6 and IPv4 raced as RFC 8305 says.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,8 +15,8 @@ use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower_service::Service;
 
 /// Idle connections kept, at most (nginx's `keepalive 128`).
 const MAX_IDLE: usize = 128;
@@ -25,12 +28,12 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why no response came from the upstream.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum UpstreamError {
-    /// No connection within the connect timeout.
+    /// No connection within the connect timeout (name lookup included).
     #[error("connecting to the upstream timed out")]
     ConnectTimeout,
     /// The connection could not be made.
     #[error("connecting to the upstream failed: {0}")]
-    Connect(#[from] std::io::Error),
+    Connect(Box<dyn std::error::Error + Send + Sync>),
     /// The exchange failed.
     #[error(transparent)]
     Http(#[from] hyper::Error),
@@ -38,8 +41,9 @@ pub(super) enum UpstreamError {
 
 /// The upstream's address and this worker's idle connections to it.
 pub(super) struct Connections {
-    /// `host:port`.
-    address: String,
+    /// `http://host:port`.
+    address: http::Uri,
+    connector: HttpConnector,
     connect_timeout: Duration,
     /// Most recently used last.
     idle: Mutex<VecDeque<Idle>>,
@@ -64,17 +68,21 @@ impl Reusable {
 }
 
 impl Connections {
-    /// Connections to `address` (`host:port`).
-    pub(super) fn new(address: String, connect_timeout: Duration) -> Arc<Self> {
+    /// Connections to `address` (`http://host:port`).
+    pub(super) fn new(address: http::Uri, connect_timeout: Duration) -> Arc<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
         Arc::new(Self {
             address,
+            connector,
             connect_timeout,
             idle: Mutex::new(VecDeque::new()),
         })
     }
 
     /// Sends `request` (origin-form, with its Host header) on an idle connection, else on a new one. A
-    /// request that an idle connection closed before sending goes once more, on a new connection.
+    /// request that its connection closed before sending it goes once more, on a new connection.
     pub(super) async fn send(
         self: &Arc<Self>,
         request: Request<Body>,
@@ -143,11 +151,12 @@ impl Connections {
     }
 
     async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
-        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+        let connecting = self.connector.clone().call(self.address.clone());
+        let io = tokio::time::timeout(self.connect_timeout, connecting)
             .await
-            .map_err(|_| UpstreamError::ConnectTimeout)??;
-        tcp.set_nodelay(true)?;
-        let (sender, connection) = http1::handshake(TokioIo::new(tcp)).await?;
+            .map_err(|_| UpstreamError::ConnectTimeout)?
+            .map_err(|error| UpstreamError::Connect(error.into()))?;
+        let (sender, connection) = http1::handshake(io).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "upstream connection ended");

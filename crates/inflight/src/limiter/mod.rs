@@ -26,6 +26,9 @@ use crate::store::{KeyStatus, MemoryStore, RenewRequest, Renewal, Store};
 /// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
+/// How long [`Limiter::release_held`] waits for releases already running in the background.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
+
 /// Admits requests per key, at most the key's limit in flight at once, counted in the store.
 ///
 /// Cheap to clone: clones share the store, the policy and the renewal task.
@@ -272,9 +275,10 @@ impl<S: Store> Limiter<S> {
         self.core.registry.len()
     }
 
-    /// Releases, in the store, the lease of every permit this limiter still holds; for shutdown, so that a
-    /// process that stops does not leave its slots taken until their leases end. The permits stay usable
-    /// objects; dropping them later releases nothing more.
+    /// Releases, in the store, the lease of every permit this limiter still holds, then waits (up to
+    /// [`SHUTDOWN_DRAIN`]) for the releases of dropped permits still running in the background; for
+    /// shutdown, so that a process that stops does not leave its slots taken until their leases end. The
+    /// permits stay usable objects; dropping them later releases nothing more.
     pub async fn release_held(&self) {
         for permit in self.core.registry.all() {
             if !permit.released.swap(true, Ordering::AcqRel) {
@@ -283,6 +287,19 @@ impl<S: Store> Limiter<S> {
                     tracing::warn!(%error, key = %permit.key, "release at shutdown failed; the lease will expire");
                 }
             }
+        }
+        let pending = || self.core.registry.pending_releases.load(Ordering::Acquire);
+        let waited = tokio::time::timeout(SHUTDOWN_DRAIN, async {
+            while pending() > 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!(
+                pending = pending(),
+                "releases still running at shutdown; their leases will expire"
+            );
         }
     }
 

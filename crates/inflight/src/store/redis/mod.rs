@@ -112,7 +112,8 @@ impl RedisStoreBuilder {
     /// `unix:///path/to/redis.sock` or `redis+unix:///path`.
     ///
     /// Call it inside a Tokio runtime: the store's connection and tasks run on that runtime, which must
-    /// outlive the store's use.
+    /// keep running for as long as the store is used (a multi-thread runtime, or a current-thread one that
+    /// is being driven: the store's commands wait for it). Outside a runtime it is an error.
     pub fn open(self) -> Result<RedisStore, StoreError> {
         let home = Handle::try_current()
             .map_err(|_| StoreError::Rejected("open a RedisStore inside a Tokio runtime".into()))?;
@@ -221,9 +222,13 @@ impl RedisStore {
         &self,
         command: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.home.spawn(command).await.map_err(|_| {
-            StoreError::Unavailable("the runtime the store was opened in has stopped".into())
-        })?
+        match self.home.spawn(command).await {
+            Ok(result) => result,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(_) => Err(StoreError::Unavailable(
+                "the runtime the store was opened in has stopped".into(),
+            )),
+        }
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
