@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measures inflight side by side with its alternatives, in one run, and writes BENCHMARKS.md and
-# docs/latency.svg. About 5 minutes on a 2-core machine (plus the release build).
+# docs/latency.svg. About 6 minutes on a 2-core machine (plus the release build).
 #
 #   scripts/bench.sh            # everything
 #   KEEP=1 scripts/bench.sh     # keep the raw results (printed path)
@@ -159,10 +159,10 @@ declare -A cpu_pids=(
   [inflight-memory]="$memory_pid"
   [inflight-redis]="$redis_proxy_pid"
 )
-# Three rounds, the four targets in turn within each: the table gives each target's median round and the
+# Five rounds, the four targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
-  for round in 1 2 3; do
+  for round in 1 2 3 4 5; do
     for target in "direct $up" "nginx $ng" "inflight-memory $pm" "inflight-redis $pr"; do
       set -- $target
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
