@@ -5,7 +5,8 @@
 //! processes do: a connection, its requests and its upstream connections stay on one thread. The limiter
 //! and its store are shared by every worker; their background work (renewals, background releases, the
 //! Redis connection and its batches) runs on the runtime that built them, so with Redis every store
-//! operation goes through that one thread.
+//! operation goes through that one thread. A client that sends everything over one connection (HTTP/2,
+//! or a load balancer keeping few connections open) is served by one worker.
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;

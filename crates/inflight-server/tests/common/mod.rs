@@ -64,12 +64,17 @@ impl<S: Store> Drop for Server<S> {
 }
 
 /// Settings as `inflight serve` would read them from these flags (no file, no environment).
-pub fn settings(args: CommonArgs) -> Settings {
+pub fn settings(mut args: CommonArgs) -> Settings {
+    args.workers.get_or_insert(TEST_WORKERS);
     Settings::for_serve(&args).expect("valid test settings")
 }
 
+/// Workers of a test server unless a test says otherwise: more than one, whatever the machine's cores.
+const TEST_WORKERS: usize = 2;
+
 pub fn proxy_settings(upstream: &str, mut args: CommonArgs) -> Settings {
     args.config = None;
+    args.workers.get_or_insert(TEST_WORKERS);
     let args = ProxyArgs {
         upstream: Some(upstream.to_owned()),
         upstream_timeout: Some("2s".into()),
