@@ -87,3 +87,76 @@ pub(super) fn to_upstream(
     parts.version = http::Version::HTTP_11;
     Ok(Request::from_parts(parts, body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str, headers: &[(&str, &str)]) -> Request {
+        let mut builder = http::Request::builder().uri(uri);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(Body::empty()).unwrap()
+    }
+
+    fn client() -> SocketAddr {
+        "10.0.0.7:5000".parse().unwrap()
+    }
+
+    #[test]
+    fn the_target_is_origin_form_under_the_base_path() {
+        let cases = [
+            ("http://up:81", "/v1/chat?x=1", "/v1/chat?x=1"),
+            ("http://up:81/", "/v1/chat", "/v1/chat"),
+            ("http://up:81/api", "/v1/chat?x=1", "/api/v1/chat?x=1"),
+            ("http://up:81/api/", "/", "/api/"),
+        ];
+        for (base, path, expected) in cases {
+            let base: Uri = base.parse().unwrap();
+            let sent = to_upstream(request(path, &[("host", "front")]), &base, client()).unwrap();
+            assert_eq!(sent.uri().to_string(), expected, "{base} {path}");
+            assert_eq!(sent.headers()["host"], "up:81");
+            assert_eq!(sent.headers()["x-forwarded-host"], "front");
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_appended_and_hop_by_hop_headers_go() {
+        let base: Uri = "http://up".parse().unwrap();
+        let sent = to_upstream(
+            request(
+                "/",
+                &[
+                    ("x-forwarded-for", "192.0.2.1"),
+                    ("connection", "keep-alive, X-Drop-Me"),
+                    ("x-drop-me", "1"),
+                    ("keep-alive", "timeout=5"),
+                    ("te", "trailers"),
+                    ("x-kept", "1"),
+                ],
+            ),
+            &base,
+            client(),
+        )
+        .unwrap();
+        let headers = sent.headers();
+        assert_eq!(headers["x-forwarded-for"], "192.0.2.1, 10.0.0.7");
+        assert_eq!(headers["x-forwarded-proto"], "http");
+        assert_eq!(headers["x-kept"], "1");
+        for gone in ["connection", "x-drop-me", "keep-alive", "te"] {
+            assert!(!headers.contains_key(gone), "{gone} was forwarded");
+        }
+    }
+
+    #[test]
+    fn a_message_without_hop_by_hop_headers_is_left_as_it_is() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/plain"));
+        headers.append("x-multi", HeaderValue::from_static("a"));
+        headers.append("x-multi", HeaderValue::from_static("b"));
+        let before = headers.clone();
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers, before);
+    }
+}
