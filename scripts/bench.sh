@@ -154,6 +154,11 @@ cpu_ticks() {
   done
   echo "$user $system"
 }
+# Context switches (voluntary and not) of processes and all their threads: how often they block and wake.
+switches() {
+  cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' || echo 0
+}
+switches_of() { local n=0 pid; for pid in "$@"; do n=$((n + $(switches "$pid"))); done; echo "$n"; }
 declare -A cpu_pids=(
   [nginx]="$(pgrep -P "$(cat "$out/proxy.pid")" | tr '\n' ' ')"
   [inflight-memory]="$memory_pid"
@@ -168,9 +173,11 @@ for path in / /sse; do
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
       watched=${cpu_pids[$1]:-}
       before="$(cpu_ticks $watched) $(cpu_ticks $redis_pid)"
+      switched=$(switches_of $watched)
       wrk -t2 -c64 -d3s --latency -H "X-Inflight-Key: app-1" "http://127.0.0.1:$2$path" >"$out/wrk-$1-${path//\//_}-$round.txt"
       if [ -n "$watched" ]; then
         echo "$(getconf CLK_TCK) $before $(cpu_ticks $watched) $(cpu_ticks $redis_pid)" >"$out/cpu-$1-${path//\//_}-$round.txt"
+        echo "$switched $(switches_of $watched)" >"$out/switches-$1-${path//\//_}-$round.txt"
       fi
     done
   done

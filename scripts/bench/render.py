@@ -60,7 +60,12 @@ def cpu_per_request(name, requests):
         return None
     tck, pu0, ps0, ru0, rs0, pu1, ps1, ru1, rs1 = (int(x) for x in path.read_text().split())
     us = lambda ticks: ticks / tck * 1e6 / requests
-    return {"proxy": (us(pu1 - pu0), us(ps1 - ps0)), "redis": (us(ru1 - ru0), us(rs1 - rs0))}
+    out = {"proxy": (us(pu1 - pu0), us(ps1 - ps0)), "redis": (us(ru1 - ru0), us(rs1 - rs0))}
+    switches = raw / name.replace("cpu-", "switches-", 1)
+    if switches.exists():
+        before, after = (int(x) for x in switches.read_text().split())
+        out["switches"] = (after - before) / requests
+    return out
 
 
 def fmt(x, digits=0):
@@ -192,7 +197,8 @@ w("upstream. (Earlier versions of this script ran one nginx worker as both proxy
 w("nginx's figures by a third or more.)")
 w("")
 w("The CPU column is the proxy's CPU time per request, user + system, read from `/proc` around each round")
-w("(the median round's); behind the Redis proxy, Redis's own is added in brackets.")
+w("(the median round's); behind the Redis proxy, Redis's own is added in brackets. `switches` is how often per")
+w("request the proxy's threads blocked and were woken (context switches, from `/proc`).")
 w("")
 w("| response | path | requests/s (median round) | vs nginx (each round) | p50 µs | p99 µs | CPU µs per request | non-2xx |")
 w("|---|---|---|---|---|---|---|---|")
@@ -218,6 +224,8 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
         cpu_text = "-"
         if cpu:
             cpu_text = f"{cpu['proxy'][0]:.1f} + {cpu['proxy'][1]:.1f}"
+            if "switches" in cpu:
+                cpu_text += f", {cpu['switches']:.2f} switches"
             if target == "inflight-redis":
                 cpu_text += f" (Redis {cpu['redis'][0]:.1f} + {cpu['redis'][1]:.1f})"
         w(f"| {label} | {name} | {fmt(median['rps'])} | {spread} | {fmt(median['p50_us'])} | {fmt(median['p99_us'])} | {cpu_text} | {sum(r['non_2xx'] for r in runs.values())} |")
@@ -309,9 +317,17 @@ w("  threads are gone already: inflight answers on one thread per core, each wit
 w("  socket and pool of upstream connections.")
 ms_u, ms_s = cpu_of("inflight-memory", "proxy", "_sse")
 ns_u, ns_s = cpu_of("nginx", "proxy", "_sse")
+def switches_of(target, path):
+    cpu = proxy_cpu.get((target, path))
+    return cpu.get("switches", float("nan")) if cpu else float("nan")
+
+
 w(f"  The 20-event response costs inflight {ms_u + ms_s:.1f} µs per request against {me_u + me_s:.1f} for the small one,")
-w(f"  where nginx's barely moves ({ns_u + ns_s:.1f} against {ng_u + ng_s:.1f}); the same system calls are made for both")
-w("  (`strace -c`), and why this response costs inflight more is not known yet.")
+w(f"  where nginx's barely moves ({ns_u + ns_s:.1f} against {ng_u + ng_s:.1f}), with the same system calls for both")
+w(f"  (`strace -c`). Its threads block and wake {switches_of('inflight-memory', '_sse'):.2f} times per request there")
+w(f"  ({switches_of('inflight-memory', '_'):.2f} for the small one; nginx {switches_of('nginx', '_sse'):.2f} and {switches_of('nginx', '_'):.2f}): each time a worker runs out of")
+w("  work it sleeps in the kernel, and that costs CPU of its own. How often that happens varies from round to")
+w("  round (see the ratio column).")
 w(f"  On Redis the proxy spends {re_u:.1f} + {re_s:.1f} µs per request and Redis {rd_u:.1f} + {rd_s:.1f} more, for one")
 w("  admission and one release, each a round trip through the batch dispatcher and Lua.")
 w("")
