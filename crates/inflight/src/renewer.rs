@@ -8,6 +8,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use crate::id::PermitId;
 use crate::limiter::Core;
 use crate::permit::PermitState;
 use crate::store::{RenewRequest, Renewal, Store};
@@ -180,35 +181,59 @@ async fn apply<S: Store>(core: &Core<S>, permit: &PermitState, outcome: Renewal)
 /// Releases a dropped permit in the background, retrying transient failures until its lease would have
 /// ended anyway (the store then reclaims it by itself).
 pub(crate) fn spawn_release<S: Store>(core: Arc<Core<S>>, permit: Arc<PermitState>) {
+    spawn_release_id(core, permit.key.clone(), permit.id.clone(), permit.lease_ms);
+}
+
+/// Releases the lease `id` of `key` in the background, as [`spawn_release`] does. Counted in
+/// `pending_releases` until the task ends, however it ends (done, given up, panicked or dropped).
+pub(crate) fn spawn_release_id<S: Store>(
+    core: Arc<Core<S>>,
+    key: Arc<str>,
+    id: PermitId,
+    lease_ms: u64,
+) {
     let pending = core
         .registry
         .pending_releases
-        .fetch_add(1, Ordering::Relaxed);
+        .fetch_add(1, Ordering::AcqRel);
     if pending >= MAX_PENDING_RELEASES {
         core.registry
             .pending_releases
-            .fetch_sub(1, Ordering::Relaxed);
-        tracing::warn!(key = %permit.key, id = %permit.id, "too many releases pending; leaving this one to its lease");
+            .fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!(%key, %id, "too many releases pending; leaving this one to its lease");
         return;
     }
+    let counted = Pending(core.clone());
     let runtime = core.runtime.clone();
     runtime.spawn(async move {
-        let give_up = Instant::now() + Duration::from_millis(permit.lease_ms);
+        let _counted = counted;
+        let give_up = Instant::now() + Duration::from_millis(lease_ms);
         let mut delay = Duration::from_millis(20);
         loop {
-            match core.store.release(&permit.key, &permit.id).await {
+            match core.store.release(&key, &id).await {
                 Ok(_) => break,
                 Err(error) if error.is_transient() && Instant::now() + delay < give_up => {
-                    tracing::debug!(%error, key = %permit.key, "release failed; retrying");
+                    tracing::debug!(%error, %key, "release failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(error) => {
-                    tracing::warn!(%error, key = %permit.key, id = %permit.id, "release failed; the lease will expire");
+                    tracing::warn!(%error, %key, %id, "release failed; the lease will expire");
                     break;
                 }
             }
         }
-        core.registry.pending_releases.fetch_sub(1, Ordering::Relaxed);
     });
+}
+
+/// One release counted in `pending_releases`, until dropped.
+struct Pending<S: Store>(Arc<Core<S>>);
+
+impl<S: Store> Drop for Pending<S> {
+    fn drop(&mut self) {
+        self.0
+            .registry
+            .pending_releases
+            .fetch_sub(1, Ordering::AcqRel);
+    }
 }

@@ -527,6 +527,33 @@ async fn a_bad_url_is_refused_at_once_with_the_reason() {
     assert!(!err.is_transient());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_given_up_while_redis_decides_leaves_no_lease() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    limiter.status("k").await.unwrap(); // connected
+                                        // Redis holds every command for a while: the admission is sent, then its caller gives up.
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(300)
+        .arg("ALL")
+        .exec(&mut redis.client())
+        .unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), limiter.try_acquire("k")).await;
+    assert!(
+        gave_up.is_err(),
+        "the admission was still waiting for Redis"
+    );
+    // Once Redis goes on, it admits, and the release queued behind the admission takes the lease back.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let status = limiter.status("k").await.unwrap();
+    assert_eq!(status.in_flight, 0, "the abandoned admission holds a slot");
+    let permit = limiter.try_acquire("k").await.expect("the slot is free");
+    permit.release().await.unwrap();
+}
+
 #[test]
 fn opening_a_store_outside_a_runtime_is_an_error_not_a_panic() {
     let err = RedisStore::open("redis://127.0.0.1:1").unwrap_err();

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::Limiter;
+use super::{Core, Limiter};
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
@@ -12,6 +12,7 @@ use crate::id::PermitId;
 use crate::options::AcquireOptions;
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
+use crate::renewer;
 use crate::store::{AcquireRequest, Admission, Grant, LocalAdmission, LocalHold, Store};
 
 /// The longest lease a permit may have (a day): renewals keep longer work alive.
@@ -36,6 +37,8 @@ pub(crate) enum Now {
 /// An admission that the store has yet to decide.
 pub(crate) struct Prepared {
     id: PermitId,
+    /// The id was made here, not given: a lease under it can only be this admission's.
+    generated: bool,
     weight: u32,
     lease_ms: u64,
 }
@@ -176,8 +179,10 @@ impl<S: Store> Limiter<S> {
                 error,
             ));
         }
+        let given = options.id.take();
         Now::Store(Prepared {
-            id: options.id.take().unwrap_or_else(PermitId::generate),
+            generated: given.is_none(),
+            id: given.unwrap_or_else(PermitId::generate),
             weight,
             lease_ms,
         })
@@ -221,6 +226,7 @@ impl<S: Store> Limiter<S> {
     ) -> Result<Permit, AcquireError> {
         let Prepared {
             id,
+            generated,
             weight,
             lease_ms,
         } = prepared;
@@ -231,7 +237,20 @@ impl<S: Store> Limiter<S> {
             lease_ms,
             policy: self.core.policy,
         };
-        match self.core.store.acquire(request).await {
+        // Dropped before the store answers (the caller went away), this admission may still have been
+        // made: its lease is then released in the background instead of holding a slot until it expires.
+        // Only for a generated id, which no other permit can hold.
+        let cancelled = generated.then(|| Cancelled {
+            core: Some(self.core.clone()),
+            key,
+            id: id.clone(),
+            lease_ms,
+        });
+        let answer = self.core.store.acquire(request).await;
+        if let Some(cancelled) = cancelled {
+            cancelled.defuse();
+        }
+        match answer {
             Ok(admission) => {
                 self.core.breaker.reset();
                 self.decided(key, Some(id), weight, lease_ms, admission)
@@ -314,4 +333,28 @@ fn free_permit(key: &str, id: Option<PermitId>, weight: u32) -> Permit {
         key: Arc::from(key),
     };
     Permit::new(hold, id, weight, Limit::Unlimited, 0)
+}
+
+/// An admission waiting for the store: if dropped before [`Cancelled::defuse`], its lease is released in
+/// the background.
+struct Cancelled<'a, S: Store> {
+    core: Option<Arc<Core<S>>>,
+    key: &'a str,
+    id: PermitId,
+    lease_ms: u64,
+}
+
+impl<S: Store> Cancelled<'_, S> {
+    /// The store has answered: nothing to undo.
+    fn defuse(mut self) {
+        self.core = None;
+    }
+}
+
+impl<S: Store> Drop for Cancelled<'_, S> {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.take() {
+            renewer::spawn_release_id(core, Arc::from(self.key), self.id.clone(), self.lease_ms);
+        }
+    }
 }

@@ -288,19 +288,30 @@ impl<S: Store> Limiter<S> {
                 }
             }
         }
-        let pending = || self.core.registry.pending_releases.load(Ordering::Acquire);
-        let waited = tokio::time::timeout(SHUTDOWN_DRAIN, async {
-            while pending() > 0 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await;
-        if waited.is_err() {
-            tracing::warn!(
-                pending = pending(),
-                "releases still running at shutdown; their leases will expire"
-            );
+        let core = self.core.clone();
+        let pending = move || core.registry.pending_releases.load(Ordering::Acquire);
+        if pending() == 0 {
+            return;
         }
+        // On the limiter's runtime, whose timer the renewal task already uses (the caller's may have none).
+        let _ = self
+            .core
+            .runtime
+            .spawn(async move {
+                let drained = tokio::time::timeout(SHUTDOWN_DRAIN, async {
+                    while pending() > 0 {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+                .await;
+                if drained.is_err() {
+                    tracing::warn!(
+                        pending = pending(),
+                        "releases still running at shutdown; their leases will expire"
+                    );
+                }
+            })
+            .await;
     }
 
     /// Renews the lease of every permit this limiter holds now, without waiting for the renewal task.
