@@ -154,9 +154,10 @@ cpu_ticks() {
   done
   echo "$user $system"
 }
-# Context switches (voluntary and not) of processes and all their threads: how often they block and wake.
+# Voluntary context switches of a process's threads: how often they blocked (and were woken again).
 switches() {
-  cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' || echo 0
+  { cat /proc/"$1"/task/*/status 2>/dev/null || true; } |
+    awk '/^voluntary_ctxt_switches/ { n += $2 } END { print n + 0 }'
 }
 switches_of() { local n=0 pid; for pid in "$@"; do n=$((n + $(switches "$pid"))); done; echo "$n"; }
 declare -A cpu_pids=(

@@ -42,6 +42,8 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_target(false)
+        // A log that cannot be written (stderr closed or full) is lost, not a panic of the server.
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let (settings, is_proxy) = match &cli.command {

@@ -78,12 +78,13 @@ pub async fn run<S: Store>(
     for (n, listener) in listeners.into_iter().enumerate() {
         let (done, finished) = oneshot::channel();
         let (router, stopping, ending) = (router(), stopping.clone(), ending.clone());
-        std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("inflight-worker-{n}"))
             .spawn(move || {
                 let _ = done.send(worker(listener, router, stopping, ending));
-            })?;
+            });
         workers.push(async move {
+            spawned?;
             finished
                 .await
                 .unwrap_or_else(|_| Err(std::io::Error::other("a worker thread panicked")))

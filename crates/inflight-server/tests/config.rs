@@ -254,3 +254,62 @@ impl Drop for Running {
         let _ = self.0.wait();
     }
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_log_that_cannot_be_written_does_not_stop_the_server() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let mut server = Running(
+        Command::new(env!("CARGO_BIN_EXE_inflight"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .env_clear()
+            .stderr(Stdio::from(full))
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let answered = loop {
+        use std::io::{Read, Write};
+        if let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut answer = String::new();
+            let _ = tcp.read_to_string(&mut answer);
+            break answer;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the server never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+    assert!(
+        server.0.try_wait().unwrap().is_none(),
+        "the server died writing its log"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = loop {
+        if let Some(exit) = server.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+}

@@ -320,9 +320,13 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut child = ChildGuard(Some(child));
-    let started = stderr.next().unwrap().unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let child = ChildGuard(Some(child));
+    let mut log = stderr.lines().map_while(Result::ok);
+    let started = log
+        .by_ref()
+        .find(|line| line.contains("inflight started"))
+        .expect("the proxy starts");
     let listen = started
         .split_whitespace()
         .find_map(|field| field.strip_prefix("listen="))
@@ -338,11 +342,22 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
     let policy = inflight::Policy::new(10, 0);
     assert_eq!(store.status("k", policy).await.unwrap().in_flight, 4);
     child.signal("-TERM");
-    let mut exiting = child.0.take().unwrap();
-    let exit = tokio::task::spawn_blocking(move || exiting.wait().unwrap())
+    // Redis answers slowly from now on, so the releases of the cut streams are still running when the
+    // workers have ended: the exit has to wait for them.
+    ::redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(800)
+        .arg("ALL")
+        .exec(&mut redis.client())
+        .unwrap();
+    let exit = tokio::task::spawn_blocking(move || child.wait_for(Duration::from_secs(10)))
         .await
         .unwrap();
-    assert!(exit.success(), "{exit:?}");
+    assert!(
+        exit.success(),
+        "{exit:?}: {}",
+        log.collect::<Vec<_>>().join("\n")
+    );
     assert_eq!(
         store.status("k", policy).await.unwrap().in_flight,
         0,
@@ -351,8 +366,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
     drop(streams);
 }
 
-/// Kills the process on drop unless it was taken to be waited for, so that a failing test leaves nothing
-/// running.
+/// A child process, killed on drop unless it has exited, so that a failing test leaves nothing running.
 struct ChildGuard(Option<std::process::Child>);
 
 impl ChildGuard {
@@ -361,6 +375,23 @@ impl ChildGuard {
             let _ = std::process::Command::new("kill")
                 .args([signal, &child.id().to_string()])
                 .status();
+        }
+    }
+
+    /// Its exit status; a panic (and a kill, on drop) if it has not exited within `limit`.
+    fn wait_for(mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
+        let child = self.0.as_mut().expect("a child");
+        loop {
+            if let Some(exit) = child.try_wait().unwrap() {
+                self.0 = None;
+                return exit;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still running after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }

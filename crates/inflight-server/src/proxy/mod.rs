@@ -48,7 +48,8 @@ pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
     address.scheme = upstream.base.scheme().cloned();
     address.authority = upstream.base.authority().cloned();
     address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
-    let address = Uri::from_parts(address).unwrap_or_else(|_| upstream.base.clone());
+    // The settings accept only http://host[:port][/base], so these parts always make a URI.
+    let address = Uri::from_parts(address).expect("an http URI with an authority");
     let connections = upstream::Connections::new(address, CONNECT_TIMEOUT);
     let proxy = Arc::new(Proxy {
         app: app.clone(),

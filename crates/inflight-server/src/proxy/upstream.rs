@@ -31,9 +31,9 @@ pub(super) enum UpstreamError {
     /// No connection within the connect timeout (name lookup included).
     #[error("connecting to the upstream timed out")]
     ConnectTimeout,
-    /// The connection could not be made.
+    /// The connection could not be made: the error and its causes.
     #[error("connecting to the upstream failed: {0}")]
-    Connect(Box<dyn std::error::Error + Send + Sync>),
+    Connect(String),
     /// The exchange failed.
     #[error(transparent)]
     Http(#[from] hyper::Error),
@@ -155,7 +155,7 @@ impl Connections {
         let io = tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| UpstreamError::ConnectTimeout)?
-            .map_err(|error| UpstreamError::Connect(error.into()))?;
+            .map_err(|error| UpstreamError::Connect(with_causes(&error)))?;
         let (sender, connection) = http1::handshake(io).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -168,4 +168,16 @@ impl Connections {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// An error's message followed by its causes' ("tcp connect error: Connection refused (os error 111)").
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
 }
