@@ -350,6 +350,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         .arg("ALL")
         .exec(&mut redis.client())
         .unwrap();
+    let paused_until = tokio::time::Instant::now() + Duration::from_millis(900);
     let exit = tokio::task::spawn_blocking(move || child.wait_for(Duration::from_secs(10)))
         .await
         .unwrap();
@@ -358,6 +359,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         "{exit:?}: {}",
         log.collect::<Vec<_>>().join("\n")
     );
+    tokio::time::sleep_until(paused_until).await; // what Redis held back has been done by now
     assert_eq!(
         store.status("k", policy).await.unwrap().in_flight,
         0,
