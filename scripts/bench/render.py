@@ -310,7 +310,8 @@ w("  the machine's cores, so CPU a proxy spends per request is CPU the others do
 w("  nginx spends")
 w(f"  {ng_u:.1f} µs in user space and {ng_s:.1f} in the kernel; inflight on the memory store {me_u:.1f} and {me_s:.1f}.")
 w("  Both make the same system calls per request, two `writev` and two `recvfrom` (seen with `strace -c -f -p PID`")
-where = "user space" if (me_u - ng_u) >= (me_s - ng_s) else "the kernel"
+where = ("user space" if (me_u - ng_u) >= (me_s - ng_s) else "the kernel") \
+    if all(map(math.isfinite, (me_u, ng_u, me_s, ng_s))) else "(not measured in this run)"
 w(f"  during a `wrk` run, outside this script); most of the difference is in {where}. inflight's user space is hyper's HTTP/1 server and")
 w("  client, axum's routing, the limiter and the header rewriting, with no single hot spot")
 w("  (`perf record -g -p PID`, outside this script). inflight answers on one thread per core, each with its own")

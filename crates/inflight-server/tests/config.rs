@@ -2,9 +2,13 @@
 //! named, secrets never logged, SIGTERM handled. Runs the real binary.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::process::{listen_of, Running};
 
 /// Runs `inflight ARGS` with only `env` set (plus PATH); returns its start line, or its failure output.
 fn start(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
@@ -188,32 +192,11 @@ fn secrets_never_reach_the_log() {
 
 #[test]
 fn sigterm_stops_the_server_gracefully() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env_clear()
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    assert!(stderr.next().unwrap().unwrap().contains("inflight started"));
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let started = Instant::now();
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "still running after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (mut server, _) = Running::start(&["serve", "--listen", "127.0.0.1:0"]);
+    server.signal("-TERM");
+    let exit = server.wait_for(Duration::from_secs(5));
     assert!(exit.success(), "{exit:?}");
-    let rest: Vec<String> = stderr.map_while(Result::ok).collect();
+    let rest = server.rest_of_log();
     assert!(rest.iter().any(|l| l.contains("shutting down")), "{rest:?}");
 }
 
@@ -221,38 +204,12 @@ fn sigterm_stops_the_server_gracefully() {
 fn workers_share_one_address_that_no_other_server_can_take() {
     let line = serve(&["--workers", "3"], &[]).unwrap();
     assert!(line.contains("workers=3"), "{line}");
-    let mut first = Running(
-        Command::new(env!("CARGO_BIN_EXE_inflight"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
-            .env_clear()
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let started = BufReader::new(first.0.stderr.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find(|line| line.contains("inflight started"))
-        .expect("the first server starts");
-    let listen = started
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("listen="))
-        .unwrap_or_else(|| panic!("no listen= in {started}"))
-        .to_owned();
+    let (_first, started) = Running::start(&["serve", "--listen", "127.0.0.1:0", "--workers", "2"]);
+    let listen = listen_of(&started);
     // The first server's sockets share their port with each other, not with a server started after it.
     let err = start(&["serve", "--listen", &listen, "--workers", "2"], &[])
         .expect_err("a second server on a taken address");
     assert!(err.contains("cannot listen on"), "{err}");
-}
-
-/// A server process, killed when dropped (also when the test fails).
-struct Running(std::process::Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[cfg(target_os = "linux")]
@@ -267,49 +224,35 @@ fn a_log_that_cannot_be_written_does_not_stop_the_server() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let mut server = Running(
+    let mut server = Running::spawn(
         Command::new(env!("CARGO_BIN_EXE_inflight"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--default-limit", "7919"]) // tells its answers from another test's server's
             .env_clear()
-            .stderr(Stdio::from(full))
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::from(full)),
     );
     let started = Instant::now();
+    // The port was free a moment ago; until this server answers on it, another test's may have it.
     let answered = loop {
         use std::io::{Read, Write};
+        let mut answer = String::new();
         if let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            tcp.write_all(b"GET /v1/keys/k HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .unwrap();
-            let mut answer = String::new();
             let _ = tcp.read_to_string(&mut answer);
+        }
+        if answer.contains("7919") {
             break answer;
         }
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "the server never listened"
+            "the server never answered: {answer}"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
-    assert!(
-        server.0.try_wait().unwrap().is_none(),
-        "the server died writing its log"
-    );
-    let status = Command::new("kill")
-        .args(["-TERM", &server.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let exit = loop {
-        if let Some(exit) = server.0.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "still running after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    assert!(server.is_running(), "the server died writing its log");
+    server.signal("-TERM");
+    let exit = server.wait_for(Duration::from_secs(10));
     assert!(exit.success(), "{exit:?}");
 }

@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::process::{listen_of, Running};
 use common::{
     get_json, get_text, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis,
     Upstream,
@@ -308,30 +309,24 @@ async fn an_upstream_named_by_host_is_reached_on_any_of_its_addresses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_exit_leaves_no_lease_in_redis() {
     use inflight::Store;
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
     let redis = TestRedis::start();
     let upstream = Upstream::start().await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .args(["proxy", "--listen", "127.0.0.1:0", "--workers", "2"])
-        .args(["--upstream", &upstream.base, "--store", &redis.url()])
-        .args(["--default-limit", "10", "--shutdown-grace", "300ms"])
-        .env_clear()
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let child = ChildGuard(Some(child));
-    let mut log = stderr.lines().map_while(Result::ok);
-    let started = log
-        .by_ref()
-        .find(|line| line.contains("inflight started"))
-        .expect("the proxy starts");
-    let listen = started
-        .split_whitespace()
-        .find_map(|field| field.strip_prefix("listen="))
-        .unwrap_or_else(|| panic!("no listen= in {started}"))
-        .to_owned();
+    let (mut server, started) = Running::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+        "--upstream",
+        &upstream.base,
+        "--store",
+        &redis.url(),
+        "--default-limit",
+        "10",
+        "--shutdown-grace",
+        "300ms",
+    ]);
+    let listen = listen_of(&started);
     let mut streams = Vec::new();
     for _ in 0..4 {
         let mut stream = keyed(&Client::new(), format!("http://{listen}/forever"), "k").await;
@@ -341,7 +336,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
     let store = redis.store();
     let policy = inflight::Policy::new(10, 0);
     assert_eq!(store.status("k", policy).await.unwrap().in_flight, 4);
-    child.signal("-TERM");
+    server.signal("-TERM");
     // Redis answers slowly from now on, so the releases of the cut streams are still running when the
     // workers have ended: the exit has to wait for them.
     ::redis::cmd("CLIENT")
@@ -351,14 +346,13 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         .exec(&mut redis.client())
         .unwrap();
     let paused_until = tokio::time::Instant::now() + Duration::from_millis(900);
-    let exit = tokio::task::spawn_blocking(move || child.wait_for(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    assert!(
-        exit.success(),
-        "{exit:?}: {}",
-        log.collect::<Vec<_>>().join("\n")
-    );
+    let (mut server, exit) = tokio::task::spawn_blocking(move || {
+        let exit = server.wait_for(Duration::from_secs(10));
+        (server, exit)
+    })
+    .await
+    .unwrap();
+    assert!(exit.success(), "{exit:?}: {:?}", server.rest_of_log());
     tokio::time::sleep_until(paused_until).await; // what Redis held back has been done by now
     assert_eq!(
         store.status("k", policy).await.unwrap().in_flight,
@@ -366,45 +360,6 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         "leases left in Redis after a clean exit"
     );
     drop(streams);
-}
-
-/// A child process, killed on drop unless it has exited, so that a failing test leaves nothing running.
-struct ChildGuard(Option<std::process::Child>);
-
-impl ChildGuard {
-    fn signal(&self, signal: &str) {
-        if let Some(child) = &self.0 {
-            let _ = std::process::Command::new("kill")
-                .args([signal, &child.id().to_string()])
-                .status();
-        }
-    }
-
-    /// Its exit status; a panic (and a kill, on drop) if it has not exited within `limit`.
-    fn wait_for(mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + limit;
-        let child = self.0.as_mut().expect("a child");
-        loop {
-            if let Some(exit) = child.try_wait().unwrap() {
-                self.0 = None;
-                return exit;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "still running after {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 per_store!(

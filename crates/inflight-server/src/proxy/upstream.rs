@@ -155,7 +155,8 @@ impl Connections {
         let io = tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| UpstreamError::ConnectTimeout)?
-            .map_err(|error| UpstreamError::Connect(with_causes(&error)))?;
+            // "tcp connect error: Connection refused (os error 111)": the message and its causes.
+            .map_err(|error| UpstreamError::Connect(format!("{:#}", anyhow::Error::new(error))))?;
         let (sender, connection) = http1::handshake(io).await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
@@ -168,16 +169,4 @@ impl Connections {
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// An error's message followed by its causes' ("tcp connect error: Connection refused (os error 111)").
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }

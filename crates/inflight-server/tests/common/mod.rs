@@ -1,6 +1,8 @@
 //! In-process servers on port-0 listeners, an upstream to proxy to, and stores to run them on.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod process;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
