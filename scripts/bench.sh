@@ -65,6 +65,10 @@ for store in memory:// "$redis"; do
     if [ -n "$stats" ]; then redis-cli -p "$redis_port" INFO commandstats >"$out/commandstats-64.txt"; fi
   done
 done
+# The same load at 64 tasks on a runtime of two threads (the default is one), each store in turn.
+for store in memory:// "$redis"; do
+  "$bin" bench --store "$store" --tasks 64 --threads 2 --duration 2s --redis-prefix "t2:" >>"$out/concurrency.jsonl"
+done
 say "scaling with keys"
 for store in memory:// "$redis"; do
   for keys in 1 100 10000 100000; do

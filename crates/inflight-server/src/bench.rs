@@ -24,6 +24,11 @@ pub struct BenchArgs {
     /// Concurrent tasks.
     #[arg(long, default_value_t = 64)]
     pub tasks: usize,
+    /// Threads of the runtime the tasks (and the store's connection) run on. One by default: with Redis
+    /// on the same small machine, a second thread costs more in wakeups between threads than it adds
+    /// (BENCHMARKS.md compares 1 and 2).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: u16,
     /// The limit of every key (0: unlimited).
     #[arg(long, default_value_t = 1_000_000)]
     pub limit: u32,
@@ -60,6 +65,8 @@ pub struct Report {
     pub keys: usize,
     /// Tasks.
     pub tasks: usize,
+    /// Runtime threads.
+    pub threads: u16,
     /// Limit per key.
     pub limit: u32,
     /// Seconds run.
@@ -144,6 +151,7 @@ pub async fn run<S: Store>(args: &BenchArgs, store: S) -> Result<Report, Acquire
         store: args.store.clone(),
         keys: keys.len(),
         tasks: args.tasks.max(1),
+        threads: args.threads,
         limit: args.limit,
         duration_s: elapsed,
         hold_us: args.hold.map_or(0, |h| h.as_micros() as u64),

@@ -10,9 +10,14 @@ use inflight_server::{api, proxy, server, Settings};
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
-    // keeps the store's connection, renewals and signals. `bench` drives the library from every core.
+    // keeps the store's connection, renewals and signals. `bench` runs on `--threads` threads.
     let runtime = match &cli.command {
-        Command::Bench(_) => tokio::runtime::Runtime::new(),
+        // A multi-thread runtime even for one thread: measured against a current-thread one, it was
+        // faster at 64 tasks on Redis (83-131k pairs/s against 82-99k, 4 rounds each).
+        Command::Bench(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.threads))
+            .enable_all()
+            .build(),
         _ => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),

@@ -60,7 +60,9 @@ where
     }
 }
 
-#[tokio::main]
+// One runtime thread, like `inflight bench` by default: with Redis on the same 2-core machine, a second
+// thread costs more in wakeups between threads than it adds (BENCHMARKS.md compares the two).
+#[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let url = args

@@ -1,0 +1,86 @@
+//! `inflight bench`: the real binary drives a store and prints one JSON line; its independent probe never
+//! sees more permits in flight on a key than the limit.
+#![allow(missing_docs)]
+
+use std::process::Command;
+
+use test_support::TestRedis;
+
+/// Runs `inflight bench ARGS`; its one line of JSON.
+fn bench(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run inflight bench");
+    assert!(
+        out.status.success(),
+        "inflight bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {stdout}");
+    serde_json::from_str(lines[0]).expect("a JSON line")
+}
+
+/// 16 tasks holding their permits 1 ms on a key of limit 3: admissions and refusals both happen, and the
+/// probe's largest count is the limit, never more.
+fn assert_limited(report: &serde_json::Value, store: &str, threads: u64) {
+    assert_eq!(report["store"], store);
+    assert_eq!(report["tasks"], 16);
+    assert_eq!(report["threads"], threads);
+    assert_eq!(report["limit"], 3);
+    assert_eq!(report["hold_us"], 1000);
+    assert!(report["pairs_per_sec"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(
+        report["rejected_per_sec"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let (p50, p99) = (
+        report["p50_us"].as_f64().unwrap(),
+        report["p99_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99, "{report}");
+    assert_eq!(report["max_in_flight_seen"], 3, "{report}");
+}
+
+const LIMITED: [&str; 8] = [
+    "--tasks",
+    "16",
+    "--limit",
+    "3",
+    "--hold",
+    "1ms",
+    "--duration",
+    "300ms",
+];
+
+#[test]
+fn bench_on_memory_prints_one_json_line_and_never_passes_the_limit() {
+    for threads in ["1", "2"] {
+        let mut args = vec!["--store", "memory://", "--threads", threads];
+        args.extend(LIMITED);
+        assert_limited(&bench(&args), "memory://", threads.parse().unwrap());
+    }
+}
+
+#[test]
+fn bench_on_redis_prints_one_json_line_and_never_passes_the_limit() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let mut args = vec!["--store", url.as_str(), "--threads", "2"];
+    args.extend(LIMITED);
+    assert_limited(&bench(&args), &url, 2);
+}
+
+#[test]
+fn bench_refuses_zero_threads_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(["bench", "--threads", "0"])
+        .output()
+        .expect("run inflight bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--threads"), "{stderr}");
+}
