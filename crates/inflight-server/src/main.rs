@@ -12,8 +12,9 @@ fn main() -> std::process::ExitCode {
     // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
     // keeps the store's connection, renewals and signals. `bench` runs on `--threads` threads.
     let runtime = match &cli.command {
-        // A multi-thread runtime even for one thread: measured against a current-thread one, it was
-        // faster at 64 tasks on Redis (83-131k pairs/s against 82-99k, 4 rounds each).
+        // A multi-thread runtime even for one worker (the main thread only waits for the tasks): against a
+        // current-thread one at 64 tasks on Redis, 4 rounds each, it was never slower (83-131k pairs/s
+        // against 82-99k).
         Command::Bench(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(usize::from(args.threads))
             .enable_all()

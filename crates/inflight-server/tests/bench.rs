@@ -2,31 +2,44 @@
 //! sees more permits in flight on a key than the limit.
 #![allow(missing_docs)]
 
-use std::process::Command;
+mod common;
 
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::process::Running;
 use test_support::TestRedis;
 
-/// Runs `inflight bench ARGS`; its one line of JSON.
+/// Runs `inflight bench ARGS` (killed if it has not finished within 60 s); its one line of JSON.
 fn bench(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .arg("bench")
-        .args(args)
-        .output()
-        .expect("run inflight bench");
-    assert!(
-        out.status.success(),
-        "inflight bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = tempfile::tempfile().expect("a temporary file");
+    let mut running = Running::spawn(
+        Command::new(env!("CARGO_BIN_EXE_inflight"))
+            .arg("bench")
+            .args(args)
+            .stdout(stdout.try_clone().expect("the file again"))
+            .stderr(Stdio::inherit()),
     );
-    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(
+        running.wait_for(Duration::from_secs(60)).success(),
+        "inflight bench failed (its errors are above)"
+    );
+    let stdout = std::io::read_to_string(&stdout_from_start(stdout)).expect("utf-8");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "one line: {stdout}");
     serde_json::from_str(lines[0]).expect("a JSON line")
 }
 
+fn stdout_from_start(mut file: std::fs::File) -> std::fs::File {
+    use std::io::Seek;
+    file.rewind().expect("rewind");
+    file
+}
+
 /// 16 tasks holding their permits 1 ms on a key of limit 3: admissions and refusals both happen, and the
-/// probe's largest count is the limit, never more.
-fn assert_limited(report: &serde_json::Value, store: &str, threads: u64) {
+/// probe never sees more than the limit (`reached`: it saw the limit itself, which on Redis, with a round
+/// trip that may take longer than the hold on a loaded machine, is not certain).
+fn assert_limited(report: &serde_json::Value, store: &str, threads: u64, reached: bool) {
     assert_eq!(report["store"], store);
     assert_eq!(report["tasks"], 16);
     assert_eq!(report["threads"], threads);
@@ -42,7 +55,11 @@ fn assert_limited(report: &serde_json::Value, store: &str, threads: u64) {
         report["p99_us"].as_f64().unwrap(),
     );
     assert!(0.0 < p50 && p50 <= p99, "{report}");
-    assert_eq!(report["max_in_flight_seen"], 3, "{report}");
+    let seen = report["max_in_flight_seen"].as_u64().unwrap();
+    assert!((1..=3).contains(&seen), "{report}");
+    if reached {
+        assert_eq!(seen, 3, "{report}");
+    }
 }
 
 const LIMITED: [&str; 8] = [
@@ -61,7 +78,7 @@ fn bench_on_memory_prints_one_json_line_and_never_passes_the_limit() {
     for threads in ["1", "2"] {
         let mut args = vec!["--store", "memory://", "--threads", threads];
         args.extend(LIMITED);
-        assert_limited(&bench(&args), "memory://", threads.parse().unwrap());
+        assert_limited(&bench(&args), "memory://", threads.parse().unwrap(), true);
     }
 }
 
@@ -71,7 +88,7 @@ fn bench_on_redis_prints_one_json_line_and_never_passes_the_limit() {
     let url = redis.url();
     let mut args = vec!["--store", url.as_str(), "--threads", "2"];
     args.extend(LIMITED);
-    assert_limited(&bench(&args), &url, 2);
+    assert_limited(&bench(&args), &url, 2, false);
 }
 
 #[test]

@@ -60,8 +60,8 @@ where
     }
 }
 
-// One runtime thread, like `inflight bench` by default: with Redis on the same 2-core machine, a second
-// thread costs more in wakeups between threads than it adds (BENCHMARKS.md compares the two).
+// One runtime thread for both limiters, like `inflight bench` by default (on the 2-core benchmark machine,
+// with Redis beside it, two threads made fewer pairs/s than one: BENCHMARKS.md).
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
     let mut args = std::env::args().skip(1);
