@@ -7,6 +7,11 @@ use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command};
 use inflight_server::{api, proxy, server, Settings};
 
+// hyper allocates and frees buffers and header maps for every request and response. Against glibc's malloc,
+// mimalloc took a fifth off the proxy's user-space CPU per request (figures in the commit that added it).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
