@@ -277,7 +277,10 @@ load64, bench64, bench256 = load_row(64), conc_row("redis", 64), conc_row("redis
 w(f"- **Memory store.** The store itself costs {span([ratio('inflight_memory_store', 1), ratio('inflight_memory_store', 100000)])} of the per-key semaphore (a permit of")
 w("  this process holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire`")
 w(f"  path, awaited as a handler awaits it, costs {ratio('inflight_limiter', 1):.2f}x on one hot key and {ratio('inflight_limiter', 100000):.2f}x over 100,000 keys:")
-w("  inside the 1.5x goal. In `inflight bench` on two threads, 64 tasks hit one key's counter from both cores:")
+worst = max(ratio("inflight_limiter", 1), ratio("inflight_limiter", 100000))
+w("  " + ("inside the 1.5x goal." if worst <= 1.5 else
+         "over the 1.5x goal in this run (the machine is noisy: `cargo bench -p inflight --bench memory` checks it).")
+  + " In `inflight bench` on two threads, 64 tasks hit one key's counter from both cores:")
 mem1, mem2 = conc_row("memory", 64), conc_row("memory", 64, 2)
 w(f"  {fmt(mem2['pairs_per_sec'] if mem2 else float('nan'))} pairs/s, against {fmt(mem1['pairs_per_sec'] if mem1 else float('nan'))} on one thread.")
 w("- **Redis store.** The admissions and releases that are waiting ride together in one `batch.lua` call. A batch")
@@ -287,7 +290,8 @@ w(f"  {redis_us_per_op():.1f} µs of Redis time per operation at 64 tasks (its `
 pairs64 = [load64["pairs"] if load64 else float("nan"), bench64["pairs_per_sec"] if bench64 else float("nan")]
 p99s64 = [load64["p99_us"] if load64 else float("nan"), bench64["p99_us"] if bench64 else float("nan")]
 w(f"  At 64 tasks it makes {fmt(pairs64[0])} and {fmt(pairs64[1])} pairs/s in the two tables, with p99 {fmt(p99s64[0])} and")
-w(f"  {fmt(p99s64[1])} µs; the goal is 100,000 with p99 under 1 ms.")
+met = sum(1 for pairs, p99 in zip(pairs64, p99s64) if pairs >= 100_000 and p99 <= 1000)
+w(f"  {fmt(p99s64[1])} µs; the goal is 100,000 with p99 under 1 ms, met in {met} of the 2 tables in this run.")
 two = conc_row("redis", 64, 2)
 w("  Both run the load (and, in the naive table, both limiters) on one runtime thread.")
 if two and bench64:
