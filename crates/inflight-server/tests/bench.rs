@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::io::Seek;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -24,16 +25,12 @@ fn bench(args: &[&str]) -> serde_json::Value {
         running.wait_for(Duration::from_secs(60)).success(),
         "inflight bench failed (its errors are above)"
     );
-    let stdout = std::io::read_to_string(&stdout_from_start(stdout)).expect("utf-8");
+    let mut stdout = stdout;
+    stdout.rewind().expect("rewind");
+    let stdout = std::io::read_to_string(stdout).expect("utf-8");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "one line: {stdout}");
     serde_json::from_str(lines[0]).expect("a JSON line")
-}
-
-fn stdout_from_start(mut file: std::fs::File) -> std::fs::File {
-    use std::io::Seek;
-    file.rewind().expect("rewind");
-    file
 }
 
 /// 16 tasks holding their permits 1 ms on a key of limit 3: admissions and refusals both happen, and the
