@@ -42,6 +42,7 @@ bin=$root/target/release/inflight
 
 say "memory store vs per-key tokio semaphore (criterion)"
 cargo bench -q -p inflight --bench memory -- --warm-up-time 1 --measurement-time 3 --noplot >"$out/criterion.txt" 2>/dev/null
+"$root/target/release/examples/memory_ratio" >"$out/memory_ratio.txt"
 
 redis_port=$(port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$out" >"$out/redis.log" 2>&1 &

@@ -87,10 +87,11 @@ w("")
 
 # 1. memory vs semaphore
 c = criterion()
-w("## Memory store vs a per-key tokio semaphore (criterion)")
+w("## Memory store vs a per-key tokio semaphore")
 w("")
 w("One acquire+release pair on one thread, limit 64; on one key and cycling over 100,000 keys. The baseline is")
 w("what a Rust user would otherwise write: `DashMap<String, Arc<tokio::sync::Semaphore>>`, `try_acquire_owned`, drop.")
+w("First criterion (`cargo bench -p inflight --bench memory`):")
 w("")
 w("| one acquire+release | 1 key | vs semaphore | 100,000 keys | vs semaphore | pairs/s, 100,000 keys |")
 w("|---|---|---|---|---|---|")
@@ -108,6 +109,28 @@ for label, key in rows:
         continue
     w(f"| {label} | {one:.1f} ns | {one / base1:.2f}x | {many:.1f} ns | {many / basen:.2f}x | {1e9 / many / 1e6:.1f} M |")
 w("")
+# The same three, interleaved (examples/memory_ratio.rs): "keys contender ns ratio_median ratio_min ratio_max".
+interleaved = {}
+if (raw / "memory_ratio.txt").exists():
+    for line in (raw / "memory_ratio.txt").read_text().splitlines():
+        keys, name, *numbers = line.split()
+        interleaved[(name, int(keys))] = [float(x) for x in numbers]
+if interleaved:
+    w("Criterion measures each for seconds in turn, so a burst of load from elsewhere on this shared machine can")
+    w("land on one of them and skew the ratio. `examples/memory_ratio.rs` measures the ratio itself: the three")
+    w("take turns in slices of the same number of pairs (about 10 ms), in rotating order, and each slice is")
+    w("divided by the semaphore's slice of the same round; the median over the rounds, with the smallest and")
+    w("largest round.")
+    w("")
+    w("| one acquire+release, interleaved | 1 key: ns | vs semaphore (range) | 100,000 keys: ns | vs semaphore (range) |")
+    w("|---|---|---|---|---|")
+    for label, key in rows:
+        one, many = interleaved.get((key, 1)), interleaved.get((key, 100000))
+        if one is None or many is None:
+            continue
+        cell = lambda r: f"{r[1]:.2f}x ({r[2]:.2f}-{r[3]:.2f})"
+        w(f"| {label} | {one[0]:.1f} | {cell(one)} | {many[0]:.1f} | {cell(many)} |")
+    w("")
 
 # 2. redis vs naive
 w("## Redis store vs a naive two-round-trip check-then-set")
@@ -276,10 +299,16 @@ memory_rows = {(n, server): used / n for n, server, used in memory_used}
 load64, bench64, bench256 = load_row(64), conc_row("redis", 64), conc_row("redis", 256)
 w(f"- **Memory store.** The store itself costs {span([ratio('inflight_memory_store', 1), ratio('inflight_memory_store', 100000)])} of the per-key semaphore (a permit of")
 w("  this process holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire`")
-w(f"  path, awaited as a handler awaits it, costs {ratio('inflight_limiter', 1):.2f}x on one hot key and {ratio('inflight_limiter', 100000):.2f}x over 100,000 keys:")
-worst = max(ratio("inflight_limiter", 1), ratio("inflight_limiter", 100000))
-w("  " + ("inside the 1.5x goal." if worst <= 1.5 else
-         "over the 1.5x goal in this run (the machine is noisy: `cargo bench -p inflight --bench memory` checks it).")
+w(f"  path, awaited as a handler awaits it, costs {ratio('inflight_limiter', 1):.2f}x on one hot key and {ratio('inflight_limiter', 100000):.2f}x over 100,000 keys")
+lim1, limn = interleaved.get(("inflight_limiter", 1)), interleaved.get(("inflight_limiter", 100000))
+if lim1 and limn:
+    w(f"  in criterion, and {lim1[1]:.2f}x and {limn[1]:.2f}x interleaved (the median round, which a burst of load")
+    w("  elsewhere moves less than it moves criterion's ratio):")
+    worst = max(lim1[1], limn[1])
+else:
+    w("  in criterion:")
+    worst = max(ratio("inflight_limiter", 1), ratio("inflight_limiter", 100000))
+w("  " + ("inside the 1.5x goal." if worst <= 1.5 else "over the 1.5x goal in this run.")
   + " In `inflight bench` on two threads, 64 tasks hit one key's counter from both cores:")
 mem1, mem2 = conc_row("memory", 64), conc_row("memory", 64, 2)
 w(f"  {fmt(mem2['pairs_per_sec'] if mem2 else float('nan'))} pairs/s, against {fmt(mem1['pairs_per_sec'] if mem1 else float('nan'))} on one thread.")

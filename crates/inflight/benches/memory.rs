@@ -1,39 +1,19 @@
 //! The memory store against what a Rust user would otherwise write: a per-key tokio semaphore in a
 //! `DashMap<String, Arc<Semaphore>>`, `try_acquire_owned` then drop. One key, and 100,000 keys.
 //!
-//! `cargo bench -p inflight --bench memory`
+//! `cargo bench -p inflight --bench memory`. Criterion measures each in turn, so a burst of load from
+//! elsewhere skews their ratio; `examples/memory_ratio.rs` interleaves them to measure the ratio itself.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Instant;
 
+use common::{Semaphores, LIMIT};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use dashmap::DashMap;
 use inflight::store::LocalAdmission;
 use inflight::{Limiter, MemoryStore, Policy, Store};
-use tokio::sync::Semaphore;
-
-const LIMIT: u32 = 64;
-
-struct Semaphores {
-    map: DashMap<String, Arc<Semaphore>>,
-}
-
-impl Semaphores {
-    fn pair(&self, key: &str) {
-        let sem = match self.map.get(key) {
-            Some(sem) => sem.clone(),
-            None => self
-                .map
-                .entry(key.to_owned())
-                .or_insert_with(|| Arc::new(Semaphore::new(LIMIT as usize)))
-                .clone(),
-        };
-        let permit = sem.try_acquire_owned().expect("room");
-        drop(permit);
-    }
-}
 
 fn pairs(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -46,9 +26,7 @@ fn pairs(c: &mut Criterion) {
     for n_keys in [1usize, 100_000] {
         let keys: Vec<String> = (0..n_keys).map(|n| format!("app-{n:08}")).collect();
 
-        let semaphores = Semaphores {
-            map: DashMap::new(),
-        };
+        let semaphores = Semaphores::default();
         let mut i = 0;
         group.bench_function(BenchmarkId::new("tokio_semaphore_per_key", n_keys), |b| {
             b.iter(|| {
