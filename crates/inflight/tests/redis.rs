@@ -534,7 +534,8 @@ async fn an_admission_given_up_while_redis_decides_leaves_no_lease() {
         .policy(Policy::new(1, 0))
         .build();
     limiter.status("k").await.unwrap(); // connected
-                                        // Redis holds every command for a while: the admission is sent, then its caller gives up.
+
+    // Redis holds every command for a while: the admission is sent, then its caller gives up.
     redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(300)

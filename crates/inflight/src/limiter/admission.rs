@@ -240,16 +240,16 @@ impl<S: Store> Limiter<S> {
         // Dropped before the store answers (the caller went away), this admission may still have been
         // made: its lease is then released in the background instead of holding a slot until it expires.
         // Only for a generated id, which no other permit can hold.
+        // (`then`, not `then_some`: a guard made and thrown away would release at once.)
         let cancelled = generated.then(|| Cancelled {
-            core: Some(self.core.clone()),
+            core: &self.core,
             key,
-            id: id.clone(),
+            id: &id,
             lease_ms,
         });
         let answer = self.core.store.acquire(request).await;
-        if let Some(cancelled) = cancelled {
-            cancelled.defuse();
-        }
+        // Answered: nothing to undo. The guard owns nothing, so forgetting it only skips its release.
+        std::mem::forget(cancelled);
         match answer {
             Ok(admission) => {
                 self.core.breaker.reset();
@@ -335,26 +335,23 @@ fn free_permit(key: &str, id: Option<PermitId>, weight: u32) -> Permit {
     Permit::new(hold, id, weight, Limit::Unlimited, 0)
 }
 
-/// An admission waiting for the store: if dropped before [`Cancelled::defuse`], its lease is released in
-/// the background.
+/// An admission waiting for the store: if dropped (not forgotten once the store has answered), its lease
+/// is released in the background. It only borrows what it would need, so that an admission the store
+/// answers costs nothing more.
 struct Cancelled<'a, S: Store> {
-    core: Option<Arc<Core<S>>>,
+    core: &'a Arc<Core<S>>,
     key: &'a str,
-    id: PermitId,
+    id: &'a PermitId,
     lease_ms: u64,
-}
-
-impl<S: Store> Cancelled<'_, S> {
-    /// The store has answered: nothing to undo.
-    fn defuse(mut self) {
-        self.core = None;
-    }
 }
 
 impl<S: Store> Drop for Cancelled<'_, S> {
     fn drop(&mut self) {
-        if let Some(core) = self.core.take() {
-            renewer::spawn_release_id(core, Arc::from(self.key), self.id.clone(), self.lease_ms);
-        }
+        renewer::spawn_release_id(
+            self.core.clone(),
+            Arc::from(self.key),
+            self.id.clone(),
+            self.lease_ms,
+        );
     }
 }
