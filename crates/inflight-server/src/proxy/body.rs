@@ -21,7 +21,7 @@ pin_project! {
     pub(super) struct ProxyBody {
         #[pin]
         inner: PermitBody<hyper::body::Incoming>,
-        cut: Pin<Box<dyn Future<Output = ()> + Send>>,
+        cut: Cut,
         connection: Option<Reusable>,
         _gauge: InFlightGuard,
     }
@@ -32,7 +32,7 @@ impl ProxyBody {
         inner: hyper::body::Incoming,
         permit: Permit,
         connection: Reusable,
-        mut cut: watch::Receiver<bool>,
+        cut: watch::Receiver<bool>,
         gauge: InFlightGuard,
     ) -> Self {
         let mut connection = Some(connection);
@@ -43,9 +43,7 @@ impl ProxyBody {
         }
         Self {
             inner: PermitBody::new(inner, Some(permit)),
-            cut: Box::pin(async move {
-                let _ = cut.wait_for(|cut| *cut).await;
-            }),
+            cut: Cut::Watching(cut),
             connection,
             _gauge: gauge,
         }
@@ -61,11 +59,17 @@ impl Body for ProxyBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let mut this = self.project();
-        if this.cut.as_mut().poll(cx).is_ready() {
-            // The grace period is over: end the response with an error, which closes the connection.
-            return Poll::Ready(Some(Err(axum::Error::new("the server is shutting down"))));
+        if this.cut.is_cut(cx, false) {
+            return cut_short();
         }
-        let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+        let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
+            // Waiting for the upstream: the cut must wake this body too.
+            return if this.cut.is_cut(cx, true) {
+                cut_short()
+            } else {
+                Poll::Pending
+            };
+        };
         match &frame {
             // Read to the end (the server may not ask again once `is_end_stream` says so).
             None => give_back(this.connection),
@@ -86,8 +90,100 @@ impl Body for ProxyBody {
     }
 }
 
+/// Whether the server's shutdown grace period is over. Checking costs one atomic load; only a body that
+/// waits for its upstream registers to be woken by the cut (most bodies are read without waiting).
+enum Cut {
+    Watching(watch::Receiver<bool>),
+    Waiting(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
+impl Cut {
+    /// True once cut (or once the server's end of the channel is gone). With `wake`, the task is woken
+    /// when the cut comes, from then on.
+    fn is_cut(&mut self, cx: &mut Context<'_>, wake: bool) -> bool {
+        match self {
+            Self::Watching(cut) if !wake => !matches!(cut.has_changed(), Ok(false)),
+            Self::Watching(cut) => {
+                let mut cut = cut.clone();
+                *self = Self::Waiting(Box::pin(async move {
+                    let _ = cut.wait_for(|cut| *cut).await;
+                }));
+                self.is_cut(cx, true)
+            }
+            Self::Waiting(waiting) => waiting.as_mut().poll(cx).is_ready(),
+        }
+    }
+}
+
+/// The grace period is over: the response ends with an error, which closes the connection.
+fn cut_short() -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+    Poll::Ready(Some(Err(axum::Error::new("the server is shutting down"))))
+}
+
 fn give_back(connection: &mut Option<Reusable>) {
     if let Some(connection) = connection.take() {
         connection.give_back();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_body_that_never_waited_sees_the_cut_when_next_read() {
+        let (cut, receiver) = watch::channel(false);
+        let mut watching = Cut::Watching(receiver);
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(!watching.is_cut(&mut cx, false));
+        cut.send_replace(true);
+        assert!(watching.is_cut(&mut cx, false));
+        assert_eq!(
+            wakes.0.load(Ordering::SeqCst),
+            0,
+            "it never asked to be woken"
+        );
+    }
+
+    #[test]
+    fn a_body_waiting_for_its_upstream_is_woken_by_the_cut() {
+        let (cut, receiver) = watch::channel(false);
+        let mut waiting = Cut::Watching(receiver);
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(!waiting.is_cut(&mut cx, true));
+        assert!(!waiting.is_cut(&mut cx, false), "still not cut");
+        cut.send_replace(true);
+        assert_eq!(wakes.0.load(Ordering::SeqCst), 1, "woken by the cut");
+        assert!(waiting.is_cut(&mut cx, false));
+    }
+
+    #[test]
+    fn a_server_gone_counts_as_cut() {
+        let (cut, receiver) = watch::channel(false);
+        let (mut watching, mut waiting) =
+            (Cut::Watching(receiver.clone()), Cut::Watching(receiver));
+        let waker = Waker::from(Arc::new(Wakes::default()));
+        let mut cx = Context::from_waker(&waker);
+        assert!(!waiting.is_cut(&mut cx, true));
+        drop(cut);
+        assert!(watching.is_cut(&mut cx, false));
+        assert!(waiting.is_cut(&mut cx, false));
     }
 }

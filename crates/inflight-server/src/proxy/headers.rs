@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 
 use axum::body::Body;
 use axum::extract::Request;
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::StatusCode;
@@ -11,7 +12,7 @@ use http::StatusCode;
 use crate::error::ApiError;
 
 /// Headers that describe one connection, not the message: never forwarded (RFC 9110 7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     header::PROXY_AUTHENTICATE,
@@ -24,68 +25,104 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Removes hop-by-hop headers, including those the Connection header names.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests have none: one pass over the names, and nothing to remove. (A name the Connection
+    // header lists goes only with the Connection header, which is on the list.)
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
+    // Most responses have one, `Connection: keep-alive`: an option already on the list is not looked up
+    // again, and nothing is allocated for it.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|option| {
+            !HOP_BY_HOP
+                .iter()
+                .any(|name| option.eq_ignore_ascii_case(name.as_str()))
+        })
+        .filter_map(|option| HeaderName::from_bytes(option.as_bytes()).ok())
         .collect();
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
     }
 }
 
-/// The request as the upstream gets it.
-pub(super) fn to_upstream(
-    request: Request,
-    base: &Uri,
-    client: SocketAddr,
-) -> Result<Request<Body>, ApiError> {
-    let (mut parts, body) = request.into_parts();
-    let original_host = parts.headers.get(header::HOST).cloned();
-    strip_hop_by_hop(&mut parts.headers);
-    let tail = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-    let base_path = base.path().trim_end_matches('/');
-    let path = format!("{base_path}{tail}");
-    // Origin-form (`/path?query`): the upstream's authority goes in the Host header.
-    let path: PathAndQuery = path.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "Unusable request path.",
-        )
-    })?;
-    parts.uri = Uri::from(path);
-    if let Some(authority) = base.authority() {
-        if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-            parts.headers.insert(header::HOST, host);
+/// Where requests go: the upstream's base path and Host header, worked out once.
+pub(super) struct Target {
+    /// The base URL's path without its trailing `/` (empty for none).
+    base_path: String,
+    /// The upstream's authority, as the Host header sent to it.
+    host: Option<HeaderValue>,
+}
+
+impl Target {
+    /// The target of `base` (`http://host[:port][/base]`).
+    pub(super) fn new(base: &Uri) -> Self {
+        Self {
+            base_path: base.path().trim_end_matches('/').to_owned(),
+            host: base
+                .authority()
+                .and_then(|authority| HeaderValue::from_str(authority.as_str()).ok()),
         }
     }
-    if let Some(host) = original_host {
-        parts
+
+    /// The request as the upstream gets it.
+    pub(super) fn to_upstream(
+        &self,
+        request: Request,
+        client: SocketAddr,
+    ) -> Result<Request<Body>, ApiError> {
+        let (mut parts, body) = request.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        // Origin-form (`/path?query`): the upstream's authority goes in the Host header.
+        let tail = parts.uri.path_and_query();
+        let path = match (self.base_path.as_str(), tail) {
+            ("", Some(tail)) if tail.as_str().starts_with('/') => tail.clone(),
+            (base_path, tail) => {
+                let tail = tail.map_or("/", PathAndQuery::as_str);
+                format!("{base_path}{tail}").parse().map_err(|_| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request",
+                        "Unusable request path.",
+                    )
+                })?
+            }
+        };
+        parts.uri = Uri::from(path);
+        let original_host = match &self.host {
+            Some(host) => parts.headers.insert(header::HOST, host.clone()),
+            None => parts.headers.get(header::HOST).cloned(),
+        };
+        if let Some(host) = original_host {
+            parts
+                .headers
+                .insert(HeaderName::from_static("x-forwarded-host"), host);
+        }
+        let forwarded_for = match parts
             .headers
-            .insert(HeaderName::from_static("x-forwarded-host"), host);
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(earlier) => format!("{earlier}, {}", client.ip()),
+            None => client.ip().to_string(),
+        };
+        // The string's buffer becomes the value's, without a copy.
+        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(forwarded_for)) {
+            parts
+                .headers
+                .insert(HeaderName::from_static("x-forwarded-for"), value);
+        }
+        parts.headers.insert(
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderValue::from_static("http"),
+        );
+        parts.version = http::Version::HTTP_11;
+        Ok(Request::from_parts(parts, body))
     }
-    let forwarded_for = match parts
-        .headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(earlier) => format!("{earlier}, {}", client.ip()),
-        None => client.ip().to_string(),
-    };
-    if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
-        parts
-            .headers
-            .insert(HeaderName::from_static("x-forwarded-for"), value);
-    }
-    parts.headers.insert(
-        HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_static("http"),
-    );
-    parts.version = http::Version::HTTP_11;
-    Ok(Request::from_parts(parts, body))
 }
 
 #[cfg(test)]
@@ -114,7 +151,9 @@ mod tests {
         ];
         for (base, path, expected) in cases {
             let base: Uri = base.parse().unwrap();
-            let sent = to_upstream(request(path, &[("host", "front")]), &base, client()).unwrap();
+            let sent = Target::new(&base)
+                .to_upstream(request(path, &[("host", "front")]), client())
+                .unwrap();
             assert_eq!(sent.uri().to_string(), expected, "{base} {path}");
             assert_eq!(sent.headers()["host"], "up:81");
             assert_eq!(sent.headers()["x-forwarded-host"], "front");
@@ -124,22 +163,22 @@ mod tests {
     #[test]
     fn forwarded_for_is_appended_and_hop_by_hop_headers_go() {
         let base: Uri = "http://up".parse().unwrap();
-        let sent = to_upstream(
-            request(
-                "/",
-                &[
-                    ("x-forwarded-for", "192.0.2.1"),
-                    ("connection", "keep-alive, X-Drop-Me"),
-                    ("x-drop-me", "1"),
-                    ("keep-alive", "timeout=5"),
-                    ("te", "trailers"),
-                    ("x-kept", "1"),
-                ],
-            ),
-            &base,
-            client(),
-        )
-        .unwrap();
+        let sent = Target::new(&base)
+            .to_upstream(
+                request(
+                    "/",
+                    &[
+                        ("x-forwarded-for", "192.0.2.1"),
+                        ("connection", "keep-alive, X-Drop-Me"),
+                        ("x-drop-me", "1"),
+                        ("keep-alive", "timeout=5"),
+                        ("te", "trailers"),
+                        ("x-kept", "1"),
+                    ],
+                ),
+                client(),
+            )
+            .unwrap();
         let headers = sent.headers();
         assert_eq!(headers["x-forwarded-for"], "192.0.2.1, 10.0.0.7");
         assert_eq!(headers["x-forwarded-proto"], "http");
@@ -147,6 +186,22 @@ mod tests {
         for gone in ["connection", "x-drop-me", "keep-alive", "te"] {
             assert!(!headers.contains_key(gone), "{gone} was forwarded");
         }
+    }
+
+    #[test]
+    fn every_option_the_connection_header_names_goes_in_any_case() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "connection",
+            HeaderValue::from_static("Keep-Alive, CLOSE,x-a"),
+        );
+        headers.append("connection", HeaderValue::from_static("X-B"));
+        for name in ["keep-alive", "close", "x-a", "x-b", "x-kept"] {
+            headers.insert(name, HeaderValue::from_static("1"));
+        }
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
     }
 
     #[test]

@@ -38,6 +38,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
+    target: headers::Target,
     connections: Arc<upstream::Connections>,
 }
 
@@ -53,6 +54,7 @@ pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
     let connections = upstream::Connections::new(address, CONNECT_TIMEOUT);
     let proxy = Arc::new(Proxy {
         app: app.clone(),
+        target: headers::Target::new(&upstream.base),
         upstream,
         connections,
     });
@@ -104,7 +106,7 @@ async fn forward_checked<S: Store>(
         }
     };
     let gauge = app.metrics.hold();
-    let upstream_request = headers::to_upstream(request, &proxy.upstream.base, client)?;
+    let upstream_request = proxy.target.to_upstream(request, client)?;
     let response = tokio::time::timeout(
         proxy.upstream.timeout,
         proxy.connections.send(upstream_request),
