@@ -146,7 +146,11 @@ INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0
 pids+=($!); memory_pid=$!
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
 pids+=($!); redis_proxy_pid=$!
-wait_port "$pm"; wait_port "$pr"
+# The floor: hyper's server and client on the same runtime layout, forwarding and nothing else.
+pf=$(port)
+"$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" &
+pids+=($!); floor_pid=$!
+wait_port "$pm"; wait_port "$pr"; wait_port "$pf"
 redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
 # CPU time (clock ticks, user and system) of processes and all their threads, from /proc.
 cpu_ticks() {
@@ -169,12 +173,13 @@ declare -A cpu_pids=(
   [nginx]="$(pgrep -P "$(cat "$out/proxy.pid")" | tr '\n' ' ')"
   [inflight-memory]="$memory_pid"
   [inflight-redis]="$redis_proxy_pid"
+  [hyper-floor]="$floor_pid"
 )
-# Five rounds, the four targets in turn within each: the table gives each target's median round and the
+# Five rounds, the five targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
   for round in 1 2 3 4 5; do
-    for target in "direct $up" "nginx $ng" "inflight-memory $pm" "inflight-redis $pr"; do
+    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-redis $pr"; do
       set -- $target
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
       watched=${cpu_pids[$1]:-}

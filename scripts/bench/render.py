@@ -223,6 +223,11 @@ w("nginx proxy is another (one worker per core, Debian's default), so neither pr
 w("upstream. (Earlier versions of this script ran one nginx worker as both proxy and upstream, which cut")
 w("nginx's figures by a third or more.)")
 w("")
+w("The floor is `examples/hyper_floor.rs` in `inflight-server`: the parts the proxy is built on (hyper's HTTP/1")
+w("server and client, one single-threaded runtime and `SO_REUSEPORT` socket per core, pooled keep-alive")
+w("connections) forwarding requests and responses untouched, with no limiter, router, header rewriting or")
+w("metrics. The proxy cannot beat it; the gap between the two is what inflight adds.")
+w("")
 w("The CPU column is the proxy's CPU time per request, user + system, read from `/proc` around each round")
 w("(the median round's); behind the Redis proxy, Redis's own is added in brackets. `switches` is how often per")
 w("request the proxy's threads blocked waiting for work (voluntary context switches, from `/proc`).")
@@ -236,6 +241,7 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
                      for m in [re.search(r"-(\d+)\.txt$", f.name)] if m})
     nginx = {n: wrk(f"wrk-nginx-{path}-{n}.txt") for n in rounds}
     for target, name in [("direct", "direct to upstream"), ("nginx", "nginx limit_conn"),
+                         ("hyper-floor", "hyper alone: the floor"),
                          ("inflight-memory", "inflight proxy, memory"), ("inflight-redis", "inflight proxy, Redis")]:
         runs = {n: wrk(f"wrk-{target}-{path}-{n}.txt") for n in rounds}
         runs = {n: r for n, r in runs.items() if r is not None}
@@ -362,7 +368,12 @@ where = ("user space" if (me_u - ng_u) >= (me_s - ng_s) else "the kernel") \
     if all(map(math.isfinite, (me_u, ng_u, me_s, ng_s))) else "(not measured in this run)"
 w(f"  during a `wrk` run, outside this script); most of the difference is in {where}. inflight's user space is hyper's HTTP/1 server and")
 w("  client, axum's routing, the limiter and the header rewriting, with no single hot spot")
-w("  (`perf record -g -p PID`, outside this script). inflight answers on one thread per core, each with its own")
+w("  (`perf record -g -p PID`, outside this script).")
+fl_r = proxy_ratios.get(("hyper-floor", "_"), [])
+fl_u, fl_s = cpu_of("hyper-floor", "proxy")
+w(f"  The floor, hyper alone, reached {span(fl_r)} of nginx's requests/s for the small response, spending {fl_u:.1f} µs")
+w(f"  per request in user space and {fl_s:.1f} in the kernel: of inflight's {me_u - ng_u:.1f} µs more user time than nginx's,")
+w(f"  {fl_u - ng_u:.1f} is the HTTP stack's and {me_u - fl_u:.1f} inflight's own. inflight answers on one thread per core, each with its own")
 w("  runtime, listening socket and pool of upstream connections; on the memory store a request never leaves")
 w("  its thread, on Redis its store operations go through the one thread that keeps the Redis connection.")
 ms_u, ms_s = cpu_of("inflight-memory", "proxy", "_sse")
