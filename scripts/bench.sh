@@ -37,7 +37,7 @@ wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/n
 say() { echo "== $*" >&2; }
 
 say "building (release)"
-cargo build --release -q -p inflight-server -p inflight --examples
+cargo build --release -q -p inflight-server -p inflight --bins --examples
 bin=$root/target/release/inflight
 
 say "memory store vs per-key tokio semaphore (criterion)"
