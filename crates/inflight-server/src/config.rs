@@ -99,6 +99,12 @@ pub struct CommonArgs {
     #[arg(long, env = "INFLIGHT_REDIS_CA_CERT", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_ca_cert: Option<PathBuf>,
+    /// Run the server's threads under Linux's SCHED_BATCH policy: woken by the network, they do not preempt
+    /// the thread running (the upstream, the clients), so a busy machine hands them events in batches
+    /// (BENCHMARKS.md) [default: true].
+    #[arg(long, env = "INFLIGHT_SCHED_BATCH", value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sched_batch: Option<bool>,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -143,6 +149,7 @@ struct Raw {
     shutdown_grace: Option<String>,
     redis_prefix: Option<String>,
     redis_ca_cert: Option<PathBuf>,
+    sched_batch: Option<bool>,
     upstream: Option<String>,
     key_header: Option<String>,
     upstream_timeout: Option<String>,
@@ -175,6 +182,8 @@ pub struct Settings {
     pub redis_prefix: String,
     /// The CA certificate (PEM) that a rediss:// store's certificate is checked against, if not the web's.
     pub redis_ca_cert: Option<Vec<u8>>,
+    /// Whether the server's threads run under SCHED_BATCH (Linux).
+    pub sched_batch: bool,
     /// The proxy's upstream (proxy only).
     pub upstream: Option<http::Uri>,
     /// The proxy's key header.
@@ -355,6 +364,7 @@ impl Settings {
                 .redis_prefix
                 .unwrap_or_else(|| inflight::store::DEFAULT_PREFIX.to_owned()),
             redis_ca_cert,
+            sched_batch: raw.sched_batch.unwrap_or(true),
             upstream,
             key_header,
             upstream_timeout: duration(

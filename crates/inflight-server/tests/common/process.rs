@@ -51,6 +51,12 @@ impl Running {
         assert!(status.success(), "kill {signal} failed");
     }
 
+    /// Its process id.
+    #[allow(dead_code)] // not every test binary that includes this module asks
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// True while it has not exited.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().expect("try_wait").is_none()
