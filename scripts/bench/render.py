@@ -405,6 +405,7 @@ w("scripts/bench.sh                  # all of the above; installs redis-server, 
 w("cargo bench -p inflight --bench memory")
 w("cargo run --release -p inflight --example memory_ratio   # the same, interleaved")
 w("scripts/bench-redis.sh 3          # the Redis table alone")
+w("scripts/instructions.sh           # instructions per proxied request (callgrind), inflight and the floor")
 w("inflight bench --store redis://127.0.0.1:6379 --tasks 64 --duration 5s   # one JSON line")
 w("```")
 (root / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")

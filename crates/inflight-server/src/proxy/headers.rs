@@ -1,7 +1,5 @@
 //! Building the upstream request: the target URI, hop-by-hop headers removed, X-Forwarded-* added.
 
-use std::net::SocketAddr;
-
 use axum::body::Body;
 use axum::extract::Request;
 use bytes::Bytes;
@@ -10,6 +8,7 @@ use http::uri::{PathAndQuery, Uri};
 use http::StatusCode;
 
 use crate::error::ApiError;
+use crate::server::Peer;
 
 /// Headers that describe one connection, not the message: never forwarded (RFC 9110 7.6.1).
 static HOP_BY_HOP: [HeaderName; 8] = [
@@ -23,15 +22,26 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
+// Constants, so that the names are checked when compiling rather than on every request.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Removes hop-by-hop headers, including those the Connection header names.
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most requests have none: one pass over the names, and nothing to remove. (A name the Connection
-    // header lists goes only with the Connection header, which is on the list.)
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    // One pass over the names says which of the list are there; most requests have none, most responses
+    // one or two (`Connection: keep-alive`), and only those are removed.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(index) = hop_by_hop_index(name) {
+            present[index] = true;
+        }
+    }
+    if present == [false; HOP_BY_HOP.len()] {
         return;
     }
-    // Most responses have one, `Connection: keep-alive`: an option already on the list is not looked up
-    // again, and nothing is allocated for it.
+    // The Connection header's options (an option already on the list is not looked up again, and nothing
+    // is allocated for it).
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -45,8 +55,31 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         })
         .filter_map(|option| HeaderName::from_bytes(option.as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    for name in &named {
         headers.remove(name);
+    }
+    for (name, _) in HOP_BY_HOP
+        .iter()
+        .zip(present)
+        .filter(|(_, present)| *present)
+    {
+        headers.remove(name);
+    }
+}
+
+/// The index of `name` in `HOP_BY_HOP`. (One `match` on the name's text: most names are ruled out by
+/// their length alone, where comparing with each of the list costs a comparison each.)
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    match name.as_str() {
+        "connection" => Some(0),
+        "keep-alive" => Some(1),
+        "proxy-authenticate" => Some(2),
+        "proxy-authorization" => Some(3),
+        "te" => Some(4),
+        "trailer" => Some(5),
+        "transfer-encoding" => Some(6),
+        "upgrade" => Some(7),
+        _ => None,
     }
 }
 
@@ -73,7 +106,7 @@ impl Target {
     pub(super) fn to_upstream(
         &self,
         request: Request,
-        client: SocketAddr,
+        client: &Peer,
     ) -> Result<Request<Body>, ApiError> {
         let (mut parts, body) = request.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -98,28 +131,26 @@ impl Target {
             None => parts.headers.get(header::HOST).cloned(),
         };
         if let Some(host) = original_host {
-            parts
-                .headers
-                .insert(HeaderName::from_static("x-forwarded-host"), host);
+            parts.headers.insert(X_FORWARDED_HOST, host);
         }
         let forwarded_for = match parts
             .headers
-            .get("x-forwarded-for")
+            .get(X_FORWARDED_FOR)
             .and_then(|v| v.to_str().ok())
         {
-            Some(earlier) => format!("{earlier}, {}", client.ip()),
-            None => client.ip().to_string(),
+            // The string's buffer becomes the value's, without a copy.
+            Some(earlier) => {
+                let ip = client.ip.to_str().unwrap_or_default();
+                HeaderValue::from_maybe_shared(Bytes::from(format!("{earlier}, {ip}"))).ok()
+            }
+            None => Some(client.ip.clone()),
         };
-        // The string's buffer becomes the value's, without a copy.
-        if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(forwarded_for)) {
-            parts
-                .headers
-                .insert(HeaderName::from_static("x-forwarded-for"), value);
+        if let Some(value) = forwarded_for {
+            parts.headers.insert(X_FORWARDED_FOR, value);
         }
-        parts.headers.insert(
-            HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("http"),
-        );
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         parts.version = http::Version::HTTP_11;
         Ok(Request::from_parts(parts, body))
     }
@@ -137,8 +168,8 @@ mod tests {
         builder.body(Body::empty()).unwrap()
     }
 
-    fn client() -> SocketAddr {
-        "10.0.0.7:5000".parse().unwrap()
+    fn client() -> Peer {
+        Peer::new("10.0.0.7:5000".parse().unwrap())
     }
 
     #[test]
@@ -152,7 +183,7 @@ mod tests {
         for (base, path, expected) in cases {
             let base: Uri = base.parse().unwrap();
             let sent = Target::new(&base)
-                .to_upstream(request(path, &[("host", "front")]), client())
+                .to_upstream(request(path, &[("host", "front")]), &client())
                 .unwrap();
             assert_eq!(sent.uri().to_string(), expected, "{base} {path}");
             assert_eq!(sent.headers()["host"], "up:81");
@@ -176,7 +207,7 @@ mod tests {
                         ("x-kept", "1"),
                     ],
                 ),
-                client(),
+                &client(),
             )
             .unwrap();
         let headers = sent.headers();
@@ -186,6 +217,14 @@ mod tests {
         for gone in ["connection", "x-drop-me", "keep-alive", "te"] {
             assert!(!headers.contains_key(gone), "{gone} was forwarded");
         }
+    }
+
+    #[test]
+    fn the_index_of_each_hop_by_hop_name_is_its_place_on_the_list() {
+        for (index, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(name), Some(index), "{name}");
+        }
+        assert_eq!(hop_by_hop_index(&header::CONTENT_LENGTH), None);
     }
 
     #[test]

@@ -6,7 +6,6 @@ mod body;
 mod headers;
 mod upstream;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use crate::api;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
+use crate::server::Peer;
 
 /// Where and how to forward.
 pub struct Upstream {
@@ -66,7 +66,7 @@ pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
 
 async fn forward<S: Store>(
     State(proxy): State<Arc<Proxy<S>>>,
-    ConnectInfo(client): ConnectInfo<SocketAddr>,
+    ConnectInfo(client): ConnectInfo<Peer>,
     request: Request,
 ) -> Response {
     match forward_checked(&proxy, client, request).await {
@@ -77,7 +77,7 @@ async fn forward<S: Store>(
 
 async fn forward_checked<S: Store>(
     proxy: &Proxy<S>,
-    client: SocketAddr,
+    client: Peer,
     request: Request,
 ) -> Result<Response, ApiError> {
     let app = &proxy.app;
@@ -106,10 +106,12 @@ async fn forward_checked<S: Store>(
         }
     };
     let gauge = app.metrics.hold();
-    let upstream_request = proxy.target.to_upstream(request, client)?;
+    let upstream_request = proxy.target.to_upstream(request, &client)?;
+    // Boxed: the exchange's future is over a kilobyte, and inline it would make this whole future that
+    // much bigger, to be copied each time it moves (into the timeout, into the box axum puts it in).
     let response = tokio::time::timeout(
         proxy.upstream.timeout,
-        proxy.connections.send(upstream_request),
+        Box::pin(proxy.connections.send(upstream_request)),
     )
     .await;
     // On every early return below, the permit and the gauge guard are dropped: the slot is released.

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Instructions per proxied request, counted by valgrind's callgrind: the memory proxy (one worker) and
+# hyper alone (examples/hyper_floor) in front of the same nginx. Unlike requests/s on a shared 2-core
+# machine, the count moves by well under 1 % between runs, so a change of a few hundred instructions shows.
+# About 1 minute plus the release build.
+#
+#   scripts/instructions.sh [PATH]     # default /; keeps the callgrind files when KEEP=1 (printed path)
+#
+# Everything listens on 127.0.0.1 only; every load is bounded in time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+path=${1:-/}
+
+need=()
+command -v valgrind >/dev/null || need+=(valgrind)
+command -v nginx >/dev/null || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+if [ ${#need[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+cargo build --release -q -p inflight-server --bins --examples
+
+out=$(mktemp -d)
+chmod 755 "$out"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  [ -f "$out/upstream.pid" ] && kill "$(cat "$out/upstream.pid")" 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [ -z "${KEEP:-}" ]; then rm -rf "$out"; else echo "callgrind files kept in $out" >&2; fi
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+up=$(port)
+for _ in $(seq 20); do printf 'data: {"token": "hello"}\n\n'; done >"$out/sse.txt"
+cat >"$out/upstream.conf" <<NGINX
+worker_processes 1;
+pid $out/upstream.pid;
+error_log $out/nginx-error.log;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:$up;
+    location / { return 200 "ok\n"; }
+    location /sse { default_type text/event-stream; alias $out/sse.txt; }
+  }
+}
+NGINX
+nginx -c "$out/upstream.conf" -p "$out" -e "$out/nginx-error.log"
+
+# measure NAME PORT COMMAND...: runs COMMAND under callgrind, loads PORT, dumps the counts, prints Ir/request.
+measure() {
+  local name=$1 listen=$2; shift 2
+  valgrind --tool=callgrind --callgrind-out-file="$out/$name.%p" "$@" >"$out/$name.log" 2>&1 &
+  local pid=$!
+  pids+=("$pid")
+  for _ in $(seq 150); do
+    curl -s -o /dev/null -H 'X-Inflight-Key: k' "http://127.0.0.1:$listen/" && break
+    sleep 0.2
+  done
+  local requests
+  requests=$(wrk -t1 -c8 -d8s -H 'X-Inflight-Key: app-1' "http://127.0.0.1:$listen$path" | awk '/requests in/ {print $1}')
+  callgrind_control -d "$pid" >/dev/null 2>&1 || true
+  sleep 2
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  local file total
+  file=$(ls -S "$out/$name".* | grep -v '\.log$' | head -1)
+  total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+  echo "$name $path: $requests requests, $((total / requests)) instructions per request (start-up included)"
+}
+
+pm=$(port); pf=$(port)
+INFLIGHT_LOG=warn measure inflight-memory "$pm" "$root/target/release/inflight" proxy \
+  --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 --workers 1
+measure hyper-floor "$pf" "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" 1
