@@ -35,6 +35,7 @@ trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "nothing listens on $1" >&2; return 1; }
 say() { echo "== $*" >&2; }
+. scripts/bench/upstream.sh
 
 say "building (release)"
 cargo build --release -q -p inflight-server -p inflight --bins --examples
@@ -100,24 +101,9 @@ done
 
 say "proxy vs direct vs nginx limit_conn (wrk)"
 up=$(port); ng=$(port); pm=$(port); pr=$(port)
-for _ in $(seq 20); do printf 'data: {"token": "hello"}\n\n'; done >"$out/sse.txt"
 # The upstream and the nginx proxy are two nginx instances, so that the proxy under test, nginx or
 # inflight, never shares a process with the upstream it fronts. The proxy gets Debian's default of one
 # worker per core.
-cat >"$out/upstream.conf" <<NGINX
-worker_processes 1;
-pid $out/upstream.pid;
-error_log $out/nginx-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  server {
-    listen 127.0.0.1:$up;
-    location / { return 200 "ok\n"; }
-    location /sse { default_type text/event-stream; alias $out/sse.txt; }
-  }
-}
-NGINX
 cat >"$out/proxy.conf" <<NGINX
 worker_processes auto;
 pid $out/proxy.pid;
@@ -139,7 +125,7 @@ http {
   }
 }
 NGINX
-nginx -c "$out/upstream.conf" -p "$out" -e "$out/nginx-error.log"
+start_upstream "$out" "$up"
 nginx -c "$out/proxy.conf" -p "$out" -e "$out/nginx-error.log"
 wait_port "$up"; wait_port "$ng"
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 &

@@ -35,23 +35,9 @@ cleanup() {
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
+. scripts/bench/upstream.sh
 up=$(port)
-for _ in $(seq 20); do printf 'data: {"token": "hello"}\n\n'; done >"$out/sse.txt"
-cat >"$out/upstream.conf" <<NGINX
-worker_processes 1;
-pid $out/upstream.pid;
-error_log $out/nginx-error.log;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  server {
-    listen 127.0.0.1:$up;
-    location / { return 200 "ok\n"; }
-    location /sse { default_type text/event-stream; alias $out/sse.txt; }
-  }
-}
-NGINX
-nginx -c "$out/upstream.conf" -p "$out" -e "$out/nginx-error.log"
+start_upstream "$out" "$up"
 
 # measure NAME PORT COMMAND...: runs COMMAND under callgrind, loads PORT, dumps the counts, prints Ir/request.
 measure() {

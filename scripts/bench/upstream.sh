@@ -1,0 +1,24 @@
+# Sourced by scripts/bench.sh and scripts/instructions.sh: the upstream every proxy is measured in front of.
+#
+# start_upstream DIR PORT: an nginx of its own (one worker) on 127.0.0.1:PORT answering `ok` on / and a
+# 20-event text/event-stream on /sse, with its files in DIR (pid in DIR/upstream.pid). DIR must be
+# readable by nginx's workers.
+start_upstream() {
+  local dir=$1 port=$2
+  for _ in $(seq 20); do printf 'data: {"token": "hello"}\n\n'; done >"$dir/sse.txt"
+  cat >"$dir/upstream.conf" <<NGINX
+worker_processes 1;
+pid $dir/upstream.pid;
+error_log $dir/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:$port;
+    location / { return 200 "ok\n"; }
+    location /sse { default_type text/event-stream; alias $dir/sse.txt; }
+  }
+}
+NGINX
+  nginx -c "$dir/upstream.conf" -p "$dir" -e "$dir/nginx-error.log"
+}
