@@ -10,15 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-need=()
-command -v redis-server >/dev/null || need+=(redis-server redis-tools)
-command -v nginx >/dev/null || need+=(nginx)
-command -v wrk >/dev/null || need+=(wrk)
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+. scripts/bench/lib.sh
+install_missing redis-server=redis-server,redis-tools nginx=nginx wrk=wrk
 
 out=$(mktemp -d)
 chmod 755 "$out" # nginx's workers read the event-stream file from here
@@ -32,10 +25,8 @@ cleanup() {
   if [ -z "${KEEP:-}" ]; then rm -rf "$out"; else echo "raw results kept in $out" >&2; fi
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "nothing listens on $1" >&2; return 1; }
 say() { echo "== $*" >&2; }
-. scripts/bench/upstream.sh
 
 say "building (release)"
 cargo build --release -q -p inflight-server -p inflight --bins --examples
@@ -132,11 +123,15 @@ INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0
 pids+=($!); memory_pid=$!
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
 pids+=($!); redis_proxy_pid=$!
+# The memory proxy once more on the kernel's default scheduling policy, to show what SCHED_BATCH does.
+po=$(port)
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$po" --upstream "http://127.0.0.1:$up" --default-limit 100000 --sched-batch false &
+pids+=($!); other_pid=$!
 # The floor: hyper's server and client on the same runtime layout, forwarding and nothing else.
 pf=$(port)
 "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" &
 pids+=($!); floor_pid=$!
-wait_port "$pm"; wait_port "$pr"; wait_port "$pf"
+wait_port "$pm"; wait_port "$pr"; wait_port "$po"; wait_port "$pf"
 redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
 # CPU time (clock ticks, user and system) of processes and all their threads, from /proc.
 cpu_ticks() {
@@ -158,14 +153,15 @@ switches_of() { local n=0 pid; for pid in "$@"; do n=$((n + $(switches "$pid")))
 declare -A cpu_pids=(
   [nginx]="$(pgrep -P "$(cat "$out/proxy.pid")" | tr '\n' ' ')"
   [inflight-memory]="$memory_pid"
+  [inflight-memory-other]="$other_pid"
   [inflight-redis]="$redis_proxy_pid"
   [hyper-floor]="$floor_pid"
 )
-# Five rounds, the five targets in turn within each: the table gives each target's median round and the
+# Five rounds, the six targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
   for round in 1 2 3 4 5; do
-    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-redis $pr"; do
+    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-memory-other $po" "inflight-redis $pr"; do
       set -- $target
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
       watched=${cpu_pids[$1]:-}

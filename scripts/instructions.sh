@@ -12,15 +12,8 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 path=${1:-/}
 
-need=()
-command -v valgrind >/dev/null || need+=(valgrind)
-command -v nginx >/dev/null || need+=(nginx)
-command -v wrk >/dev/null || need+=(wrk)
-if [ ${#need[@]} -gt 0 ]; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+. scripts/bench/lib.sh
+install_missing valgrind=valgrind nginx=nginx wrk=wrk curl=curl
 cargo build --release -q -p inflight-server --bins --examples
 
 out=$(mktemp -d)
@@ -33,9 +26,7 @@ cleanup() {
   if [ -z "${KEEP:-}" ]; then rm -rf "$out"; else echo "callgrind files kept in $out" >&2; fi
 }
 trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-. scripts/bench/upstream.sh
 up=$(port)
 start_upstream "$out" "$up"
 

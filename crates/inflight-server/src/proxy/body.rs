@@ -143,12 +143,17 @@ mod tests {
         }
     }
 
+    /// A waker, and the count of its wakes.
+    fn counted() -> (Arc<Wakes>, Waker) {
+        let wakes = Arc::new(Wakes::default());
+        (wakes.clone(), Waker::from(wakes))
+    }
+
     #[test]
     fn a_body_that_never_waited_sees_the_cut_when_next_read() {
         let (cut, receiver) = watch::channel(false);
         let mut watching = Cut::Watching(receiver);
-        let wakes = Arc::new(Wakes::default());
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = counted();
         let mut cx = Context::from_waker(&waker);
         assert!(!watching.is_cut(&mut cx, false));
         cut.send_replace(true);
@@ -164,8 +169,7 @@ mod tests {
     fn a_body_waiting_for_its_upstream_is_woken_by_the_cut() {
         let (cut, receiver) = watch::channel(false);
         let mut waiting = Cut::Watching(receiver);
-        let wakes = Arc::new(Wakes::default());
-        let waker = Waker::from(wakes.clone());
+        let (wakes, waker) = counted();
         let mut cx = Context::from_waker(&waker);
         assert!(!waiting.is_cut(&mut cx, true));
         assert!(!waiting.is_cut(&mut cx, false), "still not cut");
@@ -179,7 +183,7 @@ mod tests {
         let (cut, receiver) = watch::channel(false);
         let (mut watching, mut waiting) =
             (Cut::Watching(receiver.clone()), Cut::Watching(receiver));
-        let waker = Waker::from(Arc::new(Wakes::default()));
+        let (_, waker) = counted();
         let mut cx = Context::from_waker(&waker);
         assert!(!waiting.is_cut(&mut cx, true));
         drop(cut);

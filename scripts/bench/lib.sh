@@ -1,4 +1,23 @@
-# Sourced by scripts/bench.sh and scripts/instructions.sh: the upstream every proxy is measured in front of.
+# Sourced by scripts/bench.sh and scripts/instructions.sh: what both need to measure a proxy.
+
+# install_missing COMMAND=PACKAGE[,PACKAGE]...: installs, with apt-get, the Debian packages of each
+# command that is not on the PATH.
+install_missing() {
+  local need=() spec packages
+  for spec in "$@"; do
+    packages=${spec#*=}
+    command -v "${spec%%=*}" >/dev/null || need+=(${packages//,/ })
+  done
+  [ ${#need[@]} -gt 0 ] || return 0
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+}
+
+# port: a free TCP port on 127.0.0.1.
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
 #
 # start_upstream DIR PORT: an nginx of its own (one worker) on 127.0.0.1:PORT answering `ok` on / and a
 # 20-event text/event-stream on /sse, with its files in DIR (pid in DIR/upstream.pid). DIR must be
