@@ -85,6 +85,27 @@ pub fn coarse_op() -> impl Strategy<Value = Op> {
     })
 }
 
+/// Coarse operations crowding two keys with up to 256 permits each, so that the Redis store's keys grow
+/// past a plain sorted set (more than 100 leases) into shards, split, expire and empty again.
+pub fn crowded_op() -> impl Strategy<Value = Op> {
+    // Most operations on the first key, so that it fills up.
+    let key = || prop_oneof![4 => Just(0u8), 1 => Just(1u8)];
+    prop_oneof![
+        12 => (key(), any::<u8>(), prop_oneof![8 => Just(1u32), 1 => 2..4u32], 0..4u64)
+            .prop_map(|(key, id, weight, l)| Op::Acquire { key, id, weight, lease_ms: (l + 1) * 10_000 }),
+        3 => (key(), any::<u8>()).prop_map(|(key, id)| Op::Release { key, id }),
+        2 => (key(), any::<u8>(), 0..4u64)
+            .prop_map(|(key, id, l)| Op::Renew { key, id, lease_ms: (l + 1) * 10_000 }),
+        1 => (key(), 120..400u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
+        1 => (0..6u64).prop_map(|half_seconds| Op::Advance { ms: half_seconds * 500 }),
+    ]
+}
+
+/// Policies for [`crowded_op`]: room for a few hundred permits a key.
+pub fn crowded_policy() -> impl Strategy<Value = Policy> {
+    prop_oneof![Just(Policy::new(300, 0)), Just(Policy::new(150, 250))]
+}
+
 pub fn policy() -> impl Strategy<Value = Policy> {
     prop_oneof![
         Just(Policy::new(0, 0)),

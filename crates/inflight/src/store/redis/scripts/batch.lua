@@ -27,8 +27,9 @@ while a <= #ARGV do
     r, a = r + 5, a + 3
   else
     local k = (-p - 1) * 3
-    replies[r + 1] = release(KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], now)
+    replies[r + 1] = release(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], now)
     r, a = r + 1, a + 2
   end
 end
+finish()
 return replies

@@ -5,10 +5,30 @@
 --   <prefix>{E}:leases   sorted set: member = permit id, score = lease deadline (ms, Redis clock).
 --                        A generated (UUID) id is the byte 0xFF and its 16 bytes; a given id is its text.
 --   <prefix>{E}:weights  hash: permit id -> weight, only for weights > 1; field '' -> the sum of
---                        (weight - 1) over them, so in_flight = ZCARD(leases) + weights[''].
+--                        (weight - 1) over them, so in_flight = the number of leases + weights[''].
 --   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.
--- Leases and weights expire together (PEXPIRE) a while after their latest deadline, so idle keys leave
--- nothing behind.
+--
+-- A key with more than SHARD_FROM leases is sharded. Redis keeps a sorted set of up to 128 members
+-- (zset-max-listpack-entries) as one compact listpack, about 32 bytes a lease; a larger one becomes a
+-- skiplist and a dict, about 120. So a sharded key's leases are spread over sorted sets that each stay
+-- small, by linear hashing on the id (the set grows one shard at a time by splitting one in two):
+--   <prefix>{E}:leases, <prefix>{E}:leases:1 ... <prefix>{E}:leases:<N-1>   the N shards
+--   <prefix>{E}:leases:due   sorted set: shard number -> a deadline no later than the shard's earliest,
+--                            so that reclaiming looks only at shards with something due
+--   weights[SHARDS] = N, weights[LEASES] = the number of leases (no permit id is spelled so: 0xFE is
+--                            never in UTF-8 text, and a generated id starts with 0xFF)
+-- The shards' names are made here from the leases key's name: the same hash tag, the same slot.
+-- When its last lease goes, a sharded key becomes a plain one again.
+--
+-- Leases and weights expire (PEXPIRE) a while after their latest deadline, so idle keys leave nothing
+-- behind.
+
+local SHARDS, LEASES = '\254N', '\254n'
+-- A plain key holding more leases than this is sharded (below Redis's 128, so no set ever converts).
+local SHARD_FROM = 100
+-- A sharded key splits a shard whenever it holds more than this many leases per shard. Linear hashing
+-- leaves the shards not yet split at this round with up to twice the average: 96, plus chance.
+local SPLIT_AT = 48
 
 -- Now on the Redis clock, in ms; offset_ms is 0 outside tests (which move time instead of sleeping).
 local function now_ms(offset_ms)
@@ -26,77 +46,255 @@ local function resolve_limit(override, default_limit, max_limit)
   return max_limit
 end
 
-local function effective_limit(limit_key, default_limit, max_limit)
-  local override = tonumber(redis.call('GET', limit_key) or '0') or 0
-  return resolve_limit(override, default_limit, max_limit), override
+-- An id's hash, 0 <= h < 2^32 (exact in Lua's doubles: h * 31 + 255 < 2^53).
+local function id_hash(id)
+  local h = 0
+  for i = 1, #id do h = (h * 31 + string.byte(id, i)) % 4294967296 end
+  return h
 end
 
-local function weight_of(weights_key, id)
-  return tonumber(redis.call('HGET', weights_key, id) or '1')
+-- The largest power of two no greater than n (n >= 1).
+local function base_of(n)
+  local base = 1
+  while base * 2 <= n do base = base * 2 end
+  return base
 end
 
-local function forget_weight(weights_key, id)
-  local w = redis.call('HGET', weights_key, id)
+-- Everything a script learns about a user key, kept for the rest of the script (a script is one atomic
+-- step: only its own operations change the key meanwhile), so that a hot key costs a batch a handful of
+-- calls plus one per admission or release.
+local seen = {}
+
+local function shard_name(key, i)
+  if i == 0 then return key.leases end
+  return key.leases .. ':' .. i
+end
+
+-- The sorted set that holds (or would hold) id's lease, and its shard number.
+local function lease_set(key, id)
+  if key.shards <= 1 then return key.leases, 0 end
+  local h = id_hash(id)
+  local i = h % key.base
+  if i < key.shards - key.base then i = h % (key.base * 2) end
+  return shard_name(key, i), i
+end
+
+local function forget_weight(key, id)
+  local w = redis.call('HGET', key.weights, id)
   if w then
-    redis.call('HDEL', weights_key, id)
-    redis.call('HINCRBY', weights_key, '', 1 - tonumber(w))
+    redis.call('HDEL', key.weights, id)
+    redis.call('HINCRBY', key.weights, '', 1 - tonumber(w))
+    key.extra = key.extra - (tonumber(w) - 1)
   end
 end
 
-local function set_weight(weights_key, id, weight)
-  forget_weight(weights_key, id)
+local function held_weight(key, id)
+  if key.extra == 0 then return 1 end
+  return tonumber(redis.call('HGET', key.weights, id) or '1')
+end
+
+-- Gives a lease held with `held` (0: new) the weight `weight`; touches the weights hash only when a
+-- weight other than 1 is involved. A plain key's weights get the leases' expiry (a sharded key's hash
+-- holds its shard count and already lives as long as its leases).
+local function reweigh(key, id, held, weight)
+  if held <= 1 and weight <= 1 then return end
+  forget_weight(key, id)
   if weight > 1 then
-    redis.call('HSET', weights_key, id, weight)
-    redis.call('HINCRBY', weights_key, '', weight - 1)
+    redis.call('HSET', key.weights, id, weight)
+    redis.call('HINCRBY', key.weights, '', weight - 1)
+    key.extra = key.extra + weight - 1
+  end
+  if key.shards == 0 then
+    local ttl = redis.call('PTTL', key.leases)
+    if ttl > 0 then redis.call('PEXPIRE', key.weights, ttl) end
   end
 end
 
-local function in_flight(leases_key, weights_key)
-  local n = redis.call('ZCARD', leases_key)
-  if n == 0 then
-    -- No lease, so no weight: drop weights left over (say, a leases key evicted alone).
-    redis.call('DEL', weights_key)
-    return 0
+-- The number of leases, read when first needed (a sharded key keeps it in its weights hash).
+local function leases(key)
+  if key.n == nil then
+    key.n = redis.call('ZCARD', key.leases)
+    if key.n == 0 and key.extra ~= 0 then
+      -- No lease, so no weight: drop weights left over (say, a leases key evicted alone).
+      redis.call('DEL', key.weights)
+      key.extra = 0
+    end
   end
-  return n + tonumber(redis.call('HGET', weights_key, '') or '0')
+  return key.n
 end
 
--- Removes the leases whose deadline has passed (deadline <= now); returns how many.
-local function reclaim(leases_key, weights_key, now)
-  local expired = redis.call('ZRANGEBYSCORE', leases_key, '-inf', now)
+local function in_flight(key)
+  return leases(key) + key.extra
+end
+
+-- `delta` leases more (or fewer).
+local function counted(key, delta)
+  if key.n ~= nil then key.n = key.n + delta end
+  if key.shards > 0 then key.dirty = true end
+end
+
+-- Removes the expired leases (deadline <= now) of one sorted set; returns how many.
+local function reclaim_set(key, set, now)
+  if key.extra == 0 then return redis.call('ZREMRANGEBYSCORE', set, '-inf', now) end
+  local expired = redis.call('ZRANGEBYSCORE', set, '-inf', now)
   if #expired == 0 then return 0 end
-  if redis.call('EXISTS', weights_key) == 1 then
-    for _, id in ipairs(expired) do forget_weight(weights_key, id) end
-  end
-  redis.call('ZREMRANGEBYSCORE', leases_key, '-inf', now)
+  for _, id in ipairs(expired) do forget_weight(key, id) end
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
   return #expired
 end
 
--- Keeps a key's leases until well after `ms` from now: past the latest deadline, so that expired leases
--- are reclaimed (and counted, a sign of crashed holders) by whoever touches the key next, and an untouched
--- key still goes away by itself. The weights always expire with the leases, never after them.
--- (One PTTL per call; the PEXPIREs only when the leases would otherwise end within a second of `ms`.)
-local function keep_for(leases_key, weights_key, ms)
-  if redis.call('PTTL', leases_key) < ms + 1000 then
+-- Sets shard i's entry in the due set to its earliest deadline, or removes it when the shard is empty.
+local function refresh_due(key, i)
+  local first = redis.call('ZRANGE', shard_name(key, i), 0, 0, 'WITHSCORES')
+  if first[2] then
+    redis.call('ZADD', key.due, first[2], i)
+    key.due_at[i] = tonumber(first[2])
+  else
+    redis.call('ZREM', key.due, i)
+    key.due_at[i] = nil
+    key.ttl_ms = 0 -- the due set may have gone with its last entry, and its expiry with it
+  end
+end
+
+-- Removes the key's expired leases; returns how many.
+local function reclaim(key, now)
+  if key.shards == 0 then return reclaim_set(key, key.leases, now) end
+  local total = 0
+  for _, i in ipairs(redis.call('ZRANGEBYSCORE', key.due, '-inf', now)) do
+    i = tonumber(i)
+    total = total + reclaim_set(key, shard_name(key, i), now)
+    refresh_due(key, i)
+  end
+  if total > 0 then counted(key, -total) end
+  return total
+end
+
+-- The script's view of a key: its expired leases reclaimed once, the rest read when first needed.
+local function view(leases_key, weights_key, limit_key, now)
+  local key = seen[leases_key]
+  if key then return key end
+  local meta = redis.call('HMGET', weights_key, '', SHARDS, LEASES)
+  key = {
+    leases = leases_key, weights = weights_key, limit = limit_key, due = leases_key .. ':due',
+    extra = tonumber(meta[1]) or 0, shards = tonumber(meta[2]) or 0,
+    ttl_ms = 0, shard_ttl_ms = {}, due_at = {},
+  }
+  if key.shards > 0 then
+    key.base = base_of(key.shards)
+    key.n = tonumber(meta[3]) or 0
+  end
+  seen[leases_key] = key
+  key.reclaimed = reclaim(key, now)
+  return key
+end
+
+local function override(key)
+  if key.override == nil then key.override = tonumber(redis.call('GET', key.limit) or '0') or 0 end
+  return key.override
+end
+
+-- Keeps `name` (and the others) until well after `ms` from now: past the latest deadline, so that
+-- expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the key
+-- next, and an untouched key still goes away by itself. One PTTL; the PEXPIREs only when `name` would
+-- otherwise end within a second of `ms`.
+local function keep_until(ms, name, ...)
+  if redis.call('PTTL', name) < ms + 1000 then
     local ttl = ms * 2 + 1000
-    redis.call('PEXPIRE', leases_key, ttl)
-    redis.call('PEXPIRE', weights_key, ttl)
+    redis.call('PEXPIRE', name, ttl)
+    for _, other in ipairs({...}) do redis.call('PEXPIRE', other, ttl) end
   end
 end
 
--- Sets the weight of a lease that was held with `held` (0: new); touches the weights hash only when a
--- weight other than 1 is involved, and gives it the leases' expiry.
-local function reweigh(leases_key, weights_key, id, held, weight)
-  if held > 1 or weight > 1 then
-    set_weight(weights_key, id, weight)
-    local ttl = redis.call('PTTL', leases_key)
-    if ttl > 0 then redis.call('PEXPIRE', weights_key, ttl) end
+-- After a lease in shard i got the deadline `expires` (lease_ms from now): the due set knows it, and
+-- the sets that hold it outlive it. Each set's expiry is looked at once per script and lease length.
+-- A plain key's weights expire with its leases, never after them; a sharded key's weights and due set
+-- outlive every shard's live leases.
+local function keep(key, i, expires, lease_ms)
+  if key.shards > 0 then
+    local due_at = key.due_at[i]
+    if due_at == nil or expires < due_at then
+      redis.call('ZADD', key.due, 'LT', expires, i)
+      key.due_at[i] = expires
+    end
+    if lease_ms > (key.shard_ttl_ms[i] or 0) then
+      keep_until(lease_ms, shard_name(key, i))
+      key.shard_ttl_ms[i] = lease_ms
+    end
+  end
+  if lease_ms > key.ttl_ms then
+    if key.shards == 0 then
+      keep_until(lease_ms, key.leases, key.weights)
+    else
+      keep_until(lease_ms, key.due, key.weights)
+    end
+    key.ttl_ms = lease_ms
   end
 end
 
-local function add_lease(leases_key, weights_key, id, weight, expires, lease_ms)
-  redis.call('ZADD', leases_key, expires, id)
-  reweigh(leases_key, weights_key, id, 0, weight)
-  keep_for(leases_key, weights_key, lease_ms)
+-- Splits the next shard in two (linear hashing): the ids of shard s = N - base whose hash says
+-- s + base move to the new shard s + base.
+local function split(key)
+  local base = key.base
+  local s = key.shards - base
+  local from, to = shard_name(key, s), shard_name(key, s + base)
+  redis.call('DEL', to) -- a shard of an earlier life of the key may linger until it expires
+  local all = redis.call('ZRANGE', from, 0, -1, 'WITHSCORES')
+  local moved, ids = {}, {}
+  for j = 1, #all, 2 do
+    if id_hash(all[j]) % (base * 2) ~= s then
+      moved[#moved + 1] = all[j + 1]
+      moved[#moved + 1] = all[j]
+      ids[#ids + 1] = all[j]
+    end
+  end
+  if #ids > 0 then
+    redis.call('ZADD', to, unpack(moved))
+    local ttl = redis.call('PTTL', key.weights)
+    if ttl > 0 then redis.call('PEXPIRE', to, ttl) end
+    redis.call('ZREM', from, unpack(ids))
+  end
+  key.shards = key.shards + 1
+  if key.shards == base * 2 then key.base = base * 2 end
+  key.dirty = true
+  -- Either set may have been emptied or made: each one's expiry is looked at again when next used.
+  key.shard_ttl_ms[s], key.shard_ttl_ms[s + base] = nil, nil
+  refresh_due(key, s)
+  refresh_due(key, s + base)
+end
+
+-- A plain key becomes a sharded key of one shard (its leases set), then splits as its count says.
+local function shard(key)
+  redis.call('DEL', key.due)
+  key.shards, key.base, key.dirty = 1, 1, true
+  key.shard_ttl_ms[0] = key.ttl_ms
+  refresh_due(key, 0)
+  local ttl = redis.call('PTTL', key.leases)
+  redis.call('HSET', key.weights, SHARDS, 1, LEASES, key.n)
+  redis.call('PEXPIRE', key.weights, ttl)
+  redis.call('PEXPIRE', key.due, ttl)
+end
+
+-- After a new lease (its shard's expiry and due entry already kept).
+local function added(key)
+  counted(key, 1)
+  if key.shards == 0 then
+    if leases(key) <= SHARD_FROM then return end
+    shard(key)
+  end
+  while key.n > SPLIT_AT * key.shards do split(key) end
+end
+
+-- Writes what the script changed of each sharded key: its shard count and number of leases; a key
+-- whose last lease went becomes a plain key again (its shards have gone with their last members).
+local function finish()
+  for _, key in pairs(seen) do
+    if key.dirty then
+      if key.n == 0 then
+        redis.call('DEL', key.weights, key.due)
+      else
+        redis.call('HSET', key.weights, SHARDS, key.shards, LEASES, key.n)
+      end
+    end
+  end
 end
 

@@ -8,6 +8,7 @@ if ARGV[3] ~= '' then
   local n = tonumber(ARGV[3])
   if n > 0 then redis.call('SET', KEYS[3], n) else redis.call('DEL', KEYS[3]) end
 end
-reclaim(KEYS[1], KEYS[2], now_ms(tonumber(ARGV[4])))
-local limit, override = effective_limit(KEYS[3], tonumber(ARGV[1]), tonumber(ARGV[2]))
-return {limit, override, in_flight(KEYS[1], KEYS[2])}
+local key = view(KEYS[1], KEYS[2], KEYS[3], now_ms(tonumber(ARGV[4])))
+local result = {resolve_limit(override(key), tonumber(ARGV[1]), tonumber(ARGV[2])), override(key), in_flight(key)}
+finish()
+return result

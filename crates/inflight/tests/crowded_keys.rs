@@ -1,0 +1,157 @@
+//! A key holding many permits on Redis: its leases are sharded (`scripts/common.lua`), so that each
+//! sorted set stays in Redis's compact encoding and a held permit costs under 100 bytes however many
+//! there are. What the shards must not change (the decisions) is `stores_agree.rs`'s; here, what
+//! Redis holds.
+#![allow(missing_docs)]
+
+mod support;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use inflight::store::{AcquireRequest, Admission};
+use inflight::{PermitId, Policy, RedisStore, Store};
+use support::TestRedis;
+
+const POLICY: Policy = Policy::new(10_000, 0);
+
+async fn acquire(store: &RedisStore, key: &str, id: &PermitId, lease_ms: u64) -> Admission {
+    let req = AcquireRequest {
+        key,
+        id,
+        weight: 1,
+        lease_ms,
+        policy: POLICY,
+    };
+    store.acquire(req).await.unwrap()
+}
+
+/// Holds `n` permits with generated ids on `key`; their ids.
+async fn fill(store: &RedisStore, key: &str, n: usize, lease_ms: u64) -> Vec<PermitId> {
+    let ids: Vec<PermitId> = (0..n).map(|_| PermitId::generate()).collect();
+    for chunk in ids.chunks(500) {
+        for admission in join_all(chunk.iter().map(|id| acquire(store, key, id, lease_ms))).await {
+            assert!(
+                matches!(admission, Admission::Admitted { .. }),
+                "{admission:?}"
+            );
+        }
+    }
+    ids
+}
+
+fn keys(c: &mut redis::Connection) -> Vec<String> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(c).unwrap();
+    keys.sort();
+    keys
+}
+
+#[tokio::test]
+async fn a_held_permit_costs_under_100_bytes_however_many_a_key_holds() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    let mut c = redis.client();
+    let ids = fill(&store, "k", 5_000, 30_000).await;
+    let status = store.status("k", POLICY).await.unwrap();
+    assert_eq!(status.in_flight, 5_000);
+    let mut bytes = 0;
+    for key in keys(&mut c) {
+        let usage: u64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query(&mut c)
+            .unwrap();
+        bytes += usage;
+        let kind: String = redis::cmd("TYPE").arg(&key).query(&mut c).unwrap();
+        if kind == "zset" {
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&key)
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(encoding, "listpack", "{key}");
+        }
+    }
+    assert!(bytes < 100 * 5_000, "{bytes} bytes for 5,000 permits");
+
+    // Every permit is found where it was put: released, each once; then nothing is left.
+    let released = join_all(ids.iter().map(|id| store.release("k", id))).await;
+    assert!(released.into_iter().all(|r| r.unwrap()));
+    assert!(!store.release("k", &ids[0]).await.unwrap());
+    assert_eq!(store.status("k", POLICY).await.unwrap().in_flight, 0);
+    assert_eq!(keys(&mut c), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_crowded_keys_expired_leases_are_reclaimed_from_every_shard() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    fill(&store, "k", 300, 5_000).await;
+    let lasting = fill(&store, "k", 50, 60_000).await;
+    store.advance_clock(Duration::from_secs(6));
+    let Admission::Admitted { grant, reclaimed } =
+        acquire(&store, "k", &PermitId::generate(), 5_000).await
+    else {
+        panic!("admitted");
+    };
+    assert_eq!(reclaimed, 300);
+    assert_eq!(grant.in_flight, 51);
+    for id in &lasting {
+        assert!(store.release("k", id).await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn everything_a_crowded_key_leaves_in_redis_expires() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    let mut c = redis.client();
+    fill(&store, "k", 400, 30_000).await;
+    // The permits in shard 1, by their ids as Redis stores them (0xFF and the UUID's 16 bytes).
+    let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg("inflight:{k}:leases:1")
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert!(!members.is_empty());
+    let ids: Vec<PermitId> = members
+        .iter()
+        .map(|m| PermitId::from(uuid::Uuid::from_slice(&m[1..]).unwrap()))
+        .collect();
+    // In one batch: refresh one of them, empty the shard (Redis deletes the set, and its expiry with
+    // it), then fill it again: the new set needs an expiry of its own.
+    let again = &ids[0];
+    let mut batch: Vec<Pin<Box<dyn Future<Output = ()> + '_>>> = Vec::new();
+    batch.push(Box::pin(async {
+        let admission = acquire(&store, "k", again, 30_000).await;
+        assert!(matches!(admission, Admission::Admitted { .. }));
+    }));
+    for id in &ids {
+        batch.push(Box::pin(async {
+            assert!(store.release("k", id).await.unwrap());
+        }));
+    }
+    batch.push(Box::pin(async {
+        let admission = acquire(&store, "k", again, 30_000).await;
+        assert!(matches!(admission, Admission::Admitted { .. }));
+    }));
+    join_all(batch).await;
+    let shard: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+        .arg("inflight:{k}:leases:1")
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(shard, vec![members[0].clone()]);
+    let names = keys(&mut c);
+    assert!(names.len() > 5, "{names:?}");
+    for key in names {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
+        assert!(ttl > 30_000, "{key}: PTTL {ttl}");
+    }
+}
