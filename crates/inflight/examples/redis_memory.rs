@@ -1,6 +1,8 @@
 //! Redis memory per held permit, measured on real permits: holds N permits on one key through a
-//! [`Limiter`] on the Redis store, asks Redis for `MEMORY USAGE` of the key's leases, and prints one line,
-//! `N BYTES`, for each N given. The permits are released before the next N.
+//! [`Limiter`] on the Redis store, sums `MEMORY USAGE` over every Redis key the store keeps for it (its
+//! leases, in shards past 100, and their bookkeeping; not the limit override, which is configuration),
+//! and prints one line, `N BYTES REDIS_KEYS`, for each N given. The permits are released before the
+//! next N.
 //!
 //! `scripts/bench.sh` runs this; by hand:
 //! `cargo run --release -p inflight --example redis_memory -- redis://127.0.0.1:6379 100 100000`
@@ -28,14 +30,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let chunk = (n - permits.len()).min(256);
             permits.extend(try_join_all((0..chunk).map(|_| limiter.try_acquire("k"))).await?);
         }
-        let bytes: u64 = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(format!("{prefix}{{k}}:leases"))
-            .arg("SAMPLES")
-            .arg(0)
+        let names: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
             .query_async(&mut conn)
             .await?;
-        println!("{n} {bytes}");
+        let mut bytes = 0u64;
+        let mut counted = 0;
+        for name in names.iter().filter(|name| !name.ends_with(":limit")) {
+            let usage: u64 = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(name)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await?;
+            bytes += usage;
+            counted += 1;
+        }
+        println!("{n} {bytes} {counted}");
         // Released and awaited: dropped permits would be released in the background, after this exits.
         try_join_all(permits.into_iter().map(|permit| permit.release())).await?;
         limiter.clear_limit("k").await?;

@@ -240,19 +240,24 @@ local function split(key)
   redis.call('DEL', to) -- a shard of an earlier life of the key may linger until it expires
   local all = redis.call('ZRANGE', from, 0, -1, 'WITHSCORES')
   local moved, ids = {}, {}
+  -- Moves what is gathered; in chunks, as Lua unpacks a few thousand values at most (a shard is larger
+  -- than usual only when many ids share a hash).
+  local function move()
+    redis.call('ZADD', to, unpack(moved))
+    redis.call('ZREM', from, unpack(ids))
+    moved, ids = {}, {}
+  end
   for j = 1, #all, 2 do
     if id_hash(all[j]) % (base * 2) ~= s then
       moved[#moved + 1] = all[j + 1]
       moved[#moved + 1] = all[j]
       ids[#ids + 1] = all[j]
+      if #ids == 1000 then move() end
     end
   end
-  if #ids > 0 then
-    redis.call('ZADD', to, unpack(moved))
-    local ttl = redis.call('PTTL', key.weights)
-    if ttl > 0 then redis.call('PEXPIRE', to, ttl) end
-    redis.call('ZREM', from, unpack(ids))
-  end
+  if #ids > 0 then move() end
+  local ttl = redis.call('PTTL', key.weights)
+  if ttl > 0 then redis.call('PEXPIRE', to, ttl) end
   key.shards = key.shards + 1
   if key.shards == base * 2 then key.base = base * 2 end
   key.dirty = true
