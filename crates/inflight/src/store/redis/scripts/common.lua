@@ -15,20 +15,22 @@
 --   <prefix>{E}:leases, <prefix>{E}:leases:1 ... <prefix>{E}:leases:<N-1>   the N shards
 --   <prefix>{E}:leases:due   sorted set: shard number -> a deadline no later than the shard's earliest,
 --                            so that reclaiming looks only at shards with something due
---   weights[SHARDS] = N, weights[LEASES] = the number of leases (no permit id is spelled so: 0xFE is
---                            never in UTF-8 text, and a generated id starts with 0xFF)
+--   weights[BOOK] = 'N n L': N shards, n leases, and L a lease length no lease's deadline is beyond
+--                            (counted from now), so that a lease at least that long is its shard's
+--                            latest and leaves the due set as it is. No permit id is spelled '\254':
+--                            0xFE is never in UTF-8 text, and a generated id starts with 0xFF.
 -- The shards' names are made here from the leases key's name: the same hash tag, the same slot.
 -- When its last lease goes, a sharded key becomes a plain one again.
 --
 -- Leases and weights expire (PEXPIRE) a while after their latest deadline, so idle keys leave nothing
 -- behind.
 
-local SHARDS, LEASES = '\254N', '\254n'
+local BOOK = '\254'
 -- A plain key holding more leases than this is sharded (below Redis's 128, so no set ever converts).
 local SHARD_FROM = 100
 -- A sharded key splits a shard whenever it holds more than this many leases per shard. Linear hashing
 -- leaves the shards not yet split at this round with up to twice the average: 96, plus chance.
-local SPLIT_AT = 48
+local SPLIT_AT = 16
 
 -- Now on the Redis clock, in ms; offset_ms is 0 outside tests (which move time instead of sleeping).
 local function now_ms(offset_ms)
@@ -46,10 +48,22 @@ local function resolve_limit(override, default_limit, max_limit)
   return max_limit
 end
 
--- An id's hash, 0 <= h < 2^32 (exact in Lua's doubles: h * 31 + 255 < 2^53).
+-- An id's hash, 0 <= h < 2^32: h * 31 + byte over its bytes, kept exact in Lua's doubles (below 2^53)
+-- by reducing it every few bytes. A generated id's 16 bytes are read in one call (time-based UUIDs
+-- given as ids vary in some bytes only, so all of them count); any other id 32 bytes at a time.
 local function id_hash(id)
+  if #id == 17 and string.byte(id, 1) == 255 then
+    local a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p = string.byte(id, 2, 17)
+    local x = ((a * 31 + b) * 31 + c) * 31 + d
+    x = ((((x * 31 + e) * 31 + f) * 31 + g) * 31 + h) % 4294967296
+    x = ((((x * 31 + i) * 31 + j) * 31 + k) * 31 + l) % 4294967296
+    return ((((x * 31 + m) * 31 + n) * 31 + o) * 31 + p) % 4294967296
+  end
   local h = 0
-  for i = 1, #id do h = (h * 31 + string.byte(id, i)) % 4294967296 end
+  for from = 1, #id, 32 do
+    local bytes = {string.byte(id, from, from + 31)}
+    for i = 1, #bytes do h = (h * 31 + bytes[i]) % 4294967296 end
+  end
   return h
 end
 
@@ -66,8 +80,12 @@ end
 local seen = {}
 
 local function shard_name(key, i)
-  if i == 0 then return key.leases end
-  return key.leases .. ':' .. i
+  local name = key.names[i]
+  if name == nil then
+    name = key.leases .. ':' .. i
+    key.names[i] = name
+  end
+  return name
 end
 
 -- The sorted set that holds (or would hold) id's lease, and its shard number.
@@ -127,13 +145,7 @@ local function in_flight(key)
   return leases(key) + key.extra
 end
 
--- `delta` leases more (or fewer).
-local function counted(key, delta)
-  if key.n ~= nil then key.n = key.n + delta end
-  if key.shards > 0 then key.dirty = true end
-end
-
--- Removes the expired leases (deadline <= now) of one sorted set; returns how many.
+-- Removes the expired leases (deadline <= now, the time as text) of one sorted set; returns how many.
 local function reclaim_set(key, set, now)
   if key.extra == 0 then return redis.call('ZREMRANGEBYSCORE', set, '-inf', now) end
   local expired = redis.call('ZRANGEBYSCORE', set, '-inf', now)
@@ -157,7 +169,10 @@ local function refresh_due(key, i)
 end
 
 -- Removes the key's expired leases; returns how many.
+local now_text = nil
 local function reclaim(key, now)
+  if now_text == nil then now_text = string.format('%.0f', now) end
+  now = now_text
   if key.shards == 0 then return reclaim_set(key, key.leases, now) end
   local total = 0
   for _, i in ipairs(redis.call('ZRANGEBYSCORE', key.due, '-inf', now)) do
@@ -165,7 +180,7 @@ local function reclaim(key, now)
     total = total + reclaim_set(key, shard_name(key, i), now)
     refresh_due(key, i)
   end
-  if total > 0 then counted(key, -total) end
+  key.n = key.n - total
   return total
 end
 
@@ -173,15 +188,22 @@ end
 local function view(leases_key, weights_key, limit_key, now)
   local key = seen[leases_key]
   if key then return key end
-  local meta = redis.call('HMGET', weights_key, '', SHARDS, LEASES)
+  local meta = redis.call('HMGET', weights_key, '', BOOK)
+  -- n: the number of leases, read when first needed; ttl_ms: the longest lease the key's expiry was
+  -- kept for in this script; now: the script's time
   key = {
-    leases = leases_key, weights = weights_key, limit = limit_key, due = leases_key .. ':due',
-    extra = tonumber(meta[1]) or 0, shards = tonumber(meta[2]) or 0,
-    ttl_ms = 0, shard_ttl_ms = {}, due_at = {},
+    leases = leases_key, weights = weights_key, limit = limit_key, extra = tonumber(meta[1]) or 0,
+    shards = 0, n = nil, reclaimed = 0, override = nil, ttl_ms = 0, now = now,
   }
-  if key.shards > 0 then
-    key.base = base_of(key.shards)
-    key.n = tonumber(meta[3]) or 0
+  if meta[2] then
+    -- A sharded key's: its due set, its base (the largest power of two not above its shard count),
+    -- its longest lease, per shard its name, the lease length its expiry was kept for and an upper
+    -- bound of its due entry, and its bookkeeping as read (written back only when changed).
+    local shards, n, longest = string.match(meta[2], '^(%d+) (%d+) (%d+)$')
+    key.shards, key.n, key.longest = tonumber(shards), tonumber(n), tonumber(longest)
+    key.due, key.base, key.names = leases_key .. ':due', base_of(key.shards), {[0] = leases_key}
+    key.shard_ttl_ms, key.due_at = {}, {}
+    key.read = meta[2]
   end
   seen[leases_key] = key
   key.reclaimed = reclaim(key, now)
@@ -193,15 +215,15 @@ local function override(key)
   return key.override
 end
 
--- Keeps `name` (and the others) until well after `ms` from now: past the latest deadline, so that
+-- Keeps `name` and `other` until well after `ms` from now: past the latest deadline, so that
 -- expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the key
 -- next, and an untouched key still goes away by itself. One PTTL; the PEXPIREs only when `name` would
 -- otherwise end within a second of `ms`.
-local function keep_until(ms, name, ...)
+local function keep_until(ms, name, other)
   if redis.call('PTTL', name) < ms + 1000 then
     local ttl = ms * 2 + 1000
     redis.call('PEXPIRE', name, ttl)
-    for _, other in ipairs({...}) do redis.call('PEXPIRE', other, ttl) end
+    redis.call('PEXPIRE', other, ttl)
   end
 end
 
@@ -211,15 +233,23 @@ end
 -- outlive every shard's live leases.
 local function keep(key, i, expires, lease_ms)
   if key.shards > 0 then
+    -- A shard without an expiry was made by this lease (every shard gets one when made): the due set
+    -- needs its entry. Otherwise it holds one no later than the shard's earliest deadline, which a
+    -- lease at least as long as any other leaves as it is.
+    local fresh = false
+    if lease_ms > (key.shard_ttl_ms[i] or 0) then
+      local name = shard_name(key, i)
+      local ttl = redis.call('PTTL', name)
+      if ttl < lease_ms + 1000 then redis.call('PEXPIRE', name, lease_ms * 2 + 1000) end
+      fresh = ttl == -1
+      key.shard_ttl_ms[i] = lease_ms
+    end
     local due_at = key.due_at[i]
-    if due_at == nil or expires < due_at then
+    if (fresh or lease_ms < key.longest) and (due_at == nil or expires < due_at) then
       redis.call('ZADD', key.due, 'LT', expires, i)
       key.due_at[i] = expires
     end
-    if lease_ms > (key.shard_ttl_ms[i] or 0) then
-      keep_until(lease_ms, shard_name(key, i))
-      key.shard_ttl_ms[i] = lease_ms
-    end
+    if lease_ms > key.longest then key.longest = lease_ms end
   end
   if lease_ms > key.ttl_ms then
     if key.shards == 0 then
@@ -260,7 +290,6 @@ local function split(key)
   if ttl > 0 then redis.call('PEXPIRE', to, ttl) end
   key.shards = key.shards + 1
   if key.shards == base * 2 then key.base = base * 2 end
-  key.dirty = true
   -- Either set may have been emptied or made: each one's expiry is looked at again when next used.
   key.shard_ttl_ms[s], key.shard_ttl_ms[s + base] = nil, nil
   refresh_due(key, s)
@@ -269,35 +298,39 @@ end
 
 -- A plain key becomes a sharded key of one shard (its leases set), then splits as its count says.
 local function shard(key)
+  key.due, key.names, key.shard_ttl_ms, key.due_at = key.leases .. ':due', {[0] = key.leases}, {}, {}
   redis.call('DEL', key.due)
-  key.shards, key.base, key.dirty = 1, 1, true
+  key.shards, key.base, key.read = 1, 1, ''
   key.shard_ttl_ms[0] = key.ttl_ms
   refresh_due(key, 0)
+  local last = redis.call('ZRANGE', key.leases, -1, -1, 'WITHSCORES')
+  key.longest = math.max(tonumber(last[2]) - key.now, 0)
   local ttl = redis.call('PTTL', key.leases)
-  redis.call('HSET', key.weights, SHARDS, 1, LEASES, key.n)
+  redis.call('HSET', key.weights, BOOK, string.format('1 %d %d', key.n, key.longest))
   redis.call('PEXPIRE', key.weights, ttl)
   redis.call('PEXPIRE', key.due, ttl)
 end
 
--- After a new lease (its shard's expiry and due entry already kept).
+-- After a new lease (its shard's expiry and due entry already kept; its count known).
 local function added(key)
-  counted(key, 1)
+  key.n = key.n + 1
   if key.shards == 0 then
-    if leases(key) <= SHARD_FROM then return end
+    if key.n <= SHARD_FROM then return end
     shard(key)
   end
   while key.n > SPLIT_AT * key.shards do split(key) end
 end
 
--- Writes what the script changed of each sharded key: its shard count and number of leases; a key
--- whose last lease went becomes a plain key again (its shards have gone with their last members).
+-- Writes what the script changed of each sharded key's bookkeeping; a key whose last lease went
+-- becomes a plain key again (its shards have gone with their last members).
 local function finish()
   for _, key in pairs(seen) do
-    if key.dirty then
+    if key.shards > 0 then
       if key.n == 0 then
         redis.call('DEL', key.weights, key.due)
       else
-        redis.call('HSET', key.weights, SHARDS, key.shards, LEASES, key.n)
+        local book = string.format('%d %d %d', key.shards, key.n, key.longest)
+        if book ~= key.read then redis.call('HSET', key.weights, BOOK, book) end
       end
     end
   end

@@ -20,9 +20,10 @@ local function acquire(leases_key, weights_key, limit_key, id, weight, lease_ms,
   key.reclaimed = 0 -- reported once
   if limit == 0 then return 2, 0, 0, 0, reclaimed end
   if weight > limit then return 3, limit, 0, 0, reclaimed end
-  local n = in_flight(key)
+  local n = (key.n or leases(key)) + key.extra
   local expires = now + lease_ms
-  local set, shard = lease_set(key, id)
+  local set, shard = leases_key, 0
+  if key.shards > 0 then set, shard = lease_set(key, id) end
   local held = 0
   if n + weight <= limit then
     -- Room even if the id is new: add (or refresh) it; ZADD says whether it was new.
@@ -33,8 +34,8 @@ local function acquire(leases_key, weights_key, limit_key, id, weight, lease_ms,
     if weight > held and n - held + weight > limit then return 0, limit, n, 0, reclaimed end
     redis.call('ZADD', set, deadline(now, lease_ms), id)
   end
-  reweigh(key, id, held, weight)
-  keep(key, shard, expires, lease_ms)
+  if held > 1 or weight > 1 then reweigh(key, id, held, weight) end
+  if key.shards > 0 or lease_ms > key.ttl_ms then keep(key, shard, expires, lease_ms) end
   if held == 0 then added(key) end
   return 1, limit, n - held + weight, expires, reclaimed
 end
@@ -43,11 +44,13 @@ end
 -- already gone (released, or expired: viewing the key reclaimed it).
 local function release(leases_key, weights_key, limit_key, id, now)
   local key = view(leases_key, weights_key, limit_key, now)
-  local set, shard = lease_set(key, id)
-  local weight = held_weight(key, id)
+  local set, shard = leases_key, 0
+  if key.shards > 0 then set, shard = lease_set(key, id) end
+  local weight = 1
+  if key.extra > 0 then weight = held_weight(key, id) end
   if redis.call('ZREM', set, id) == 0 then return 0 end
   if weight > 1 then forget_weight(key, id) end
-  counted(key, -1)
+  if key.n ~= nil then key.n = key.n - 1 end
   -- Its last lease gone, Redis deletes a set, and its expiry with it: the next admission of the script
   -- must set one again on the set it creates (one PTTL when the count is not known here).
   if key.shards > 0 then
