@@ -76,7 +76,7 @@ for store in memory:// "$redis"; do
 done
 
 say "Redis memory per held permit"
-# Real permits held through the library, on one key: a plain sorted set up to 100 leases, shards past it.
+# Real permits held through the library, on one key: a plain sorted set up to 127 leases, shards past it.
 "$root/target/release/examples/redis_memory" "$redis" 100 1000 10000 100000 >"$out/memory.txt"
 
 say "proxy vs direct vs nginx limit_conn (wrk)"

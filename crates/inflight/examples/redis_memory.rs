@@ -1,6 +1,6 @@
 //! Redis memory per held permit, measured on real permits: holds N permits on one key through a
 //! [`Limiter`] on the Redis store, sums `MEMORY USAGE` over every Redis key the store keeps for it (its
-//! leases, in shards past 100, and their bookkeeping; not the limit override, which is configuration),
+//! leases, in shards past 127, and their bookkeeping; not the limit override, which is configuration),
 //! and prints one line, `N BYTES REDIS_KEYS`, for each N given. The permits are released before the
 //! next N.
 //!

@@ -86,7 +86,7 @@ pub fn coarse_op() -> impl Strategy<Value = Op> {
 }
 
 /// Coarse operations crowding two keys with up to 256 permits each, so that the Redis store's keys grow
-/// past a plain sorted set (more than 100 leases) into shards, split, expire and empty again.
+/// past a plain sorted set (more than 127 leases) into shards, split, expire and empty again.
 pub fn crowded_op() -> impl Strategy<Value = Op> {
     // Most operations on the first key, so that it fills up.
     let key = || prop_oneof![4 => Just(0u8), 1 => Just(1u8)];

@@ -26,8 +26,10 @@
 -- behind.
 
 local BOOK = '\254'
--- A plain key holding more leases than this is sharded (below Redis's 128, so no set ever converts).
-local SHARD_FROM = 100
+-- A plain key holding more leases than this is sharded: the largest plain set, 128 members, is still
+-- a listpack (Redis's default zset-max-listpack-entries), and a key with up to 127 permits in flight
+-- (a proxy's 64 connections, with releases still on their way) keeps the cheaper plain path.
+local SHARD_FROM = 127
 -- A sharded key splits a shard whenever it holds more than this many leases per shard. Linear hashing
 -- leaves the shards not yet split at this round with up to twice the average: 96, plus chance.
 local SPLIT_AT = 16
