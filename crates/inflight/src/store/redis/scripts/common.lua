@@ -19,7 +19,9 @@
 --                            (counted from now), so that a lease at least that long is its shard's
 --                            latest and leaves the due set as it is. No permit id is spelled '\254':
 --                            0xFE is never in UTF-8 text, and a generated id starts with 0xFF.
--- The shards' names are made here from the leases key's name: the same hash tag, the same slot.
+-- The shards' names are made here from the leases key's name: the same hash tag, the same slot (Redis
+-- and Redis Cluster allow keys a script does not declare in the slot of those it does; servers that
+-- insist on declared keys would refuse a crowded key).
 -- When its last lease goes, a sharded key becomes a plain one again.
 --
 -- Leases and weights expire (PEXPIRE) a while after their latest deadline, so idle keys leave nothing
@@ -31,7 +33,8 @@ local BOOK = '\254'
 -- (a proxy's 64 connections, with releases still on their way) keeps the cheaper plain path.
 local SHARD_FROM = 127
 -- A sharded key splits a shard whenever it holds more than this many leases per shard. Linear hashing
--- leaves the shards not yet split at this round with up to twice the average: 96, plus chance.
+-- leaves the shards not yet split at this round with up to twice the average: 32, plus chance (a
+-- listpack of 16 takes an admission and a release in 1.4 us, one of 48 in 2.5).
 local SPLIT_AT = 16
 
 -- Now on the Redis clock, in ms; offset_ms is 0 outside tests (which move time instead of sleeping).
@@ -157,16 +160,27 @@ local function reclaim_set(key, set, now)
   return #expired
 end
 
+-- After an entry was added to the due set: a due set that lost its last entry earlier in the script was
+-- deleted by Redis, with its expiry; the one the entry made takes the key's.
+local function due_kept(key)
+  if key.due_gone then
+    local ttl = key.ttl or redis.call('PTTL', key.weights)
+    if ttl > 0 then redis.call('PEXPIRE', key.due, ttl) end
+    key.due_gone = false
+  end
+end
+
 -- Sets shard i's entry in the due set to its earliest deadline, or removes it when the shard is empty.
 local function refresh_due(key, i)
   local first = redis.call('ZRANGE', shard_name(key, i), 0, 0, 'WITHSCORES')
   if first[2] then
     redis.call('ZADD', key.due, first[2], i)
     key.due_at[i] = tonumber(first[2])
+    due_kept(key)
   else
     redis.call('ZREM', key.due, i)
     key.due_at[i] = nil
-    key.ttl_ms = 0 -- the due set may have gone with its last entry, and its expiry with it
+    key.due_gone = true
   end
 end
 
@@ -199,12 +213,13 @@ local function view(leases_key, weights_key, limit_key, now)
   }
   if meta[2] then
     -- A sharded key's: its due set, its base (the largest power of two not above its shard count),
-    -- its longest lease, per shard its name, the lease length its expiry was kept for and an upper
-    -- bound of its due entry, and its bookkeeping as read (written back only when changed).
+    -- its longest lease, its remaining time once kept (ttl), per shard its name, whether it was
+    -- checked for an expiry and an upper bound of its due entry, and its bookkeeping as read
+    -- (written back only when changed).
     local shards, n, longest = string.match(meta[2], '^(%d+) (%d+) (%d+)$')
     key.shards, key.n, key.longest = tonumber(shards), tonumber(n), tonumber(longest)
     key.due, key.base, key.names = leases_key .. ':due', base_of(key.shards), {[0] = leases_key}
-    key.shard_ttl_ms, key.due_at = {}, {}
+    key.checked, key.due_at = {}, {}
     key.read = meta[2]
   end
   seen[leases_key] = key
@@ -229,38 +244,51 @@ local function keep_until(ms, name, other)
   end
 end
 
--- After a lease in shard i got the deadline `expires` (lease_ms from now): the due set knows it, and
--- the sets that hold it outlive it. Each set's expiry is looked at once per script and lease length.
--- A plain key's weights expire with its leases, never after them; a sharded key's weights and due set
--- outlive every shard's live leases.
+-- After a lease in shard i got the deadline `expires` (lease_ms from now): the sets that hold it outlive
+-- it, and the due set knows it. A key's expiry is looked at once per script and lease length.
+--
+-- A plain key's weights expire with its leases, never after them. Every Redis key of a sharded key
+-- (weights, due set, shards) expires at the one instant its weights do: a shard gone before the count
+-- of its leases would leave the count too high for good. So the weights' expiry is kept as a plain
+-- key's leases' is, and set on all the others whenever it moves (one PEXPIRE a shard, once in about a
+-- lease length); a shard made since takes it too.
 local function keep(key, i, expires, lease_ms)
-  if key.shards > 0 then
-    -- A shard without an expiry was made by this lease (every shard gets one when made): the due set
-    -- needs its entry. Otherwise it holds one no later than the shard's earliest deadline, which a
-    -- lease at least as long as any other leaves as it is.
-    local fresh = false
-    if lease_ms > (key.shard_ttl_ms[i] or 0) then
-      local name = shard_name(key, i)
-      local ttl = redis.call('PTTL', name)
-      if ttl < lease_ms + 1000 then redis.call('PEXPIRE', name, lease_ms * 2 + 1000) end
-      fresh = ttl == -1
-      key.shard_ttl_ms[i] = lease_ms
+  if key.shards == 0 then
+    if lease_ms > key.ttl_ms then
+      keep_until(lease_ms, key.leases, key.weights)
+      key.ttl_ms = lease_ms
     end
-    local due_at = key.due_at[i]
-    if (fresh or lease_ms < key.longest) and (due_at == nil or expires < due_at) then
-      redis.call('ZADD', key.due, 'LT', expires, i)
-      key.due_at[i] = expires
-    end
-    if lease_ms > key.longest then key.longest = lease_ms end
+    return
   end
   if lease_ms > key.ttl_ms then
-    if key.shards == 0 then
-      keep_until(lease_ms, key.leases, key.weights)
-    else
-      keep_until(lease_ms, key.due, key.weights)
+    local ttl = redis.call('PTTL', key.weights)
+    if ttl < lease_ms + 1000 then
+      ttl = lease_ms * 2 + 1000
+      redis.call('PEXPIRE', key.weights, ttl)
+      redis.call('PEXPIRE', key.due, ttl)
+      for s = 0, key.shards - 1 do redis.call('PEXPIRE', shard_name(key, s), ttl) end
     end
-    key.ttl_ms = lease_ms
+    key.ttl, key.ttl_ms = ttl, lease_ms
   end
+  -- A shard without an expiry was made by this lease: it takes the key's, and the due set needs its
+  -- entry. Otherwise the due set holds one no later than the shard's earliest deadline, which a lease
+  -- at least as long as any other leaves as it is.
+  local fresh = false
+  if not key.checked[i] then
+    local name = shard_name(key, i)
+    if redis.call('PTTL', name) == -1 then
+      redis.call('PEXPIRE', name, key.ttl)
+      fresh = true
+    end
+    key.checked[i] = true
+  end
+  local due_at = key.due_at[i]
+  if (fresh or lease_ms < key.longest) and (due_at == nil or expires < due_at) then
+    redis.call('ZADD', key.due, 'LT', expires, i)
+    key.due_at[i] = expires
+    due_kept(key)
+  end
+  if lease_ms > key.longest then key.longest = lease_ms end
 end
 
 -- Splits the next shard in two (linear hashing): the ids of shard s = N - base whose hash says
@@ -292,25 +320,26 @@ local function split(key)
   if ttl > 0 then redis.call('PEXPIRE', to, ttl) end
   key.shards = key.shards + 1
   if key.shards == base * 2 then key.base = base * 2 end
-  -- Either set may have been emptied or made: each one's expiry is looked at again when next used.
-  key.shard_ttl_ms[s], key.shard_ttl_ms[s + base] = nil, nil
+  -- Either set may have been emptied (and deleted by Redis) or made: each is checked again when next used.
+  key.checked[s], key.checked[s + base] = nil, nil
   refresh_due(key, s)
   refresh_due(key, s + base)
 end
 
 -- A plain key becomes a sharded key of one shard (its leases set), then splits as its count says.
 local function shard(key)
-  key.due, key.names, key.shard_ttl_ms, key.due_at = key.leases .. ':due', {[0] = key.leases}, {}, {}
+  key.due, key.names, key.checked, key.due_at = key.leases .. ':due', {[0] = key.leases}, {}, {}
   redis.call('DEL', key.due)
   key.shards, key.base, key.read = 1, 1, ''
-  key.shard_ttl_ms[0] = key.ttl_ms
+  key.checked[0] = true
   refresh_due(key, 0)
   local last = redis.call('ZRANGE', key.leases, -1, -1, 'WITHSCORES')
   key.longest = math.max(tonumber(last[2]) - key.now, 0)
-  local ttl = redis.call('PTTL', key.leases)
+  -- The leases' expiry becomes the key's (they were kept for the longest lease of this script).
+  key.ttl = redis.call('PTTL', key.leases)
   redis.call('HSET', key.weights, BOOK, string.format('1 %d %d', key.n, key.longest))
-  redis.call('PEXPIRE', key.weights, ttl)
-  redis.call('PEXPIRE', key.due, ttl)
+  redis.call('PEXPIRE', key.weights, key.ttl)
+  redis.call('PEXPIRE', key.due, key.ttl)
 end
 
 -- After a new lease (its shard's expiry and due entry already kept; its count known).

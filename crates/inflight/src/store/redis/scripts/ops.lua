@@ -54,7 +54,7 @@ local function release(leases_key, weights_key, limit_key, id, now)
   -- Its last lease gone, Redis deletes a set, and its expiry with it: the next admission of the script
   -- must set one again on the set it creates (one PTTL when the count is not known here).
   if key.shards > 0 then
-    key.shard_ttl_ms[shard] = nil
+    key.checked[shard] = nil
   elseif key.n == nil or key.n == 0 then
     key.ttl_ms = 0
   end
