@@ -17,7 +17,8 @@
 --                            so that reclaiming looks only at shards with something due
 --   weights[BOOK] = 'N n L': N shards, n leases, and L a lease length no lease's deadline is beyond
 --                            (counted from now), so that a lease at least that long is its shard's
---                            latest and leaves the due set as it is. No permit id is spelled '\254':
+--                            latest and leaves the due set as it is (a Redis clock stepped back by d
+--                            can delay reclaiming such a lease by up to d). No permit id is spelled '\254':
 --                            0xFE is never in UTF-8 text, and a generated id starts with 0xFF.
 -- The shards' names are made here from the leases key's name: the same hash tag, the same slot (Redis
 -- and Redis Cluster allow keys a script does not declare in the slot of those it does; servers that
