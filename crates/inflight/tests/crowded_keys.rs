@@ -144,7 +144,8 @@ async fn shorter_leases_among_longer_ones_are_reclaimed_on_time() {
     assert_eq!((reclaimed, grant.in_flight), (300, 301));
 }
 
-/// The ids of the permits in shard `i`, read from Redis.
+/// The permits in shard `i`, read from Redis: as Redis stores them (0xFF and the UUID's 16 bytes), and
+/// as ids.
 fn shard_ids(c: &mut redis::Connection, i: u32) -> (Vec<Vec<u8>>, Vec<PermitId>) {
     let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
         .arg(format!("inflight:{{k}}:leases:{i}"))
@@ -201,18 +202,8 @@ async fn everything_a_crowded_key_leaves_in_redis_expires() {
     let store = redis.store();
     let mut c = redis.client();
     fill(&store, "k", 400, 30_000).await;
-    // The permits in shard 1, by their ids as Redis stores them (0xFF and the UUID's 16 bytes).
-    let members: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg("inflight:{k}:leases:1")
-        .arg(0)
-        .arg(-1)
-        .query(&mut c)
-        .unwrap();
+    let (members, ids) = shard_ids(&mut c, 1);
     assert!(!members.is_empty());
-    let ids: Vec<PermitId> = members
-        .iter()
-        .map(|m| PermitId::from(uuid::Uuid::from_slice(&m[1..]).unwrap()))
-        .collect();
     // In one batch: refresh one of them, empty the shard (Redis deletes the set, and its expiry with
     // it), then fill it again: the new set needs an expiry of its own.
     let again = &ids[0];
@@ -231,13 +222,7 @@ async fn everything_a_crowded_key_leaves_in_redis_expires() {
         assert!(matches!(admission, Admission::Admitted { .. }));
     }));
     join_all(batch).await;
-    let shard: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-        .arg("inflight:{k}:leases:1")
-        .arg(0)
-        .arg(-1)
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(shard, vec![members[0].clone()]);
+    assert_eq!(shard_ids(&mut c, 1).0, vec![members[0].clone()]);
     assert!(keys(&mut c).len() > 5);
     let before = one_expiry(&mut c);
     // A longer lease moves the key's expiry: every set moves with it.

@@ -44,6 +44,21 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A fresh pair for one case: the memory store on its own clock, the Redis store under its own prefix
+/// (opened inside the runtime it will live on).
+fn fresh_stores(
+    redis: &TestRedis,
+    prefix: String,
+) -> (ManualClock, MemoryStore<ManualClock>, RedisStore) {
+    let clock = ManualClock::new(1_000_000);
+    let memory = MemoryStore::with_clock(clock.clone());
+    let shared = RedisStore::builder(redis.url())
+        .prefix(prefix)
+        .open()
+        .unwrap();
+    (clock, memory, shared)
+}
+
 /// Every sequence applied one operation at a time to both stores; each case on a fresh prefix.
 fn agree_one_by_one(
     cases: u32,
@@ -54,13 +69,8 @@ fn agree_one_by_one(
     let case = AtomicU32::new(0);
     TestRunner::new(Config::with_cases(cases)).run(&sequences, |(policy, ops)| {
         let case = case.fetch_add(1, Ordering::Relaxed);
-        let clock = ManualClock::new(1_000_000);
-        let memory = MemoryStore::with_clock(clock.clone());
         let _guard = rt.enter();
-        let shared = RedisStore::builder(redis.url())
-            .prefix(format!("case{case}:"))
-            .open()
-            .unwrap();
+        let (clock, memory, shared) = fresh_stores(&redis, format!("case{case}:"));
         let (mut memory_holds, mut redis_holds) = (Vec::new(), Vec::new());
         for (step, op) in ops.iter().enumerate() {
             let advance = |d| clock.advance(d);
@@ -96,13 +106,8 @@ fn agree_batched(
     let case = AtomicU32::new(0);
     TestRunner::new(Config::with_cases(cases)).run(&sequences, |(policy, ops)| {
         let case = case.fetch_add(1, Ordering::Relaxed);
-        let clock = ManualClock::new(1_000_000);
-        let memory = MemoryStore::with_clock(clock.clone());
         let _guard = rt.enter();
-        let shared = RedisStore::builder(redis.url())
-            .prefix(format!("burst{case}:"))
-            .open()
-            .unwrap();
+        let (clock, memory, shared) = fresh_stores(&redis, format!("burst{case}:"));
         let mut holds = Vec::new();
         let want: Vec<Outcome> = ops
             .iter()
