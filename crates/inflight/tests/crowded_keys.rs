@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use inflight::store::{AcquireRequest, Admission};
+use inflight::store::{AcquireRequest, Admission, RenewRequest, Renewal};
 use inflight::{PermitId, Policy, RedisStore, Store};
 use support::TestRedis;
 
@@ -259,4 +259,37 @@ async fn ids_that_share_a_hash_are_still_counted_and_found() {
     let released = join_all(ids.iter().map(|id| store.release("k", id))).await;
     assert!(released.into_iter().all(|r| r.unwrap()));
     assert_eq!(store.status("k", POLICY).await.unwrap().in_flight, 0);
+}
+
+/// Permits of a crowded key re-registered after Redis lost everything (restarted empty): renewals that
+/// re-add their leases make the key crowded again, and renew them there afterwards.
+#[tokio::test]
+async fn renewals_re_add_a_crowded_keys_lost_leases_into_shards() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    let mut c = redis.client();
+    let ids = fill(&store, "k", 300, 30_000).await;
+    redis::cmd("FLUSHALL").exec(&mut c).unwrap();
+    let renew = |readd: Option<u32>| -> Vec<RenewRequest> {
+        ids.iter()
+            .map(|id| RenewRequest {
+                key: "k".into(),
+                id: id.clone(),
+                lease_ms: 30_000,
+                policy: POLICY,
+                readd_weight: readd,
+            })
+            .collect()
+    };
+    let readded = store.renew(&renew(Some(1))).await.unwrap();
+    assert!(readded.iter().all(|r| matches!(r, Renewal::Readded(_))));
+    assert_eq!(store.status("k", POLICY).await.unwrap().in_flight, 300);
+    assert!(keys(&mut c).len() > 5, "sharded again");
+    let renewed = store.renew(&renew(None)).await.unwrap();
+    assert!(renewed.iter().all(|r| matches!(r, Renewal::Renewed(_))));
+    one_expiry(&mut c);
+    for id in &ids {
+        assert!(store.release("k", id).await.unwrap());
+    }
+    assert_eq!(keys(&mut c), Vec::<String>::new());
 }
