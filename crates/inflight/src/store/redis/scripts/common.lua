@@ -233,16 +233,17 @@ local function override(key)
   return key.override
 end
 
--- Keeps `name` and `other` until well after `ms` from now: past the latest deadline, so that
--- expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the key
--- next, and an untouched key still goes away by itself. One PTTL; the PEXPIREs only when `name` would
--- otherwise end within a second of `ms`.
-local function keep_until(ms, name, other)
-  if redis.call('PTTL', name) < ms + 1000 then
-    local ttl = ms * 2 + 1000
-    redis.call('PEXPIRE', name, ttl)
-    redis.call('PEXPIRE', other, ttl)
-  end
+-- Keeps a plain key's leases (and weights) until well after `ms` from now: past the latest deadline,
+-- so that expired leases are reclaimed (and counted, a sign of crashed holders) by whoever touches the
+-- key next, and an untouched key still goes away by itself. A set that was empty before this lease is
+-- one Redis has just made, with no expiry; any other costs one PTTL, and the PEXPIREs only when it
+-- would end within a second of `ms`. The weights hash exists only while some lease weighs more than 1
+-- (or just after): otherwise it is left as it is.
+local function keep_plain(key, ms)
+  if key.n ~= 0 and redis.call('PTTL', key.leases) >= ms + 1000 then return end
+  local ttl = ms * 2 + 1000
+  redis.call('PEXPIRE', key.leases, ttl)
+  if key.extra > 0 then redis.call('PEXPIRE', key.weights, ttl) end
 end
 
 -- After a lease in shard i got the deadline `expires` (lease_ms from now): the sets that hold it outlive
@@ -256,7 +257,7 @@ end
 local function keep(key, i, expires, lease_ms)
   if key.shards == 0 then
     if lease_ms > key.ttl_ms then
-      keep_until(lease_ms, key.leases, key.weights)
+      keep_plain(key, lease_ms)
       key.ttl_ms = lease_ms
     end
     return
@@ -343,7 +344,8 @@ local function shard(key)
   redis.call('PEXPIRE', key.due, key.ttl)
 end
 
--- After a new lease (its shard's expiry and due entry already kept; its count known).
+-- Counts a new lease (its shard's expiry and due entry already kept; the count known); a plain key
+-- past SHARD_FROM is sharded, a sharded one splits as its count says.
 local function added(key)
   key.n = key.n + 1
   if key.shards == 0 then

@@ -36,7 +36,10 @@ local function acquire(leases_key, weights_key, limit_key, id, weight, lease_ms,
   end
   if held > 1 or weight > 1 then reweigh(key, id, held, weight) end
   if key.shards > 0 or lease_ms > key.ttl_ms then keep(key, shard, expires, lease_ms) end
-  if held == 0 then added(key) end
+  if held == 0 then
+    -- added(key), inline for a plain key that stays plain: the common case
+    if key.shards == 0 and key.n < SHARD_FROM then key.n = key.n + 1 else added(key) end
+  end
   return 1, limit, n - held + weight, expires, reclaimed
 end
 
