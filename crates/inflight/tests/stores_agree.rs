@@ -37,98 +37,53 @@ fn without_times(outcome: Outcome) -> Outcome {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
+/// Runs `cases` random sequences on a fresh pair of stores each (the memory store on its own clock, the
+/// Redis store under its own prefix), comparing every decision. One by one, each operation goes to both
+/// stores in turn; `batched`, the whole sequence is sent to Redis at once, so that its operations reach
+/// Redis together in batches (in order), and the decisions must still be those of the operations one
+/// by one.
+fn agree(
+    cases: u32,
+    sequences: impl Strategy<Value = (Policy, Vec<Op>)>,
+    batched: bool,
+) -> Result<(), proptest::test_runner::TestError<(Policy, Vec<Op>)>> {
+    let redis = TestRedis::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap()
-}
-
-/// A fresh pair for one case: the memory store on its own clock, the Redis store under its own prefix
-/// (opened inside the runtime it will live on).
-fn fresh_stores(
-    redis: &TestRedis,
-    prefix: String,
-) -> (ManualClock, MemoryStore<ManualClock>, RedisStore) {
-    let clock = ManualClock::new(1_000_000);
-    let memory = MemoryStore::with_clock(clock.clone());
-    let shared = RedisStore::builder(redis.url())
-        .prefix(prefix)
-        .open()
         .unwrap();
-    (clock, memory, shared)
-}
-
-/// Every sequence applied one operation at a time to both stores; each case on a fresh prefix.
-fn agree_one_by_one(
-    cases: u32,
-    sequences: impl Strategy<Value = (Policy, Vec<Op>)>,
-) -> Result<(), proptest::test_runner::TestError<(Policy, Vec<Op>)>> {
-    let redis = TestRedis::start();
-    let rt = runtime();
     let case = AtomicU32::new(0);
     TestRunner::new(Config::with_cases(cases)).run(&sequences, |(policy, ops)| {
         let case = case.fetch_add(1, Ordering::Relaxed);
         let _guard = rt.enter();
-        let (clock, memory, shared) = fresh_stores(&redis, format!("case{case}:"));
-        let (mut memory_holds, mut redis_holds) = (Vec::new(), Vec::new());
-        for (step, op) in ops.iter().enumerate() {
-            let advance = |d| clock.advance(d);
-            let want = rt.block_on(apply_store(
+        let clock = ManualClock::new(1_000_000);
+        let memory = MemoryStore::with_clock(clock.clone());
+        let shared = RedisStore::builder(redis.url())
+            .prefix(format!("case{case}:"))
+            .open()
+            .unwrap();
+        let on_memory = |holds: &mut _, op| {
+            rt.block_on(apply_store(
                 &memory,
-                &advance,
+                &|d| clock.advance(d),
                 policy,
-                &mut memory_holds,
+                holds,
                 op,
-            ));
+            ))
+        };
+        let shared = &shared;
+        let on_redis = |op| async move {
+            let mut holds = Vec::new();
             let advance = |d: Duration| shared.advance_clock(d);
-            let got = rt.block_on(apply_store(&shared, &advance, policy, &mut redis_holds, op));
-            prop_assert_eq!(
-                without_times(got),
-                without_times(want),
-                "step {} {:?}",
-                step,
-                op
-            );
-        }
-        Ok(())
-    })
-}
-
-/// Every sequence sent at once to Redis, so that its operations reach Redis together in batches (in
-/// order): the decisions must still be those of the operations one by one.
-fn agree_batched(
-    cases: u32,
-    sequences: impl Strategy<Value = (Policy, Vec<Op>)>,
-) -> Result<(), proptest::test_runner::TestError<(Policy, Vec<Op>)>> {
-    let redis = TestRedis::start();
-    let rt = runtime();
-    let case = AtomicU32::new(0);
-    TestRunner::new(Config::with_cases(cases)).run(&sequences, |(policy, ops)| {
-        let case = case.fetch_add(1, Ordering::Relaxed);
-        let _guard = rt.enter();
-        let (clock, memory, shared) = fresh_stores(&redis, format!("burst{case}:"));
+            apply_store(shared, &advance, policy, &mut holds, op).await
+        };
         let mut holds = Vec::new();
-        let want: Vec<Outcome> = ops
-            .iter()
-            .map(|op| {
-                rt.block_on(apply_store(
-                    &memory,
-                    &|d| clock.advance(d),
-                    policy,
-                    &mut holds,
-                    op,
-                ))
-            })
-            .collect();
-        let got: Vec<Outcome> = rt.block_on(futures_util::future::join_all(ops.iter().map(|op| {
-            let shared = &shared;
-            async move {
-                let mut holds = Vec::new();
-                let advance = |d: Duration| shared.advance_clock(d);
-                apply_store(shared, &advance, policy, &mut holds, op).await
-            }
-        })));
+        let want: Vec<Outcome> = ops.iter().map(|op| on_memory(&mut holds, op)).collect();
+        let got: Vec<Outcome> = if batched {
+            rt.block_on(futures_util::future::join_all(ops.iter().map(on_redis)))
+        } else {
+            ops.iter().map(|op| rt.block_on(on_redis(op))).collect()
+        };
         for (step, (got, want)) in got.into_iter().zip(want).enumerate() {
             prop_assert_eq!(
                 without_times(got),
@@ -148,13 +103,18 @@ fn batched_kinds(op: &Op) -> bool {
 
 #[test]
 fn redis_and_memory_decide_alike() {
-    agree_one_by_one(64, (policy(), prop::collection::vec(coarse_op(), 1..60))).unwrap();
+    agree(
+        64,
+        (policy(), prop::collection::vec(coarse_op(), 1..60)),
+        false,
+    )
+    .unwrap();
 }
 
 #[test]
 fn batched_operations_decide_as_one_by_one() {
     let op = coarse_op().prop_filter("batched kinds", batched_kinds);
-    agree_batched(64, (policy(), prop::collection::vec(op, 1..120))).unwrap();
+    agree(64, (policy(), prop::collection::vec(op, 1..120)), true).unwrap();
 }
 
 /// Keys holding hundreds of permits: the Redis store shards them (see `scripts/common.lua`).
@@ -164,7 +124,7 @@ fn redis_and_memory_decide_alike_on_crowded_keys() {
         crowded_policy(),
         prop::collection::vec(crowded_op(), 400..700),
     );
-    agree_one_by_one(16, sequences).unwrap();
+    agree(16, sequences, false).unwrap();
     // Past a plain sorted set (127 leases) and into shards of 16.
     assert!(MOST_IN_FLIGHT.get() > 150, "{}", MOST_IN_FLIGHT.get());
 }
@@ -172,6 +132,11 @@ fn redis_and_memory_decide_alike_on_crowded_keys() {
 #[test]
 fn batched_operations_decide_as_one_by_one_on_crowded_keys() {
     let op = crowded_op().prop_filter("batched kinds", batched_kinds);
-    agree_batched(16, (crowded_policy(), prop::collection::vec(op, 400..700))).unwrap();
+    agree(
+        16,
+        (crowded_policy(), prop::collection::vec(op, 400..700)),
+        true,
+    )
+    .unwrap();
     assert!(MOST_IN_FLIGHT.get() > 150, "{}", MOST_IN_FLIGHT.get());
 }
