@@ -56,7 +56,7 @@ fn one_expiry(c: &mut redis::Connection) -> i64 {
     for key in keys(c) {
         let at = expiry(c, &key);
         assert!(
-            (count..count + 1_000).contains(&at),
+            (count..=count + 1_000).contains(&at),
             "{key} expires at {at}, the count at {count}"
         );
     }

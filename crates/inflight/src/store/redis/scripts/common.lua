@@ -38,10 +38,16 @@ local SHARD_FROM = 127
 -- listpack of 16 takes an admission and a release in 1.4 us, one of 48 in 2.5).
 local SPLIT_AT = 16
 
+-- The Redis clock at the script's start, in ms, without the tests' offset: expiries are set as instants
+-- from it (PEXPIREAT), so that two keys given one expiry get the same instant however long the script
+-- runs, and an expiry copied from another key's PTTL is never later than that key's.
+local clock_ms = 0
+
 -- Now on the Redis clock, in ms; offset_ms is 0 outside tests (which move time instead of sleeping).
 local function now_ms(offset_ms)
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + offset_ms
+  clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return clock_ms + offset_ms
 end
 
 -- The effective limit and the override: the override when > 0, else the default; capped by the
@@ -130,7 +136,7 @@ local function reweigh(key, id, held, weight)
   end
   if key.shards == 0 then
     local ttl = redis.call('PTTL', key.leases)
-    if ttl > 0 then redis.call('PEXPIRE', key.weights, ttl) end
+    if ttl > 0 then redis.call('PEXPIREAT', key.weights, clock_ms + ttl) end
   end
 end
 
@@ -161,12 +167,19 @@ local function reclaim_set(key, set, now)
   return #expired
 end
 
+-- When a sharded key's shards and due set expire: a second after its weights hash (which holds the count
+-- of leases), so that they never go first; by then every lease in them is long past its deadline, and
+-- a shard of an earlier life is emptied before it is used again.
+local function sets_expiry(key)
+  if key.expires_at == nil then key.expires_at = clock_ms + redis.call('PTTL', key.weights) end
+  return key.expires_at + 1000
+end
+
 -- After an entry was added to the due set: a due set that lost its last entry earlier in the script was
 -- deleted by Redis, with its expiry; the one the entry made takes the key's.
 local function due_kept(key)
   if key.due_gone then
-    local ttl = key.ttl or redis.call('PTTL', key.weights)
-    if ttl > 0 then redis.call('PEXPIRE', key.due, ttl) end
+    redis.call('PEXPIREAT', key.due, sets_expiry(key))
     key.due_gone = false
   end
 end
@@ -214,7 +227,7 @@ local function view(leases_key, weights_key, limit_key, now)
   }
   if meta[2] then
     -- A sharded key's: its due set, its base (the largest power of two not above its shard count),
-    -- its longest lease, its remaining time once kept (ttl), per shard its name, whether it was
+    -- its longest lease, its weights' expiry (an instant) once known, per shard its name, whether it was
     -- checked for an expiry and an upper bound of its due entry, and its bookkeeping as read
     -- (written back only when changed).
     local shards, n, longest = string.match(meta[2], '^(%d+) (%d+) (%d+)$')
@@ -241,19 +254,19 @@ end
 -- (or just after): otherwise it is left as it is.
 local function keep_plain(key, ms)
   if key.n ~= 0 and redis.call('PTTL', key.leases) >= ms + 1000 then return end
-  local ttl = ms * 2 + 1000
-  redis.call('PEXPIRE', key.leases, ttl)
-  if key.extra > 0 then redis.call('PEXPIRE', key.weights, ttl) end
+  local at = clock_ms + ms * 2 + 1000
+  redis.call('PEXPIREAT', key.leases, at)
+  if key.extra > 0 then redis.call('PEXPIREAT', key.weights, at) end
 end
 
 -- After a lease in shard i got the deadline `expires` (lease_ms from now): the sets that hold it outlive
 -- it, and the due set knows it. A key's expiry is looked at once per script and lease length.
 --
--- A plain key's weights expire with its leases, never after them. Every Redis key of a sharded key
--- (weights, due set, shards) expires at the one instant its weights do: a shard gone before the count
--- of its leases would leave the count too high for good. So the weights' expiry is kept as a plain
--- key's leases' is, and set on all the others whenever it moves (one PEXPIRE a shard, once in about a
--- lease length); a shard made since takes it too.
+-- A plain key's weights expire with its leases, never after them. A sharded key's due set and shards
+-- expire a second after its weights (sets_expiry): a shard gone before the count of its leases would
+-- leave the count too high for good. So the weights' expiry is kept as a plain key's leases' is, and
+-- the others' moved with it (one PEXPIREAT a shard, once in about a lease length); a shard made since
+-- takes it too.
 local function keep(key, i, expires, lease_ms)
   if key.shards == 0 then
     if lease_ms > key.ttl_ms then
@@ -265,12 +278,13 @@ local function keep(key, i, expires, lease_ms)
   if lease_ms > key.ttl_ms then
     local ttl = redis.call('PTTL', key.weights)
     if ttl < lease_ms + 1000 then
-      ttl = lease_ms * 2 + 1000
-      redis.call('PEXPIRE', key.weights, ttl)
-      redis.call('PEXPIRE', key.due, ttl)
-      for s = 0, key.shards - 1 do redis.call('PEXPIRE', shard_name(key, s), ttl) end
+      key.expires_at = clock_ms + lease_ms * 2 + 1000
+      redis.call('PEXPIREAT', key.weights, key.expires_at)
+      local at = sets_expiry(key)
+      redis.call('PEXPIREAT', key.due, at)
+      for s = 0, key.shards - 1 do redis.call('PEXPIREAT', shard_name(key, s), at) end
     end
-    key.ttl, key.ttl_ms = ttl, lease_ms
+    key.ttl_ms = lease_ms
   end
   -- A shard without an expiry was made by this lease: it takes the key's, and the due set needs its
   -- entry. Otherwise the due set holds one no later than the shard's earliest deadline, which a lease
@@ -279,7 +293,7 @@ local function keep(key, i, expires, lease_ms)
   if not key.checked[i] then
     local name = shard_name(key, i)
     if redis.call('PTTL', name) == -1 then
-      redis.call('PEXPIRE', name, key.ttl)
+      redis.call('PEXPIREAT', name, sets_expiry(key))
       fresh = true
     end
     key.checked[i] = true
@@ -318,8 +332,7 @@ local function split(key)
     end
   end
   if #ids > 0 then move() end
-  local ttl = redis.call('PTTL', key.weights)
-  if ttl > 0 then redis.call('PEXPIRE', to, ttl) end
+  redis.call('PEXPIREAT', to, sets_expiry(key))
   key.shards = key.shards + 1
   if key.shards == base * 2 then key.base = base * 2 end
   -- Either set may have been emptied (and deleted by Redis) or made: each is checked again when next used.
@@ -338,10 +351,10 @@ local function shard(key)
   local last = redis.call('ZRANGE', key.leases, -1, -1, 'WITHSCORES')
   key.longest = math.max(tonumber(last[2]) - key.now, 0)
   -- The leases' expiry becomes the key's (they were kept for the longest lease of this script).
-  key.ttl = redis.call('PTTL', key.leases)
+  key.expires_at = clock_ms + redis.call('PTTL', key.leases)
   redis.call('HSET', key.weights, BOOK, string.format('1 %d %d', key.n, key.longest))
-  redis.call('PEXPIRE', key.weights, key.ttl)
-  redis.call('PEXPIRE', key.due, key.ttl)
+  redis.call('PEXPIREAT', key.weights, key.expires_at)
+  redis.call('PEXPIREAT', key.due, sets_expiry(key))
 end
 
 -- Counts a new lease (its shard's expiry and due entry already kept; the count known); a plain key
