@@ -25,7 +25,7 @@
 -- insist on declared keys would refuse a crowded key).
 -- When its last lease goes, a sharded key becomes a plain one again.
 --
--- Leases and weights expire (PEXPIRE) a while after their latest deadline, so idle keys leave nothing
+-- Leases and weights expire (PEXPIREAT) a while after their latest deadline, so idle keys leave nothing
 -- behind.
 
 local BOOK = '\254'
@@ -214,6 +214,14 @@ local function reclaim(key, now)
   return total
 end
 
+-- Makes `key` a sharded key of `shards` shards in the script's view: its due set, its base (the largest
+-- power of two not above its shard count), and per shard its name, whether it was checked for an
+-- expiry and an upper bound of its due entry.
+local function sharded(key, shards)
+  key.shards, key.base, key.due = shards, base_of(shards), key.leases .. ':due'
+  key.names, key.checked, key.due_at = {[0] = key.leases}, {}, {}
+end
+
 -- The script's view of a key: its expired leases reclaimed once, the rest read when first needed.
 local function view(leases_key, weights_key, limit_key, now)
   local key = seen[leases_key]
@@ -226,15 +234,11 @@ local function view(leases_key, weights_key, limit_key, now)
     shards = 0, n = nil, reclaimed = 0, override = nil, ttl_ms = 0, now = now,
   }
   if meta[2] then
-    -- A sharded key's: its due set, its base (the largest power of two not above its shard count),
-    -- its longest lease, its weights' expiry (an instant) once known, per shard its name, whether it was
-    -- checked for an expiry and an upper bound of its due entry, and its bookkeeping as read
-    -- (written back only when changed).
+    -- A sharded key's also: its longest lease, its weights' expiry (an instant) once known, and its
+    -- bookkeeping as read (written back only when changed).
     local shards, n, longest = string.match(meta[2], '^(%d+) (%d+) (%d+)$')
-    key.shards, key.n, key.longest = tonumber(shards), tonumber(n), tonumber(longest)
-    key.due, key.base, key.names = leases_key .. ':due', base_of(key.shards), {[0] = leases_key}
-    key.checked, key.due_at = {}, {}
-    key.read = meta[2]
+    sharded(key, tonumber(shards))
+    key.n, key.longest, key.read = tonumber(n), tonumber(longest), meta[2]
   end
   seen[leases_key] = key
   key.reclaimed = reclaim(key, now)
@@ -343,16 +347,17 @@ end
 
 -- A plain key becomes a sharded key of one shard (its leases set), then splits as its count says.
 local function shard(key)
-  key.due, key.names, key.checked, key.due_at = key.leases .. ':due', {[0] = key.leases}, {}, {}
+  sharded(key, 1)
   redis.call('DEL', key.due)
-  key.shards, key.base, key.read = 1, 1, ''
   key.checked[0] = true
   refresh_due(key, 0)
   local last = redis.call('ZRANGE', key.leases, -1, -1, 'WITHSCORES')
   key.longest = math.max(tonumber(last[2]) - key.now, 0)
-  -- The leases' expiry becomes the key's (they were kept for the longest lease of this script).
+  -- The leases' expiry becomes the key's (they were kept for the longest lease of this script); the
+  -- bookkeeping is written now so that the hash exists to take it (finish writes it again if it moves).
   key.expires_at = clock_ms + redis.call('PTTL', key.leases)
-  redis.call('HSET', key.weights, BOOK, string.format('1 %d %d', key.n, key.longest))
+  key.read = string.format('1 %d %d', key.n, key.longest)
+  redis.call('HSET', key.weights, BOOK, key.read)
   redis.call('PEXPIREAT', key.weights, key.expires_at)
   redis.call('PEXPIREAT', key.due, sets_expiry(key))
 end

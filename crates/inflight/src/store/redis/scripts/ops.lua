@@ -49,8 +49,7 @@ local function release(leases_key, weights_key, limit_key, id, now)
   local key = view(leases_key, weights_key, limit_key, now)
   local set, shard = leases_key, 0
   if key.shards > 0 then set, shard = lease_set(key, id) end
-  local weight = 1
-  if key.extra > 0 then weight = held_weight(key, id) end
+  local weight = held_weight(key, id)
   if redis.call('ZREM', set, id) == 0 then return 0 end
   if weight > 1 then forget_weight(key, id) end
   if key.n ~= nil then key.n = key.n - 1 end
