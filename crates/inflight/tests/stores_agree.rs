@@ -11,7 +11,9 @@ use std::time::Duration;
 use inflight::{ManualClock, MemoryStore, Policy, RedisStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use support::ops::{apply_store, coarse_op, crowded_op, crowded_policy, policy, Op, Outcome};
+use support::ops::{
+    apply_store, coarse_op, crowded_op, crowded_sequences, policy, Op, Outcome, CROWD,
+};
 use support::TestRedis;
 
 thread_local! {
@@ -120,23 +122,22 @@ fn batched_operations_decide_as_one_by_one() {
 /// Keys holding hundreds of permits: the Redis store shards them (see `scripts/common.lua`).
 #[test]
 fn redis_and_memory_decide_alike_on_crowded_keys() {
-    let sequences = (
-        crowded_policy(),
-        prop::collection::vec(crowded_op(), 400..700),
-    );
-    agree(16, sequences, false).unwrap();
+    agree(16, crowded_sequences(crowded_op()), false).unwrap();
     // Past a plain sorted set (127 leases) and into shards of 16.
-    assert!(MOST_IN_FLIGHT.get() > 150, "{}", MOST_IN_FLIGHT.get());
+    assert!(
+        MOST_IN_FLIGHT.get() >= u32::from(CROWD),
+        "{}",
+        MOST_IN_FLIGHT.get()
+    );
 }
 
 #[test]
 fn batched_operations_decide_as_one_by_one_on_crowded_keys() {
     let op = crowded_op().prop_filter("batched kinds", batched_kinds);
-    agree(
-        16,
-        (crowded_policy(), prop::collection::vec(op, 400..700)),
-        true,
-    )
-    .unwrap();
-    assert!(MOST_IN_FLIGHT.get() > 150, "{}", MOST_IN_FLIGHT.get());
+    agree(16, crowded_sequences(op), true).unwrap();
+    assert!(
+        MOST_IN_FLIGHT.get() >= u32::from(CROWD),
+        "{}",
+        MOST_IN_FLIGHT.get()
+    );
 }

@@ -101,9 +101,25 @@ pub fn crowded_op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Policies for [`crowded_op`]: room for a few hundred permits a key.
-pub fn crowded_policy() -> impl Strategy<Value = Policy> {
-    prop_oneof![Just(Policy::new(300, 0)), Just(Policy::new(150, 250))]
+/// Permits that [`crowded_sequences`] first takes on key 0, so that every sequence is crowded from
+/// the start rather than only when chance piles its acquires up.
+pub const CROWD: u8 = 180;
+
+/// Sequences of `ops` on keys with room for a few hundred permits each, after [`CROWD`] acquires of
+/// key 0 (weight 1, distinct ids, the longest lease) that every policy admits.
+pub fn crowded_sequences(
+    ops: impl Strategy<Value = Op>,
+) -> impl Strategy<Value = (Policy, Vec<Op>)> {
+    let policy = prop_oneof![Just(Policy::new(300, 0)), Just(Policy::new(200, 250))];
+    (policy, prop::collection::vec(ops, 400..700)).prop_map(|(policy, ops)| {
+        let crowd = (0..CROWD).map(|id| Op::Acquire {
+            key: 0,
+            id,
+            weight: 1,
+            lease_ms: 40_000,
+        });
+        (policy, crowd.chain(ops).collect())
+    })
 }
 
 pub fn policy() -> impl Strategy<Value = Policy> {
