@@ -99,7 +99,7 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
                 timeout: settings.upstream_timeout,
             },
         ),
-        _ => api::router(app.clone()),
+        _ => api::router(app.clone()).into(),
     };
     let shutdown = server::shutdown_signal();
     tracing::info!(

@@ -8,24 +8,32 @@
 //! operation goes through that one thread. A client that sends everything over one connection (HTTP/2,
 //! or a load balancer keeping few connections open) is served by one worker.
 
-use std::future::{Future, IntoFuture};
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use axum::response::Response;
+use axum::serve::Listener;
 use axum::Router;
+use futures_util::future::{BoxFuture, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Store;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
+use tower_service::Service;
 
 use crate::app::App;
 
-/// The client at the other end of a connection, as handlers see it (`ConnectInfo<Peer>`): its address,
-/// and its IP address already written out, once per connection rather than for every request that needs
-/// it (the proxy's `X-Forwarded-For`; formatting an address costs more than the rest of that header's work).
+/// The client at the other end of a connection, as the proxy sees it: its address, and its IP address
+/// already written out, once per connection rather than for every request that needs it (the proxy's
+/// `X-Forwarded-For`; formatting an address costs more than the rest of that header's work).
 #[derive(Clone, Debug)]
 pub struct Peer {
     /// The client's address.
@@ -43,10 +51,70 @@ impl Peer {
     }
 }
 
-impl Connected<IncomingStream<'_, NoDelay>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, NoDelay>) -> Self {
-        Self::new(*stream.remote_addr())
+/// Answers the requests that are not the API's: the proxy.
+pub trait Forward: Send + Sync + 'static {
+    /// The response to `request`, which came from `client`.
+    fn forward(
+        self: Arc<Self>,
+        request: http::Request<Incoming>,
+        client: &Peer,
+    ) -> BoxFuture<'static, Response>;
+}
+
+/// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
+/// forwarded. Proxied requests go straight to [`Forward`], past axum's router (its routing, its request
+/// extensions and its boxed handler futures cost a proxied request a tenth of its instructions:
+/// `scripts/instructions.sh`).
+#[derive(Clone)]
+pub struct Routes {
+    api: Router,
+    forward: Option<Arc<dyn Forward>>,
+}
+
+impl Routes {
+    /// The API alone, at the root.
+    pub fn api(router: Router) -> Self {
+        Self {
+            api: router,
+            forward: None,
+        }
     }
+
+    /// A proxy: the API under `/_inflight`, everything else to `forward`.
+    pub fn proxy(api: Router, forward: Arc<dyn Forward>) -> Self {
+        Self {
+            api: Router::new().nest_service(API_PREFIX, api),
+            forward: Some(forward),
+        }
+    }
+
+    fn respond(
+        &self,
+        request: http::Request<Incoming>,
+        client: &Peer,
+    ) -> impl Future<Output = Result<Response, Infallible>> + Send + 'static {
+        match &self.forward {
+            Some(forward) if !is_api(request.uri().path()) => {
+                Either::Left(forward.clone().forward(request, client).map(Ok))
+            }
+            _ => Either::Right(self.api.clone().call(request)),
+        }
+    }
+}
+
+impl From<Router> for Routes {
+    fn from(router: Router) -> Self {
+        Self::api(router)
+    }
+}
+
+/// Where a proxy answers with its API (as `Router::nest_service` matches it: the prefix itself, or the
+/// prefix and a `/`).
+const API_PREFIX: &str = "/_inflight";
+
+fn is_api(path: &str) -> bool {
+    path.strip_prefix(API_PREFIX)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
@@ -103,13 +171,13 @@ pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::T
         .collect()
 }
 
-/// Serves on `listeners`, one worker thread each, with a router from `router` each, until `shutdown`
+/// Serves on `listeners`, one worker thread each, with routes from `routes` each, until `shutdown`
 /// completes; then stops accepting, lets running responses (proxied streams) finish for up to `grace`,
 /// ends the ones still running, and releases every permit the limiter still holds. Dropping the returned
 /// future stops the workers at once.
 pub async fn run<S: Store>(
     listeners: Vec<std::net::TcpListener>,
-    router: impl Fn() -> Router,
+    routes: impl Fn() -> Routes,
     app: Arc<App<S>>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
@@ -123,11 +191,11 @@ pub async fn run<S: Store>(
     let mut workers = FuturesUnordered::new();
     for (n, listener) in listeners.into_iter().enumerate() {
         let (done, finished) = oneshot::channel();
-        let (router, stopping, ending) = (router(), stopping.clone(), ending.clone());
+        let (routes, stopping, ending) = (routes(), stopping.clone(), ending.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("inflight-worker-{n}"))
             .spawn(move || {
-                let _ = done.send(worker(listener, router, stopping, ending));
+                let _ = done.send(worker(listener, routes, stopping, ending));
             });
         workers.push(async move {
             spawned?;
@@ -178,8 +246,8 @@ pub async fn run<S: Store>(
 /// closed) or to end. Its runtime, with any connection still open, is gone when this returns.
 fn worker(
     listener: std::net::TcpListener,
-    router: Router,
-    mut stopping: watch::Receiver<bool>,
+    routes: Routes,
+    stopping: watch::Receiver<bool>,
     mut ending: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -187,15 +255,8 @@ fn worker(
         .build()?;
     let served = runtime.block_on(async move {
         let listener = NoDelay(TcpListener::from_std(listener)?);
-        let serve = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<Peer>(),
-        )
-        .with_graceful_shutdown(async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
-        });
         tokio::select! {
-            result = serve.into_future() => result,
+            () = serve(listener, routes, stopping) => Ok(()),
             _ = ending.wait_for(|end| *end) => Ok(()),
         }
     });
@@ -203,6 +264,27 @@ fn worker(
     // is not waited for past this.
     runtime.shutdown_timeout(CUT_WAIT);
     served
+}
+
+/// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop,
+/// then closes each once its current exchange is over and returns when all have closed.
+async fn serve(mut listener: NoDelay, routes: Routes, mut stopping: watch::Receiver<bool>) {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (io, addr) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopping.wait_for(|stop| *stop) => break,
+        };
+        let (routes, client) = (routes.clone(), Peer::new(addr));
+        let service = hyper::service::service_fn(move |request| routes.respond(request, &client));
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        tokio::spawn(graceful.watch(connection));
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 /// Puts the calling thread, and every thread it starts from now on, under Linux's `SCHED_BATCH` policy (a
@@ -265,5 +347,26 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
             let _ = tokio::signal::ctrl_c().await;
         }
         tracing::info!("shutting down");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_api;
+
+    #[test]
+    fn the_api_prefix_is_a_whole_path_segment() {
+        for path in ["/_inflight", "/_inflight/", "/_inflight/v1/keys/k"] {
+            assert!(is_api(path), "{path}");
+        }
+        for path in [
+            "/",
+            "/_inflightx",
+            "/_inflight_v1",
+            "/v1/_inflight",
+            "/_INFLIGHT/metrics",
+        ] {
+            assert!(!is_api(path), "{path}");
+        }
     }
 }

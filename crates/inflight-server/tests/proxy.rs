@@ -181,6 +181,52 @@ async fn the_api_answers_under_inflight<M: Make>() {
     let metrics = get_text(&http, server.url("/_inflight/metrics")).await;
     assert!(metrics.contains("inflight_in_flight"), "{metrics}");
     assert_eq!(upstream.hits(), 2, "/_inflight is not forwarded");
+    // Only the prefix as a whole path segment is the API's.
+    let missing = keyed(&http, server.url("/_inflight/nope"), "other").await;
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    assert_eq!(missing.json::<Value>().await.unwrap()["code"], "not_found");
+    let lookalike = keyed(&http, server.url("/_inflightx"), "other").await;
+    assert_eq!(lookalike.text().await.unwrap(), "no such route upstream");
+    assert_eq!(upstream.hits(), 3, "/_inflightx is forwarded");
+}
+
+/// HTTP/2 with prior knowledge (h2c), as a load balancer keeping one connection may speak it: forwarded
+/// (as HTTP/1.1) and limited as HTTP/1.1 is.
+async fn http2_requests_are_forwarded_and_limited<M: Make>() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let (_redis, upstream, server) = proxied::<M>(limits(1, 0)).await;
+    let io = tokio::net::TcpStream::connect(server.base.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let request = |path: &str| {
+        http::Request::get(server.url(path))
+            .header(KEY, "h2")
+            .body(Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let stream = sender.send_request(request("/sse")).await.unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    assert_eq!(stream.version(), http::Version::HTTP_2);
+    wait_in_flight(&server.url("/_inflight"), "h2", 1).await;
+    let refused = sender.send_request(request("/echo/x")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    upstream.gate.add_permits(2);
+    let body = stream.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "data: 0\n\ndata: 1\n\ndata: 2\n\n");
+    wait_in_flight(&server.url("/_inflight"), "h2", 0).await;
+    let status = sender
+        .send_request(request("/_inflight/v1/keys/h2"))
+        .await
+        .unwrap();
+    assert_eq!(status.status(), StatusCode::OK);
+    assert_eq!(upstream.hits(), 1);
 }
 
 async fn shutdown_lets_running_streams_finish<M: Make>() {
@@ -371,6 +417,7 @@ per_store!(
     a_client_that_goes_away_frees_the_slot_within_a_second,
     upstream_failures_are_502_or_504_and_release_the_slot,
     the_api_answers_under_inflight,
+    http2_requests_are_forwarded_and_limited,
     shutdown_lets_running_streams_finish,
     shutdown_releases_what_outlives_the_grace_period,
 );

@@ -1,6 +1,5 @@
 //! Building the upstream request: the target URI, hop-by-hop headers removed, X-Forwarded-* added.
 
-use axum::body::Body;
 use axum::extract::Request;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -103,11 +102,11 @@ impl Target {
     }
 
     /// The request as the upstream gets it.
-    pub(super) fn to_upstream(
+    pub(super) fn to_upstream<B>(
         &self,
-        request: Request,
+        request: Request<B>,
         client: &Peer,
-    ) -> Result<Request<Body>, ApiError> {
+    ) -> Result<Request<B>, ApiError> {
         let (mut parts, body) = request.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         // Origin-form (`/path?query`): the upstream's authority goes in the Host header.
@@ -158,6 +157,8 @@ impl Target {
 
 #[cfg(test)]
 mod tests {
+    use axum::body::Body;
+
     use super::*;
 
     fn request(uri: &str, headers: &[(&str, &str)]) -> Request {

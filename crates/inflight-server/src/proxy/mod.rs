@@ -10,17 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
-use http::{HeaderName, HeaderValue, StatusCode, Uri};
+use futures_util::future::BoxFuture;
+use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
+use hyper::body::Incoming;
 use inflight::Store;
 
 use crate::api;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
-use crate::server::Peer;
+use crate::server::{Forward, Peer, Routes};
 
 /// Where and how to forward.
 pub struct Upstream {
@@ -42,9 +42,9 @@ struct Proxy<S: Store> {
     connections: Arc<upstream::Connections>,
 }
 
-/// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each router has its own
-/// pool of upstream connections: a server builds one per worker.
-pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
+/// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each has its own pool of
+/// upstream connections: a server builds them once per worker.
+pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Routes {
     let mut address = http::uri::Parts::default();
     address.scheme = upstream.base.scheme().cloned();
     address.authority = upstream.base.authority().cloned();
@@ -58,27 +58,29 @@ pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Router {
         upstream,
         connections,
     });
-    Router::new()
-        .nest_service("/_inflight", api::router(app))
-        .fallback(forward::<S>)
-        .with_state(proxy)
+    Routes::proxy(api::router(app), proxy)
 }
 
-async fn forward<S: Store>(
-    State(proxy): State<Arc<Proxy<S>>>,
-    ConnectInfo(client): ConnectInfo<Peer>,
-    request: Request,
-) -> Response {
-    match forward_checked(&proxy, client, request).await {
-        Ok(response) => response,
-        Err(error) => error.into_response(),
+impl<S: Store> Forward for Proxy<S> {
+    fn forward(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        client: &Peer,
+    ) -> BoxFuture<'static, Response> {
+        let client = client.clone();
+        Box::pin(async move {
+            match forward_checked(&self, &client, request).await {
+                Ok(response) => response,
+                Err(error) => error.into_response(),
+            }
+        })
     }
 }
 
 async fn forward_checked<S: Store>(
     proxy: &Proxy<S>,
-    client: Peer,
-    request: Request,
+    client: &Peer,
+    request: Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let app = &proxy.app;
     let key = match request.headers().get(&proxy.upstream.key_header) {
@@ -106,7 +108,7 @@ async fn forward_checked<S: Store>(
         }
     };
     let gauge = app.metrics.hold();
-    let upstream_request = proxy.target.to_upstream(request, &client)?;
+    let upstream_request = proxy.target.to_upstream(request, client)?;
     // Boxed: the exchange's future is over a kilobyte, and inline it would make this whole future that
     // much bigger, to be copied each time it moves (into the timeout, into the box axum puts it in).
     let response = tokio::time::timeout(

@@ -10,7 +10,6 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -50,13 +49,13 @@ pub(super) struct Connections {
 }
 
 struct Idle {
-    sender: SendRequest<Body>,
+    sender: SendRequest<Incoming>,
     since: Instant,
 }
 
 /// The connection a response came on, to give back once its body has been read to the end.
 pub(super) struct Reusable {
-    sender: SendRequest<Body>,
+    sender: SendRequest<Incoming>,
     pool: Arc<Connections>,
 }
 
@@ -85,7 +84,7 @@ impl Connections {
     /// request that its connection closed before sending it goes once more, on a new connection.
     pub(super) async fn send(
         self: &Arc<Self>,
-        request: Request<Body>,
+        request: Request<Incoming>,
     ) -> Result<(Response<Incoming>, Reusable), UpstreamError> {
         let mut sender = match self.checkout() {
             Some(sender) => sender,
@@ -110,7 +109,7 @@ impl Connections {
 
     /// The most recently used idle connection that can take a request now, if any. One still busy (say,
     /// still sending a request body its upstream answered early) goes to the far end, to be tried last.
-    fn checkout(&self) -> Option<SendRequest<Body>> {
+    fn checkout(&self) -> Option<SendRequest<Incoming>> {
         let mut idle = self.lock();
         for _ in 0..idle.len() {
             let Idle { mut sender, since } = idle.pop_back()?;
@@ -130,7 +129,7 @@ impl Connections {
 
     /// Keeps a connection for later. Idle ones past the idle timeout are closed, and the oldest one when the
     /// pool is full.
-    fn park(&self, sender: SendRequest<Body>) {
+    fn park(&self, sender: SendRequest<Incoming>) {
         if sender.is_closed() {
             return;
         }
@@ -150,7 +149,7 @@ impl Connections {
         });
     }
 
-    async fn connect(&self) -> Result<SendRequest<Body>, UpstreamError> {
+    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
         let connecting = self.connector.clone().call(self.address.clone());
         let io = tokio::time::timeout(self.connect_timeout, connecting)
             .await

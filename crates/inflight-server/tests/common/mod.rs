@@ -111,7 +111,7 @@ async fn start<S: Store>(settings: &Settings, store: S, proxy_to: Option<&str>) 
                 },
             )
         } else {
-            api::router(shared.clone())
+            api::router(shared.clone()).into()
         }
     };
     let (stop, stopped) = oneshot::channel::<()>();
@@ -163,7 +163,13 @@ impl Upstream {
     pub async fn start() -> Self {
         let hits = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(Semaphore::new(0));
-        let (h1, h2, h3, g) = (hits.clone(), hits.clone(), hits.clone(), gate.clone());
+        let (h1, h2, h3, h4, g) = (
+            hits.clone(),
+            hits.clone(),
+            hits.clone(),
+            hits.clone(),
+            gate.clone(),
+        );
         let app = Router::new()
             .route(
                 "/echo/{*rest}",
@@ -234,7 +240,14 @@ impl Upstream {
                         "late"
                     }
                 }),
-            );
+            )
+            .fallback(move || {
+                let hits = h4.clone();
+                async move {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::NOT_FOUND, "no such route upstream")
+                }
+            });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let connections = Arc::new(AtomicUsize::new(0));
