@@ -30,7 +30,8 @@ trap cleanup EXIT
 up=$(port)
 start_upstream "$out" "$up"
 
-# measure NAME PORT COMMAND...: runs COMMAND under callgrind, loads PORT, dumps the counts, prints Ir/request.
+# measure NAME PORT COMMAND...: runs COMMAND under callgrind, loads PORT, dumps the counts of the loaded
+# run, prints Ir/request.
 measure() {
   local name=$1 listen=$2; shift 2
   valgrind --tool=callgrind --callgrind-out-file="$out/$name.%p" "$@" >"$out/$name.log" 2>&1 &
@@ -40,6 +41,9 @@ measure() {
     curl -s -o /dev/null -H 'X-Inflight-Key: k' "http://127.0.0.1:$listen/" && break
     sleep 0.2
   done
+  # Warmed up (connections pooled, metrics calibrated), then counted from zero: start-up is left out.
+  wrk -t1 -c8 -d2s -H 'X-Inflight-Key: app-1' "http://127.0.0.1:$listen$path" >/dev/null
+  callgrind_control -z "$pid" >/dev/null 2>&1 || true
   local requests
   requests=$(wrk -t1 -c8 -d8s -H 'X-Inflight-Key: app-1' "http://127.0.0.1:$listen$path" | awk '/requests in/ {print $1}')
   callgrind_control -d "$pid" >/dev/null 2>&1 || true
@@ -49,7 +53,7 @@ measure() {
   local file total
   file=$(ls -S "$out/$name".* | grep -v '\.log$' | head -1)
   total=$(callgrind_annotate "$file" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-  echo "$name $path: $requests requests, $((total / requests)) instructions per request (start-up included)"
+  echo "$name $path: $requests requests, $((total / requests)) instructions per request"
 }
 
 pm=$(port); pf=$(port)

@@ -40,20 +40,30 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         return;
     }
     // The Connection header's options (an option already on the list is not looked up again, and nothing
-    // is allocated for it).
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|option| {
-            !HOP_BY_HOP
-                .iter()
-                .any(|name| option.eq_ignore_ascii_case(name.as_str()))
-        })
-        .filter_map(|option| HeaderName::from_bytes(option.as_bytes()).ok())
-        .collect();
+    // is allocated for it). Most often it is one `keep-alive`, which takes a comparison instead of a parse.
+    let mut values = headers.get_all(header::CONNECTION).iter();
+    let only_listed = match (values.next(), values.next()) {
+        (Some(value), None) => value.as_bytes().eq_ignore_ascii_case(b"keep-alive"),
+        (None, _) => true,
+        _ => false,
+    };
+    let named: Vec<HeaderName> = if only_listed {
+        Vec::new()
+    } else {
+        headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|option| {
+                !HOP_BY_HOP
+                    .iter()
+                    .any(|name| option.eq_ignore_ascii_case(name.as_str()))
+            })
+            .filter_map(|option| HeaderName::from_bytes(option.as_bytes()).ok())
+            .collect()
+    };
     for name in &named {
         headers.remove(name);
     }
@@ -239,6 +249,17 @@ mod tests {
         for name in ["keep-alive", "close", "x-a", "x-b", "x-kept"] {
             headers.insert(name, HeaderValue::from_static("1"));
         }
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
+        assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn a_lone_keep_alive_goes_with_its_connection_header() {
+        let mut headers = HeaderMap::new();
+        headers.insert("connection", HeaderValue::from_static("Keep-Alive"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("x-kept", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut headers);
         let left: Vec<_> = headers.keys().map(HeaderName::as_str).collect();
         assert_eq!(left, ["x-kept"]);
