@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::response::Response;
 use axum::serve::Listener;
 use axum::Router;
-use futures_util::future::{BoxFuture, Either};
+use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use hyper::body::Incoming;
@@ -30,6 +30,7 @@ use tokio::sync::{oneshot, watch};
 use tower_service::Service;
 
 use crate::app::App;
+use crate::proxy::Proxy;
 
 /// The client at the other end of a connection, as the proxy sees it: its address, and its IP address
 /// already written out, once per connection rather than for every request that needs it (the proxy's
@@ -51,40 +52,38 @@ impl Peer {
     }
 }
 
-/// Answers the requests that are not the API's: the proxy.
-pub trait Forward: Send + Sync + 'static {
-    /// The response to `request`, which came from `client`.
-    fn forward(
-        self: Arc<Self>,
-        request: http::Request<Incoming>,
-        client: &Peer,
-    ) -> BoxFuture<'static, Response>;
-}
-
 /// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
-/// forwarded. Proxied requests go straight to [`Forward`], past axum's router (its routing, its request
+/// forwarded. Proxied requests go straight to the proxy, past axum's router (its routing, its request
 /// extensions and its boxed handler futures cost a proxied request a tenth of its instructions:
 /// `scripts/instructions.sh`).
-#[derive(Clone)]
-pub struct Routes {
+pub struct Routes<S: Store> {
     api: Router,
-    forward: Option<Arc<dyn Forward>>,
+    proxy: Option<Arc<Proxy<S>>>,
 }
 
-impl Routes {
+impl<S: Store> Clone for Routes<S> {
+    fn clone(&self) -> Self {
+        Self {
+            api: self.api.clone(),
+            proxy: self.proxy.clone(),
+        }
+    }
+}
+
+impl<S: Store> Routes<S> {
     /// The API alone, at the root.
     pub fn api(router: Router) -> Self {
         Self {
             api: router,
-            forward: None,
+            proxy: None,
         }
     }
 
-    /// A proxy: the API under `/_inflight`, everything else to `forward`.
-    pub fn proxy(api: Router, forward: Arc<dyn Forward>) -> Self {
+    /// A proxy: the API under `/_inflight`, everything else forwarded.
+    pub(crate) fn proxy(api: Router, proxy: Arc<Proxy<S>>) -> Self {
         Self {
             api: Router::new().nest_service(API_PREFIX, api),
-            forward: Some(forward),
+            proxy: Some(proxy),
         }
     }
 
@@ -93,16 +92,16 @@ impl Routes {
         request: http::Request<Incoming>,
         client: &Peer,
     ) -> impl Future<Output = Result<Response, Infallible>> + Send + 'static {
-        match &self.forward {
-            Some(forward) if !is_api(request.uri().path()) => {
-                Either::Left(forward.clone().forward(request, client).map(Ok))
+        match &self.proxy {
+            Some(proxy) if !is_api(request.uri().path()) => {
+                Either::Left(proxy.clone().forward(request, client.clone()).map(Ok))
             }
             _ => Either::Right(self.api.clone().call(request)),
         }
     }
 }
 
-impl From<Router> for Routes {
+impl<S: Store> From<Router> for Routes<S> {
     fn from(router: Router) -> Self {
         Self::api(router)
     }
@@ -177,7 +176,7 @@ pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::T
 /// future stops the workers at once.
 pub async fn run<S: Store>(
     listeners: Vec<std::net::TcpListener>,
-    routes: impl Fn() -> Routes,
+    routes: impl Fn() -> Routes<S>,
     app: Arc<App<S>>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
@@ -244,9 +243,9 @@ pub async fn run<S: Store>(
 
 /// One worker: serves `listener` on a runtime of its own until told to stop (and its connections have
 /// closed) or to end. Its runtime, with any connection still open, is gone when this returns.
-fn worker(
+fn worker<S: Store>(
     listener: std::net::TcpListener,
-    routes: Routes,
+    routes: Routes<S>,
     stopping: watch::Receiver<bool>,
     mut ending: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -268,7 +267,11 @@ fn worker(
 
 /// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop,
 /// then closes each once its current exchange is over and returns when all have closed.
-async fn serve(mut listener: NoDelay, routes: Routes, mut stopping: watch::Receiver<bool>) {
+async fn serve<S: Store>(
+    mut listener: NoDelay,
+    routes: Routes<S>,
+    mut stopping: watch::Receiver<bool>,
+) {
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {

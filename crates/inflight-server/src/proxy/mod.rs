@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
 use inflight::Store;
@@ -20,7 +19,7 @@ use crate::api;
 use crate::app::App;
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
-use crate::server::{Forward, Peer, Routes};
+use crate::server::{Peer, Routes};
 
 /// Where and how to forward.
 pub struct Upstream {
@@ -35,7 +34,8 @@ pub struct Upstream {
 /// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-struct Proxy<S: Store> {
+/// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
+pub(crate) struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
     target: headers::Target,
@@ -44,7 +44,7 @@ struct Proxy<S: Store> {
 
 /// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each has its own pool of
 /// upstream connections: a server builds them once per worker.
-pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Routes {
+pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Routes<S> {
     let mut address = http::uri::Parts::default();
     address.scheme = upstream.base.scheme().cloned();
     address.authority = upstream.base.authority().cloned();
@@ -61,19 +61,17 @@ pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Routes {
     Routes::proxy(api::router(app), proxy)
 }
 
-impl<S: Store> Forward for Proxy<S> {
-    fn forward(
+impl<S: Store> Proxy<S> {
+    /// The response to `request`, which came from `client`.
+    pub(crate) async fn forward(
         self: Arc<Self>,
         request: Request<Incoming>,
-        client: &Peer,
-    ) -> BoxFuture<'static, Response> {
-        let client = client.clone();
-        Box::pin(async move {
-            match forward_checked(&self, &client, request).await {
-                Ok(response) => response,
-                Err(error) => error.into_response(),
-            }
-        })
+        client: Peer,
+    ) -> Response {
+        match forward_checked(&self, &client, request).await {
+            Ok(response) => response,
+            Err(error) => error.into_response(),
+        }
     }
 }
 
@@ -109,11 +107,9 @@ async fn forward_checked<S: Store>(
     };
     let gauge = app.metrics.hold();
     let upstream_request = proxy.target.to_upstream(request, client)?;
-    // Boxed: the exchange's future is over a kilobyte, and inline it would make this whole future that
-    // much bigger, to be copied each time it moves (into the timeout, into the box axum puts it in).
     let response = tokio::time::timeout(
         proxy.upstream.timeout,
-        Box::pin(proxy.connections.send(upstream_request)),
+        proxy.connections.send(upstream_request),
     )
     .await;
     // On every early return below, the permit and the gauge guard are dropped: the slot is released.
