@@ -211,6 +211,13 @@ async fn http2_requests_are_forwarded_and_limited<M: Make>() {
             .body(Empty::<bytes::Bytes>::new())
             .unwrap()
     };
+    let echo = sender.send_request(request("/echo/h2")).await.unwrap();
+    assert_eq!(echo.status(), StatusCode::OK);
+    let echo: Value =
+        serde_json::from_slice(&echo.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let authority = server.base.trim_start_matches("http://");
+    assert_eq!(echo["headers"]["x-forwarded-host"], authority, "{echo}");
+    wait_in_flight(&server.url("/_inflight"), "h2", 0).await;
     let stream = sender.send_request(request("/sse")).await.unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
     assert_eq!(stream.version(), http::Version::HTTP_2);
@@ -226,7 +233,7 @@ async fn http2_requests_are_forwarded_and_limited<M: Make>() {
         .await
         .unwrap();
     assert_eq!(status.status(), StatusCode::OK);
-    assert_eq!(upstream.hits(), 1);
+    assert_eq!(upstream.hits(), 2);
 }
 
 async fn shutdown_lets_running_streams_finish<M: Make>() {

@@ -134,11 +134,21 @@ impl Target {
                 })?
             }
         };
+        // The host the client asked for: its Host header, or in HTTP/2 (which has none) the authority.
+        let authority = parts.uri.authority().cloned();
         parts.uri = Uri::from(path);
         let original_host = match &self.host {
             Some(host) => parts.headers.insert(header::HOST, host.clone()),
             None => parts.headers.get(header::HOST).cloned(),
-        };
+        }
+        .or_else(|| {
+            authority.and_then(|authority| {
+                HeaderValue::from_maybe_shared(Bytes::copy_from_slice(
+                    authority.as_str().as_bytes(),
+                ))
+                .ok()
+            })
+        });
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
@@ -200,6 +210,17 @@ mod tests {
             assert_eq!(sent.headers()["host"], "up:81");
             assert_eq!(sent.headers()["x-forwarded-host"], "front");
         }
+    }
+
+    #[test]
+    fn without_a_host_header_the_forwarded_host_is_the_authority() {
+        let base: Uri = "http://up:81".parse().unwrap();
+        let sent = Target::new(&base)
+            .to_upstream(request("http://front:8080/v1/chat", &[]), &client())
+            .unwrap();
+        assert_eq!(sent.uri().to_string(), "/v1/chat");
+        assert_eq!(sent.headers()["host"], "up:81");
+        assert_eq!(sent.headers()["x-forwarded-host"], "front:8080");
     }
 
     #[test]
