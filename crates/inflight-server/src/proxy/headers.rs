@@ -41,7 +41,8 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     // The Connection header's options (an option already on the list is not looked up again, and nothing
     // is allocated for it). Most often it is one `keep-alive`, which takes a comparison instead of a parse.
-    let mut values = headers.get_all(header::CONNECTION).iter();
+    let connection = headers.get_all(header::CONNECTION);
+    let mut values = connection.iter();
     let only_listed = match (values.next(), values.next()) {
         (Some(value), None) => value.as_bytes().eq_ignore_ascii_case(b"keep-alive"),
         (None, _) => true,
@@ -50,8 +51,7 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = if only_listed {
         Vec::new()
     } else {
-        headers
-            .get_all(header::CONNECTION)
+        connection
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
@@ -141,14 +141,7 @@ impl Target {
             Some(host) => parts.headers.insert(header::HOST, host.clone()),
             None => parts.headers.get(header::HOST).cloned(),
         }
-        .or_else(|| {
-            authority.and_then(|authority| {
-                HeaderValue::from_maybe_shared(Bytes::copy_from_slice(
-                    authority.as_str().as_bytes(),
-                ))
-                .ok()
-            })
-        });
+        .or_else(|| HeaderValue::from_str(authority?.as_str()).ok());
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
