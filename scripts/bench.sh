@@ -62,6 +62,8 @@ done
 for store in memory:// "$redis"; do
   "$bin" bench --store "$store" --tasks 64 --threads 2 --duration 2s --redis-prefix "t2:" >>"$out/concurrency.jsonl"
 done
+# And with one batch out to Redis at a time (the servers' default) instead of the library's three.
+"$bin" bench --store "$redis" --tasks 64 --redis-pipeline 1 --duration 2s --redis-prefix "p1:" >>"$out/concurrency.jsonl"
 say "scaling with keys"
 for store in memory:// "$redis"; do
   for keys in 1 100 10000 100000; do
@@ -112,6 +114,10 @@ INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0
 pids+=($!); memory_pid=$!
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
 pids+=($!); redis_proxy_pid=$!
+# The Redis proxy once more with the library's pipeline of three batches instead of the servers' one.
+pr3=$(port)
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr3" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy3: --redis-pipeline 3 &
+pids+=($!); redis_p3_pid=$!
 # The memory proxy once more on the kernel's default scheduling policy, to show what SCHED_BATCH does.
 po=$(port)
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$po" --upstream "http://127.0.0.1:$up" --default-limit 100000 --sched-batch false &
@@ -120,7 +126,7 @@ pids+=($!); other_pid=$!
 pf=$(port)
 "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" &
 pids+=($!); floor_pid=$!
-wait_port "$pm"; wait_port "$pr"; wait_port "$po"; wait_port "$pf"
+wait_port "$pm"; wait_port "$pr"; wait_port "$pr3"; wait_port "$po"; wait_port "$pf"
 redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
 # CPU time (clock ticks, user and system) of processes and all their threads, from /proc.
 cpu_ticks() {
@@ -144,13 +150,14 @@ declare -A cpu_pids=(
   [inflight-memory]="$memory_pid"
   [inflight-memory-other]="$other_pid"
   [inflight-redis]="$redis_proxy_pid"
+  [inflight-redis-p3]="$redis_p3_pid"
   [hyper-floor]="$floor_pid"
 )
-# Five rounds, the six targets in turn within each: the table gives each target's median round and the
+# Five rounds, the seven targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
   for round in 1 2 3 4 5; do
-    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-memory-other $po" "inflight-redis $pr"; do
+    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-memory-other $po" "inflight-redis $pr" "inflight-redis-p3 $pr3"; do
       set -- $target
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
       watched=${cpu_pids[$1]:-}

@@ -156,14 +156,24 @@ w("## Latency vs concurrency (`inflight bench`)")
 w("")
 w("The library driven directly (no HTTP), one key, limit never reached: acquire latency and pairs/s as the")
 w("number of concurrent tasks grows, on a runtime of one thread (`--threads 1`, the default), and at 64 tasks")
-w("on two as well. `max seen` is the independent probe's largest in-flight count (with no hold, a task")
-w("lowers the probe again before it next waits, so on one thread the probe never sees two permits at once).")
+w("on two as well. `pipeline` is how many batches may be out to Redis at once (`--redis-pipeline`, 3 by")
+w("default here and in the library; 64 tasks are also run with 1, the servers' default). `max seen` is the")
+w("independent probe's largest in-flight count (with no hold, a task lowers the probe again before it next")
+w("waits, so on one thread the probe never sees two permits at once).")
 w("")
-w("| store | tasks | threads | pairs/s | p50 µs | p99 µs | max seen |")
-w("|---|---|---|---|---|---|---|")
+w("| store | tasks | threads | pipeline | pairs/s | p50 µs | p99 µs | max seen |")
+w("|---|---|---|---|---|---|---|---|")
+
+
+def pipeline_of(r):
+    """Batches out to Redis at once: 3 (the library's default) for results from before the setting."""
+    return r.get("redis_pipeline", 3)
+
+
 # Rows without a thread count come from builds before `--threads` (one thread per core): shown as "?".
-for r in sorted(conc, key=lambda r: (store_name(r["store"]) != "memory", r["tasks"], r.get("threads") or 0)):
-    w(f"| {store_name(r['store'])} | {r['tasks']} | {r.get('threads', '?')} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['max_in_flight_seen']} |")
+for r in sorted(conc, key=lambda r: (store_name(r["store"]) != "memory", r["tasks"], r.get("threads") or 0, -pipeline_of(r))):
+    pipeline = "-" if store_name(r["store"]) == "memory" else pipeline_of(r)
+    w(f"| {store_name(r['store'])} | {r['tasks']} | {r.get('threads', '?')} | {pipeline} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.1f} | {r['p99_us']:.1f} | {r['max_in_flight_seen']} |")
 w("")
 w("![acquire latency vs concurrent tasks](docs/latency.svg)")
 w("")
@@ -247,7 +257,8 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
                          ("hyper-floor", "hyper alone: the floor"),
                          ("inflight-memory", "inflight proxy, memory"),
                          ("inflight-memory-other", "inflight proxy, memory, `--sched-batch false`"),
-                         ("inflight-redis", "inflight proxy, Redis")]:
+                         ("inflight-redis", "inflight proxy, Redis"),
+                         ("inflight-redis-p3", "inflight proxy, Redis, `--redis-pipeline 3`")]:
         runs = {n: wrk(f"wrk-{target}-{path}-{n}.txt") for n in rounds}
         runs = {n: r for n, r in runs.items() if r is not None}
         if not runs:
@@ -265,7 +276,7 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
             cpu_text = f"{cpu['proxy'][0]:.1f} + {cpu['proxy'][1]:.1f}"
             if "switches" in cpu:
                 cpu_text += f", {cpu['switches']:.2f} switches"
-            if target == "inflight-redis":
+            if target.startswith("inflight-redis"):
                 cpu_text += f" (Redis {cpu['redis'][0]:.1f} + {cpu['redis'][1]:.1f})"
         w(f"| {label} | {name} | {fmt(median['rps'])} | {spread} | {fmt(median['p50_us'])} | {fmt(median['p99_us'])} | {cpu_text} | {sum(r['non_2xx'] for r in runs.values())} |")
 w("")
@@ -286,9 +297,9 @@ def load_row(tasks):
     return None
 
 
-def conc_row(store, tasks, threads=1):
+def conc_row(store, tasks, threads=1, pipeline=3):
     return next((r for r in conc if store_name(r["store"]) == store and r["tasks"] == tasks
-                 and r.get("threads") == threads), None)
+                 and r.get("threads") == threads and pipeline_of(r) == pipeline), None)
 
 
 def redis_us_per_op():
@@ -420,6 +431,30 @@ w(f"  the event stream (median round; ahead in {sse_ahead} of {sse_n} rounds) an
 w(f"  ({small_ahead} of {small_n}); threads blocked {switches_of('inflight-memory-other', '_sse'):.2f} times per request on the stream without it.")
 w(f"  On Redis the proxy spends {re_u:.1f} + {re_s:.1f} µs per request and Redis {rd_u:.1f} + {rd_s:.1f} more, for one")
 w("  admission and one release, each sent to Redis in a batch with others and decided in Lua.")
+
+
+def pipeline_gain(path):
+    """(median of the per-round ratios pipeline 1 / pipeline 3, rounds ahead, rounds) for the Redis proxy."""
+    one, three = proxy_rps.get(("inflight-redis", path), {}), proxy_rps.get(("inflight-redis-p3", path), {})
+    pairs = [(one[n], three[n]) for n in one if n in three and three[n]]
+    if not pairs:
+        return float("nan"), 0, 0
+    ratios = sorted(a / b for a, b in pairs)
+    return ratios[len(ratios) // 2], sum(a > b for a, b in pairs), len(pairs)
+
+
+p3_u, p3_s = cpu_of("inflight-redis-p3", "redis")
+one_gain, one_ahead, one_n = pipeline_gain("_")
+sse1_gain, sse1_ahead, sse1_n = pipeline_gain("_sse")
+b3, b1 = conc_row("redis", 64), conc_row("redis", 64, 1, 1)
+w("- **Redis pipeline.** How many batches may be out to Redis at once trades round trips against script calls.")
+w(f"  Behind the proxy, one at a time (the servers' default) made {one_gain:.2f}x the requests/s of three (the library's")
+w(f"  default) on small responses (median round; ahead in {one_ahead} of {one_n} rounds) and {sse1_gain:.2f}x on the event")
+w(f"  stream ({sse1_ahead} of {sse1_n}), with Redis spending {rd_u + rd_s:.1f} µs per small request against {p3_u + p3_s:.1f}: the")
+w("  operations that arrive while a batch is out wait and leave together, and the CPU Redis is spared goes to")
+w("  the proxy, the upstream and the clients on the same cores. A loop of tasks that only wait on Redis wants the")
+w(f"  opposite: `inflight bench --tasks 64` made {fmt(b3['pairs_per_sec'] if b3 else float('nan'))} pairs/s with three and")
+w(f"  {fmt(b1['pairs_per_sec'] if b1 else float('nan'))} with one, since with one Redis idles while each answer travels and the next batch forms.")
 w("")
 w("## Reproduce")
 w("")
@@ -436,7 +471,7 @@ w("```")
 # The plot: p50 and p99 vs tasks, per store, log scale.
 series = {}
 # One thread (the default); raw results from before `--threads` have no such rows, and plot what they have.
-plotted = [r for r in conc if r.get("threads") == 1] or [r for r in conc if "threads" not in r]
+plotted = [r for r in conc if r.get("threads") == 1 and pipeline_of(r) == 3] or [r for r in conc if "threads" not in r]
 for r in plotted:
     for q in ("p50_us", "p99_us"):
         series.setdefault(f"{store_name(r['store'])} {q[:3]}", []).append((r["tasks"], max(r[q], 0.01)))

@@ -43,6 +43,9 @@ pub struct BenchArgs {
     /// Prefix of the Redis keys (a fresh one per run keeps runs apart).
     #[arg(long, default_value = "inflight-bench:")]
     pub redis_prefix: String,
+    /// Batches out to Redis at once (the library's default, 3, suits this closed loop of waiting tasks).
+    #[arg(long, default_value_t = 3)]
+    pub redis_pipeline: usize,
 }
 
 /// The line `inflight bench` prints.
@@ -74,6 +77,8 @@ pub struct Report {
     pub hold_us: u64,
     /// Permits held per key throughout.
     pub held: usize,
+    /// Batches out to Redis at once, at most (Redis stores only).
+    pub redis_pipeline: usize,
 }
 
 /// Runs the load on `store`.
@@ -155,5 +160,6 @@ pub async fn run<S: Store>(args: &BenchArgs, store: S) -> Result<Report, Acquire
         duration_s: elapsed,
         hold_us: args.hold.map_or(0, |h| h.as_micros() as u64),
         held: args.held,
+        redis_pipeline: args.redis_pipeline,
     })
 }

@@ -99,6 +99,11 @@ pub struct CommonArgs {
     #[arg(long, env = "INFLIGHT_REDIS_CA_CERT", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_ca_cert: Option<PathBuf>,
+    /// Batches of admissions and releases out to Redis at once, 1 to 64: fewer makes batches larger and
+    /// Redis calls fewer (BENCHMARKS.md, "Redis pipeline") [default: 1].
+    #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_pipeline: Option<usize>,
     /// Run the server's threads under Linux's SCHED_BATCH policy: woken by the network, they do not preempt
     /// the thread running (the upstream, the clients), so a busy machine hands them events in batches
     /// (BENCHMARKS.md) [default: true].
@@ -149,6 +154,7 @@ struct Raw {
     shutdown_grace: Option<String>,
     redis_prefix: Option<String>,
     redis_ca_cert: Option<PathBuf>,
+    redis_pipeline: Option<usize>,
     sched_batch: Option<bool>,
     upstream: Option<String>,
     key_header: Option<String>,
@@ -182,6 +188,8 @@ pub struct Settings {
     pub redis_prefix: String,
     /// The CA certificate (PEM) that a rediss:// store's certificate is checked against, if not the web's.
     pub redis_ca_cert: Option<Vec<u8>>,
+    /// Batches out to Redis at once, at most.
+    pub redis_pipeline: usize,
     /// Whether the server's threads run under SCHED_BATCH (Linux).
     pub sched_batch: bool,
     /// The proxy's upstream (proxy only).
@@ -342,6 +350,12 @@ impl Settings {
                 "rediss:// needs a build with TLS (--features tls)",
             ));
         }
+        // One batch out at a time by default: behind an HTTP server, larger batches and fewer Redis calls
+        // served more requests/s than the library's default of 3 (BENCHMARKS.md, "Redis pipeline").
+        let redis_pipeline = raw.redis_pipeline.unwrap_or(1);
+        if !(1..=64).contains(&redis_pipeline) {
+            return Err(invalid("redis_pipeline", "must be between 1 and 64"));
+        }
         let key_header = raw.key_header.as_deref().unwrap_or("X-Inflight-Key");
         let key_header = http::HeaderName::from_bytes(key_header.as_bytes())
             .map_err(|_| invalid("key_header", format!("{key_header:?} is not a header name")))?;
@@ -364,6 +378,7 @@ impl Settings {
                 .redis_prefix
                 .unwrap_or_else(|| inflight::store::DEFAULT_PREFIX.to_owned()),
             redis_ca_cert,
+            redis_pipeline,
             sched_batch: raw.sched_batch.unwrap_or(true),
             upstream,
             key_header,

@@ -65,8 +65,9 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
     if settings.store.starts_with("memory://") {
         run(settings, is_proxy, MemoryStore::new()).await
     } else {
-        let builder =
-            RedisStore::builder(settings.store.clone()).prefix(settings.redis_prefix.clone());
+        let builder = RedisStore::builder(settings.store.clone())
+            .prefix(settings.redis_prefix.clone())
+            .pipeline(settings.redis_pipeline);
         #[cfg(feature = "tls")]
         let builder = match &settings.redis_ca_cert {
             Some(pem) => builder.root_cert(pem.clone()),
@@ -131,6 +132,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     } else {
         let store = RedisStore::builder(args.store.clone())
             .prefix(args.redis_prefix.clone())
+            .pipeline(args.redis_pipeline)
             .open()
             .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
         store

@@ -447,6 +447,43 @@ async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
     assert!(took < Duration::from_secs(1));
 }
 
+/// However many batches may be out at once (0 counts as 1), 64 admissions at once on a key of limit 10
+/// admit 10, and their releases give the slots back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pipeline_depth_admits_exactly_the_limit() {
+    let redis = TestRedis::start();
+    for depth in [0, 1, 3, 8] {
+        let store = RedisStore::builder(redis.url())
+            .prefix(format!("depth{depth}:"))
+            .pipeline(depth)
+            .open()
+            .unwrap();
+        let limiter = Arc::new(Limiter::builder(store).policy(Policy::new(10, 0)).build());
+        let attempts: Vec<_> = (0..64)
+            .map(|_| {
+                let limiter = limiter.clone();
+                tokio::spawn(async move { limiter.try_acquire("k").await })
+            })
+            .collect();
+        let mut permits = Vec::new();
+        for attempt in attempts {
+            match attempt.await.unwrap() {
+                Ok(permit) => permits.push(permit),
+                Err(error) => assert!(error.is_full(), "depth {depth}: {error}"),
+            }
+        }
+        assert_eq!(permits.len(), 10, "depth {depth}");
+        for permit in permits {
+            permit.release().await.unwrap();
+        }
+        assert_eq!(
+            limiter.status("k").await.unwrap().in_flight,
+            0,
+            "depth {depth}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_limit_set_through_one_connection_applies_to_the_next_admission_on_another() {
     let redis = TestRedis::start();

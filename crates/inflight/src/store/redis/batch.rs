@@ -3,8 +3,8 @@
 //! this multiplies what one Redis can admit; with little load a batch is one operation and nothing waits.
 //!
 //! One dispatcher task per store (shared by its clones) forms the batches and drives them. At most
-//! [`IN_FLIGHT`] batches are out at once: while they are, new operations queue, and the next batch takes
-//! them all.
+//! `pipeline` batches are out at once (`RedisStoreBuilder::pipeline`, [`DEFAULT_PIPELINE`]): while they
+//! are, new operations queue, and the next batch takes them all.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -20,9 +20,9 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Policy;
 
-/// Batches sent and not yet answered, at most. Measured side by side (`inflight bench`, 16 to 256 tasks)
-/// against 2: the same at 64 tasks, steadier at 256.
-const IN_FLIGHT: usize = 3;
+/// Batches sent and not yet answered, at most, unless the builder says otherwise. Measured side by side
+/// (`inflight bench`, 16 to 256 tasks) against 2: the same at 64 tasks, steadier at 256.
+pub(super) const DEFAULT_PIPELINE: usize = 3;
 /// Operations in one batch, at most.
 const MAX_BATCH: usize = 128;
 
@@ -87,14 +87,15 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the dispatcher on `runtime`.
+    /// Starts the dispatcher on `runtime`, with at most `pipeline` (at least 1) batches out at once.
     pub(super) fn start(
         runtime: &tokio::runtime::Handle,
         conn: ConnectionManager,
         clock_offset_ms: Arc<AtomicI64>,
+        pipeline: usize,
     ) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        runtime.spawn(dispatch(queue, conn, clock_offset_ms));
+        runtime.spawn(dispatch(queue, conn, clock_offset_ms, pipeline.max(1)));
         Self { jobs }
     }
 
@@ -114,6 +115,7 @@ async fn dispatch(
     mut queue: mpsc::UnboundedReceiver<Job>,
     conn: ConnectionManager,
     offset: Arc<AtomicI64>,
+    pipeline: usize,
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
@@ -122,7 +124,7 @@ async fn dispatch(
             biased;
             Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
             // Only with a batch slot free: what arrives meanwhile waits and joins the next batch.
-            job = queue.recv(), if open && in_flight.len() < IN_FLIGHT => match job {
+            job = queue.recv(), if open && in_flight.len() < pipeline => match job {
                 Some(first) => {
                     let mut jobs = Vec::with_capacity(16);
                     jobs.push(first);
