@@ -87,7 +87,7 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the dispatcher on `runtime`, with at most `pipeline` (at least 1) batches out at once.
+    /// Starts the dispatcher on `runtime`, with at most `pipeline` (1 or more) batches out at once.
     pub(super) fn start(
         runtime: &tokio::runtime::Handle,
         conn: ConnectionManager,
@@ -95,7 +95,7 @@ impl Batcher {
         pipeline: usize,
     ) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        runtime.spawn(dispatch(queue, conn, clock_offset_ms, pipeline.max(1)));
+        runtime.spawn(dispatch(queue, conn, clock_offset_ms, pipeline));
         Self { jobs }
     }
 
