@@ -141,7 +141,11 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
         (vec!["--listen", "everywhere"], vec![], "listen"),
         (vec!["--workers", "0"], vec![], "workers"),
         (vec!["--redis-pipeline", "0"], vec![], "redis_pipeline"),
-        (vec![], vec![("INFLIGHT_REDIS_PIPELINE", "65")], "redis_pipeline"),
+        (
+            vec![],
+            vec![("INFLIGHT_REDIS_PIPELINE", "65")],
+            "redis_pipeline",
+        ),
         (vec![], vec![("INFLIGHT_WORKERS", "many")], "workers"),
         (
             vec!["--on-store-failure", "shrug"],
