@@ -410,14 +410,20 @@ def switches_of(target, path):
 w(f"  The 20-event response costs inflight {ms_u + ms_s:.1f} µs per request against {me_u + me_s:.1f} for the small one;")
 w(f"  nginx {ns_u + ns_s:.1f} against {ng_u + ng_s:.1f}. inflight's threads blocked {switches_of('inflight-memory', '_sse'):.2f} times per request there")
 w(f"  and {switches_of('inflight-memory', '_'):.2f} for the small one; nginx's {switches_of('nginx', '_sse'):.2f} and {switches_of('nginx', '_'):.2f} (median rounds).")
-def batch_gain(path):
-    """(median of the per-round ratios SCHED_BATCH / default policy, rounds ahead, rounds) for the memory proxy."""
-    ours, other = proxy_rps.get(("inflight-memory", path), {}), proxy_rps.get(("inflight-memory-other", path), {})
-    pairs = [(ours[n], other[n]) for n in ours if n in other and other[n]]
+def gain(ours, other, path):
+    """(median of the per-round requests/s ratios ours / other, rounds ours was ahead, rounds): two proxies
+    of the table side by side."""
+    a, b = proxy_rps.get((ours, path), {}), proxy_rps.get((other, path), {})
+    pairs = [(a[n], b[n]) for n in a if n in b and b[n]]
     if not pairs:
         return float("nan"), 0, 0
-    ratios = sorted(a / b for a, b in pairs)
-    return ratios[len(ratios) // 2], sum(a > b for a, b in pairs), len(pairs)
+    ratios = sorted(x / y for x, y in pairs)
+    return ratios[len(ratios) // 2], sum(x > y for x, y in pairs), len(pairs)
+
+
+def batch_gain(path):
+    """SCHED_BATCH against the default policy, for the memory proxy."""
+    return gain("inflight-memory", "inflight-memory-other", path)
 
 
 w("  The server's threads run under `SCHED_BATCH` (`--sched-batch`). On the kernel's default policy a worker")
@@ -434,13 +440,8 @@ w("  admission and one release, each sent to Redis in a batch with others and de
 
 
 def pipeline_gain(path):
-    """(median of the per-round ratios pipeline 1 / pipeline 3, rounds ahead, rounds) for the Redis proxy."""
-    one, three = proxy_rps.get(("inflight-redis", path), {}), proxy_rps.get(("inflight-redis-p3", path), {})
-    pairs = [(one[n], three[n]) for n in one if n in three and three[n]]
-    if not pairs:
-        return float("nan"), 0, 0
-    ratios = sorted(a / b for a, b in pairs)
-    return ratios[len(ratios) // 2], sum(a > b for a, b in pairs), len(pairs)
+    """One batch out at a time against three, for the Redis proxy."""
+    return gain("inflight-redis", "inflight-redis-p3", path)
 
 
 p3_u, p3_s = cpu_of("inflight-redis-p3", "redis")
