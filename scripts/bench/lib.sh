@@ -18,7 +18,6 @@ install_missing() {
 # port: a free TCP port on 127.0.0.1.
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-#
 # start_upstream DIR PORT: an nginx of its own (one worker) on 127.0.0.1:PORT answering `ok` on / and a
 # 20-event text/event-stream on /sse, with its files in DIR (pid in DIR/upstream.pid). DIR must be
 # readable by nginx's workers.

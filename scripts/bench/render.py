@@ -391,7 +391,7 @@ w(f"  during a `wrk` run, outside this script); most of the difference is in {wh
 w("  client, the limiter, the header rewriting and the metrics, with no single hot spot")
 w("  (`perf record -g -p PID`, outside this script). Counted by callgrind (`scripts/instructions.sh`, outside this")
 w("  script, at commit 7f5091c), a small response costs inflight 33.4k instructions and hyper alone 26.2k. Proxied")
-w("  requests skip axum's router, which with the changes made beside it cost 12 % of them before (38.0k); what is left of the difference is the")
+w("  requests skip axum's router, which with the changes made beside it cost 12 % of them before (38.0k: `scripts/instructions.sh` of now run on commit a1ab26f); what is left of the difference is the")
 w("  proxy's own work: the admission, the `X-Forwarded-*` headers, the upstream timeout and the body that holds the permit.")
 fl_r = proxy_ratios.get(("hyper-floor", "_"), [])
 fl_u, fl_s = cpu_of("hyper-floor", "proxy")

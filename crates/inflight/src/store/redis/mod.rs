@@ -104,10 +104,11 @@ impl RedisStoreBuilder {
     /// they are, new operations wait and leave together in the next batch.
     ///
     /// More keeps Redis busy while answers travel, which suits clients that wait on each answer and do
-    /// little else: `inflight bench --tasks 64` made 107-127k pairs/s with 3 and 77-90k with 1. Fewer
-    /// makes the batches larger and the script calls fewer, which suits clients that have other work for
-    /// the CPU, such as an HTTP server beside Redis on one machine: behind `inflight proxy`, 1 served 2-7 %
-    /// more requests/s than 3 for 14-15 % less Redis CPU per request (BENCHMARKS.md, "Redis pipeline").
+    /// little else: in one run of `scripts/bench.sh`, `inflight bench --tasks 64` made 126,717 pairs/s
+    /// with 3 and 89,660 with 1. Fewer makes the batches larger and the script calls fewer, which suits
+    /// clients that have other work for the CPU, such as an HTTP server beside Redis on one machine: in the
+    /// same run, behind `inflight proxy`, 1 served 2-3 % more requests/s than 3 for 14 % less Redis CPU
+    /// per request (BENCHMARKS.md, "Redis pipeline").
     pub fn pipeline(mut self, batches: usize) -> Self {
         self.pipeline = batches.max(1);
         self
