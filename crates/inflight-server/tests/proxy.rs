@@ -343,6 +343,39 @@ async fn upstream_connections_are_kept_alive_and_replaced_when_closed<M: Make>()
     wait_in_flight(&server.url("/_inflight"), "k", 0).await;
 }
 
+/// Each request on a kept-alive upstream connection gets the whole upstream timeout for its response
+/// headers, and no more: the connection's timer moves to each request's deadline, also after it has fired
+/// while the connection was idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_on_a_kept_alive_connection_gets_the_whole_upstream_timeout() {
+    let upstream = Upstream::start().await;
+    let mut args = limits(2, 0);
+    args.workers = Some(1); // one pool, one connection
+    let mut settings = proxy_settings(&upstream.base, args);
+    settings.upstream_timeout = Duration::from_secs(1);
+    let server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let http = Client::new();
+    let status = |response: reqwest::Response| response.status();
+    assert_eq!(
+        status(keyed(&http, server.url("/delay/0"), "k").await),
+        StatusCode::OK
+    );
+    // An answer that comes after the first request's deadline, within its own.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let late = keyed(&http, server.url("/delay/600"), "k").await;
+    assert_eq!(late.text().await.unwrap(), "late, but answered");
+    // Idle past the timeout, so the timer fired with nothing waiting on it; then used again.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        status(keyed(&http, server.url("/delay/0"), "k").await),
+        StatusCode::OK
+    );
+    assert_eq!(upstream.connections(), 1, "all of them on one connection");
+    let slow = keyed(&http, server.url("/slow"), "k").await;
+    assert_eq!(slow.status(), StatusCode::GATEWAY_TIMEOUT);
+    wait_in_flight(&server.url("/_inflight"), "k", 0).await;
+}
+
 /// An upstream named by host: every address the name has is tried (here `localhost`, whose IPv6 address
 /// may come first and refuse, as the upstream listens on 127.0.0.1 only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

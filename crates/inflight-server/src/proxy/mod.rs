@@ -107,22 +107,19 @@ async fn forward_checked<S: Store>(
     };
     let gauge = app.metrics.hold();
     let upstream_request = proxy.target.to_upstream(request, client)?;
-    let response = tokio::time::timeout(
-        proxy.upstream.timeout,
-        proxy.connections.send(upstream_request),
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + proxy.upstream.timeout;
+    let response = proxy.connections.send(upstream_request, deadline).await;
     // On every early return below, the permit and the gauge guard are dropped: the slot is released.
 
     let response = match response {
-        Err(_) => {
+        Err(upstream::UpstreamError::Timeout) => {
             return Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_timeout",
                 "The upstream did not answer in time.",
             ))
         }
-        Ok(Err(error)) => {
+        Err(error) => {
             tracing::warn!(%error, "upstream request failed");
             return Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
@@ -130,7 +127,7 @@ async fn forward_checked<S: Store>(
                 "The upstream could not be reached.",
             ));
         }
-        Ok(Ok(response)) => response,
+        Ok(response) => response,
     };
     let (response, connection) = response;
     let (mut parts, body) = response.into_parts();

@@ -227,6 +227,15 @@ impl Upstream {
             )
             .route("/empty", get(|| async { StatusCode::NO_CONTENT }))
             .route(
+                "/delay/{ms}",
+                get(
+                    |axum::extract::Path(ms): axum::extract::Path<u64>| async move {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        "late, but answered"
+                    },
+                ),
+            )
+            .route(
                 "/close",
                 get(|| async { ([("connection", "close")], "closing") }),
             )
