@@ -23,13 +23,13 @@ use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Store;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tower_service::Service;
 
 use crate::app::App;
+use crate::graceful;
 use crate::proxy::Proxy;
 
 /// The client at the other end of a connection, as the proxy sees it: its address, and its IP address
@@ -272,7 +272,7 @@ async fn serve<S: Store>(
     routes: Routes<S>,
     mut stopping: watch::Receiver<bool>,
 ) {
-    let graceful = GracefulShutdown::new();
+    let connections = graceful::Connections::new(stopping.clone());
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let (io, addr) = tokio::select! {
@@ -284,10 +284,11 @@ async fn serve<S: Store>(
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
-        tokio::spawn(graceful.watch(connection));
+        // Spawned as a task of its own, as `Watched` needs (one task's waker, the same on every poll).
+        tokio::spawn(connections.watch(connection));
     }
     drop(listener);
-    graceful.shutdown().await;
+    connections.all_closed().await;
 }
 
 /// Puts the calling thread, and every thread it starts from now on, under Linux's `SCHED_BATCH` policy (a

@@ -343,6 +343,32 @@ async fn upstream_connections_are_kept_alive_and_replaced_when_closed<M: Make>()
     wait_in_flight(&server.url("/_inflight"), "k", 0).await;
 }
 
+/// On shutdown, a client's idle kept-alive connection is closed at once: the server ends long before the
+/// grace period would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_at_once() {
+    let upstream = Upstream::start().await;
+    let mut args = limits(2, 0);
+    args.shutdown_grace = Some("60s".into());
+    let mut settings = proxy_settings(&upstream.base, args);
+    // No upstream connection's timer fires (and wakes a client connection) while the test runs.
+    settings.upstream_timeout = Duration::from_secs(60);
+    let mut server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let http = Client::new();
+    for _ in 0..3 {
+        let response = keyed(&http, server.url("/echo/x"), "k").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        response.bytes().await.unwrap(); // the connection goes back to the client's pool, open
+    }
+    server.signal();
+    let finished = tokio::time::timeout(Duration::from_secs(10), server.finished()).await;
+    assert!(
+        matches!(finished, Ok(Ok(()))),
+        "the idle connection kept the server open: {finished:?}"
+    );
+    drop(http);
+}
+
 /// Each request on a kept-alive upstream connection gets the whole upstream timeout for its response
 /// headers, and no more: the connection's timer moves to each request's deadline, also after it has fired
 /// while the connection was idle.
