@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Instructions per proxied request, counted by valgrind's callgrind: the memory proxy (one worker) and
-# hyper alone (examples/hyper_floor) in front of the same nginx. Unlike requests/s on a shared 2-core
-# machine, the count moves by well under 1 % between runs, so a change of a few hundred instructions shows.
-# About 1 minute plus the release build.
+# Instructions per proxied request, counted by valgrind's callgrind: the memory proxy (one worker), hyper
+# alone (examples/hyper_floor) and nginx with `limit_conn` (one process, as scripts/bench.sh configures
+# it), each in front of the same nginx upstream. Unlike requests/s on a shared 2-core machine, the count
+# moves by well under 1 % between runs, so a change of a few hundred instructions shows. (It counts user
+# space only: the kernel's share, about two thirds of a proxied request's CPU time, is alike for all three.)
+# About 1.5 minutes plus the release build.
 #
 #   scripts/instructions.sh [PATH]     # default /; keeps the callgrind files when KEEP=1 (printed path)
 #
@@ -60,3 +62,29 @@ pm=$(port); pf=$(port)
 INFLIGHT_LOG=warn measure inflight-memory "$pm" "$root/target/release/inflight" proxy \
   --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 --workers 1
 measure hyper-floor "$pf" "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" 1
+# nginx in the foreground, one process (no master), so that callgrind follows the one doing the work.
+pn=$(port)
+cat >"$out/proxy.conf" <<NGINX
+daemon off;
+master_process off;
+worker_processes 1;
+pid $out/proxy.pid;
+error_log $out/nginx-proxy-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  limit_conn_zone \$http_x_inflight_key zone=keys:10m;
+  upstream api { server 127.0.0.1:$up; keepalive 128; }
+  server {
+    listen 127.0.0.1:$pn;
+    location / {
+      limit_conn keys 60000;
+      proxy_pass http://api;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+measure nginx "$pn" nginx -c "$out/proxy.conf" -p "$out"
