@@ -85,6 +85,6 @@ pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE, SHUTDOWN
 pub use options::AcquireOptions;
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{Limit, Policy};
-pub use store::{KeyStatus, MemoryStore, Renewal, Store};
+pub use store::{KeyStatus, MemoryStore, ReleaseDone, Renewal, Store};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};

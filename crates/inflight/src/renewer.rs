@@ -8,10 +8,11 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::limiter::Core;
 use crate::permit::PermitState;
-use crate::store::{RenewRequest, Renewal, Store};
+use crate::store::{ReleaseDone, RenewRequest, Renewal, Store};
 
 /// How often, at most, the task sleeps between passes; maintenance runs on this beat.
 const MAX_TICK: Duration = Duration::from_secs(1);
@@ -184,8 +185,9 @@ pub(crate) fn spawn_release<S: Store>(core: Arc<Core<S>>, permit: Arc<PermitStat
     spawn_release_id(core, permit.key.clone(), permit.id.clone(), permit.lease_ms);
 }
 
-/// Releases the lease `id` of `key` in the background, as [`spawn_release`] does. Counted in
-/// `pending_releases` until the task ends, however it ends (done, given up, panicked or dropped).
+/// Releases the lease `id` of `key` in the background, as [`spawn_release`] does: queued in the store
+/// when it can queue ([`Store::release_queued`]), else in a task. Counted in `pending_releases` until done,
+/// however it ends (released, given up, panicked or dropped).
 pub(crate) fn spawn_release_id<S: Store>(
     core: Arc<Core<S>>,
     key: Arc<str>,
@@ -203,27 +205,69 @@ pub(crate) fn spawn_release_id<S: Store>(
         tracing::warn!(%key, %id, "too many releases pending; leaving this one to its lease");
         return;
     }
-    let counted = Pending(core.clone());
-    let runtime = core.runtime.clone();
-    runtime.spawn(async move {
-        let _counted = counted;
-        let give_up = Instant::now() + Duration::from_millis(lease_ms);
-        let mut delay = Duration::from_millis(20);
-        loop {
-            match core.store.release(&key, &id).await {
-                Ok(_) => break,
-                Err(error) if error.is_transient() && Instant::now() + delay < give_up => {
-                    tracing::debug!(%error, %key, "release failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, %key, %id, "release failed; the lease will expire");
-                    break;
-                }
+    let release = Release {
+        core: core.clone(),
+        key,
+        id,
+        give_up: Instant::now() + Duration::from_millis(lease_ms),
+        _counted: Pending(core.clone()),
+    };
+    let (key, id) = (release.key.clone(), release.id.clone());
+    let done: ReleaseDone = Box::new(move |outcome| release.after(outcome));
+    if let Err(done) = core.store.release_queued(&key, &id, done) {
+        let runtime = core.runtime.clone();
+        runtime.spawn(async move { done(core.store.release(&key, &id).await) });
+    }
+}
+
+/// A release in the background, counted in `pending_releases` while it lasts.
+struct Release<S: Store> {
+    core: Arc<Core<S>>,
+    key: Arc<str>,
+    id: PermitId,
+    give_up: Instant,
+    _counted: Pending<S>,
+}
+
+/// The first wait before a failed release is tried again; it doubles up to [`MAX_RETRY_DELAY`].
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(20);
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
+
+impl<S: Store> Release<S> {
+    /// After a try: done, or tried again in a task after a pause, while its lease lasts.
+    fn after(self, outcome: Result<bool, StoreError>) {
+        if let Some(delay) = self.retry_after(outcome, FIRST_RETRY_DELAY) {
+            let runtime = self.core.runtime.clone();
+            runtime.spawn(self.retry(delay));
+        }
+    }
+
+    /// How long to wait before trying again, if at all.
+    fn retry_after(&self, outcome: Result<bool, StoreError>, delay: Duration) -> Option<Duration> {
+        match outcome {
+            Ok(_) => None,
+            Err(error) if error.is_transient() && Instant::now() + delay < self.give_up => {
+                tracing::debug!(%error, key = %self.key, "release failed; retrying");
+                Some(delay)
+            }
+            Err(error) => {
+                tracing::warn!(%error, key = %self.key, id = %self.id, "release failed; the lease will expire");
+                None
             }
         }
-    });
+    }
+
+    async fn retry(self, mut delay: Duration) {
+        loop {
+            tokio::time::sleep(delay).await;
+            let outcome = self.core.store.release(&self.key, &self.id).await;
+            let next = (delay * 2).min(MAX_RETRY_DELAY);
+            match self.retry_after(outcome, next) {
+                Some(next) => delay = next,
+                None => return,
+            }
+        }
+    }
 }
 
 /// One release counted in `pending_releases`, until dropped.

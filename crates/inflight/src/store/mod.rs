@@ -138,6 +138,10 @@ pub enum LocalAdmission {
     Decided(Admission),
 }
 
+/// Called with the outcome of a release that a store runs in the background ([`Store::release_queued`]):
+/// whether the lease was held, or why the store could not say.
+pub type ReleaseDone = Box<dyn FnOnce(Result<bool, StoreError>) + Send + Sync>;
+
 /// Where leases and limit overrides live. Each method is one atomic step.
 ///
 /// Implement it for a new backend and run the behaviour suite against it. The futures are `Send` so that
@@ -190,6 +194,21 @@ pub trait Store: Send + Sync + 'static {
     fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
         let _ = (key, id);
         None
+    }
+
+    /// Releases in the background without a task of the caller's, when the store queues work itself (the
+    /// Redis store's batches): `done` is called with the outcome, on the store's side. `Err(done)` hands
+    /// `done` back when the store cannot; the caller then awaits [`Store::release`] in a task of its own.
+    /// Used when a permit is dropped and [`Store::release_now`] cannot release it. A task spawned for each
+    /// release would cost the process that drops the permit a wake-up of the runtime it spawns on.
+    fn release_queued(
+        &self,
+        key: &str,
+        id: &PermitId,
+        done: ReleaseDone,
+    ) -> Result<(), ReleaseDone> {
+        let _ = (key, id);
+        Err(done)
     }
 
     /// False only when the store knows, without I/O, that `key` has no override; the limiter then grants
@@ -248,6 +267,14 @@ impl<S: Store> Store for Arc<S> {
     }
     fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
         (**self).release_now(key, id)
+    }
+    fn release_queued(
+        &self,
+        key: &str,
+        id: &PermitId,
+        done: ReleaseDone,
+    ) -> Result<(), ReleaseDone> {
+        (**self).release_queued(key, id, done)
     }
     fn may_have_override(&self, key: &str) -> bool {
         (**self).may_have_override(key)

@@ -281,3 +281,139 @@ async fn a_limiter_lease_is_kept_between_a_millisecond_and_a_day() {
         .expect("admitted with a day's lease");
     assert_eq!(built(Duration::ZERO).lease(), Duration::from_millis(1));
 }
+
+/// A store that queues releases itself, as the Redis store does, and fails the first `failures` of them
+/// (queued or awaited) as a store that is briefly away would.
+struct Queueing {
+    inner: MemoryStore,
+    failures: AtomicUsize,
+    queued: AtomicUsize,
+    awaited: AtomicUsize,
+    queues: bool,
+}
+
+impl Queueing {
+    fn new(failures: usize, queues: bool) -> Self {
+        Self {
+            inner: MemoryStore::new(),
+            failures: AtomicUsize::new(failures),
+            queued: AtomicUsize::new(0),
+            awaited: AtomicUsize::new(0),
+            queues,
+        }
+    }
+
+    /// Fails while failures are left.
+    fn fails(&self) -> bool {
+        self.failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+impl Store for Queueing {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        self.inner.acquire(req)
+    }
+    fn release(
+        &self,
+        key: &str,
+        id: &PermitId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.awaited.fetch_add(1, Ordering::SeqCst);
+        // The memory store releases when called, so a failed try must not call it.
+        let released =
+            (!self.fails()).then(|| self.inner.release_now(key, id).expect("in process"));
+        std::future::ready(
+            released.unwrap_or_else(|| Err(StoreError::Unavailable("briefly away".into()))),
+        )
+    }
+    fn release_queued(
+        &self,
+        key: &str,
+        id: &PermitId,
+        done: inflight::ReleaseDone,
+    ) -> Result<(), inflight::ReleaseDone> {
+        if !self.queues {
+            return Err(done);
+        }
+        self.queued.fetch_add(1, Ordering::SeqCst);
+        if self.fails() {
+            done(Err(StoreError::Unavailable("briefly away".into())));
+        } else {
+            let released = self.inner.release_now(key, id).expect("in process");
+            done(released);
+        }
+        Ok(())
+    }
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+        self.inner.renew(batch)
+    }
+    fn status(
+        &self,
+        key: &str,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        self.inner.status(key, policy)
+    }
+    fn set_limit(
+        &self,
+        key: &str,
+        limit: Option<u32>,
+        policy: Policy,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        self.inner.set_limit(key, limit, policy)
+    }
+}
+
+/// Waits (up to 5 s) until `key` has nothing in flight in `limiter`'s store.
+async fn wait_released<S: Store>(limiter: &Limiter<S>, key: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while limiter.status(key).await.unwrap().in_flight > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} never released"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_permit_is_released_through_the_stores_queue_and_retried_when_it_fails() {
+    let limiter = Limiter::builder(Queueing::new(2, true))
+        .policy(Policy::new(1, 0))
+        .build();
+    let permit = limiter.try_acquire("app").await.unwrap();
+    drop(permit);
+    wait_released(&limiter, "app").await;
+    let store = limiter.store();
+    assert_eq!(store.queued.load(Ordering::SeqCst), 1, "queued once");
+    // The queued try failed, the first retry too; the second landed.
+    assert_eq!(store.awaited.load(Ordering::SeqCst), 2, "then retried");
+    // Nothing is left pending: shutdown has nothing to wait for.
+    tokio::time::timeout(Duration::from_millis(100), limiter.release_held())
+        .await
+        .expect("no release left pending");
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_queue_gets_its_releases_in_a_task() {
+    let limiter = Limiter::builder(Queueing::new(1, false))
+        .policy(Policy::new(1, 0))
+        .build();
+    drop(limiter.try_acquire("app").await.unwrap());
+    wait_released(&limiter, "app").await;
+    let store = limiter.store();
+    assert_eq!(store.queued.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        store.awaited.load(Ordering::SeqCst),
+        2,
+        "failed once, then retried"
+    );
+}

@@ -78,7 +78,28 @@ pub(super) type Reply = [i64; 5];
 
 struct Job {
     op: Op,
-    reply: oneshot::Sender<Result<Reply, StoreError>>,
+    reply: Answer,
+}
+
+/// Where an operation's reply goes: to a caller waiting for it, or to a function called in its place.
+enum Answer {
+    To(oneshot::Sender<Result<Reply, StoreError>>),
+    Then(Box<dyn FnOnce(Result<Reply, StoreError>) + Send + Sync>),
+}
+
+impl Answer {
+    fn send(self, reply: Result<Reply, StoreError>) {
+        match self {
+            Answer::To(waiting) => {
+                let _ = waiting.send(reply);
+            }
+            Answer::Then(then) => then(reply),
+        }
+    }
+}
+
+fn stopped() -> StoreError {
+    StoreError::Unavailable("the store's dispatcher has stopped".into())
 }
 
 /// The way into the dispatcher.
@@ -103,11 +124,28 @@ impl Batcher {
     pub(super) async fn run(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs
-            .send(Job { op, reply })
-            .map_err(|_| StoreError::Unavailable("the store's dispatcher has stopped".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("the store's dispatcher has stopped".into()))?
+            .send(Job {
+                op,
+                reply: Answer::To(reply),
+            })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Runs `op` in the next batch and calls `then` with its reply, in the dispatcher's task (at once, with
+    /// an error, if the dispatcher has stopped). Should the dispatcher stop with `op` still queued, `then`
+    /// is dropped uncalled.
+    pub(super) fn queue(
+        &self,
+        op: Op,
+        then: Box<dyn FnOnce(Result<Reply, StoreError>) + Send + Sync>,
+    ) {
+        if let Err(unsent) = self.jobs.send(Job {
+            op,
+            reply: Answer::Then(then),
+        }) {
+            unsent.0.reply.send(Err(stopped()));
+        }
     }
 }
 
@@ -154,7 +192,7 @@ async fn run(mut conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
                 rest = others;
                 let mut reply = Reply::default();
                 reply[..mine.len()].copy_from_slice(mine);
-                let _ = job.reply.send(Ok(reply));
+                job.reply.send(Ok(reply));
             }
         }
         Ok(replies) => {
@@ -164,12 +202,12 @@ async fn run(mut conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
                 jobs.len()
             ));
             for job in jobs {
-                let _ = job.reply.send(Err(error.clone()));
+                job.reply.send(Err(error.clone()));
             }
         }
         Err(error) => {
             for job in jobs {
-                let _ = job.reply.send(Err(error.clone()));
+                job.reply.send(Err(error.clone()));
             }
         }
     }

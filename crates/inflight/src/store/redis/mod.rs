@@ -26,7 +26,9 @@ use tokio::runtime::Handle;
 
 use self::batch::{Batcher, Op};
 use self::keys::{KeyNames, Member};
-use super::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal, Store};
+use super::{
+    AcquireRequest, Admission, Grant, KeyStatus, ReleaseDone, RenewRequest, Renewal, Store,
+};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
@@ -403,6 +405,24 @@ impl Store for RedisStore {
             let [released, ..] = self.batcher().run(op).await?;
             Ok(released == 1)
         }
+    }
+
+    /// Queues the release for the next batch, like [`Store::release`] without a waiting caller.
+    fn release_queued(
+        &self,
+        key: &str,
+        id: &PermitId,
+        done: ReleaseDone,
+    ) -> Result<(), ReleaseDone> {
+        let op = Op::Release {
+            names: self.names(key),
+            id: id.clone(),
+        };
+        self.batcher().queue(
+            op,
+            Box::new(move |reply| done(reply.map(|[released, ..]| released == 1))),
+        );
+        Ok(())
     }
 
     fn renew(
