@@ -99,8 +99,8 @@ pub struct CommonArgs {
     #[arg(long, env = "INFLIGHT_REDIS_CA_CERT", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_ca_cert: Option<PathBuf>,
-    /// Batches of admissions and releases out to Redis at once, 1 to 64: fewer makes batches larger and
-    /// Redis calls fewer (BENCHMARKS.md, "Redis pipeline") [default: 1].
+    /// Batches of admissions and releases out to Redis at once from each worker, 1 to 64: fewer makes
+    /// batches larger and Redis calls fewer (BENCHMARKS.md, "Redis pipeline") [default: 1].
     #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_pipeline: Option<usize>,

@@ -3,9 +3,10 @@
 //! Each worker is a thread with its own single-threaded Tokio runtime and its own listening socket on the
 //! shared address (`SO_REUSEPORT`, so the kernel spreads connections over them), as nginx's worker
 //! processes do: a connection, its requests and its upstream connections stay on one thread. The limiter
-//! and its store are shared by every worker; their background work (renewals, background releases, the
-//! Redis connection and its batches) runs on the runtime that built them, so with Redis every store
-//! operation goes through that one thread. A client that sends everything over one connection (HTTP/2,
+//! and its store are shared by every worker. With Redis, each worker batches its own admissions and
+//! releases over a Redis connection of its own, so those never leave its thread either; the rest of the
+//! store's work (renewals, retried releases, status reads, limit changes) runs on the runtime that built
+//! the store. A client that sends everything over one connection (HTTP/2,
 //! or a load balancer keeping few connections open) is served by one worker.
 
 use std::convert::Infallible;

@@ -871,3 +871,50 @@ async fn a_rediss_url_works_with_a_private_ca() {
         "the limit held over TLS"
     );
 }
+
+/// A server worker's runtime admits over a connection of its own; when that runtime ends with permits
+/// still held (a stream cut at shutdown), their releases, queued to a batcher that ends with it, go from
+/// the store's home runtime instead, at once rather than when the leases run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_dropped_with_the_runtime_that_admitted_them_are_still_released() {
+    let _machine = timing_sensitive().await;
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(4, 0))
+        .lease(Duration::from_secs(60))
+        .build();
+    let worker = limiter.clone();
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut permits = Vec::new();
+            for _ in 0..3 {
+                permits.push(worker.try_acquire("k").await.unwrap());
+            }
+            assert_eq!(worker.status("k").await.unwrap().in_flight, 3);
+            // Held by a task that is still running when the runtime goes.
+            tokio::spawn(async move {
+                let _held = permits;
+                std::future::pending::<()>().await;
+            });
+            tokio::task::yield_now().await;
+        });
+        drop(runtime);
+    })
+    .await
+    .unwrap();
+    let started = Instant::now();
+    while limiter.status("k").await.unwrap().in_flight != 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the releases were lost with the runtime (the leases last 60 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(1), limiter.release_held())
+        .await
+        .expect("nothing left pending");
+}

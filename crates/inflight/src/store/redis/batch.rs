@@ -84,7 +84,22 @@ struct Job {
 /// Where an operation's reply goes: to a caller waiting for it, or to a function called in its place.
 enum Answer {
     To(oneshot::Sender<Result<Reply, StoreError>>),
-    Then(Box<dyn FnOnce(Result<Reply, StoreError>) + Send + Sync>),
+    Then(Then),
+}
+
+/// What [`Batcher::queue`] calls with the reply.
+pub(super) type ThenFn = Box<dyn FnOnce(Result<Reply, StoreError>) + Send + Sync>;
+
+/// A function called with the reply; dropped uncalled (its dispatcher gone, say with the runtime it ran
+/// on), it is called with an error instead, so that whoever queued the operation can try again elsewhere.
+struct Then(Option<ThenFn>);
+
+impl Drop for Then {
+    fn drop(&mut self) {
+        if let Some(then) = self.0.take() {
+            then(Err(stopped()));
+        }
+    }
 }
 
 impl Answer {
@@ -93,7 +108,11 @@ impl Answer {
             Answer::To(waiting) => {
                 let _ = waiting.send(reply);
             }
-            Answer::Then(then) => then(reply),
+            Answer::Then(mut then) => {
+                if let Some(then) = then.0.take() {
+                    then(reply);
+                }
+            }
         }
     }
 }
@@ -103,6 +122,7 @@ fn stopped() -> StoreError {
 }
 
 /// The way into the dispatcher.
+#[derive(Clone)]
 pub(super) struct Batcher {
     jobs: mpsc::UnboundedSender<Job>,
 }
@@ -132,20 +152,15 @@ impl Batcher {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Runs `op` in the next batch and calls `then` with its reply, in the dispatcher's task (at once, with
-    /// an error, if the dispatcher has stopped). Should the dispatcher stop with `op` still queued, `then`
-    /// is dropped uncalled.
-    pub(super) fn queue(
-        &self,
-        op: Op,
-        then: Box<dyn FnOnce(Result<Reply, StoreError>) + Send + Sync>,
-    ) {
-        if let Err(unsent) = self.jobs.send(Job {
+    /// Runs `op` in the next batch and calls `then` with its reply, in the dispatcher's task; with an
+    /// error instead if the dispatcher has stopped, or stops with `op` still queued (then wherever the
+    /// operation is dropped).
+    pub(super) fn queue(&self, op: Op, then: ThenFn) {
+        // Not sent: dropped here, and `then` is told.
+        let _ = self.jobs.send(Job {
             op,
-            reply: Answer::Then(then),
-        }) {
-            unsent.0.reply.send(Err(stopped()));
-        }
+            reply: Answer::Then(Then(Some(then))),
+        });
     }
 }
 

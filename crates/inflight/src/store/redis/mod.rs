@@ -5,9 +5,14 @@
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
 //! one hash tag, so each script touches one slot.
 //!
-//! The connection lives on the Tokio runtime the store was opened in (its home): every command is sent
-//! from a task there, so the store can be used from other runtimes too (a thread-per-core server's
-//! workers) without its connection ending with whichever runtime happened to use it first.
+//! The store's connection lives on the Tokio runtime the store was opened in (its home): every command
+//! is sent from a task there, so the store can be used from other runtimes too (a thread-per-core
+//! server's workers) without its connection ending with whichever runtime happened to use it first.
+//! Admissions and releases are the exception: each runtime that makes them batches its own, over a
+//! connection of its own, made and driven on that runtime and ending with it. A worker then never hands
+//! an admission to another thread and waits to be woken with the answer: behind `inflight proxy` that
+//! hand-off cost a wake-up of each side's runtime (an eventfd write, a system call) per operation.
+//! Renewals, status reads, limit changes and whatever a stopped runtime left queued go from home.
 
 mod batch;
 mod error;
@@ -19,10 +24,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use dashmap::DashMap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, Script};
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Id as RuntimeId};
 
 use self::batch::{Batcher, Op};
 use self::keys::{KeyNames, Member};
@@ -58,12 +64,17 @@ pub const DEFAULT_PREFIX: &str = "inflight:";
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
+    /// For the connections of other runtimes' batches.
+    client: Client,
+    config: ConnectionManagerConfig,
     prefix: Arc<str>,
     target: Arc<str>,
     /// Added to Redis `TIME` by every script; moved only by tests ([`RedisStore::advance_clock`]).
     clock_offset_ms: Arc<AtomicI64>,
     /// Admissions and releases, batched; started on first use, on `home`.
     batcher: Arc<OnceLock<Batcher>>,
+    /// The batches of other runtimes, each started on its runtime's first admission or release there.
+    away: Arc<DashMap<RuntimeId, Batcher, foldhash::fast::RandomState>>,
     /// Batches out at once, at most.
     pipeline: usize,
     /// The runtime the store was opened in: its connection and its tasks run there.
@@ -102,8 +113,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1). While
-    /// they are, new operations wait and leave together in the next batch.
+    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1), for each
+    /// runtime that makes them (see the module docs). While they are, new operations wait and leave
+    /// together in the next batch.
     ///
     /// More keeps Redis busy while answers travel, which suits clients that wait on each answer and do
     /// little else: in one run of `scripts/bench.sh`, `inflight bench --tasks 64` made 126,717 pairs/s
@@ -163,10 +175,13 @@ impl RedisStoreBuilder {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::from)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(StoreError::from)?;
         Ok(RedisStore {
             conn,
+            client,
+            config,
+            away: Arc::default(),
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
             clock_offset_ms: Arc::new(AtomicI64::new(0)),
@@ -212,7 +227,15 @@ impl RedisStore {
         self.clock_offset_ms.load(Ordering::SeqCst)
     }
 
-    fn batcher(&self) -> &Batcher {
+    /// The batcher of the runtime this is called on (see the module docs), else home's.
+    fn batcher(&self) -> Batcher {
+        match Handle::try_current() {
+            Ok(here) if here.id() != self.home.id() => self.away_batcher(&here),
+            _ => self.home_batcher().clone(),
+        }
+    }
+
+    fn home_batcher(&self) -> &Batcher {
         self.batcher.get_or_init(|| {
             Batcher::start(
                 &self.home,
@@ -221,6 +244,28 @@ impl RedisStore {
                 self.pipeline,
             )
         })
+    }
+
+    /// The batcher of `here`, a runtime other than home, started on first use with a connection of its
+    /// own (made lazily, inside `here`, whose task drives it).
+    fn away_batcher(&self, here: &Handle) -> Batcher {
+        if let Some(batcher) = self.away.get(&here.id()) {
+            return batcher.clone();
+        }
+        let _entered = here.enter();
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(conn) => self
+                .away
+                .entry(here.id())
+                .or_insert_with(|| {
+                    Batcher::start(here, conn, self.clock_offset_ms.clone(), self.pipeline)
+                })
+                .clone(),
+            Err(error) => {
+                tracing::debug!(%error, "no connection of this runtime's own; batching at home");
+                self.home_batcher().clone()
+            }
+        }
     }
 
     fn names(&self, key: &str) -> KeyNames {
