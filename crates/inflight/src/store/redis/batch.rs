@@ -128,6 +128,11 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
+    /// True once its dispatcher has stopped (with the runtime it ran on).
+    pub(super) fn is_closed(&self) -> bool {
+        self.jobs.is_closed()
+    }
+
     /// Starts the dispatcher on `runtime`, with at most `pipeline` (1 or more) batches out at once.
     pub(super) fn start(
         runtime: &tokio::runtime::Handle,

@@ -247,11 +247,13 @@ impl RedisStore {
     }
 
     /// The batcher of `here`, a runtime other than home, started on first use with a connection of its
-    /// own (made lazily, inside `here`, whose task drives it).
+    /// own (made lazily, inside `here`, whose task drives it). The batchers of runtimes that have ended
+    /// are forgotten then, so there are never more than runtimes alive.
     fn away_batcher(&self, here: &Handle) -> Batcher {
         if let Some(batcher) = self.away.get(&here.id()) {
             return batcher.clone();
         }
+        self.away.retain(|_, batcher| !batcher.is_closed());
         let _entered = here.enter();
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
             Ok(conn) => self
@@ -504,5 +506,43 @@ impl std::fmt::Debug for RedisStore {
             .field("target", &self.target)
             .field("prefix", &self.prefix)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store used from runtime after runtime (each ended before the next starts) keeps one batcher.
+    #[test]
+    fn the_batchers_of_ended_runtimes_are_forgotten() {
+        let home = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // Nothing listens there; nothing here connects (connections are made on first use).
+        let store = home.block_on(async { RedisStore::open("redis://127.0.0.1:1").unwrap() });
+        for _ in 0..3 {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async {
+                    let batcher = store.batcher();
+                    tokio::task::yield_now().await; // its dispatcher runs
+                    assert!(!batcher.is_closed());
+                });
+            })
+            .join()
+            .unwrap();
+        }
+        assert_eq!(
+            store.away.len(),
+            1,
+            "only the last runtime's, until the next one comes"
+        );
+        assert!(store.away.iter().all(|batcher| batcher.is_closed()));
     }
 }
