@@ -86,27 +86,7 @@ up=$(port); ng=$(port); pm=$(port); pr=$(port)
 # The upstream and the nginx proxy are two nginx instances, so that the proxy under test, nginx or
 # inflight, never shares a process with the upstream it fronts. The proxy gets Debian's default of one
 # worker per core.
-cat >"$out/proxy.conf" <<NGINX
-worker_processes auto;
-pid $out/proxy.pid;
-error_log $out/nginx-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  limit_conn_zone \$http_x_inflight_key zone=keys:10m;
-  upstream api { server 127.0.0.1:$up; keepalive 128; }
-  server {
-    listen 127.0.0.1:$ng;
-    location / {
-      limit_conn keys 60000;
-      proxy_pass http://api;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
+write_nginx_proxy "$out" "$ng" "$up"
 start_upstream "$out" "$up"
 nginx -c "$out/proxy.conf" -p "$out" -e "$out/nginx-error.log"
 wait_port "$up"; wait_port "$ng"

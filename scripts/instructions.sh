@@ -64,27 +64,5 @@ INFLIGHT_LOG=warn measure inflight-memory "$pm" "$root/target/release/inflight" 
 measure hyper-floor "$pf" "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" 1
 # nginx in the foreground, one process (no master), so that callgrind follows the one doing the work.
 pn=$(port)
-cat >"$out/proxy.conf" <<NGINX
-daemon off;
-master_process off;
-worker_processes 1;
-pid $out/proxy.pid;
-error_log $out/nginx-proxy-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  limit_conn_zone \$http_x_inflight_key zone=keys:10m;
-  upstream api { server 127.0.0.1:$up; keepalive 128; }
-  server {
-    listen 127.0.0.1:$pn;
-    location / {
-      limit_conn keys 60000;
-      proxy_pass http://api;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
+write_nginx_proxy "$out" "$pn" "$up" "daemon off;" "master_process off;" "worker_processes 1;"
 measure nginx "$pn" nginx -c "$out/proxy.conf" -p "$out"

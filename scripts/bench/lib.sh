@@ -40,3 +40,35 @@ http {
 NGINX
   nginx -c "$dir/upstream.conf" -p "$dir" -e "$dir/nginx-error.log"
 }
+
+# write_nginx_proxy DIR PORT UPSTREAM_PORT [DIRECTIVE]...: DIR/proxy.conf, nginx as the proxy the bench
+# compares with: `limit_conn` on the key header, in front of 127.0.0.1:UPSTREAM_PORT over kept-alive
+# connections, unbuffered, listening on 127.0.0.1:PORT. The DIRECTIVEs open the file (default: one worker
+# per core, Debian's default).
+write_nginx_proxy() {
+  local dir=$1 port=$2 up=$3
+  shift 3
+  [ $# -gt 0 ] || set -- "worker_processes auto;"
+  { printf '%s\n' "$@"
+    cat <<NGINX
+pid $dir/proxy.pid;
+error_log $dir/nginx-proxy-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  limit_conn_zone \$http_x_inflight_key zone=keys:10m;
+  upstream api { server 127.0.0.1:$up; keepalive 128; }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      limit_conn keys 60000;
+      proxy_pass http://api;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+  } >"$dir/proxy.conf"
+}

@@ -59,6 +59,23 @@ async fn timing_sensitive() -> tokio::sync::RwLockReadGuard<'static, ()> {
     MACHINE.read().await
 }
 
+/// Runs `work` on a current-thread runtime of its own, on a thread of its own, as a server worker's; then
+/// drops that runtime with whatever tasks it still has.
+async fn on_a_runtime_of_its_own<F>(work: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(work());
+    })
+    .await
+    .unwrap();
+}
+
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
 }
@@ -606,26 +623,19 @@ async fn a_store_first_used_from_a_runtime_that_ends_keeps_working() {
     // Another runtime (a server worker's) makes the first use, so it would own the lazily made connection
     // if the store did not send everything from its home runtime; then that runtime ends.
     let elsewhere = store.clone();
-    tokio::task::spawn_blocking(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+    on_a_runtime_of_its_own(move || async move {
+        elsewhere.ping().await.unwrap();
+        let limiter = Limiter::builder(elsewhere).policy(policy).build();
+        limiter
+            .try_acquire("k")
+            .await
+            .unwrap()
+            .release()
+            .await
             .unwrap();
-        runtime.block_on(async {
-            elsewhere.ping().await.unwrap();
-            let limiter = Limiter::builder(elsewhere).policy(policy).build();
-            limiter
-                .try_acquire("k")
-                .await
-                .unwrap()
-                .release()
-                .await
-                .unwrap();
-            limiter.status("k").await.unwrap();
-        });
+        limiter.status("k").await.unwrap();
     })
-    .await
-    .unwrap();
+    .await;
     store
         .ping()
         .await
@@ -884,28 +894,20 @@ async fn permits_dropped_with_the_runtime_that_admitted_them_are_still_released(
         .lease(Duration::from_secs(60))
         .build();
     let worker = limiter.clone();
-    tokio::task::spawn_blocking(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let mut permits = Vec::new();
-            for _ in 0..3 {
-                permits.push(worker.try_acquire("k").await.unwrap());
-            }
-            assert_eq!(worker.status("k").await.unwrap().in_flight, 3);
-            // Held by a task that is still running when the runtime goes.
-            tokio::spawn(async move {
-                let _held = permits;
-                std::future::pending::<()>().await;
-            });
-            tokio::task::yield_now().await;
+    on_a_runtime_of_its_own(move || async move {
+        let mut permits = Vec::new();
+        for _ in 0..3 {
+            permits.push(worker.try_acquire("k").await.unwrap());
+        }
+        assert_eq!(worker.status("k").await.unwrap().in_flight, 3);
+        // Held by a task that is still running when the runtime goes.
+        tokio::spawn(async move {
+            let _held = permits;
+            std::future::pending::<()>().await;
         });
-        drop(runtime);
+        tokio::task::yield_now().await;
     })
-    .await
-    .unwrap();
+    .await;
     let started = Instant::now();
     while limiter.status("k").await.unwrap().in_flight != 0 {
         assert!(
