@@ -38,9 +38,11 @@ impl Connections {
         Watched {
             connection,
             changed: self.stopping.clone(),
-            stop: Some(Box::pin(async move {
+            // Unconstrained: a poll out of the task's budget would return without registering the waker,
+            // and this is polled again only once the signal may have come.
+            stop: Some(Box::pin(tokio::task::unconstrained(async move {
                 let _ = stop.wait_for(|stop| *stop).await;
-            })),
+            }))),
             registered: false,
             _open: self.open.subscribe(),
         }

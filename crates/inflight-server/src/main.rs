@@ -65,9 +65,11 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
     if settings.store.starts_with("memory://") {
         run(settings, is_proxy, MemoryStore::new()).await
     } else {
+        // The workers' runtimes are driven for as long as they admit: each batches its own.
         let builder = RedisStore::builder(settings.store.clone())
             .prefix(settings.redis_prefix.clone())
-            .pipeline(settings.redis_pipeline);
+            .pipeline(settings.redis_pipeline)
+            .batches_per_runtime(true);
         #[cfg(feature = "tls")]
         let builder = match &settings.redis_ca_cert {
             Some(pem) => builder.root_cert(pem.clone()),

@@ -882,41 +882,84 @@ async fn a_rediss_url_works_with_a_private_ca() {
     );
 }
 
-/// A server worker's runtime admits over a connection of its own; when that runtime ends with permits
-/// still held (a stream cut at shutdown), their releases, queued to a batcher that ends with it, go from
-/// the store's home runtime instead, at once rather than when the leases run out.
+/// Waits (up to 5 s) until `key` has nothing in flight: far less than the tests' leases of 60 s, so it is
+/// a release and not an expiry that frees the slots.
+async fn wait_released(limiter: &Limiter<RedisStore>, key: &str, lost: &str) {
+    let started = Instant::now();
+    while limiter.status(key).await.unwrap().in_flight != 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "{lost}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// With batches per runtime, a server worker's runtime admits over a connection of its own; when that
+/// runtime ends with permits still held (a stream cut at shutdown), their releases, queued to a batcher
+/// that ends with it, go from the store's home runtime instead, at once rather than when the leases run
+/// out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_dropped_with_the_runtime_that_admitted_them_are_still_released() {
     let _machine = timing_sensitive().await;
     let redis = TestRedis::start();
-    let limiter = Limiter::builder(redis.store())
+    let store = redis
+        .store_builder()
+        .batches_per_runtime(true)
+        .open()
+        .unwrap();
+    let limiter = Limiter::builder(store)
         .policy(Policy::new(4, 0))
         .lease(Duration::from_secs(60))
         .build();
     let worker = limiter.clone();
     on_a_runtime_of_its_own(move || async move {
-        let mut permits = Vec::new();
-        for _ in 0..3 {
-            permits.push(worker.try_acquire("k").await.unwrap());
-        }
-        assert_eq!(worker.status("k").await.unwrap().in_flight, 3);
-        // Held by a task that is still running when the runtime goes.
+        // Admitted and held by a task (as a worker's connections are), still running when the runtime goes.
+        let (admitted, held) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let _held = permits;
+            let mut permits = Vec::new();
+            for _ in 0..3 {
+                permits.push(worker.try_acquire("k").await.unwrap());
+            }
+            let _ = admitted.send(worker.status("k").await.unwrap().in_flight);
             std::future::pending::<()>().await;
+            drop(permits);
         });
-        tokio::task::yield_now().await;
+        assert_eq!(held.await.unwrap(), 3);
     })
     .await;
-    let started = Instant::now();
-    while limiter.status("k").await.unwrap().in_flight != 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the releases were lost with the runtime (the leases last 60 s)"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_released(&limiter, "k", "the releases were lost with the runtime").await;
     tokio::time::timeout(Duration::from_secs(1), limiter.release_held())
         .await
         .expect("nothing left pending");
+}
+
+/// With batches per runtime, what a runtime does outside its tasks (here in `block_on`, after which it is
+/// never driven again) goes from the store's home runtime, so a release made there is not left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_made_outside_a_task_does_not_wait_for_its_runtime() {
+    let _machine = timing_sensitive().await;
+    let redis = TestRedis::start();
+    let store = redis
+        .store_builder()
+        .batches_per_runtime(true)
+        .open()
+        .unwrap();
+    let limiter = Limiter::builder(store)
+        .policy(Policy::new(1, 0))
+        .lease(Duration::from_secs(60))
+        .build();
+    let (worker, (done, idle)) = (limiter.clone(), std::sync::mpsc::channel::<()>());
+    let (dropped, released) = tokio::sync::oneshot::channel();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async { drop(worker.try_acquire("k").await.unwrap()) });
+        let _ = dropped.send(());
+        // The runtime lives on, idle, until the test has looked.
+        let _ = idle.recv();
+    });
+    released.await.unwrap();
+    wait_released(&limiter, "k", "the release waited for an idle runtime").await;
+    drop(done);
+    thread.join().unwrap();
 }

@@ -41,11 +41,14 @@ impl TestRedis {
 
     /// A store on this server (lazy: connects on first use).
     pub fn store(&self) -> RedisStore {
+        self.store_builder().open().expect("test redis url")
+    }
+
+    /// The builder of [`TestRedis::store`], for tests that set more.
+    pub fn store_builder(&self) -> inflight::RedisStoreBuilder {
         RedisStore::builder(self.url())
             .response_timeout(Duration::from_millis(500))
             .connection_timeout(Duration::from_millis(200))
-            .open()
-            .expect("test redis url")
     }
 
     /// A plain connection, to look at what the store wrote.

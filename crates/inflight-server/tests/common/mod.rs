@@ -357,8 +357,15 @@ impl Make for Memory {
 pub struct Redis;
 impl Make for Redis {
     type S = RedisStore;
+    /// As the `inflight` binary opens it: each worker batches its own admissions and releases.
     fn make(redis: &Option<TestRedis>) -> RedisStore {
-        redis.as_ref().expect("a redis").store()
+        redis
+            .as_ref()
+            .expect("a redis")
+            .store_builder()
+            .batches_per_runtime(true)
+            .open()
+            .expect("test redis url")
     }
     fn redis() -> Option<TestRedis> {
         Some(TestRedis::start())

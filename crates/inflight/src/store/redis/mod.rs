@@ -8,11 +8,12 @@
 //! The store's connection lives on the Tokio runtime the store was opened in (its home): every command
 //! is sent from a task there, so the store can be used from other runtimes too (a thread-per-core
 //! server's workers) without its connection ending with whichever runtime happened to use it first.
-//! Admissions and releases are the exception: each runtime that makes them batches its own, over a
-//! connection of its own, made and driven on that runtime and ending with it. A worker then never hands
-//! an admission to another thread and waits to be woken with the answer: behind `inflight proxy` that
-//! hand-off cost a wake-up of each side's runtime (an eventfd write, a system call) per operation.
-//! Renewals, status reads, limit changes and whatever a stopped runtime left queued go from home.
+//! With [`RedisStoreBuilder::batches_per_runtime`], admissions and releases are the exception: each
+//! runtime that makes them from its tasks batches its own, over a connection of its own, made and driven
+//! on that runtime and ending with it. A worker then never hands an admission to another thread and waits
+//! to be woken with the answer: behind `inflight proxy` that hand-off cost a wake-up of each side's
+//! runtime (an eventfd write, a system call) per operation. Renewals, status reads, limit changes and
+//! whatever a stopped runtime left queued go from home.
 
 mod batch;
 mod error;
@@ -73,8 +74,9 @@ pub struct RedisStore {
     clock_offset_ms: Arc<AtomicI64>,
     /// Admissions and releases, batched; started on first use, on `home`.
     batcher: Arc<OnceLock<Batcher>>,
-    /// The batches of other runtimes, each started on its runtime's first admission or release there.
-    away: Arc<DashMap<RuntimeId, Batcher, foldhash::fast::RandomState>>,
+    /// With `batches_per_runtime`: the batches of other runtimes, each started on its runtime's first
+    /// admission or release there.
+    away: Option<Arc<DashMap<RuntimeId, Batcher, foldhash::fast::RandomState>>>,
     /// Batches out at once, at most.
     pipeline: usize,
     /// The runtime the store was opened in: its connection and its tasks run there.
@@ -90,6 +92,7 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     pipeline: usize,
+    batches_per_runtime: bool,
     #[cfg(feature = "tls")]
     root_cert: Option<Vec<u8>>,
 }
@@ -125,6 +128,16 @@ impl RedisStoreBuilder {
     /// per request (BENCHMARKS.md, "Redis pipeline").
     pub fn pipeline(mut self, batches: usize) -> Self {
         self.pipeline = batches.max(1);
+        self
+    }
+
+    /// Lets each Tokio runtime other than the store's own batch the admissions and releases its tasks make,
+    /// over a Redis connection of its own (default: off, everything goes through the store's runtime). For
+    /// runtimes that keep being driven, such as the worker threads of `inflight proxy`, which this spares
+    /// a hand-off to another thread and back for every operation; an operation queued on a runtime that
+    /// is not being driven waits until it is (or, once it is dropped, goes from the store's runtime).
+    pub fn batches_per_runtime(mut self, on: bool) -> Self {
+        self.batches_per_runtime = on;
         self
     }
 
@@ -181,7 +194,7 @@ impl RedisStoreBuilder {
             conn,
             client,
             config,
-            away: Arc::default(),
+            away: self.batches_per_runtime.then(Arc::default),
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
             clock_offset_ms: Arc::new(AtomicI64::new(0)),
@@ -201,6 +214,7 @@ impl RedisStore {
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
             pipeline: batch::DEFAULT_PIPELINE,
+            batches_per_runtime: false,
             #[cfg(feature = "tls")]
             root_cert: None,
         }
@@ -227,12 +241,20 @@ impl RedisStore {
         self.clock_offset_ms.load(Ordering::SeqCst)
     }
 
-    /// The batcher of the runtime this is called on (see the module docs), else home's.
+    /// The batcher of the runtime whose task calls this, with `batches_per_runtime` (see the module docs);
+    /// else home's. (Outside a task, say in a `block_on` of a runtime that may not be driven again, it is
+    /// home's.)
     fn batcher(&self) -> Batcher {
-        match Handle::try_current() {
-            Ok(here) if here.id() != self.home.id() => self.away_batcher(&here),
-            _ => self.home_batcher().clone(),
+        if let Some(away) = &self.away {
+            if tokio::task::try_id().is_some() {
+                if let Ok(here) = Handle::try_current() {
+                    if here.id() != self.home.id() {
+                        return self.away_batcher(away, &here);
+                    }
+                }
+            }
         }
+        self.home_batcher().clone()
     }
 
     fn home_batcher(&self) -> &Batcher {
@@ -247,22 +269,27 @@ impl RedisStore {
     }
 
     /// The batcher of `here`, a runtime other than home, started on first use with a connection of its
-    /// own (made lazily, inside `here`, whose task drives it). The batchers of runtimes that have ended
-    /// are forgotten then, so there are never more than runtimes alive.
-    fn away_batcher(&self, here: &Handle) -> Batcher {
-        if let Some(batcher) = self.away.get(&here.id()) {
-            return batcher.clone();
+    /// own (made lazily, inside `here`, whose task drives it). One whose dispatcher has stopped is
+    /// replaced; the batchers of runtimes that have ended are forgotten then, so there are never more
+    /// than runtimes alive.
+    fn away_batcher(
+        &self,
+        away: &DashMap<RuntimeId, Batcher, foldhash::fast::RandomState>,
+        here: &Handle,
+    ) -> Batcher {
+        if let Some(batcher) = away.get(&here.id()) {
+            if !batcher.is_closed() {
+                return batcher.clone();
+            }
         }
-        self.away.retain(|_, batcher| !batcher.is_closed());
+        away.retain(|_, batcher| !batcher.is_closed());
         let _entered = here.enter();
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
-            Ok(conn) => self
-                .away
-                .entry(here.id())
-                .or_insert_with(|| {
-                    Batcher::start(here, conn, self.clock_offset_ms.clone(), self.pipeline)
-                })
-                .clone(),
+        let started = away.entry(here.id()).or_try_insert_with(|| {
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+                .map(|conn| Batcher::start(here, conn, self.clock_offset_ms.clone(), self.pipeline))
+        });
+        match started {
+            Ok(batcher) => batcher.clone(),
             Err(error) => {
                 tracing::debug!(%error, "no connection of this runtime's own; batching at home");
                 self.home_batcher().clone()
@@ -521,7 +548,12 @@ mod tests {
             .build()
             .unwrap();
         // Nothing listens there; nothing here connects (connections are made on first use).
-        let store = home.block_on(async { RedisStore::open("redis://127.0.0.1:1").unwrap() });
+        let store = home.block_on(async {
+            RedisStore::builder("redis://127.0.0.1:1")
+                .batches_per_runtime(true)
+                .open()
+                .unwrap()
+        });
         for _ in 0..3 {
             let store = store.clone();
             std::thread::spawn(move || {
@@ -530,19 +562,23 @@ mod tests {
                     .build()
                     .unwrap();
                 runtime.block_on(async {
-                    let batcher = store.batcher();
-                    tokio::task::yield_now().await; // its dispatcher runs
-                    assert!(!batcher.is_closed());
+                    let from_a_task = tokio::spawn(async move {
+                        let batcher = store.batcher();
+                        tokio::task::yield_now().await; // its dispatcher runs
+                        batcher
+                    });
+                    assert!(!from_a_task.await.unwrap().is_closed());
                 });
             })
             .join()
             .unwrap();
         }
+        let away = store.away.as_ref().unwrap();
         assert_eq!(
-            store.away.len(),
+            away.len(),
             1,
             "only the last runtime's, until the next one comes"
         );
-        assert!(store.away.iter().all(|batcher| batcher.is_closed()));
+        assert!(away.iter().all(|batcher| batcher.is_closed()));
     }
 }
