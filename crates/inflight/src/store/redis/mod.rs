@@ -1,7 +1,7 @@
 //! The Redis store: leases and overrides shared by every process that uses the same Redis.
 //!
 //! Every operation is one Lua script (`scripts/*.lua`, each with a header naming its KEYS and ARGV and
-//! saying why it must be atomic), run with EVALSHA over one multiplexed connection that reconnects by
+//! saying why it must be atomic), run with EVALSHA over a multiplexed connection that reconnects by
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
 //! one hash tag, so each script touches one slot.
 //!
