@@ -892,6 +892,19 @@ async fn wait_released(limiter: &Limiter<RedisStore>, key: &str, lost: &str) {
     }
 }
 
+/// A limiter of `limit` per key on a store that batches per runtime, with leases of 60 s.
+fn batching_per_runtime(redis: &TestRedis, limit: u32) -> Limiter<RedisStore> {
+    let store = redis
+        .store_builder()
+        .batches_per_runtime(true)
+        .open()
+        .unwrap();
+    Limiter::builder(store)
+        .policy(Policy::new(limit, 0))
+        .lease(Duration::from_secs(60))
+        .build()
+}
+
 /// With batches per runtime, a server worker's runtime admits over a connection of its own; when that
 /// runtime ends with permits still held (a stream cut at shutdown), their releases, queued to a batcher
 /// that ends with it, go from the store's home runtime instead, at once rather than when the leases run
@@ -900,15 +913,7 @@ async fn wait_released(limiter: &Limiter<RedisStore>, key: &str, lost: &str) {
 async fn permits_dropped_with_the_runtime_that_admitted_them_are_still_released() {
     let _machine = timing_sensitive().await;
     let redis = TestRedis::start();
-    let store = redis
-        .store_builder()
-        .batches_per_runtime(true)
-        .open()
-        .unwrap();
-    let limiter = Limiter::builder(store)
-        .policy(Policy::new(4, 0))
-        .lease(Duration::from_secs(60))
-        .build();
+    let limiter = batching_per_runtime(&redis, 4);
     let worker = limiter.clone();
     on_a_runtime_of_its_own(move || async move {
         // Admitted and held by a task (as a worker's connections are), still running when the runtime goes.
@@ -937,15 +942,7 @@ async fn permits_dropped_with_the_runtime_that_admitted_them_are_still_released(
 async fn a_release_made_outside_a_task_does_not_wait_for_its_runtime() {
     let _machine = timing_sensitive().await;
     let redis = TestRedis::start();
-    let store = redis
-        .store_builder()
-        .batches_per_runtime(true)
-        .open()
-        .unwrap();
-    let limiter = Limiter::builder(store)
-        .policy(Policy::new(1, 0))
-        .lease(Duration::from_secs(60))
-        .build();
+    let limiter = batching_per_runtime(&redis, 1);
     let (worker, (done, idle)) = (limiter.clone(), std::sync::mpsc::channel::<()>());
     let (dropped, released) = tokio::sync::oneshot::channel();
     let thread = std::thread::spawn(move || {
