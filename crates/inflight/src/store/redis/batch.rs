@@ -2,7 +2,8 @@
 //! one call of `batch.lua`. A script call costs Redis far more than the few commands in it, so under load
 //! this multiplies what one Redis can admit; with little load a batch is one operation and nothing waits.
 //!
-//! One dispatcher task per store (shared by its clones) forms the batches and drives them. At most
+//! One dispatcher task per store (shared by its clones), and with `batches_per_runtime` one more for each
+//! runtime that batches its own, forms the batches and drives them. At most
 //! `pipeline` batches are out at once (`RedisStoreBuilder::pipeline`, [`DEFAULT_PIPELINE`]): while they
 //! are, new operations queue, and the next batch takes them all.
 
