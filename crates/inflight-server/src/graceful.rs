@@ -2,7 +2,7 @@
 //! it is in and closes, and the worker waits until all have closed.
 //!
 //! hyper-util's `GracefulShutdown` does the same, but polls its stop signal (a watch channel's `changed()`,
-//! which takes the channel's waiter lock) every time the connection is polled: about 480 instructions per
+//! which takes the channel's waiter lock) every time the connection is polled: about 470 instructions per
 //! proxied request (`scripts/instructions.sh`). Here the signal is polled once to register the
 //! connection's task for the wake-up, and again only once the channel's version says it has changed: an
 //! atomic load per poll.

@@ -20,6 +20,7 @@ use super::scripts;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Policy;
+use crate::store::ReleaseDone;
 
 /// Batches sent and not yet answered, at most, unless the builder says otherwise. Measured side by side
 /// (`inflight bench`, 16 to 256 tasks) against 2: the same at 64 tasks, steadier at 256.
@@ -82,23 +83,21 @@ struct Job {
     reply: Answer,
 }
 
-/// Where an operation's reply goes: to a caller waiting for it, or to a function called in its place.
+/// Where an operation's reply goes: to a caller waiting for it, or, for a queued release, to the function
+/// called with its outcome.
 enum Answer {
     To(oneshot::Sender<Result<Reply, StoreError>>),
-    Then(Then),
+    Released(Released),
 }
 
-/// What [`Batcher::queue`] calls with the reply.
-pub(super) type ThenFn = Box<dyn FnOnce(Result<Reply, StoreError>) + Send + Sync>;
+/// A queued release's `done`; dropped uncalled (its dispatcher gone, say with the runtime it ran on), it is
+/// called with an error instead, so that whoever queued the release can try again elsewhere.
+struct Released(Option<ReleaseDone>);
 
-/// A function called with the reply; dropped uncalled (its dispatcher gone, say with the runtime it ran
-/// on), it is called with an error instead, so that whoever queued the operation can try again elsewhere.
-struct Then(Option<ThenFn>);
-
-impl Drop for Then {
+impl Drop for Released {
     fn drop(&mut self) {
-        if let Some(then) = self.0.take() {
-            then(Err(stopped()));
+        if let Some(done) = self.0.take() {
+            done(Err(stopped()));
         }
     }
 }
@@ -109,9 +108,9 @@ impl Answer {
             Answer::To(waiting) => {
                 let _ = waiting.send(reply);
             }
-            Answer::Then(mut then) => {
-                if let Some(then) = then.0.take() {
-                    then(reply);
+            Answer::Released(mut released) => {
+                if let Some(done) = released.0.take() {
+                    done(reply.map(|[held, ..]| held == 1));
                 }
             }
         }
@@ -158,14 +157,14 @@ impl Batcher {
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Runs `op` in the next batch and calls `then` with its reply, in the dispatcher's task; with an
-    /// error instead if the dispatcher has stopped, or stops with `op` still queued (then wherever the
-    /// operation is dropped).
-    pub(super) fn queue(&self, op: Op, then: ThenFn) {
-        // Not sent: dropped here, and `then` is told.
+    /// Runs the release `op` in the next batch and calls `done` with whether the lease was held, in the
+    /// dispatcher's task; with an error instead if the dispatcher has stopped, or stops with `op` still
+    /// queued (then wherever the operation is dropped).
+    pub(super) fn queue_release(&self, op: Op, done: ReleaseDone) {
+        // Not sent: dropped here, and `done` is told.
         let _ = self.jobs.send(Job {
             op,
-            reply: Answer::Then(Then(Some(then))),
+            reply: Answer::Released(Released(Some(done))),
         });
     }
 }

@@ -20,6 +20,7 @@ mod error;
 mod keys;
 mod scripts;
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -243,18 +244,19 @@ impl RedisStore {
 
     /// The batcher of the runtime whose task calls this, with `batches_per_runtime` (see the module docs);
     /// else home's. (Outside a task, say in a `block_on` of a runtime that may not be driven again, it is
-    /// home's.)
-    fn batcher(&self) -> Batcher {
+    /// home's. Home's is lent; another runtime's is a clone (the map's guard must not be held across an
+    /// await).
+    fn batcher(&self) -> Cow<'_, Batcher> {
         if let Some(away) = &self.away {
             if tokio::task::try_id().is_some() {
                 if let Ok(here) = Handle::try_current() {
                     if here.id() != self.home.id() {
-                        return self.away_batcher(away, &here);
+                        return Cow::Owned(self.away_batcher(away, &here));
                     }
                 }
             }
         }
-        self.home_batcher().clone()
+        Cow::Borrowed(self.home_batcher())
     }
 
     fn home_batcher(&self) -> &Batcher {
@@ -492,10 +494,7 @@ impl Store for RedisStore {
             names: self.names(key),
             id: id.clone(),
         };
-        self.batcher().queue(
-            op,
-            Box::new(move |reply| done(reply.map(|[released, ..]| released == 1))),
-        );
+        self.batcher().queue_release(op, done);
         Ok(())
     }
 
@@ -563,7 +562,7 @@ mod tests {
                     .unwrap();
                 runtime.block_on(async {
                     let from_a_task = tokio::spawn(async move {
-                        let batcher = store.batcher();
+                        let batcher = store.batcher().into_owned();
                         tokio::task::yield_now().await; // its dispatcher runs
                         batcher
                     });
