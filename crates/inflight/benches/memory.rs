@@ -39,7 +39,7 @@ fn pairs(c: &mut Criterion) {
         let policy = Policy::new(LIMIT, 0);
         let mut i = 0;
         group.bench_function(BenchmarkId::new("inflight_memory_store", n_keys), |b| {
-            b.iter(|| match store.acquire_local(&keys[i], 1, policy) {
+            b.iter(|| match store.hold(&[&keys[i]], 1, policy) {
                 Some(LocalAdmission::Held { hold, .. }) => {
                     i = (i + 1) % n_keys;
                     hold.release(1);

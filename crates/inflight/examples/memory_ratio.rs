@@ -50,7 +50,7 @@ impl Contenders {
                 let policy = Policy::new(LIMIT, 0);
                 for _ in 0..pairs {
                     i = (i + 1) % n;
-                    match self.store.acquire_local(&self.keys[i], 1, policy) {
+                    match self.store.hold(&[&self.keys[i]], 1, policy) {
                         Some(LocalAdmission::Held { hold, .. }) => hold.release(1),
                         _ => panic!("room"),
                     }

@@ -71,7 +71,7 @@ async fn main() {
     let seconds: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(3.0);
 
     let store = RedisStore::open(url.clone()).expect("redis url");
-    store.ping().await.expect("redis reachable");
+    store.maintain().await.expect("redis reachable");
     let limiter = Limiter::builder(store)
         .policy(Policy::new(LIMIT, 0))
         .build();

@@ -5,7 +5,8 @@
 //!
 //! - [`Policy`]: a key's limit is its override, else the default, capped by the ceiling; 0 is unlimited.
 //! - [`Limiter::try_acquire`] admits at once or says why not ([`AcquireError`]): full right now, can never
-//!   fit, or the store is unavailable.
+//!   fit, or the store is unavailable; [`Limiter::try_acquire_all`] takes several keys (an app, its
+//!   tenant, a global limit) together or not at all.
 //! - [`Permit`] releases its slot when dropped, on every path (completion, error, cancellation, panic),
 //!   and its lease is renewed in the background while it lives, so a crashed holder's slots come back
 //!   within a lease while a live one never loses its slot.
@@ -64,7 +65,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
 
-mod acquire;
 mod clock;
 mod error;
 mod failure;
@@ -73,18 +73,18 @@ mod limiter;
 mod options;
 mod permit;
 mod policy;
-mod renewer;
 pub mod store;
 
-pub use acquire::TryAcquire;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
 pub use id::PermitId;
-pub use limiter::{Limiter, LimiterBuilder, LimiterStats, DEFAULT_LEASE, SHUTDOWN_DRAIN};
+pub use limiter::{
+    Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_LEASE, MAX_LEASE, SHUTDOWN_DRAIN,
+};
 pub use options::AcquireOptions;
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{Limit, Policy};
-pub use store::{KeyStatus, MemoryStore, ReleaseDone, Renewal, Store};
+pub use store::{KeyStatus, MemoryStore, Renewal, Store};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};

@@ -12,7 +12,8 @@ use support::ops::{apply_store, op, policy, Op, Outcome};
 
 #[derive(Default)]
 struct ModelKey {
-    leases: HashMap<u8, (u32, u64)>,
+    /// id -> (weight, deadline, lease length)
+    leases: HashMap<u8, (u32, u64, u64)>,
     held: u32,
     override_limit: Option<u32>,
 }
@@ -27,7 +28,7 @@ struct Model {
 
 impl ModelKey {
     fn in_flight(&self) -> u32 {
-        self.held + self.leases.values().map(|(w, _)| w).sum::<u32>()
+        self.held + self.leases.values().map(|(w, _, _)| w).sum::<u32>()
     }
 }
 
@@ -35,7 +36,7 @@ impl Model {
     fn key(&mut self, key: u8) -> &mut ModelKey {
         let now = self.now;
         let k = self.keys.entry(key).or_default();
-        k.leases.retain(|_, (_, deadline)| *deadline > now);
+        k.leases.retain(|_, (_, deadline, _)| *deadline > now);
         k
     }
 
@@ -44,28 +45,46 @@ impl Model {
         match *op {
             Op::Acquire {
                 key,
+                also,
                 id,
                 weight,
                 lease_ms,
             } => {
-                let k = self.key(key);
-                let Limit::Limited(max) = policy.resolve(k.override_limit) else {
-                    return Outcome::Unlimited;
-                };
-                if weight > max {
-                    return Outcome::TooHeavy { limit: max };
-                }
-                let in_flight: u32 = k.in_flight();
-                let held = k.leases.get(&id).map_or(0, |(w, _)| *w);
-                if weight > held && in_flight - held + weight > max {
-                    return Outcome::Full {
-                        limit: max,
-                        in_flight,
+                let keys: Vec<u8> = std::iter::once(key).chain(also).collect();
+                let mut limited = Vec::new();
+                for (index, key) in keys.iter().enumerate() {
+                    let k = self.key(*key);
+                    let Limit::Limited(max) = policy.resolve(k.override_limit) else {
+                        continue;
                     };
+                    if weight > max {
+                        return Outcome::TooHeavy { index, limit: max };
+                    }
+                    let in_flight: u32 = k.in_flight();
+                    let held = k.leases.get(&id).map_or(0, |(w, _, _)| *w);
+                    if weight > held && in_flight - held + weight > max {
+                        return Outcome::Full {
+                            index,
+                            limit: max,
+                            in_flight,
+                        };
+                    }
+                    limited.push(*key);
                 }
-                k.leases.insert(id, (weight, now + lease_ms));
+                if limited.is_empty() {
+                    return Outcome::Unlimited;
+                }
+                for key in &limited {
+                    self.key(*key)
+                        .leases
+                        .insert(id, (weight, now + lease_ms, lease_ms));
+                }
+                let in_flight = match limited[0] == key {
+                    true => self.key(key).in_flight(),
+                    false => 0,
+                };
                 Outcome::Admitted {
-                    in_flight: in_flight - held + weight,
+                    in_flight,
                     expires_at_ms: now + lease_ms,
                 }
             }
@@ -74,15 +93,22 @@ impl Model {
             }
             Op::Renew { key, id, lease_ms } => {
                 let k = self.key(key);
-                let in_flight: u32 = k.in_flight();
+                let limited = policy.resolve(k.override_limit) != Limit::Unlimited;
+                let in_flight = if limited { k.in_flight() } else { 0 };
                 match k.leases.get_mut(&id) {
-                    Some((_, deadline)) => {
-                        *deadline = now + lease_ms;
+                    Some((_, deadline, own)) => {
+                        *own = lease_ms.unwrap_or(*own);
+                        *deadline = now + *own;
                         Outcome::Renewed {
                             in_flight,
-                            expires_at_ms: now + lease_ms,
+                            expires_at_ms: *deadline,
                         }
                     }
+                    // An unlimited key records nothing, so has nothing to lose.
+                    None if !limited => Outcome::Renewed {
+                        in_flight,
+                        expires_at_ms: now + lease_ms.unwrap_or(30_000),
+                    },
                     None => Outcome::Lost,
                 }
             }
@@ -105,11 +131,15 @@ impl Model {
                     return Outcome::Unlimited;
                 };
                 if weight > max {
-                    return Outcome::TooHeavy { limit: max };
+                    return Outcome::TooHeavy {
+                        index: 0,
+                        limit: max,
+                    };
                 }
                 let in_flight = k.in_flight();
                 if in_flight + weight > max {
                     return Outcome::Full {
+                        index: 0,
                         limit: max,
                         in_flight,
                     };
@@ -149,7 +179,7 @@ proptest! {
             let got = rt.block_on(apply_store(&store, &|d| clock.advance(d), policy, &mut holds, op));
             prop_assert_eq!(&got, &want, "step {} {:?}", step, op);
             if step % 7 == 0 {
-                rt.block_on(store.maintain());
+                rt.block_on(store.maintain()).unwrap();
             }
         }
         for k in 0..3u8 {

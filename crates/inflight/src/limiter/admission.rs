@@ -1,10 +1,11 @@
-//! One admission: the checks and fast paths that need no waiting, the store's decision, the failure
-//! policy, and several keys at once.
+//! One admission, on one key or on several at once: the checks and fast paths that need no waiting, the
+//! store's decision, and the failure policy.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::{Core, Limiter};
+use super::releaser::Unfinished;
+use super::{Limiter, MAX_LEASE};
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
@@ -12,30 +13,31 @@ use crate::id::PermitId;
 use crate::options::AcquireOptions;
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
-use crate::renewer;
-use crate::store::{AcquireRequest, Admission, Grant, LocalAdmission, LocalHold, Store};
+use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalHold, Store};
 
-/// The longest lease a permit may have (a day): renewals keep longer work alive.
-pub(super) const MAX_LEASE_MS: u64 = 86_400_000;
+/// The most keys one admission may take.
+const MAX_KEYS: usize = 16;
+
+/// A refusal, with the place among the admission's keys of the key that refused.
+pub(super) type Refused = (usize, AcquireError);
 
 /// What [`Limiter::acquire_now`] decided.
-pub(crate) enum Now {
-    /// Held in this process's store. The caller turns it into a permit at once, with
-    /// [`Permit::local`], where it returns it: the slot is released only by that permit's drop.
+pub(super) enum Now {
+    /// Held in this process's store: the caller turns it into a permit at once, with [`Permit::local`].
     Local {
         hold: Arc<dyn LocalHold>,
         grant: Grant,
         lease_ms: u64,
     },
-    /// The answer, with no store to ask: refused as invalid, admitted without a count (an unlimited key),
-    /// decided by the in-process store, or the failure policy's answer while the store is failing.
-    Decided(Result<Permit, AcquireError>),
+    /// The answer, with no store to ask: refused as invalid, decided by the in-process store, or the
+    /// failure policy's answer while the store is failing.
+    Decided(Result<Permit, Refused>),
     /// For the store to decide.
     Store(Prepared),
 }
 
 /// An admission that the store has yet to decide.
-pub(crate) struct Prepared {
+pub(super) struct Prepared {
     id: PermitId,
     /// The id was made here, not given: a lease under it can only be this admission's.
     generated: bool,
@@ -44,14 +46,10 @@ pub(crate) struct Prepared {
 }
 
 impl<S: Store> Limiter<S> {
-    /// Admits one request under every key of `keys` at once, or under none: an app's limit, its tenant's
-    /// and a global one, say (defect D12 of the reference system). The permit holds a slot on each key,
-    /// all with the same id, and releases them all together.
-    ///
-    /// The keys are tried in order; when one refuses, the slots already taken are given back. No key ever
-    /// goes over its limit; for that brief moment a concurrent request on an earlier key may be refused
-    /// for a slot that was about to come back. Repeated keys count once. The permit's `key`, `limit` and
-    /// `in_flight` are those of the first key.
+    /// Admits one request under every key of `keys` at once, or under none, in one atomic step of the
+    /// store: an app's limit, its tenant's and a global one, say. The permit holds a slot on each key under
+    /// one id and one lease, renewed and released together. Repeated keys count once. The permit's `key`,
+    /// `limit` and `in_flight` are those of the first key; a refusal names the key that refused.
     ///
     /// ```
     /// use inflight::{AcquireOptions, Limiter, MemoryStore, Policy};
@@ -65,91 +63,69 @@ impl<S: Store> Limiter<S> {
     /// let b = limiter.try_acquire_all(&["app:search", "tenant:acme", "global"], AcquireOptions::new()).await.unwrap();
     /// let refused = limiter.try_acquire_all(&keys, AcquireOptions::new()).await.unwrap_err();
     /// assert_eq!(refused.key, "tenant:acme");
-    /// assert_eq!(limiter.status("app:chat").await.unwrap().in_flight, 1, "nothing kept from the refusal");
+    /// assert_eq!(limiter.status("app:chat").await.unwrap().in_flight, 1, "nothing taken by the refusal");
     /// # drop((a, b));
     /// # }
     /// ```
     pub async fn try_acquire_all(
         &self,
         keys: &[&str],
-        options: AcquireOptions,
+        mut options: AcquireOptions,
     ) -> Result<Permit, KeyRefused> {
-        let Some(first) = keys.first() else {
-            return Err(KeyRefused {
-                key: String::new(),
-                error: AcquireError::Invalid("no keys"),
-            });
-        };
-        let id = options.id.clone().unwrap_or_else(PermitId::generate);
-        let mut permits: Vec<Permit> = Vec::with_capacity(keys.len());
-        for (n, key) in keys.iter().enumerate() {
-            if keys[..n].contains(key) {
-                continue;
-            }
-            match self
-                .try_acquire_with(key, options.clone().id(id.clone()))
-                .await
-            {
-                Ok(permit) => permits.push(permit),
-                Err(error) => {
-                    // Give back the slots taken so far before answering (a failed release goes on in the
-                    // background).
-                    for permit in permits {
-                        let _ = permit.release().await;
-                    }
-                    return Err(KeyRefused {
-                        key: (*key).to_owned(),
-                        error,
-                    });
-                }
+        let mut unique: Vec<&str> = Vec::with_capacity(keys.len());
+        for key in keys {
+            if !unique.contains(key) {
+                unique.push(key);
             }
         }
-        let (weight, limit, in_flight) = (
-            permits[0].weight(),
-            permits[0].limit(),
-            permits[0].in_flight(),
-        );
-        debug_assert_eq!(permits[0].key(), *first);
-        Ok(Permit::new(
-            Hold::Many(permits),
-            Some(id),
-            weight,
-            limit,
-            in_flight,
-        ))
+        let invalid = match unique.len() {
+            0 => Some("no keys"),
+            1..=MAX_KEYS => None,
+            _ => Some("at most 16 keys at once"),
+        };
+        if let Some(why) = invalid {
+            let error = AcquireError::Invalid(why);
+            let key = keys
+                .first()
+                .map_or_else(String::new, |key| (*key).to_owned());
+            return Err(KeyRefused { key, error });
+        }
+        let decided = match self.acquire_now(&unique, &mut options) {
+            Now::Local {
+                hold,
+                grant,
+                lease_ms,
+            } => Ok(Permit::local(hold, None, grant, lease_ms)),
+            Now::Decided(decided) => decided,
+            Now::Store(prepared) => self.acquire_in_store(&unique, prepared).await,
+        };
+        decided.map_err(|(index, error)| KeyRefused {
+            key: unique[index].to_owned(),
+            error,
+        })
     }
 
     /// The part of an admission that needs no waiting: checks the options, then admits without I/O when
-    /// the key is unlimited or the store lives in this process; otherwise hands back what the store must
-    /// decide. Takes the options by reference: moving them out of the future costs more than reading them.
+    /// the store lives in this process; otherwise hands back what the store must decide.
     #[inline]
-    pub(crate) fn acquire_now(&self, key: &str, options: &mut AcquireOptions) -> Now {
-        // Only what the caller set needs checking (the limiter's own lease was clamped when it was built).
+    pub(super) fn acquire_now(&self, keys: &[&str], options: &mut AcquireOptions) -> Now {
+        let invalid = |why| Now::Decided(Err((0, AcquireError::Invalid(why))));
         let weight = match options.weight {
             None => 1,
-            Some(0) => {
-                return Now::Decided(Err(AcquireError::Invalid("weight must be at least 1")))
-            }
+            Some(0) => return invalid("weight must be at least 1"),
             Some(weight) => weight,
         };
         let lease_ms = match options.lease.map(millis) {
             None => self.core.lease_ms,
-            Some(lease_ms @ 1..=MAX_LEASE_MS) => lease_ms,
-            Some(_) => {
-                return Now::Decided(Err(AcquireError::Invalid(
-                    "lease must be between 1 ms and 24 h",
-                )))
-            }
+            Some(lease_ms) if lease_ms >= 1 && lease_ms <= millis(MAX_LEASE) => lease_ms,
+            Some(_) => return invalid("lease must be between 1 ms and 24 h"),
         };
         if options.id.as_ref().is_some_and(PermitId::is_empty) {
-            return Now::Decided(Err(AcquireError::Invalid("id must not be empty")));
+            return invalid("id must not be empty");
         }
         let core = &self.core;
-        if core.policy.is_unlimited_by_default() && !core.store.may_have_override(key) {
-            return Now::Decided(Ok(free_permit(key, options.id.take(), weight)));
-        }
         if options.id.is_none() {
-            match core.store.acquire_local(key, weight, core.policy) {
+            match core.store.hold(keys, weight, core.policy) {
                 Some(LocalAdmission::Held {
                     hold,
                     grant,
@@ -163,7 +139,9 @@ impl<S: Store> Limiter<S> {
                     };
                 }
                 Some(LocalAdmission::Decided(admission)) => {
-                    return Now::Decided(self.decided(key, None, weight, lease_ms, admission));
+                    return Now::Decided(
+                        self.decided(keys, None, weight, lease_ms, admission, None),
+                    );
                 }
                 None => {}
             }
@@ -171,13 +149,8 @@ impl<S: Store> Limiter<S> {
         if core.breaker.is_open(|| core.registry.now_ms()) {
             let error =
                 StoreError::Unavailable("the store failed moments ago; retrying shortly".into());
-            return Now::Decided(self.store_failed(
-                key,
-                options.id.take(),
-                weight,
-                lease_ms,
-                error,
-            ));
+            let id = options.id.take();
+            return Now::Decided(self.store_failed(keys, id, weight, lease_ms, error));
         }
         let given = options.id.take();
         Now::Store(Prepared {
@@ -188,108 +161,137 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// Applies the failure policy to an admission the store could not decide.
-    fn store_failed(
-        &self,
-        key: &str,
-        id: Option<PermitId>,
-        weight: u32,
-        lease_ms: u64,
-        error: StoreError,
-    ) -> Result<Permit, AcquireError> {
-        match self.core.on_store_failure {
-            FailurePolicy::FailClosed => Err(AcquireError::Store(error)),
-            FailurePolicy::FailOpen => Ok(free_permit(key, id, weight)),
-            FailurePolicy::FailOpenLocal { limit } => {
-                let policy = Policy::new(limit, 0);
-                let Some(fallback) = &self.core.fallback else {
-                    return Err(AcquireError::Store(error));
-                };
-                match fallback.acquire_local(key, weight, policy) {
-                    Some(LocalAdmission::Held { hold, grant, .. }) => {
-                        Ok(Permit::local(hold, id, grant, lease_ms))
-                    }
-                    Some(LocalAdmission::Decided(admission)) => {
-                        self.decided(key, id, weight, lease_ms, admission)
-                    }
-                    None => Err(AcquireError::Store(error)),
-                }
-            }
-        }
-    }
-
     /// The part of an admission that the store decides.
-    pub(crate) async fn acquire_in_store(
+    pub(super) async fn acquire_in_store(
         &self,
-        key: &str,
+        keys: &[&str],
         prepared: Prepared,
-    ) -> Result<Permit, AcquireError> {
+    ) -> Result<Permit, Refused> {
         let Prepared {
             id,
             generated,
             weight,
             lease_ms,
         } = prepared;
+        let core = &self.core;
+        let shared: Keys = keys.iter().map(|key| Arc::from(*key)).collect();
+        // A permit of this process already holding this lease (a request entered twice): joined, so that
+        // the slot stays held until the last of them goes. Dropped on a refusal, which undoes the join.
+        let joined = match generated {
+            true => None,
+            false => core
+                .registry
+                .join(&shared, &id)
+                .map(|state| self.permit(state)),
+        };
         let request = AcquireRequest {
-            key,
+            keys,
             id: &id,
             weight,
             lease_ms,
-            policy: self.core.policy,
+            policy: core.policy,
         };
         // Dropped before the store answers (the caller went away), this admission may still have been
         // made: its lease is then released in the background instead of holding a slot until it expires.
         // Only for a generated id, which no other permit can hold.
-        // (`then`, not `then_some`: a guard made and thrown away would release at once.)
-        let cancelled = generated.then(|| Cancelled {
-            core: &self.core,
-            key,
-            id: &id,
-            lease_ms,
-        });
-        let answer = self.core.store.acquire(request).await;
-        // Answered: nothing to undo. The guard owns nothing, so forgetting it only skips its release.
-        std::mem::forget(cancelled);
+        let mut cancelled = Unfinished::new(&core.releaser, shared.clone(), id.clone(), lease_ms);
+        cancelled.armed = generated;
+        let answer = core.store.acquire(request).await;
+        cancelled.armed = false;
+        drop(cancelled);
         match answer {
             Ok(admission) => {
-                self.core.breaker.reset();
-                self.decided(key, Some(id), weight, lease_ms, admission)
+                core.breaker.reset();
+                let leased = (shared, id);
+                self.decided(keys, Some(leased), weight, lease_ms, admission, joined)
             }
             Err(error) if error.is_transient() => {
-                self.core.breaker.trip(self.core.registry.now_ms());
-                tracing::warn!(%error, key, policy = ?self.core.on_store_failure, "store unavailable at admission");
-                self.store_failed(key, Some(id), weight, lease_ms, error)
+                core.breaker.trip(core.registry.now_ms());
+                tracing::warn!(%error, key = keys[0], policy = ?core.on_store_failure, "store unavailable at admission");
+                self.store_failed(keys, Some(id), weight, lease_ms, error)
             }
-            Err(error) => Err(AcquireError::Store(error)),
+            Err(error) => Err((0, AcquireError::Store(error))),
         }
     }
 
-    /// Turns the store's decision into a permit or an error.
-    fn decided(
+    /// Applies the failure policy to an admission the store could not decide.
+    fn store_failed(
         &self,
-        key: &str,
+        keys: &[&str],
         id: Option<PermitId>,
         weight: u32,
         lease_ms: u64,
+        error: StoreError,
+    ) -> Result<Permit, Refused> {
+        match self.core.on_store_failure {
+            FailurePolicy::FailOpen => Ok(free_permit(keys, id, weight)),
+            FailurePolicy::FailOpenLocal { limit } => {
+                let Some(fallback) = &self.core.fallback else {
+                    return Err((0, AcquireError::Store(error)));
+                };
+                match fallback.hold(keys, weight, Policy::new(limit, 0)) {
+                    Some(LocalAdmission::Held { hold, grant, .. }) => {
+                        Ok(Permit::local(hold, id, grant, lease_ms))
+                    }
+                    Some(LocalAdmission::Decided(admission)) => {
+                        self.decided(keys, None, weight, lease_ms, admission, None)
+                    }
+                    None => Err((0, AcquireError::Store(error))),
+                }
+            }
+            _ => Err((0, AcquireError::Store(error))),
+        }
+    }
+
+    /// Turns the store's decision into a permit or a refusal; `leased` is the lease's keys and id, and
+    /// `joined` the permit that joined a lease this process already held.
+    fn decided(
+        &self,
+        keys: &[&str],
+        leased: Option<(Keys, PermitId)>,
+        weight: u32,
+        lease_ms: u64,
         admission: Admission,
-    ) -> Result<Permit, AcquireError> {
+        joined: Option<Permit>,
+    ) -> Result<Permit, Refused> {
         match admission {
             Admission::Admitted { grant, reclaimed } => {
                 self.count_reclaimed(reclaimed);
-                let id = id.unwrap_or_else(PermitId::generate);
-                Ok(self.leased_permit(key, id, lease_ms, grant))
+                if let Some(joined) = joined {
+                    return Ok(joined.granted(grant));
+                }
+                let (keys, id) = leased.unwrap_or_else(|| {
+                    let keys = keys.iter().map(|key| Arc::from(*key)).collect();
+                    (keys, PermitId::generate())
+                });
+                let state = Arc::new(PermitState {
+                    keys,
+                    id,
+                    weight: grant.weight,
+                    lease_ms,
+                    holders: AtomicUsize::new(1),
+                    expires_at_ms: AtomicU64::new(grant.expires_at_ms),
+                    renew_at_ms: AtomicU64::new(self.core.registry.renew_at(lease_ms)),
+                    lost: AtomicBool::new(false),
+                    released: AtomicBool::new(false),
+                });
+                Ok(self.permit(self.core.registry.insert(state)).granted(grant))
             }
-            Admission::Unlimited => Ok(free_permit(key, id, weight)),
+            Admission::Unlimited => {
+                let id = leased.map(|(_, id)| id);
+                Ok(joined.unwrap_or_else(|| free_permit(keys, id, weight)))
+            }
             Admission::Full {
+                index,
                 limit,
                 in_flight,
                 reclaimed,
             } => {
                 self.count_reclaimed(reclaimed);
-                Err(AcquireError::Full { limit, in_flight })
+                Err((index, AcquireError::Full { limit, in_flight }))
             }
-            Admission::TooHeavy { limit } => {
-                Err(AcquireError::WeightExceedsLimit { weight, limit })
+            Admission::TooHeavy { index, limit } => {
+                Err((index, AcquireError::WeightExceedsLimit { weight, limit }))
             }
         }
     }
@@ -303,55 +305,23 @@ impl<S: Store> Limiter<S> {
         }
     }
 
-    fn leased_permit(&self, key: &str, id: PermitId, lease_ms: u64, grant: Grant) -> Permit {
-        let registry = &self.core.registry;
-        let state = Arc::new(PermitState {
-            key: Arc::from(key),
-            id,
-            weight: grant.weight,
-            lease_ms,
-            seq: registry.next_seq(),
-            expires_at_ms: AtomicU64::new(grant.expires_at_ms),
-            renew_at_ms: AtomicU64::new(registry.renew_at(lease_ms)),
-            lost: AtomicBool::new(false),
-            released: AtomicBool::new(false),
-        });
-        registry.insert(state.clone());
+    /// A permit holding `state`, a lease in the store (its figures set by [`Permit::granted`]).
+    fn permit(&self, state: Arc<PermitState>) -> Permit {
         let owner: Arc<dyn Owner> = self.core.clone();
+        let weight = state.weight;
         Permit::new(
             Hold::Leased { state, owner },
             None,
-            grant.weight,
-            grant.limit,
-            grant.in_flight,
+            weight,
+            Limit::Unlimited,
+            0,
         )
     }
 }
 
-fn free_permit(key: &str, id: Option<PermitId>, weight: u32) -> Permit {
+fn free_permit(keys: &[&str], id: Option<PermitId>, weight: u32) -> Permit {
     let hold = Hold::Free {
-        key: Arc::from(key),
+        key: Arc::from(keys[0]),
     };
     Permit::new(hold, id, weight, Limit::Unlimited, 0)
-}
-
-/// An admission waiting for the store: if dropped (not forgotten once the store has answered), its lease
-/// is released in the background. It only borrows what it would need, so that an admission the store
-/// answers costs nothing more.
-struct Cancelled<'a, S: Store> {
-    core: &'a Arc<Core<S>>,
-    key: &'a str,
-    id: &'a PermitId,
-    lease_ms: u64,
-}
-
-impl<S: Store> Drop for Cancelled<'_, S> {
-    fn drop(&mut self) {
-        renewer::spawn_release_id(
-            self.core.clone(),
-            Arc::from(self.key),
-            self.id.clone(),
-            self.lease_ms,
-        );
-    }
 }

@@ -1,37 +1,44 @@
 //! [`Limiter`]: admits requests per key under the policy, hands out [`Permit`](crate::Permit)s, renews
-//! their leases.
+//! their leases and releases them.
 //!
-//! `admission.rs` decides one admission; `owner.rs` is how a permit gets back to its limiter.
+//! `admission.rs` decides one admission and `acquire.rs` is its future; `renewer.rs` renews the leases of
+//! live permits; `releaser.rs` owns every release that runs in the background.
 
+mod acquire;
 mod admission;
-pub(crate) use admission::Now;
-mod owner;
+mod releaser;
+mod renewer;
+
+pub use acquire::TryAcquire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::runtime::Handle;
-
-use crate::acquire::TryAcquire;
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::failure::{Breaker, FailurePolicy};
 use crate::id::PermitId;
-use crate::options::AcquireOptions;
+use crate::permit::{BoxFuture, Owner, PermitState};
 use crate::policy::Policy;
-use crate::renewer::{self, Registry};
 use crate::store::{KeyStatus, MemoryStore, RenewRequest, Renewal, Store};
+use releaser::Releaser;
+use renewer::Registry;
 
 /// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
+///
+/// [`AcquireOptions::lease`]: crate::AcquireOptions::lease
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The longest lease a permit may have: renewals keep longer work alive.
+pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
 /// How long [`Limiter::release_held`] waits for releases already running in the background.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Admits requests per key, at most the key's limit in flight at once, counted in the store.
 ///
-/// Cheap to clone: clones share the store, the policy and the renewal task.
+/// Cheap to clone: clones share the store, the policy and the background tasks.
 ///
 /// ```
 /// use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy};
@@ -77,6 +84,7 @@ pub struct LimiterBuilder<S> {
     policy: Policy,
     lease: Duration,
     on_store_failure: FailurePolicy,
+    fallback: Option<MemoryStore>,
 }
 
 /// Counters of what the limiter has seen, for metrics.
@@ -90,19 +98,18 @@ pub struct LimiterStats {
     pub readded: AtomicU64,
 }
 
-/// What the limiter's handles, its permits and its renewal task share.
-pub(crate) struct Core<S> {
-    pub(crate) store: S,
-    pub(crate) policy: Policy,
-    pub(crate) lease_ms: u64,
-    pub(crate) registry: Registry,
-    pub(crate) runtime: Handle,
-    pub(crate) stats: LimiterStats,
+/// What the limiter's handles, its permits and its background tasks share.
+struct Core<S> {
+    store: S,
+    policy: Policy,
+    lease_ms: u64,
+    registry: Registry,
+    releaser: Releaser,
+    stats: LimiterStats,
     on_store_failure: FailurePolicy,
     breaker: Breaker,
-    /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away (only
-    /// under that policy).
-    pub(crate) fallback: Option<MemoryStore>,
+    /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
+    fallback: Option<MemoryStore>,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -113,7 +120,8 @@ impl<S: Store> LimiterBuilder<S> {
     }
 
     /// The lease of each permit unless its options say otherwise (default 30 s). A crashed holder's slots
-    /// come back within one lease; live holders renew at a third of it. Kept between 1 ms and 24 h.
+    /// come back within one lease; live holders renew at a third of it. Kept between 1 ms and
+    /// [`MAX_LEASE`].
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -125,26 +133,34 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// Builds the limiter and starts its renewal task.
+    /// Where [`FailurePolicy::FailOpenLocal`] counts while the store is away (default: a store of this
+    /// limiter's own). Limiters given clones of one store share the cap: one cap per process.
+    pub fn fallback(mut self, store: MemoryStore) -> Self {
+        self.fallback = Some(store);
+        self
+    }
+
+    /// Builds the limiter and starts its background tasks on the current Tokio runtime.
     ///
     /// # Panics
     ///
     /// Outside a Tokio runtime, like `tokio::spawn`.
     pub fn build(self) -> Limiter<S> {
-        let lease_ms = millis(self.lease).clamp(1, admission::MAX_LEASE_MS);
+        let lease_ms = millis(self.lease).clamp(1, millis(MAX_LEASE));
+        let fallback = matches!(self.on_store_failure, FailurePolicy::FailOpenLocal { .. })
+            .then(|| self.fallback.unwrap_or_default());
         let core = Arc::new(Core {
+            releaser: Releaser::start(self.store.clone()),
             store: self.store,
             policy: self.policy,
             lease_ms,
             registry: Registry::new(lease_ms),
-            runtime: Handle::current(),
             stats: LimiterStats::default(),
             on_store_failure: self.on_store_failure,
             breaker: Breaker::default(),
-            fallback: matches!(self.on_store_failure, FailurePolicy::FailOpenLocal { .. })
-                .then(MemoryStore::new),
+            fallback,
         });
-        core.runtime.spawn(renewer::run(Arc::downgrade(&core)));
+        tokio::spawn(renewer::run(Arc::downgrade(&core)));
         Limiter { core }
     }
 }
@@ -157,29 +173,8 @@ impl<S: Store> Limiter<S> {
             policy: Policy::default(),
             lease: DEFAULT_LEASE,
             on_store_failure: FailurePolicy::default(),
+            fallback: None,
         }
-    }
-
-    /// Admits one request under `key` now, or says why not; never waits for room.
-    pub fn try_acquire<'a>(&'a self, key: &'a str) -> TryAcquire<'a, S> {
-        self.try_acquire_with(key, AcquireOptions::new())
-    }
-
-    /// Admits one request under `key` with `options`, or says why not; never waits for room.
-    ///
-    /// A key that is unlimited by the policy and has no override is admitted without any store I/O, and
-    /// an in-process store admits without awaiting anything.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancelling the future before it completes may leave a lease in the store that nobody holds; it ends
-    /// with its lease.
-    pub fn try_acquire_with<'a>(
-        &'a self,
-        key: &'a str,
-        options: AcquireOptions,
-    ) -> TryAcquire<'a, S> {
-        TryAcquire::new(self, key, options)
     }
 
     /// The key's effective limit and in-flight count.
@@ -190,10 +185,8 @@ impl<S: Store> Limiter<S> {
     /// Sets the key's limit override (0 clears it); it applies to the next admission in every process
     /// that shares the store. The ceiling still caps it.
     pub async fn set_limit(&self, key: &str, limit: u32) -> Result<KeyStatus, StoreError> {
-        self.core
-            .store
-            .set_limit(key, Some(limit), self.core.policy)
-            .await
+        let policy = self.core.policy;
+        self.core.store.set_limit(key, Some(limit), policy).await
     }
 
     /// Clears the key's limit override: the default applies again.
@@ -201,31 +194,30 @@ impl<S: Store> Limiter<S> {
         self.core.store.set_limit(key, None, self.core.policy).await
     }
 
-    /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease` (default: the
-    /// limiter's). A lease that is gone stays gone: [`Renewal::Lost`].
+    /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease`, or by default for
+    /// the length it was acquired with. A lease that is gone stays gone: [`Renewal::Lost`].
     pub async fn renew(
         &self,
         key: &str,
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Renewal, StoreError> {
-        let request = RenewRequest {
-            key: Arc::from(key),
-            id: id.clone(),
-            lease_ms: lease.map_or(self.core.lease_ms, millis).max(1),
-            policy: self.core.policy,
-            readd_weight: None,
-        };
         if id.is_empty() {
             return Ok(Renewal::Lost);
         }
-        let request = std::slice::from_ref(&request);
-        let outcome = self.core.store.renew(request).await?.pop();
+        let request = [RenewRequest {
+            keys: Arc::from([Arc::from(key)]),
+            id: id.clone(),
+            lease_ms: lease.map(|lease| millis(lease).clamp(1, millis(MAX_LEASE))),
+            policy: self.core.policy,
+            readd_weight: None,
+        }];
+        let outcome = self.core.store.renew(&request).await?.pop();
         let outcome =
             outcome.ok_or_else(|| StoreError::Protocol("renewal returned no outcome".into()))?;
         if let (Renewal::Lost, Some(fallback)) = (outcome, &self.core.fallback) {
             // A lease handed out while the store was away (fail_open_local) lives in the fallback.
-            if let Some(found @ Renewal::Renewed(_)) = fallback.renew(request).await?.pop() {
+            if let Some(found @ Renewal::Renewed(_)) = fallback.renew(&request).await?.pop() {
                 return Ok(found);
             }
         }
@@ -237,13 +229,13 @@ impl<S: Store> Limiter<S> {
         if id.is_empty() {
             return Ok(false);
         }
+        let keys = [Arc::from(key)];
         // A lease handed out while the store was away (fail_open_local) lives in the fallback.
-        let in_fallback = self
-            .core
-            .fallback
-            .as_ref()
-            .is_some_and(|fallback| matches!(fallback.release_now(key, id), Some(Ok(true))));
-        match self.core.store.release(key, id).await {
+        let in_fallback = match &self.core.fallback {
+            Some(fallback) => fallback.release(&keys, id).await?,
+            None => false,
+        };
+        match self.core.store.release(&keys, id).await {
             Ok(held) => Ok(held || in_fallback),
             Err(_) if in_fallback => Ok(true),
             Err(error) => Err(error),
@@ -270,52 +262,74 @@ impl<S: Store> Limiter<S> {
         &self.core.stats
     }
 
-    /// How many permits this limiter holds and renews right now.
+    /// How many leases this limiter holds and renews right now (permits of an in-process store have none).
     pub fn held(&self) -> usize {
         self.core.registry.len()
     }
 
     /// Releases, in the store, the lease of every permit this limiter still holds, then waits (up to
-    /// [`SHUTDOWN_DRAIN`]) for the releases of dropped permits still running in the background; for
-    /// shutdown, so that a process that stops does not leave its slots taken until their leases end. The
-    /// permits stay usable objects; dropping them later releases nothing more.
+    /// [`SHUTDOWN_DRAIN`]) for the releases running in the background; for shutdown, so that a process
+    /// that stops does not leave its slots taken until their leases end. The permits stay usable objects;
+    /// dropping them later releases nothing more.
     pub async fn release_held(&self) {
-        for permit in self.core.registry.all() {
-            if !permit.released.swap(true, Ordering::AcqRel) {
-                self.core.registry.remove(permit.seq);
-                if let Err(error) = self.core.store.release(&permit.key, &permit.id).await {
-                    tracing::warn!(%error, key = %permit.key, "release at shutdown failed; the lease will expire");
-                }
+        let core = &self.core;
+        let releases = core.registry.take_all().into_iter().map(|state| async move {
+            if let Err(error) = core.store.release(&state.keys, &state.id).await {
+                tracing::warn!(%error, key = %state.keys[0], "release at shutdown failed; the lease will expire");
             }
+        });
+        futures_util::future::join_all(releases).await;
+        if !core.releaser.flush(SHUTDOWN_DRAIN).await {
+            tracing::warn!("releases still running at shutdown; their leases will expire");
         }
-        let core = self.core.clone();
-        let pending = move || core.registry.pending_releases.load(Ordering::Acquire);
-        if pending() == 0 {
-            return;
-        }
-        // On the limiter's runtime, whose timer the renewal task already uses (the caller's may have none).
-        let _ = self
-            .core
-            .runtime
-            .spawn(async move {
-                let drained = tokio::time::timeout(SHUTDOWN_DRAIN, async {
-                    while pending() > 0 {
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                })
-                .await;
-                if drained.is_err() {
-                    tracing::warn!(
-                        pending = pending(),
-                        "releases still running at shutdown; their leases will expire"
-                    );
-                }
-            })
-            .await;
     }
 
     /// Renews the lease of every permit this limiter holds now, without waiting for the renewal task.
+    #[cfg(feature = "test-util")]
     pub async fn renew_now(&self) {
         renewer::renew_due(&self.core, u64::MAX).await;
+    }
+}
+
+impl<S: Store> Owner for Core<S> {
+    fn dropped(&self, state: Arc<PermitState>) {
+        // (Already released when shutdown took it.)
+        if state.leave() && !state.released.load(Ordering::Acquire) {
+            self.registry.remove(&state);
+            self.releaser
+                .release(state.keys.clone(), state.id.clone(), state.lease_ms);
+        }
+    }
+
+    fn release(
+        self: Arc<Self>,
+        state: Arc<PermitState>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        if !state.leave() || state.released.load(Ordering::Acquire) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        self.registry.remove(&state);
+        // Dropped before the store answers, or answered with a transient error: the release goes on in
+        // the background like a dropped permit's.
+        let mut unfinished = releaser::Unfinished::new(
+            &self.releaser,
+            state.keys.clone(),
+            state.id.clone(),
+            state.lease_ms,
+        );
+        Box::pin(async move {
+            let result = self.store.release(&unfinished.keys, &unfinished.id).await;
+            unfinished.armed = matches!(&result, Err(error) if error.is_transient());
+            drop(unfinished);
+            result.map(drop)
+        })
+    }
+
+    fn detach(&self, state: &Arc<PermitState>) {
+        // No longer this limiter's to renew once no permit here holds it: a renewal already on its way
+        // must not re-add it, nor shutdown release it.
+        if state.leave() {
+            self.registry.remove(state);
+        }
     }
 }

@@ -3,46 +3,70 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Limit;
-use crate::store::{Grant, LocalHold};
+use crate::store::{Grant, Keys, LocalHold};
 
 /// A boxed future: for a permit's release through a store it does not name, and for the store's part of an
 /// admission.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a leased permit knows of itself; shared with the limiter's renewal task while it is held.
+/// What a leased permit knows of itself; shared with the limiter's renewal task while it is held, and by
+/// every permit of this process with the same keys and id.
 pub(crate) struct PermitState {
-    pub(crate) key: Arc<str>,
+    pub(crate) keys: Keys,
     pub(crate) id: PermitId,
     pub(crate) weight: u32,
     pub(crate) lease_ms: u64,
-    /// The registry slot, for the renewal task.
-    pub(crate) seq: u64,
+    /// The permits holding this lease: it is released when the last of them goes.
+    pub(crate) holders: AtomicUsize,
     pub(crate) expires_at_ms: AtomicU64,
     /// When the renewal task should next renew it, in ms of the limiter's monotonic clock.
     pub(crate) renew_at_ms: AtomicU64,
     pub(crate) lost: AtomicBool,
+    /// Set once no permit holds it (released, detached, or handed to shutdown).
     pub(crate) released: AtomicBool,
+}
+
+impl PermitState {
+    /// One more holder, unless the last one has already gone.
+    pub(crate) fn join(&self) -> bool {
+        let mut holders = self.holders.load(Ordering::Acquire);
+        while holders > 0 {
+            match self.holders.compare_exchange_weak(
+                holders,
+                holders + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => holders = now,
+            }
+        }
+        false
+    }
+
+    /// One holder fewer; true when it was the last.
+    pub(crate) fn leave(&self) -> bool {
+        self.holders.fetch_sub(1, Ordering::AcqRel) == 1
+    }
 }
 
 /// The limiter side of a leased permit: how to release it. Type-erased so that `Permit` names no store.
 pub(crate) trait Owner: Send + Sync + 'static {
-    /// Releases now if the store can, else in the background (retrying while the store is away).
-    fn release_dropped(self: Arc<Self>, state: Arc<PermitState>);
-    /// Releases and reports the store's answer.
+    /// A holder went: when it was the last, the lease is released in the background.
+    fn dropped(&self, state: Arc<PermitState>);
+    /// A holder releases: when it was the last, the store's answer.
     fn release(
         self: Arc<Self>,
         state: Arc<PermitState>,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
-    /// Stops renewing: the lease is someone else's to renew or release now.
-    fn detach(&self, state: &PermitState);
+    /// A holder hands the lease off: when it was the last, the limiter stops renewing it.
+    fn detach(&self, state: &Arc<PermitState>);
 }
 
 /// How a permit holds its slot.
@@ -52,20 +76,18 @@ pub(crate) enum Hold {
         state: Arc<PermitState>,
         owner: Arc<dyn Owner>,
     },
-    /// A slot in an in-process store, which needs no lease: it lives exactly as long as the permit.
+    /// Slots in an in-process store, which need no lease: they live exactly as long as the permit.
     Local {
         hold: Arc<dyn LocalHold>,
         lease_ms: u64,
     },
-    /// Nothing to hold: the key is unlimited.
+    /// Nothing to hold: the keys are unlimited.
     Free { key: Arc<str> },
-    /// One permit on each of several keys, taken together (never empty).
-    Many(Vec<Permit>),
     /// Released or detached.
     Done,
 }
 
-/// One admitted request's slot under a key.
+/// One admitted request's slot under a key (or under each of several keys, taken together).
 ///
 /// Dropping the permit releases the slot: when the work ends, fails, panics or is cancelled. While it is
 /// alive, the limiter renews its lease in the background, so a permit held for hours keeps its slot; a
@@ -153,13 +175,25 @@ impl Permit {
         )
     }
 
-    /// The key this permit counts against.
+    /// The permit with the store's figures of its admission.
+    pub(crate) fn granted(mut self, grant: Grant) -> Self {
+        if let Hold::Leased { state, .. } = &self.hold {
+            state
+                .expires_at_ms
+                .store(grant.expires_at_ms, Ordering::Relaxed);
+        }
+        self.weight = grant.weight;
+        self.limit = grant.limit;
+        self.in_flight = grant.in_flight;
+        self
+    }
+
+    /// The key this permit counts against (the first, when it holds several).
     pub fn key(&self) -> &str {
         match &self.hold {
-            Hold::Leased { state, .. } => &state.key,
+            Hold::Leased { state, .. } => &state.keys[0],
             Hold::Local { hold, .. } => hold.key(),
             Hold::Free { key } => key,
-            Hold::Many(permits) => permits.first().map_or("", Permit::key),
             Hold::Done => "",
         }
     }
@@ -168,7 +202,6 @@ impl Permit {
     pub fn id(&self) -> &PermitId {
         match &self.hold {
             Hold::Leased { state, .. } => &state.id,
-            Hold::Many(permits) if !permits.is_empty() => permits[0].id(),
             _ => self.id.get_or_init(PermitId::generate),
         }
     }
@@ -194,12 +227,6 @@ impl Permit {
     pub fn expires_at_ms(&self) -> u64 {
         match &self.hold {
             Hold::Leased { state, .. } => state.expires_at_ms.load(Ordering::Relaxed),
-            Hold::Many(permits) => permits
-                .iter()
-                .map(Permit::expires_at_ms)
-                .filter(|at| *at > 0)
-                .min()
-                .unwrap_or(0),
             _ => 0,
         }
     }
@@ -209,7 +236,6 @@ impl Permit {
     pub fn is_lost(&self) -> bool {
         match &self.hold {
             Hold::Leased { state, .. } => state.lost.load(Ordering::Relaxed),
-            Hold::Many(permits) => permits.iter().any(Permit::is_lost),
             _ => false,
         }
     }
@@ -218,7 +244,6 @@ impl Permit {
     pub fn is_counted(&self) -> bool {
         match &self.hold {
             Hold::Leased { .. } | Hold::Local { .. } => true,
-            Hold::Many(permits) => permits.iter().any(Permit::is_counted),
             Hold::Free { .. } | Hold::Done => false,
         }
     }
@@ -232,16 +257,6 @@ impl Permit {
             Hold::Local { hold, .. } => {
                 hold.release(self.weight);
                 Ok(())
-            }
-            Hold::Many(permits) => {
-                let mut first_error = Ok(());
-                for permit in permits {
-                    let result = Box::pin(permit.release()).await;
-                    if first_error.is_ok() {
-                        first_error = result;
-                    }
-                }
-                first_error
             }
             Hold::Free { .. } | Hold::Done => Ok(()),
         }
@@ -258,13 +273,6 @@ impl Permit {
                 state.expires_at_ms.load(Ordering::Relaxed)
             }
             Hold::Local { hold, lease_ms } => hold.hand_off(&id, self.weight, lease_ms),
-            // Every key's lease has the same id: whoever takes them over renews or releases each by it.
-            Hold::Many(permits) => permits
-                .into_iter()
-                .map(|permit| permit.detach().expires_at_ms)
-                .filter(|at| *at > 0)
-                .min()
-                .unwrap_or(0),
             Hold::Free { .. } | Hold::Done => 0,
         };
         Lease {
@@ -287,10 +295,10 @@ impl Drop for Permit {
             Hold::Leased { .. } => {
                 if let Hold::Leased { state, owner } = std::mem::replace(&mut self.hold, Hold::Done)
                 {
-                    owner.release_dropped(state);
+                    owner.dropped(state);
                 }
             }
-            Hold::Many(_) | Hold::Free { .. } | Hold::Done => {}
+            Hold::Free { .. } | Hold::Done => {}
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The store: where leases and limit overrides live, shared by every process that uses the same store.
 //!
-//! A store makes each admission decision in one atomic step. [`MemoryStore`] is the reference
-//! implementation; every store passes the same behaviour suite.
+//! A store makes each decision in one atomic step. [`MemoryStore`] is the reference implementation;
+//! every store passes the same behaviour suite.
 
 mod memory;
 #[cfg(feature = "redis")]
@@ -18,22 +18,25 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::{Limit, Policy};
 
-/// One admission to decide: add a lease of `weight` for `id` under `key` if it fits.
+/// The keys of one permit: one key, or several taken together. Never empty, no key twice.
+pub type Keys = Arc<[Arc<str>]>;
+
+/// One admission to decide: a lease of `weight` for `id` under every key of `keys`, or under none.
 #[derive(Clone, Copy, Debug)]
 pub struct AcquireRequest<'a> {
-    /// The key whose in-flight count is limited.
-    pub key: &'a str,
-    /// The permit's id. Acquiring an id the key already holds refreshes that lease and counts once.
+    /// The keys whose in-flight counts are limited (at least one, no key twice).
+    pub keys: &'a [&'a str],
+    /// The permit's id. Acquiring an id a key already holds refreshes that lease and counts once.
     pub id: &'a PermitId,
-    /// How many slots the permit takes (>= 1).
+    /// How many slots the permit takes on each key (>= 1).
     pub weight: u32,
     /// How long the lease lasts unless renewed, in milliseconds.
     pub lease_ms: u64,
-    /// The process's limit settings; the store combines them with the key's override.
+    /// The process's limit settings; the store combines them with each key's override.
     pub policy: Policy,
 }
 
-/// A granted lease as the store sees it after an admission or a renewal.
+/// A lease as the store sees it after an admission or a renewal (of its first key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
     /// The key's effective limit at that moment.
@@ -49,27 +52,31 @@ pub struct Grant {
 /// The store's decision on an [`AcquireRequest`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
-    /// The lease was added (or refreshed, for an id already held).
+    /// The lease was added on every limited key (or refreshed, for an id already held).
     Admitted {
-        /// The lease.
+        /// The lease, as its first key sees it.
         grant: Grant,
-        /// Expired leases of this key that the admission reclaimed: a sign of crashed holders.
+        /// Expired leases the admission reclaimed: a sign of crashed holders.
         reclaimed: u32,
     },
-    /// The key is unlimited: nothing was recorded.
+    /// Every key is unlimited: nothing was recorded.
     Unlimited,
-    /// The key is at its limit.
+    /// The key at `index` of the request's keys is at its limit; nothing was recorded.
     Full {
-        /// The effective limit.
+        /// Which key refused.
+        index: usize,
+        /// Its effective limit.
         limit: u32,
-        /// The in-flight count (by weight).
+        /// Its in-flight count (by weight).
         in_flight: u32,
         /// Expired leases reclaimed on the way.
         reclaimed: u32,
     },
-    /// The weight is over the limit and can never fit.
+    /// The weight is over the limit of the key at `index` and can never fit.
     TooHeavy {
-        /// The effective limit.
+        /// Which key refused.
+        index: usize,
+        /// Its effective limit.
         limit: u32,
     },
 }
@@ -77,16 +84,16 @@ pub enum Admission {
 /// One lease to renew.
 #[derive(Clone, Debug)]
 pub struct RenewRequest {
-    /// The key.
-    pub key: Arc<str>,
+    /// The permit's keys.
+    pub keys: Keys,
     /// The permit's id.
     pub id: PermitId,
-    /// The new lease duration from now, in milliseconds.
-    pub lease_ms: u64,
+    /// The new lease from now, in milliseconds; `None` keeps the length the lease was acquired with.
+    pub lease_ms: Option<u64>,
     /// The process's limit settings, to report the effective limit and to judge a re-add.
     pub policy: Policy,
-    /// When the lease is gone (the store lost it, or it expired): add it again with this weight if the key
-    /// has room. The library's own permits do; a renewal from a remote caller does not.
+    /// When the lease is gone (the store lost it, or it expired): add it again with this weight if every
+    /// key has room. The library's own permits do; a renewal from a remote caller does not.
     pub readd_weight: Option<u32>,
 }
 
@@ -112,22 +119,22 @@ pub struct KeyStatus {
     pub in_flight: u32,
 }
 
-/// A slot held by a permit of this process in an in-process store, without a lease.
+/// Slots held by a permit of this process in an in-process store, without a lease.
 pub trait LocalHold: Send + Sync + 'static {
-    /// The key the slot is under.
+    /// The first key the slots are under.
     fn key(&self) -> &str;
-    /// Gives back `weight` slots.
+    /// Gives back `weight` slots on every key.
     fn release(&self, weight: u32);
     /// Turns the hold into a lease under `id` that ends `lease_ms` from now unless renewed, keeping the
-    /// in-flight count as it is; returns the deadline.
+    /// in-flight counts as they are; returns the deadline.
     fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64;
 }
 
-/// The decision of [`Store::acquire_local`].
+/// The decision of [`Store::hold`].
 pub enum LocalAdmission {
     /// Admitted: the permit keeps `hold` until it is released.
     Held {
-        /// The slot.
+        /// The slots.
         hold: Arc<dyn LocalHold>,
         /// The admission (its `expires_at_ms` is 0: there is no lease).
         grant: Grant,
@@ -138,25 +145,23 @@ pub enum LocalAdmission {
     Decided(Admission),
 }
 
-/// Called with the outcome of a release that a store runs in the background ([`Store::release_queued`]):
-/// whether the lease was held, or why the store could not say.
-pub type ReleaseDone = Box<dyn FnOnce(Result<bool, StoreError>) + Send + Sync>;
-
 /// Where leases and limit overrides live. Each method is one atomic step.
 ///
-/// Implement it for a new backend and run the behaviour suite against it. The futures are `Send` so that
-/// the limiter can drive them from any task.
-pub trait Store: Send + Sync + 'static {
-    /// Decides one admission atomically: reclaim expired leases, resolve the limit, add the lease if it fits.
+/// Clones share the same state (as processes share one Redis). Implement it for a new backend and run
+/// the behaviour suite against it.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Decides one admission atomically: reclaims expired leases, resolves each key's limit, and adds the
+    /// lease on every limited key if it fits on all of them.
     fn acquire(
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
 
-    /// Removes a lease. Returns whether it was held; releasing twice is not an error.
+    /// Removes the lease `id` from every key of `keys`. Returns whether any was held; releasing twice is
+    /// not an error.
     fn release(
         &self,
-        key: &str,
+        keys: &[Arc<str>],
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
@@ -181,111 +186,17 @@ pub trait Store: Send + Sync + 'static {
         policy: Policy,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send;
 
-    /// Admits a permit of this process without a lease, when the store lives in this process: the permit
-    /// holds the returned [`LocalHold`] and ends only by being released, which dropping it does. `None`
-    /// means "cannot: use [`Store::acquire`]". Permits with a caller-given id always take a lease.
-    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
-        let _ = (key, weight, policy);
+    /// The in-process fast path: admits a permit of this process without a lease or any waiting, when the
+    /// store lives in this process. The permit keeps the returned [`LocalHold`] and gives its slots back
+    /// by being released, which dropping it does. `None` means "cannot: use [`Store::acquire`]".
+    fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        let _ = (keys, weight, policy);
         None
     }
 
-    /// Releases without waiting, when the store can (an in-process store). `None` means "cannot: use
-    /// [`Store::release`]". Used when a permit is dropped.
-    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
-        let _ = (key, id);
-        None
-    }
-
-    /// Releases in the background without a task of the caller's, when the store queues work itself (the
-    /// Redis store's batches): `done` is called with the outcome, on the store's side. `Err(done)` hands
-    /// `done` back when the store cannot; the caller then awaits [`Store::release`] in a task of its own.
-    /// Used when a permit is dropped and [`Store::release_now`] cannot release it. A task spawned for each
-    /// release would cost the process that drops the permit a wake-up of the runtime it spawns on.
-    fn release_queued(
-        &self,
-        key: &str,
-        id: &PermitId,
-        done: ReleaseDone,
-    ) -> Result<(), ReleaseDone> {
-        let _ = (key, id);
-        Err(done)
-    }
-
-    /// False only when the store knows, without I/O, that `key` has no override; the limiter then grants
-    /// permits of a policy that is unlimited by default without asking the store.
-    fn may_have_override(&self, key: &str) -> bool {
-        let _ = key;
-        true
-    }
-
-    /// Is the store reachable now? (An in-process store always is.)
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+    /// Housekeeping, called by the limiter about once a second and by health checks: an in-process store
+    /// reclaims expired leases and forgets idle keys; a remote one checks that it can be reached.
+    fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
-    }
-
-    /// Housekeeping, called by the limiter now and then: reclaim expired leases, forget idle keys.
-    fn maintain(&self) -> impl Future<Output = ()> + Send {
-        std::future::ready(())
-    }
-}
-
-/// A shared store is a store: limiters in one process can share one (as processes share Redis).
-impl<S: Store> Store for Arc<S> {
-    fn acquire(
-        &self,
-        req: AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        (**self).acquire(req)
-    }
-    fn release(
-        &self,
-        key: &str,
-        id: &PermitId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).release(key, id)
-    }
-    fn renew(
-        &self,
-        batch: &[RenewRequest],
-    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
-        (**self).renew(batch)
-    }
-    fn status(
-        &self,
-        key: &str,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        (**self).status(key, policy)
-    }
-    fn set_limit(
-        &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        (**self).set_limit(key, limit, policy)
-    }
-    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
-        (**self).release_now(key, id)
-    }
-    fn release_queued(
-        &self,
-        key: &str,
-        id: &PermitId,
-        done: ReleaseDone,
-    ) -> Result<(), ReleaseDone> {
-        (**self).release_queued(key, id, done)
-    }
-    fn may_have_override(&self, key: &str) -> bool {
-        (**self).may_have_override(key)
-    }
-    fn maintain(&self) -> impl Future<Output = ()> + Send {
-        (**self).maintain()
-    }
-    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
-        (**self).acquire_local(key, weight, policy)
-    }
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        (**self).ping()
     }
 }

@@ -1,7 +1,6 @@
 //! A fixture per store: a store to share between limiters (as processes share one) and a way to move its
 //! clock forward.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use inflight::{Limiter, ManualClock, MemoryStore, Policy, RedisStore, Store};
@@ -13,12 +12,12 @@ pub trait Fixture: Send + Sync + 'static {
     /// The store type.
     type S: Store;
     /// The store, shared: each limiter built from it stands for one process.
-    fn store(&self) -> Arc<Self::S>;
+    fn store(&self) -> Self::S;
     /// Moves the store's clock forward.
     fn advance(&self, by: Duration);
 
     /// A limiter ("a process") over the shared store.
-    fn limiter(&self, policy: Policy) -> Limiter<Arc<Self::S>> {
+    fn limiter(&self, policy: Policy) -> Limiter<Self::S> {
         Limiter::builder(self.store())
             .policy(policy)
             .lease(Duration::from_secs(30))
@@ -28,14 +27,14 @@ pub trait Fixture: Send + Sync + 'static {
 
 pub struct MemoryFixture {
     clock: ManualClock,
-    store: Arc<MemoryStore<ManualClock>>,
+    store: MemoryStore<ManualClock>,
 }
 
 impl MemoryFixture {
     pub fn new() -> Self {
         let clock = ManualClock::new(1_700_000_000_000);
         Self {
-            store: Arc::new(MemoryStore::with_clock(clock.clone())),
+            store: MemoryStore::with_clock(clock.clone()),
             clock,
         }
     }
@@ -44,7 +43,7 @@ impl MemoryFixture {
 impl Fixture for MemoryFixture {
     type S = MemoryStore<ManualClock>;
 
-    fn store(&self) -> Arc<Self::S> {
+    fn store(&self) -> Self::S {
         self.store.clone()
     }
 
@@ -55,7 +54,7 @@ impl Fixture for MemoryFixture {
 
 pub struct RedisFixture {
     // Declared first: the store goes before the server it talks to.
-    store: Arc<RedisStore>,
+    store: RedisStore,
     _server: TestRedis,
 }
 
@@ -63,7 +62,7 @@ impl RedisFixture {
     pub fn new() -> Self {
         let server = TestRedis::start();
         Self {
-            store: Arc::new(server.store()),
+            store: server.store(),
             _server: server,
         }
     }
@@ -72,7 +71,7 @@ impl RedisFixture {
 impl Fixture for RedisFixture {
     type S = RedisStore;
 
-    fn store(&self) -> Arc<Self::S> {
+    fn store(&self) -> Self::S {
         self.store.clone()
     }
 

@@ -5,23 +5,32 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use inflight::store::{AcquireRequest, Admission, KeyStatus, RenewRequest, Renewal};
+use inflight::store::{
+    AcquireRequest, Admission, KeyStatus, LocalAdmission, RenewRequest, Renewal,
+};
 use inflight::{Limiter, ManualClock, MemoryStore, PermitId, Policy, Store, StoreError};
 
-/// A store that counts the calls that would be I/O in a remote store.
-#[derive(Default)]
-struct Counting {
+/// A memory store that counts the calls that would be I/O in a remote store, fails the first `failures`
+/// releases as a store that is briefly away would, and, unless `local`, has no in-process fast path.
+#[derive(Clone, Default)]
+struct Double {
     inner: MemoryStore,
-    calls: AtomicUsize,
+    calls: Arc<AtomicUsize>,
+    failures: Arc<AtomicUsize>,
+    local: bool,
 }
 
-impl Counting {
+impl Double {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
     fn count(&self) {
         self.calls.fetch_add(1, Ordering::SeqCst);
     }
 }
 
-impl Store for Counting {
+impl Store for Double {
     fn acquire(
         &self,
         req: AcquireRequest<'_>,
@@ -29,13 +38,16 @@ impl Store for Counting {
         self.count();
         self.inner.acquire(req)
     }
-    fn release(
-        &self,
-        key: &str,
-        id: &PermitId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
         self.count();
-        self.inner.release(key, id)
+        let failed = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failed {
+            return Err(StoreError::Unavailable("briefly away".into()));
+        }
+        self.inner.release(keys, id).await
     }
     fn renew(
         &self,
@@ -61,20 +73,32 @@ impl Store for Counting {
         self.count();
         self.inner.set_limit(key, limit, policy)
     }
-    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
-        self.count();
-        self.inner.release_now(key, id)
+    fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        self.local
+            .then(|| self.inner.hold(keys, weight, policy))
+            .flatten()
     }
-    fn may_have_override(&self, key: &str) -> bool {
-        self.inner.may_have_override(key)
+}
+
+/// Waits (up to 5 s) until `key` has `want` in flight in `limiter`'s store.
+async fn settle<S: Store>(limiter: &Limiter<S>, key: &str, want: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while limiter.status(key).await.unwrap().in_flight != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} never got to {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
 #[tokio::test]
 async fn an_unlimited_key_is_admitted_without_any_store_io() {
-    let limiter = Limiter::builder(Counting::default())
-        .policy(Policy::new(0, 0))
-        .build();
+    let store = Double {
+        local: true,
+        ..Double::default()
+    };
+    let limiter = Limiter::builder(store).policy(Policy::new(0, 0)).build();
     for _ in 0..1_000 {
         let permit = limiter.try_acquire("app").await.unwrap();
         assert!(!permit.is_counted());
@@ -83,41 +107,50 @@ async fn an_unlimited_key_is_admitted_without_any_store_io() {
     let streamed = limiter.try_acquire("app").await.unwrap();
     drop(streamed.guard_stream(futures_util::stream::iter([1, 2])));
     limiter.renew_now().await;
-    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 0);
+    assert_eq!(limiter.store().calls(), 0);
+    assert_eq!(limiter.store().inner.key_count(), 0, "not even a key made");
 
-    // Once any key has an override, admissions ask the store again.
+    // Once any key has an override, admissions look at their key again.
     limiter.set_limit("other", 2).await.unwrap();
-    let before = limiter.store().calls.load(Ordering::SeqCst);
     let _permit = limiter.try_acquire("app").await.unwrap();
-    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), before + 1);
+    assert_eq!(limiter.store().inner.key_count(), 2);
 }
 
 #[tokio::test]
-async fn a_limited_key_costs_one_store_call_per_acquire_and_per_release() {
-    let limiter = Limiter::builder(Counting::default())
+async fn a_remote_store_costs_one_call_per_acquire_and_one_per_release() {
+    let limiter = Limiter::builder(Double::default())
         .policy(Policy::new(2, 0))
         .build();
     let permit = limiter.try_acquire("app").await.unwrap();
-    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 1);
+    assert_eq!(limiter.store().calls(), 1);
     drop(permit);
-    assert_eq!(limiter.store().calls.load(Ordering::SeqCst), 2);
-    // The release freed the very lease the admission took.
+    settle(&limiter, "app", 0).await;
+    // The release, then the status reads of `settle`; the release freed the very lease the admission took.
+    assert!(limiter.store().calls() >= 3);
+}
+
+#[tokio::test]
+async fn a_dropped_permit_is_released_in_the_background_and_retried_while_the_store_is_away() {
+    let store = Double::default();
+    store.failures.store(2, Ordering::SeqCst);
+    let limiter = Limiter::builder(store).policy(Policy::new(1, 0)).build();
+    drop(limiter.try_acquire("app").await.unwrap());
+    settle(&limiter, "app", 0).await;
     assert_eq!(
-        limiter
-            .store()
-            .inner
-            .status("app", Policy::new(2, 0))
-            .await
-            .unwrap()
-            .in_flight,
-        0
+        limiter.store().failures.load(Ordering::SeqCst),
+        0,
+        "failed twice, then released"
     );
+    // Nothing is left pending: shutdown has nothing to wait for.
+    tokio::time::timeout(Duration::from_millis(100), limiter.release_held())
+        .await
+        .expect("no release left pending");
 }
 
 #[tokio::test]
 async fn permits_of_this_process_hold_their_slot_without_a_lease_until_dropped() {
     let clock = ManualClock::new(0);
-    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let store = MemoryStore::with_clock(clock.clone());
     let limiter = Limiter::builder(store.clone())
         .policy(Policy::new(1, 0))
         .lease(Duration::from_secs(1))
@@ -126,7 +159,7 @@ async fn permits_of_this_process_hold_their_slot_without_a_lease_until_dropped()
     assert_eq!(permit.expires_at_ms(), 0, "no lease to expire");
     assert_eq!(limiter.held(), 0, "nothing for the renewal task to do");
     clock.advance(Duration::from_secs(3_600));
-    store.maintain().await;
+    store.maintain().await.unwrap();
     assert!(
         limiter.try_acquire("app").await.unwrap_err().is_full(),
         "still held an hour later"
@@ -148,9 +181,7 @@ async fn permits_of_this_process_hold_their_slot_without_a_lease_until_dropped()
 async fn idle_keys_are_forgotten_so_memory_stays_bounded() {
     let clock = ManualClock::new(0);
     let store = MemoryStore::with_clock(clock.clone()).idle_ttl(Duration::from_secs(10));
-    let limiter = Limiter::builder(Arc::new(store))
-        .policy(Policy::new(1, 0))
-        .build();
+    let limiter = Limiter::builder(store).policy(Policy::new(1, 0)).build();
     for n in 0..10_000 {
         let permit = limiter.try_acquire(&format!("key-{n}")).await.unwrap();
         drop(permit);
@@ -167,10 +198,10 @@ async fn idle_keys_are_forgotten_so_memory_stays_bounded() {
     limiter.set_limit("configured", 3).await.unwrap();
     let store = limiter.store().clone();
     assert_eq!(store.key_count(), 10_002);
-    store.maintain().await;
+    store.maintain().await.unwrap();
     assert_eq!(store.key_count(), 10_002, "not idle long enough yet");
     clock.advance(Duration::from_secs(11));
-    store.maintain().await;
+    store.maintain().await.unwrap();
     assert_eq!(
         store.key_count(),
         1,
@@ -187,7 +218,7 @@ async fn the_renewal_task_renews_held_permits_by_itself() {
     // The store's clock follows tokio's paused clock, so the background task's timers and the leases
     // move together.
     let clock = ManualClock::new(0);
-    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let store = MemoryStore::with_clock(clock.clone());
     let holder = Limiter::builder(store.clone())
         .policy(Policy::new(1, 0))
         .lease(Duration::from_secs(3))
@@ -213,7 +244,7 @@ async fn the_renewal_task_renews_held_permits_by_itself() {
 #[test]
 fn maintenance_racing_admissions_never_lets_a_key_over_its_limit() {
     // Forgetting idle keys while admissions come and go must not leave two cells for one key.
-    let store = Arc::new(MemoryStore::new().idle_ttl(Duration::ZERO));
+    let store = MemoryStore::new().idle_ttl(Duration::ZERO);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -231,7 +262,7 @@ fn maintenance_racing_admissions_never_lets_a_key_over_its_limit() {
         let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                futures_util::FutureExt::now_or_never(store.maintain());
+                let _ = futures_util::FutureExt::now_or_never(store.maintain());
             }
         })
     };
@@ -280,140 +311,4 @@ async fn a_limiter_lease_is_kept_between_a_millisecond_and_a_day() {
         .await
         .expect("admitted with a day's lease");
     assert_eq!(built(Duration::ZERO).lease(), Duration::from_millis(1));
-}
-
-/// A store that queues releases itself, as the Redis store does, and fails the first `failures` of them
-/// (queued or awaited) as a store that is briefly away would.
-struct Queueing {
-    inner: MemoryStore,
-    failures: AtomicUsize,
-    queued: AtomicUsize,
-    awaited: AtomicUsize,
-    queues: bool,
-}
-
-impl Queueing {
-    fn new(failures: usize, queues: bool) -> Self {
-        Self {
-            inner: MemoryStore::new(),
-            failures: AtomicUsize::new(failures),
-            queued: AtomicUsize::new(0),
-            awaited: AtomicUsize::new(0),
-            queues,
-        }
-    }
-
-    /// Fails while failures are left.
-    fn fails(&self) -> bool {
-        self.failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-    }
-}
-
-impl Store for Queueing {
-    fn acquire(
-        &self,
-        req: AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        self.inner.acquire(req)
-    }
-    fn release(
-        &self,
-        key: &str,
-        id: &PermitId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.awaited.fetch_add(1, Ordering::SeqCst);
-        // The memory store releases when called, so a failed try must not call it.
-        let released =
-            (!self.fails()).then(|| self.inner.release_now(key, id).expect("in process"));
-        std::future::ready(
-            released.unwrap_or_else(|| Err(StoreError::Unavailable("briefly away".into()))),
-        )
-    }
-    fn release_queued(
-        &self,
-        key: &str,
-        id: &PermitId,
-        done: inflight::ReleaseDone,
-    ) -> Result<(), inflight::ReleaseDone> {
-        if !self.queues {
-            return Err(done);
-        }
-        self.queued.fetch_add(1, Ordering::SeqCst);
-        if self.fails() {
-            done(Err(StoreError::Unavailable("briefly away".into())));
-        } else {
-            let released = self.inner.release_now(key, id).expect("in process");
-            done(released);
-        }
-        Ok(())
-    }
-    fn renew(
-        &self,
-        batch: &[RenewRequest],
-    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
-        self.inner.renew(batch)
-    }
-    fn status(
-        &self,
-        key: &str,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.inner.status(key, policy)
-    }
-    fn set_limit(
-        &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.inner.set_limit(key, limit, policy)
-    }
-}
-
-/// Waits (up to 5 s) until `key` has nothing in flight in `limiter`'s store.
-async fn wait_released<S: Store>(limiter: &Limiter<S>, key: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while limiter.status(key).await.unwrap().in_flight > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{key} never released"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-#[tokio::test]
-async fn a_dropped_permit_is_released_through_the_stores_queue_and_retried_when_it_fails() {
-    let limiter = Limiter::builder(Queueing::new(2, true))
-        .policy(Policy::new(1, 0))
-        .build();
-    let permit = limiter.try_acquire("app").await.unwrap();
-    drop(permit);
-    wait_released(&limiter, "app").await;
-    let store = limiter.store();
-    assert_eq!(store.queued.load(Ordering::SeqCst), 1, "queued once");
-    // The queued try failed, the first retry too; the second landed.
-    assert_eq!(store.awaited.load(Ordering::SeqCst), 2, "then retried");
-    // Nothing is left pending: shutdown has nothing to wait for.
-    tokio::time::timeout(Duration::from_millis(100), limiter.release_held())
-        .await
-        .expect("no release left pending");
-}
-
-#[tokio::test]
-async fn a_store_that_cannot_queue_gets_its_releases_in_a_task() {
-    let limiter = Limiter::builder(Queueing::new(1, false))
-        .policy(Policy::new(1, 0))
-        .build();
-    drop(limiter.try_acquire("app").await.unwrap());
-    wait_released(&limiter, "app").await;
-    let store = limiter.store();
-    assert_eq!(store.queued.load(Ordering::SeqCst), 0);
-    assert_eq!(
-        store.awaited.load(Ordering::SeqCst),
-        2,
-        "failed once, then retried"
-    );
 }

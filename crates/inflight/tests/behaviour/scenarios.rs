@@ -121,6 +121,58 @@ pub async fn reacquiring_a_held_id_counts_once_and_refreshes_its_lease<F: Fixtur
     assert_eq!(third.in_flight, 2);
 }
 
+pub async fn two_permits_for_one_id_hold_the_slot_until_the_last_goes<F: Fixture>(f: F) {
+    // Dify's re-enter pattern: a request admitted under its id, then admitted again under the same id.
+    let limiter = f.limiter(Policy::new(2, 0));
+    let options = || AcquireOptions::new().id("request-1");
+    let first = limiter.try_acquire_with("app", options()).await.unwrap();
+    let second = limiter.try_acquire_with("app", options()).await.unwrap();
+    assert_eq!(second.in_flight(), 1, "the same id counts once");
+    assert_eq!(limiter.held(), 1, "one lease, renewed once");
+    drop(first);
+    let other = limiter.try_acquire("app").await.unwrap();
+    assert!(
+        limiter.try_acquire("app").await.unwrap_err().is_full(),
+        "the live holder still has its slot"
+    );
+    limiter.renew_now().await;
+    assert!(!second.is_lost());
+    drop(second);
+    settle(&limiter, "app", 1).await;
+    drop(other);
+    settle(&limiter, "app", 0).await;
+}
+
+pub async fn a_renewal_without_a_length_keeps_the_leases_own<F: Fixture>(f: F) {
+    let limiter = f.limiter(Policy::new(2, 0));
+    let long = Duration::from_secs(60);
+    let lease = limiter
+        .try_acquire_with("app", AcquireOptions::new().lease(long))
+        .await
+        .unwrap()
+        .detach();
+    f.advance(Duration::from_secs(40));
+    let Renewal::Renewed(grant) = limiter.renew("app", &lease.id, None).await.unwrap() else {
+        panic!("held");
+    };
+    assert!(
+        grant.expires_at_ms >= lease.expires_at_ms + 40_000,
+        "renewed for its own 60 s, not the limiter's 30 s"
+    );
+    // Past the limiter's lease, within its own: still held.
+    f.advance(Duration::from_secs(45));
+    assert_eq!(limiter.status("app").await.unwrap().in_flight, 1);
+    // A renewal with a length changes it for the renewals after it too.
+    limiter
+        .renew("app", &lease.id, Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    f.advance(Duration::from_secs(4));
+    limiter.renew("app", &lease.id, None).await.unwrap();
+    f.advance(Duration::from_secs(6));
+    assert_eq!(limiter.status("app").await.unwrap().in_flight, 0);
+}
+
 pub async fn a_limit_change_applies_to_the_next_admission_in_every_process<F: Fixture>(f: F) {
     let one = f.limiter(Policy::new(1, 0));
     let two = f.limiter(Policy::new(1, 0));

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 pub enum Op {
-    /// A permit of this process, without a lease (`Store::acquire_local`).
+    /// A permit of this process, without a lease (`Store::hold`).
     Hold {
         key: u8,
         weight: u32,
@@ -21,8 +21,10 @@ pub enum Op {
     Unhold {
         nth: usize,
     },
+    /// On `key`, and on `also` too when given (one admission on both, or on neither).
     Acquire {
         key: u8,
+        also: Option<u8>,
         id: u8,
         weight: u32,
         lease_ms: u64,
@@ -31,10 +33,11 @@ pub enum Op {
         key: u8,
         id: u8,
     },
+    /// `lease_ms: None` keeps the length the lease was acquired with.
     Renew {
         key: u8,
         id: u8,
-        lease_ms: u64,
+        lease_ms: Option<u64>,
     },
     SetLimit {
         key: u8,
@@ -45,13 +48,14 @@ pub enum Op {
     },
 }
 
-/// Operations; with `holds`, also permits without a lease (`Store::acquire_local`: the memory store).
+/// Operations; with `holds`, also permits without a lease (`Store::hold`: the memory store).
 pub fn op(holds: bool) -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..3u8, 0..6u8, 1..4u32, 1..5_000u64)
-            .prop_map(|(key, id, weight, lease_ms)| Op::Acquire { key, id, weight, lease_ms }),
+        4 => (0..3u8, prop::option::weighted(0.25, 0..3u8), 0..6u8, 1..4u32, 1..5_000u64)
+            .prop_map(|(key, also, id, weight, lease_ms)| Op::Acquire { key, also: also.filter(|a| *a != key), id, weight, lease_ms }),
         2 => (0..3u8, 0..6u8).prop_map(|(key, id)| Op::Release { key, id }),
-        1 => (0..3u8, 0..6u8, 1..5_000u64).prop_map(|(key, id, lease_ms)| Op::Renew { key, id, lease_ms }),
+        1 => (0..3u8, 0..6u8, prop::option::weighted(0.7, 1..5_000u64))
+            .prop_map(|(key, id, lease_ms)| Op::Renew { key, id, lease_ms }),
         1 => (0..3u8, 0..5u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
         2 => (0..3_000u64).prop_map(|ms| Op::Advance { ms }),
         2 => (0..3u8, 1..3u32).prop_map(|(key, weight)| Op::Hold { key, weight }),
@@ -66,11 +70,13 @@ pub fn coarse_op() -> impl Strategy<Value = Op> {
     op(false).prop_map(|op| match op {
         Op::Acquire {
             key,
+            also,
             id,
             weight,
             lease_ms,
         } => Op::Acquire {
             key,
+            also,
             id,
             weight,
             lease_ms: (lease_ms % 4 + 1) * 1_000,
@@ -78,24 +84,24 @@ pub fn coarse_op() -> impl Strategy<Value = Op> {
         Op::Renew { key, id, lease_ms } => Op::Renew {
             key,
             id,
-            lease_ms: (lease_ms % 4 + 1) * 1_000,
+            lease_ms: lease_ms.map(|ms| (ms % 4 + 1) * 1_000),
         },
         Op::Advance { ms } => Op::Advance { ms: ms % 6 * 500 },
         other => other,
     })
 }
 
-/// Coarse operations crowding two keys with up to 256 permits each, so that the Redis store's keys grow
-/// past a plain sorted set (more than 127 leases) into shards, split, expire and empty again.
+/// Coarse operations crowding two keys with up to 256 permits each, so that the Redis store's sorted sets
+/// grow past their compact encoding (more than 128 members), expire and empty again.
 pub fn crowded_op() -> impl Strategy<Value = Op> {
     // Most operations on the first key, so that it fills up.
     let key = || prop_oneof![4 => Just(0u8), 1 => Just(1u8)];
     prop_oneof![
         12 => (key(), any::<u8>(), prop_oneof![8 => Just(1u32), 1 => 2..4u32], 0..4u64)
-            .prop_map(|(key, id, weight, l)| Op::Acquire { key, id, weight, lease_ms: (l + 1) * 10_000 }),
+            .prop_map(|(key, id, weight, l)| Op::Acquire { key, also: None, id, weight, lease_ms: (l + 1) * 10_000 }),
         3 => (key(), any::<u8>()).prop_map(|(key, id)| Op::Release { key, id }),
         2 => (key(), any::<u8>(), 0..4u64)
-            .prop_map(|(key, id, l)| Op::Renew { key, id, lease_ms: (l + 1) * 10_000 }),
+            .prop_map(|(key, id, l)| Op::Renew { key, id, lease_ms: Some((l + 1) * 10_000) }),
         1 => (key(), 120..400u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
         1 => (0..6u64).prop_map(|half_seconds| Op::Advance { ms: half_seconds * 500 }),
     ]
@@ -114,6 +120,7 @@ pub fn crowded_sequences(
     (policy, prop::collection::vec(ops, 400..700)).prop_map(|(policy, ops)| {
         let crowd = (0..CROWD).map(|id| Op::Acquire {
             key: 0,
+            also: None,
             id,
             weight: 1,
             lease_ms: 40_000,
@@ -135,14 +142,30 @@ pub fn policy() -> impl Strategy<Value = Policy> {
 /// What a decision looks like, stripped to what both sides must agree on.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
-    Admitted { in_flight: u32, expires_at_ms: u64 },
+    Admitted {
+        in_flight: u32,
+        expires_at_ms: u64,
+    },
     Unlimited,
-    Full { limit: u32, in_flight: u32 },
-    TooHeavy { limit: u32 },
+    Full {
+        index: usize,
+        limit: u32,
+        in_flight: u32,
+    },
+    TooHeavy {
+        index: usize,
+        limit: u32,
+    },
     Released(bool),
-    Renewed { in_flight: u32, expires_at_ms: u64 },
+    Renewed {
+        in_flight: u32,
+        expires_at_ms: u64,
+    },
     Lost,
-    Status { limit: Limit, in_flight: u32 },
+    Status {
+        limit: Limit,
+        in_flight: u32,
+    },
     Nothing,
 }
 
@@ -159,13 +182,16 @@ pub async fn apply_store<S: Store>(
     match *op {
         Op::Acquire {
             key: k,
+            also,
             id: i,
             weight,
             lease_ms,
         } => {
-            let (key, id) = (key(k), id(i));
+            let id = id(i);
+            let keys: Vec<String> = std::iter::once(k).chain(also).map(key).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let req = AcquireRequest {
-                key: &key,
+                keys: &keys,
                 id: &id,
                 weight,
                 lease_ms,
@@ -178,13 +204,21 @@ pub async fn apply_store<S: Store>(
                 },
                 Admission::Unlimited => Outcome::Unlimited,
                 Admission::Full {
-                    limit, in_flight, ..
-                } => Outcome::Full { limit, in_flight },
-                Admission::TooHeavy { limit } => Outcome::TooHeavy { limit },
+                    index,
+                    limit,
+                    in_flight,
+                    ..
+                } => Outcome::Full {
+                    index,
+                    limit,
+                    in_flight,
+                },
+                Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
             }
         }
         Op::Release { key: k, id: i } => {
-            Outcome::Released(store.release(&key(k), &id(i)).await.unwrap())
+            let keys = [Arc::from(key(k))];
+            Outcome::Released(store.release(&keys, &id(i)).await.unwrap())
         }
         Op::Renew {
             key: k,
@@ -192,7 +226,7 @@ pub async fn apply_store<S: Store>(
             lease_ms,
         } => {
             let req = RenewRequest {
-                key: key(k).into(),
+                keys: Arc::from([Arc::from(key(k))]),
                 id: id(i),
                 lease_ms,
                 policy,
@@ -218,25 +252,30 @@ pub async fn apply_store<S: Store>(
             advance(Duration::from_millis(ms));
             Outcome::Nothing
         }
-        Op::Hold { key: k, weight } => {
-            match store.acquire_local(&key(k), weight, policy).unwrap() {
-                LocalAdmission::Held { hold, grant, .. } => {
-                    holds.push((hold, weight));
-                    Outcome::Admitted {
-                        in_flight: grant.in_flight,
-                        expires_at_ms: grant.expires_at_ms,
-                    }
+        Op::Hold { key: k, weight } => match store.hold(&[&key(k)], weight, policy).unwrap() {
+            LocalAdmission::Held { hold, grant, .. } => {
+                holds.push((hold, weight));
+                Outcome::Admitted {
+                    in_flight: grant.in_flight,
+                    expires_at_ms: grant.expires_at_ms,
                 }
-                LocalAdmission::Decided(Admission::Unlimited) => Outcome::Unlimited,
-                LocalAdmission::Decided(Admission::Full {
-                    limit, in_flight, ..
-                }) => Outcome::Full { limit, in_flight },
-                LocalAdmission::Decided(Admission::TooHeavy { limit }) => {
-                    Outcome::TooHeavy { limit }
-                }
-                LocalAdmission::Decided(other) => panic!("unexpected {other:?}"),
             }
-        }
+            LocalAdmission::Decided(Admission::Unlimited) => Outcome::Unlimited,
+            LocalAdmission::Decided(Admission::Full {
+                index,
+                limit,
+                in_flight,
+                ..
+            }) => Outcome::Full {
+                index,
+                limit,
+                in_flight,
+            },
+            LocalAdmission::Decided(Admission::TooHeavy { index, limit }) => {
+                Outcome::TooHeavy { index, limit }
+            }
+            LocalAdmission::Decided(other) => panic!("unexpected {other:?}"),
+        },
         Op::Unhold { nth } => {
             if !holds.is_empty() {
                 let (hold, weight) = holds.remove(nth % holds.len());

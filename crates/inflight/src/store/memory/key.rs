@@ -1,10 +1,10 @@
-//! One key's state and every decision the memory store makes about it.
+//! One key's state and the rules the memory store applies to it.
 
 use std::collections::HashMap;
 
 use crate::id::PermitId;
 use crate::policy::{Limit, Policy};
-use crate::store::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal};
+use crate::store::KeyStatus;
 
 /// A fast hasher seeded per process, so that chosen keys or ids cannot flood one bucket.
 pub(super) type Hasher = foldhash::fast::RandomState;
@@ -14,17 +14,25 @@ pub(super) type Hasher = foldhash::fast::RandomState;
 pub(super) struct KeyState {
     leases: HashMap<PermitId, Lease, Hasher>,
     /// The weight of every lease plus that of the permits of this process that have no lease.
-    in_flight: u32,
+    pub(super) in_flight: u32,
     pub(super) override_limit: Option<u32>,
     /// No lease ends before this (a lower bound): reclaiming can be skipped until then.
     next_expiry_ms: u64,
     pub(super) last_used_ms: u64,
 }
 
+/// One lease: its weight, deadline and length (what a renewal without a length keeps).
 #[derive(Clone, Copy)]
-struct Lease {
-    weight: u32,
-    expires_at_ms: u64,
+pub(super) struct Lease {
+    pub(super) weight: u32,
+    pub(super) expires_at_ms: u64,
+    pub(super) lease_ms: u64,
+}
+
+/// Why a key refuses an admission.
+pub(super) enum Refusal {
+    Full { limit: u32, in_flight: u32 },
+    TooHeavy { limit: u32 },
 }
 
 impl KeyState {
@@ -42,8 +50,7 @@ impl KeyState {
         if now < self.next_expiry_ms || self.leases.is_empty() {
             return 0;
         }
-        let mut reclaimed = 0;
-        let mut next = u64::MAX;
+        let (mut reclaimed, mut next) = (0, u64::MAX);
         let in_flight = &mut self.in_flight;
         self.leases.retain(|_, lease| {
             if lease.expires_at_ms <= now {
@@ -59,16 +66,44 @@ impl KeyState {
         reclaimed
     }
 
-    fn grant(&self, limit: Limit, weight: u32, expires_at_ms: u64) -> Grant {
-        Grant {
-            limit,
-            in_flight: self.in_flight,
-            weight,
-            expires_at_ms,
-        }
+    pub(super) fn limit(&self, policy: Policy) -> Limit {
+        policy.resolve(self.override_limit)
     }
 
-    fn add(&mut self, id: &PermitId, lease: Lease) {
+    pub(super) fn lease(&self, id: &PermitId) -> Option<Lease> {
+        self.leases.get(id).copied()
+    }
+
+    /// Whether `weight` more for `id` (a new hold when `None`) fits; a retried acquisition of a held id
+    /// never needs more room than it already has.
+    pub(super) fn check(
+        &self,
+        policy: Policy,
+        id: Option<&PermitId>,
+        weight: u32,
+    ) -> Result<Limit, Refusal> {
+        let limit = self.limit(policy);
+        let Limit::Limited(max) = limit else {
+            return Ok(limit);
+        };
+        if weight > max {
+            return Err(Refusal::TooHeavy { limit: max });
+        }
+        let held = id
+            .and_then(|id| self.leases.get(id))
+            .map_or(0, |l| l.weight);
+        // In u64: weights may be as large as the limit.
+        if weight > held && u64::from(self.in_flight - held) + u64::from(weight) > u64::from(max) {
+            return Err(Refusal::Full {
+                limit: max,
+                in_flight: self.in_flight,
+            });
+        }
+        Ok(limit)
+    }
+
+    /// Adds (or replaces) the lease of `id`.
+    pub(super) fn add(&mut self, id: &PermitId, lease: Lease) {
         self.next_expiry_ms = self.next_expiry_ms.min(lease.expires_at_ms);
         // The old weight leaves before the new one comes: the sum never passes the limit, so no overflow.
         if let Some(old) = self.leases.insert(id.clone(), lease) {
@@ -77,115 +112,19 @@ impl KeyState {
         self.in_flight += lease.weight;
     }
 
-    /// Would `in_flight - held + weight` pass `max`? (In u64: weights may be as large as the limit.)
-    fn over(&self, held: u32, weight: u32, max: u32) -> bool {
-        u64::from(self.in_flight - held) + u64::from(weight) > u64::from(max)
-    }
-
-    /// The admission rule, shared by leases and in-process holds: `held` is the weight `id` already has.
-    fn decide(
-        &self,
-        policy: Policy,
-        weight: u32,
-        held: u32,
-        reclaimed: u32,
-    ) -> Result<u32, Admission> {
-        let Limit::Limited(max) = policy.resolve(self.override_limit) else {
-            return Err(Admission::Unlimited);
-        };
-        if weight > max {
-            return Err(Admission::TooHeavy { limit: max });
-        }
-        // A retried acquisition of a held id never needs more room than it already has.
-        if weight > held && self.over(held, weight, max) {
-            return Err(Admission::Full {
-                limit: max,
-                in_flight: self.in_flight,
-                reclaimed,
-            });
-        }
-        Ok(max)
-    }
-
-    pub(super) fn acquire(
+    /// Moves the deadline of a held lease; returns it as it now is.
+    pub(super) fn extend(
         &mut self,
-        req: &AcquireRequest<'_>,
+        id: &PermitId,
         now: u64,
-        reclaimed: u32,
-    ) -> Admission {
-        let held = self.leases.get(req.id).map_or(0, |l| l.weight);
-        let max = match self.decide(req.policy, req.weight, held, reclaimed) {
-            Ok(max) => max,
-            Err(decision) => return decision,
-        };
-        let lease = Lease {
-            weight: req.weight,
-            expires_at_ms: now.saturating_add(req.lease_ms),
-        };
-        self.add(req.id, lease);
-        Admission::Admitted {
-            grant: self.grant(Limit::Limited(max), lease.weight, lease.expires_at_ms),
-            reclaimed,
-        }
-    }
-
-    /// Admits a hold without a lease (an in-process permit).
-    pub(super) fn hold(&mut self, weight: u32, policy: Policy, reclaimed: u32) -> Admission {
-        let max = match self.decide(policy, weight, 0, reclaimed) {
-            Ok(max) => max,
-            Err(decision) => return decision,
-        };
-        self.in_flight += weight;
-        Admission::Admitted {
-            grant: self.grant(Limit::Limited(max), weight, 0),
-            reclaimed,
-        }
-    }
-
-    pub(super) fn unhold(&mut self, weight: u32) {
-        self.in_flight -= weight;
-    }
-
-    /// Turns a hold into a lease under `id`; the in-flight count does not change.
-    pub(super) fn lease_hold(&mut self, id: &PermitId, weight: u32, expires_at_ms: u64) {
-        self.unhold(weight);
-        self.add(
-            id,
-            Lease {
-                weight,
-                expires_at_ms,
-            },
-        );
-    }
-
-    pub(super) fn renew(&mut self, req: &RenewRequest, now: u64) -> Renewal {
-        let expires_at_ms = now.saturating_add(req.lease_ms);
-        let limit = req.policy.resolve(self.override_limit);
-        if let Some(lease) = self.leases.get_mut(&req.id) {
-            lease.expires_at_ms = expires_at_ms;
-            let weight = lease.weight;
-            // A renewal may shorten the lease: keep the bound a lower bound.
-            self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
-            return Renewal::Renewed(self.grant(limit, weight, expires_at_ms));
-        }
-        let Some(weight) = req.readd_weight else {
-            return Renewal::Lost;
-        };
-        match limit {
-            // Nothing is recorded for an unlimited key: nothing was lost.
-            Limit::Unlimited => Renewal::Renewed(self.grant(limit, weight, expires_at_ms)),
-            Limit::Limited(max) if !self.over(0, weight, max) => {
-                self.add(
-                    &req.id,
-                    Lease {
-                        weight,
-                        expires_at_ms,
-                    },
-                );
-                Renewal::Readded(self.grant(limit, weight, expires_at_ms))
-            }
-            Limit::Limited(_) => Renewal::Lost,
-        }
+        lease_ms: Option<u64>,
+    ) -> Option<Lease> {
+        let lease = self.leases.get_mut(id)?;
+        lease.lease_ms = lease_ms.unwrap_or(lease.lease_ms);
+        lease.expires_at_ms = now.saturating_add(lease.lease_ms);
+        // A renewal may shorten the lease: keep the bound a lower bound.
+        self.next_expiry_ms = self.next_expiry_ms.min(lease.expires_at_ms);
+        Some(*lease)
     }
 
     pub(super) fn release(&mut self, id: &PermitId) -> bool {
@@ -200,7 +139,7 @@ impl KeyState {
 
     pub(super) fn status(&self, policy: Policy) -> KeyStatus {
         KeyStatus {
-            limit: policy.resolve(self.override_limit),
+            limit: self.limit(policy),
             override_limit: self.override_limit,
             in_flight: self.in_flight,
         }

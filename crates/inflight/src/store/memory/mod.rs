@@ -1,12 +1,12 @@
 //! The in-memory store: the embedded default and the reference implementation of [`Store`].
 //!
 //! Each key is a cell (its leases, its in-process holds, its override) behind its own lock, found through
-//! a sharded map; every decision on a key runs under that lock, so it is atomic. Permits of this process
-//! hold their cell directly and need no lease: they end only by being released, which dropping them does,
-//! and they cannot outlive the store. Leases are for permits handed to someone else (detached, or taken
-//! over HTTP): their deadlines run on the injected [`Clock`], and expired ones are reclaimed when their
-//! key is next touched and by [`Store::maintain`], which also forgets keys idle for a while, so memory
-//! stays bounded however many keys pass through.
+//! a sharded map; a decision locks the cells of its keys (in key order, so two decisions never wait on
+//! each other), so it is atomic. Permits of this process hold their cells directly and need no lease:
+//! they end only by being released, which dropping them does. Leases are for permits handed to someone
+//! else (detached, or taken over HTTP): their deadlines run on the injected [`Clock`], and expired ones
+//! are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys idle
+//! for a while, so memory stays bounded however many keys pass through.
 
 mod key;
 
@@ -17,19 +17,23 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use self::key::{Hasher, KeyState};
+use self::key::{Hasher, KeyState, Lease, Refusal};
 use super::{
-    AcquireRequest, Admission, KeyStatus, LocalAdmission, LocalHold, RenewRequest, Renewal, Store,
+    AcquireRequest, Admission, Grant, KeyStatus, LocalAdmission, LocalHold, RenewRequest, Renewal,
+    Store,
 };
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::policy::Policy;
+use crate::limiter::DEFAULT_LEASE;
+use crate::policy::{Limit, Policy};
 
-/// How long a key with nothing in flight and no override is kept before [`Store::maintain`] forgets it.
+/// How long a key with nothing in flight and no override is kept before maintenance forgets it.
 const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10);
+/// Maintenance sweeps the keys at most this often, however often it is called.
+const SWEEP_EVERY_MS: u64 = 500;
 
-/// Leases, holds and overrides in this process's memory.
+/// Leases, holds and overrides in this process's memory. Clones share them.
 ///
 /// ```
 /// use inflight::{Limiter, MemoryStore, Policy};
@@ -46,10 +50,23 @@ const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10);
 /// # }
 /// ```
 pub struct MemoryStore<C: Clock = SystemClock> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Clock> Clone for MemoryStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<C> {
     keys: DashMap<Arc<str>, Arc<Cell<C>>, Hasher>,
     time: Arc<Time<C>>,
     overrides: AtomicUsize,
-    idle_ttl_ms: u64,
+    idle_ttl_ms: AtomicU64,
+    next_sweep_ms: AtomicU64,
 }
 
 /// The store's clock, and its last reading for the paths that need only a rough time.
@@ -84,22 +101,72 @@ impl<C> Cell<C> {
     }
 }
 
+impl<C: Clock> Cell<C> {
+    fn unhold(&self, weight: u32) {
+        let mut state = self.lock();
+        state.in_flight -= weight;
+        state.last_used_ms = self.time.coarse_ms();
+    }
+
+    /// Turns `weight` held slots into a lease; the in-flight count does not change.
+    fn lease_hold(&self, id: &PermitId, weight: u32, lease_ms: u64, expires_at_ms: u64) {
+        let mut state = self.lock();
+        state.in_flight -= weight;
+        let lease = Lease {
+            weight,
+            expires_at_ms,
+            lease_ms,
+        };
+        state.add(id, lease);
+    }
+}
+
 impl<C: Clock> LocalHold for Cell<C> {
     fn key(&self) -> &str {
         &self.key
     }
 
     fn release(&self, weight: u32) {
-        let mut state = self.lock();
-        state.unhold(weight);
-        state.last_used_ms = self.time.coarse_ms();
+        self.unhold(weight);
     }
 
     fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
         let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
-        self.lock().lease_hold(id, weight, expires_at_ms);
+        self.lease_hold(id, weight, lease_ms, expires_at_ms);
         expires_at_ms
     }
+}
+
+/// The held cells of a permit on several keys (only the limited ones hold anything).
+struct Cells<C> {
+    first: Arc<str>,
+    cells: Vec<Arc<Cell<C>>>,
+    time: Arc<Time<C>>,
+}
+
+impl<C: Clock> LocalHold for Cells<C> {
+    fn key(&self) -> &str {
+        &self.first
+    }
+
+    fn release(&self, weight: u32) {
+        self.cells.iter().for_each(|cell| cell.unhold(weight));
+    }
+
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
+        let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
+        for cell in &self.cells {
+            cell.lease_hold(id, weight, lease_ms, expires_at_ms);
+        }
+        expires_at_ms
+    }
+}
+
+/// One locked key of a decision: its place among the request's keys, its cell and its state.
+struct Slot<'a, C> {
+    index: usize,
+    cell: &'a Arc<Cell<C>>,
+    state: &'a mut KeyState,
 }
 
 impl MemoryStore<SystemClock> {
@@ -122,106 +189,232 @@ impl<C: Clock> MemoryStore<C> {
             coarse_ms: AtomicU64::new(clock.now_ms()),
             clock,
         };
-        Self {
+        let inner = Inner {
             keys: DashMap::with_hasher(Hasher::default()),
             time: Arc::new(time),
             overrides: AtomicUsize::new(0),
-            idle_ttl_ms: millis(DEFAULT_IDLE_TTL),
+            idle_ttl_ms: AtomicU64::new(millis(DEFAULT_IDLE_TTL)),
+            next_sweep_ms: AtomicU64::new(0),
+        };
+        Self {
+            inner: Arc::new(inner),
         }
     }
 
     /// How long a key with nothing in flight and no override is kept before maintenance forgets it.
     #[must_use]
-    pub fn idle_ttl(mut self, ttl: Duration) -> Self {
-        self.idle_ttl_ms = millis(ttl);
+    pub fn idle_ttl(self, ttl: Duration) -> Self {
+        self.inner.idle_ttl_ms.store(millis(ttl), Ordering::Relaxed);
         self
     }
 
     /// How many keys the store holds right now, idle ones included.
     pub fn key_count(&self) -> usize {
-        self.keys.len()
+        self.inner.keys.len()
     }
 
     fn cell(&self, key: &str, create: bool) -> Option<Arc<Cell<C>>> {
-        if let Some(cell) = self.keys.get(key) {
+        if let Some(cell) = self.inner.keys.get(key) {
             return Some(cell.clone());
         }
         if !create {
             return None;
         }
         let key: Arc<str> = Arc::from(key);
-        let cell = self.keys.entry(key.clone()).or_insert_with(|| {
+        let cell = self.inner.keys.entry(key.clone()).or_insert_with(|| {
             Arc::new(Cell {
                 key,
                 state: Mutex::new(KeyState::default()),
-                time: self.time.clone(),
+                time: self.inner.time.clone(),
             })
         });
         Some(cell.clone())
     }
 
-    /// Runs `f` on the state of `key` (created when `create` and missing) after reclaiming its expired
-    /// leases; `f` gets the time and how many leases were reclaimed.
-    fn with_key<R>(
+    /// Locks the cells of `keys` (created when `create`; missing ones are left out), reclaims their
+    /// expired leases, and runs `f` on them in the order of `keys`, with the time and how many leases were
+    /// reclaimed. Without `precise`, a decision on keys without leases uses the last time read.
+    fn locked<R>(
         &self,
-        key: &str,
+        keys: &[&str],
         create: bool,
-        f: impl FnOnce(&mut KeyState, u64, u32) -> R,
-    ) -> Option<R> {
-        let cell = self.cell(key, create)?;
-        let now = self.time.now_ms();
-        let mut state = cell.lock();
-        let reclaimed = state.reclaim(now);
-        state.last_used_ms = now;
-        Some(f(&mut state, now, reclaimed))
+        precise: bool,
+        f: impl FnOnce(&mut [Slot<'_, C>], u64, u32) -> R,
+    ) -> R {
+        let time = &self.inner.time;
+        let prepare = |slots: &mut [Slot<'_, C>]| {
+            let now = if precise || slots.iter().any(|slot| slot.state.has_leases()) {
+                time.now_ms()
+            } else {
+                time.coarse_ms()
+            };
+            let mut reclaimed = 0;
+            for slot in slots.iter_mut() {
+                reclaimed += slot.state.reclaim(now);
+                slot.state.last_used_ms = now;
+            }
+            (now, reclaimed)
+        };
+        if let [key] = keys {
+            let Some(cell) = self.cell(key, create) else {
+                return f(&mut [], time.now_ms(), 0);
+            };
+            let mut state = cell.lock();
+            let mut slots = [Slot {
+                index: 0,
+                cell: &cell,
+                state: &mut state,
+            }];
+            let (now, reclaimed) = prepare(&mut slots);
+            return f(&mut slots, now, reclaimed);
+        }
+        let mut cells: Vec<(usize, Arc<Cell<C>>)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(index, key)| Some((index, self.cell(key, create)?)))
+            .collect();
+        cells.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+        cells.dedup_by(|a, b| a.1.key == b.1.key);
+        let mut guards: Vec<_> = cells.iter().map(|(_, cell)| cell.lock()).collect();
+        let mut slots: Vec<Slot<'_, C>> = cells
+            .iter()
+            .zip(guards.iter_mut())
+            .map(|((index, cell), state)| Slot {
+                index: *index,
+                cell,
+                state,
+            })
+            .collect();
+        slots.sort_by_key(|slot| slot.index);
+        let (now, reclaimed) = prepare(&mut slots);
+        f(&mut slots, now, reclaimed)
     }
 
-    fn empty_status(policy: Policy) -> KeyStatus {
-        KeyStatus {
-            limit: policy.resolve(None),
-            override_limit: None,
-            in_flight: 0,
-        }
+    /// True when no key can be limited: the policy limits nothing and no key has an override.
+    fn all_unlimited(&self, policy: Policy) -> bool {
+        policy.is_unlimited_by_default() && self.inner.overrides.load(Ordering::Relaxed) == 0
     }
 
     fn acquire_now(&self, req: AcquireRequest<'_>) -> Admission {
-        if req.policy.is_unlimited_by_default() && !self.may_have_override(req.key) {
+        if self.all_unlimited(req.policy) {
             return Admission::Unlimited;
         }
-        self.with_key(req.key, true, |state, now, reclaimed| {
-            state.acquire(&req, now, reclaimed)
-        })
-        .unwrap_or(Admission::Unlimited)
-    }
-
-    fn set_limit_now(&self, key: &str, limit: Option<u32>, policy: Policy) -> KeyStatus {
-        let limit = limit.filter(|n| *n > 0);
-        self.with_key(key, limit.is_some(), |state, _, _| {
-            match (state.override_limit.is_some(), limit.is_some()) {
-                (false, true) => {
-                    self.overrides.fetch_add(1, Ordering::SeqCst);
+        self.locked(req.keys, true, true, |slots, now, reclaimed| {
+            let first = match admit(slots, req.policy, Some(req.id), req.weight, reclaimed) {
+                Ok(first) => first,
+                Err(refused) => return refused,
+            };
+            let lease = Lease {
+                weight: req.weight,
+                expires_at_ms: now.saturating_add(req.lease_ms),
+                lease_ms: req.lease_ms,
+            };
+            for slot in slots.iter_mut() {
+                if slot.state.limit(req.policy) != Limit::Unlimited {
+                    slot.state.add(req.id, lease);
                 }
-                (true, false) => {
-                    self.overrides.fetch_sub(1, Ordering::SeqCst);
-                }
-                _ => {}
             }
-            state.override_limit = limit;
-            state.status(policy)
+            Admission::Admitted {
+                grant: grant(slots, first, req.weight, lease.expires_at_ms),
+                reclaimed,
+            }
         })
-        .unwrap_or_else(|| Self::empty_status(policy))
     }
 
-    /// Whether a live lease was released: an expired one is already gone.
-    fn release_sync(&self, key: &str, id: &PermitId) -> bool {
-        self.with_key(key, false, |state, _, _| state.release(id))
-            .unwrap_or(false)
+    fn renew_one(&self, req: &RenewRequest) -> Renewal {
+        let keys: Vec<&str> = req.keys.iter().map(|key| &**key).collect();
+        self.locked(&keys, true, true, |slots, now, _| {
+            let policy = req.policy;
+            let limited = |slot: &Slot<'_, C>| slot.state.limit(policy) != Limit::Unlimited;
+            let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
+            let missing = slots
+                .iter()
+                .any(|slot| limited(slot) && slot.state.lease(&req.id).is_none());
+            let lease_ms = req
+                .lease_ms
+                .or(found.map(|lease| lease.lease_ms))
+                .unwrap_or(millis(DEFAULT_LEASE));
+            let mut weight = found.map_or(1, |lease| lease.weight);
+            let readded = match (missing, req.readd_weight) {
+                (false, _) => false,
+                (true, None) => return Renewal::Lost,
+                (true, Some(readd)) => {
+                    let room = slots.iter().all(|slot| {
+                        slot.state.lease(&req.id).is_some()
+                            || slot.state.check(policy, None, readd).is_ok()
+                    });
+                    if !room {
+                        return Renewal::Lost;
+                    }
+                    weight = readd;
+                    true
+                }
+            };
+            let expires_at_ms = now.saturating_add(lease_ms);
+            for slot in slots.iter_mut() {
+                if slot.state.extend(&req.id, now, Some(lease_ms)).is_none() && limited(slot) {
+                    let lease = Lease {
+                        weight,
+                        expires_at_ms,
+                        lease_ms,
+                    };
+                    slot.state.add(&req.id, lease);
+                }
+            }
+            let first = slots
+                .first()
+                .map_or(policy.resolve(None), |slot| slot.state.limit(policy));
+            let grant = grant(slots, first, weight, expires_at_ms);
+            if readded {
+                Renewal::Readded(grant)
+            } else {
+                Renewal::Renewed(grant)
+            }
+        })
+    }
+
+    fn status_now(&self, key: &str, limit: Option<Option<u32>>, policy: Policy) -> KeyStatus {
+        let create = matches!(limit, Some(Some(1..)));
+        self.locked(&[key], create, false, |slots, _, _| {
+            let Some(slot) = slots.first_mut() else {
+                return KeyStatus {
+                    limit: policy.resolve(None),
+                    override_limit: None,
+                    in_flight: 0,
+                };
+            };
+            if let Some(limit) = limit {
+                let limit = limit.filter(|n| *n > 0);
+                match (slot.state.override_limit.is_some(), limit.is_some()) {
+                    (false, true) => self.inner.overrides.fetch_add(1, Ordering::SeqCst),
+                    (true, false) => self.inner.overrides.fetch_sub(1, Ordering::SeqCst),
+                    _ => 0,
+                };
+                slot.state.override_limit = limit;
+            }
+            slot.state.status(policy)
+        })
     }
 
     fn maintain_now(&self) {
-        let now = self.time.now_ms();
-        let idle_ttl = self.idle_ttl_ms;
-        self.keys.retain(|_, cell| {
+        let inner = &self.inner;
+        let now = inner.time.now_ms();
+        let due = inner.next_sweep_ms.load(Ordering::Relaxed);
+        if now < due
+            || inner
+                .next_sweep_ms
+                .compare_exchange(
+                    due,
+                    now + SWEEP_EVERY_MS,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return;
+        }
+        let idle_ttl = inner.idle_ttl_ms.load(Ordering::Relaxed);
+        inner.keys.retain(|_, cell| {
             // Someone between finding the cell and locking it (under this shard's write lock no one new
             // can find it): keep it, or what they do would land on a cell no longer in the map.
             if Arc::strong_count(cell) > 1 {
@@ -231,6 +424,55 @@ impl<C: Clock> MemoryStore<C> {
             state.reclaim(now);
             !state.is_idle() || now.saturating_sub(state.last_used_ms) < idle_ttl
         });
+    }
+}
+
+/// Checks every key of a decision (`id`: the lease's, `None` for a hold); the first key's limit when all
+/// have room, else the refusal of the first key, in the request's order, that refuses.
+fn admit<C>(
+    slots: &[Slot<'_, C>],
+    policy: Policy,
+    id: Option<&PermitId>,
+    weight: u32,
+    reclaimed: u32,
+) -> Result<Limit, Admission> {
+    let mut limited = false;
+    for slot in slots {
+        match slot.state.check(policy, id, weight) {
+            Ok(limit) => limited |= limit != Limit::Unlimited,
+            Err(Refusal::Full { limit, in_flight }) => {
+                return Err(Admission::Full {
+                    index: slot.index,
+                    limit,
+                    in_flight,
+                    reclaimed,
+                })
+            }
+            Err(Refusal::TooHeavy { limit }) => {
+                return Err(Admission::TooHeavy {
+                    index: slot.index,
+                    limit,
+                })
+            }
+        }
+    }
+    if !limited {
+        return Err(Admission::Unlimited);
+    }
+    Ok(slots[0].state.limit(policy))
+}
+
+/// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).
+fn grant<C>(slots: &[Slot<'_, C>], limit: Limit, weight: u32, expires_at_ms: u64) -> Grant {
+    let in_flight = match (limit, slots.first()) {
+        (Limit::Limited(_), Some(slot)) => slot.state.in_flight,
+        _ => 0,
+    };
+    Grant {
+        limit,
+        in_flight,
+        weight,
+        expires_at_ms,
     }
 }
 
@@ -244,25 +486,25 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn release(
         &self,
-        key: &str,
+        keys: &[Arc<str>],
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        ready(Ok(self.release_sync(key, id)))
+        let keys: Vec<&str> = keys.iter().map(|key| &**key).collect();
+        let released = self.locked(&keys, false, false, |slots, _, _| {
+            let mut released = false;
+            for slot in slots.iter_mut() {
+                released |= slot.state.release(id);
+            }
+            released
+        });
+        ready(Ok(released))
     }
 
     fn renew(
         &self,
         batch: &[RenewRequest],
     ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
-        let outcomes = batch
-            .iter()
-            .map(|req| {
-                let create = req.readd_weight.is_some();
-                self.with_key(&req.key, create, |state, now, _| state.renew(req, now))
-                    .unwrap_or(Renewal::Lost)
-            })
-            .collect();
-        ready(Ok(outcomes))
+        ready(Ok(batch.iter().map(|req| self.renew_one(req)).collect()))
     }
 
     fn status(
@@ -270,10 +512,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         key: &str,
         policy: Policy,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        let status = self
-            .with_key(key, false, |state, _, _| state.status(policy))
-            .unwrap_or_else(|| Self::empty_status(policy));
-        ready(Ok(status))
+        ready(Ok(self.status_now(key, None, policy)))
     }
 
     fn set_limit(
@@ -282,46 +521,44 @@ impl<C: Clock> Store for MemoryStore<C> {
         limit: Option<u32>,
         policy: Policy,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        ready(Ok(self.set_limit_now(key, limit, policy)))
+        ready(Ok(self.status_now(key, Some(limit), policy)))
     }
 
-    fn acquire_local(&self, key: &str, weight: u32, policy: Policy) -> Option<LocalAdmission> {
-        if policy.is_unlimited_by_default() && !self.may_have_override(key) {
+    fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        if self.all_unlimited(policy) {
             return Some(LocalAdmission::Decided(Admission::Unlimited));
         }
-        let cell = self.cell(key, true)?;
-        let decision = {
-            let mut state = cell.lock();
-            // Only keys with leases need the clock.
-            let reclaimed = if state.has_leases() {
-                state.reclaim(self.time.now_ms())
-            } else {
-                0
+        Some(self.locked(keys, true, false, |slots, _, reclaimed| {
+            let first = match admit(slots, policy, None, weight, reclaimed) {
+                Ok(first) => first,
+                Err(refused) => return LocalAdmission::Decided(refused),
             };
-            state.last_used_ms = self.time.coarse_ms();
-            state.hold(weight, policy, reclaimed)
-        };
-        Some(match decision {
-            Admission::Admitted { grant, reclaimed } => LocalAdmission::Held {
-                hold: cell,
-                grant,
+            let mut held = Vec::new();
+            for slot in slots.iter_mut() {
+                if slot.state.limit(policy) != Limit::Unlimited {
+                    slot.state.in_flight += weight;
+                    held.push(slot.cell.clone());
+                }
+            }
+            let hold: Arc<dyn LocalHold> = match (held.len(), first) {
+                (1, Limit::Limited(_)) => held.swap_remove(0),
+                _ => Arc::new(Cells {
+                    first: slots[0].cell.key.clone(),
+                    cells: held,
+                    time: self.inner.time.clone(),
+                }),
+            };
+            LocalAdmission::Held {
+                hold,
+                grant: grant(slots, first, weight, 0),
                 reclaimed,
-            },
-            other => LocalAdmission::Decided(other),
-        })
+            }
+        }))
     }
 
-    fn release_now(&self, key: &str, id: &PermitId) -> Option<Result<bool, StoreError>> {
-        Some(Ok(self.release_sync(key, id)))
-    }
-
-    fn may_have_override(&self, _key: &str) -> bool {
-        self.overrides.load(Ordering::Relaxed) > 0
-    }
-
-    fn maintain(&self) -> impl Future<Output = ()> + Send {
+    fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.maintain_now();
-        ready(())
+        ready(Ok(()))
     }
 }
 
@@ -342,6 +579,7 @@ mod tests {
             "removing it would orphan what the admission does next"
         );
         drop(cell);
+        store.inner.time.clock.advance(Duration::from_secs(1));
         store.maintain_now();
         assert_eq!(store.key_count(), 0, "idle and unreferenced: forgotten");
     }

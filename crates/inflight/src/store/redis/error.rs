@@ -28,3 +28,18 @@ impl From<RedisError> for StoreError {
         }
     }
 }
+
+/// Runs `attempt` once more when the connection turned out to be dead (Redis restarted, say): the
+/// connection manager reconnects, and every script is idempotent by permit id, so trying again is safe.
+pub(super) async fn retried<T, F>(mut attempt: impl FnMut() -> F) -> Result<T, StoreError>
+where
+    F: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    match attempt().await {
+        Err(error) if error.is_connection_dropped() => {
+            tracing::debug!(%error, "the Redis connection was lost; trying once more");
+            Ok(attempt().await?)
+        }
+        result => Ok(result?),
+    }
+}

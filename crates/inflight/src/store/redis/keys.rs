@@ -36,6 +36,14 @@ impl KeyNames {
         &self.tag
     }
 
+    /// Adds the key's three names to a script invocation, in the order the scripts read them.
+    pub(super) fn declare(&self, invocation: &mut redis::ScriptInvocation<'_>) {
+        invocation
+            .key(self.leases())
+            .key(self.permits())
+            .key(self.limit());
+    }
+
     /// The sorted set of leases.
     pub(super) fn leases(&self) -> KeyArg<'_> {
         KeyArg {
@@ -44,11 +52,11 @@ impl KeyNames {
         }
     }
 
-    /// The weights hash.
-    pub(super) fn weights(&self) -> KeyArg<'_> {
+    /// The permits hash (weights and lease lengths).
+    pub(super) fn permits(&self) -> KeyArg<'_> {
         KeyArg {
             tag: &self.tag,
-            role: ":weights",
+            role: ":permits",
         }
     }
 
@@ -74,7 +82,7 @@ impl redis::ToRedisArgs for KeyArg<'_> {
     }
 }
 
-/// A permit id as Redis stores it (a member of the leases, a field of the weights): a UUID as the byte
+/// A permit id as Redis stores it (a member of the leases, a field of the permits): a UUID as the byte
 /// 0xFF and its 16 bytes, 17 in all where its text takes 36, so that a lease costs Redis less memory and
 /// less to compare; any other id as its text. No UTF-8 text starts with 0xFF, so the two never meet.
 pub(super) struct Member<'a>(pub(super) &'a PermitId);
@@ -165,7 +173,7 @@ mod tests {
     #[test]
     fn the_three_names_share_the_hash_tag() {
         let names = KeyNames::new("p:", "k}");
-        for name in [names.leases(), names.weights(), names.limit()] {
+        for name in [names.leases(), names.permits(), names.limit()] {
             assert!(name.to_string().starts_with("p:{k%7D}:"), "{name}");
         }
     }

@@ -3,41 +3,26 @@
 //! Every operation is one Lua script (`scripts/*.lua`, each with a header naming its KEYS and ARGV and
 //! saying why it must be atomic), run with EVALSHA over a multiplexed connection that reconnects by
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
-//! one hash tag, so each script touches one slot.
-//!
-//! The store's connection lives on the Tokio runtime the store was opened in (its home): every command
-//! is sent from a task there, so the store can be used from other runtimes too (a thread-per-core
-//! server's workers) without its connection ending with whichever runtime happened to use it first.
-//! With [`RedisStoreBuilder::batches_per_runtime`], admissions and releases are the exception: each
-//! runtime that makes them from its tasks batches its own, over a connection of its own, made and driven
-//! on that runtime and ending with it. A worker then never hands an admission to another thread and waits
-//! to be woken with the answer: behind `inflight proxy` that hand-off cost a wake-up of each side's
-//! runtime (an eventfd write, a system call) per operation. Renewals, status reads, limit changes and
-//! whatever a stopped runtime left queued go from home.
+//! one hash tag. Admissions and releases go in batches (`batch.rs`).
 
 mod batch;
 mod error;
 mod keys;
 mod scripts;
 
-use std::borrow::Cow;
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo, Script};
-use tokio::runtime::{Handle, Id as RuntimeId};
 
 use self::batch::{Batcher, Op};
+use self::error::retried;
 use self::keys::{KeyNames, Member};
-use super::{
-    AcquireRequest, Admission, Grant, KeyStatus, ReleaseDone, RenewRequest, Renewal, Store,
-};
-use crate::clock::millis;
+use super::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal, Store};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::{Limit, Policy};
@@ -45,11 +30,11 @@ use crate::policy::{Limit, Policy};
 /// The prefix of every Redis key inflight writes unless [`RedisStoreBuilder::prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "inflight:";
 
-/// Leases and overrides in Redis.
+/// Leases and overrides in Redis. Clones share one connection and one batcher, and may be used from any
+/// task of any runtime.
 ///
 /// The data model is described in `scripts/common.lua`. Every process sharing a Redis (and a prefix)
-/// must run a version that writes the same model: a generated permit id is stored as the byte 0xFF and
-/// the UUID's 16 bytes, a given id as its text (`CHANGELOG.md` lists changes to the model).
+/// must run a version that writes the same model (`CHANGELOG.md` lists changes to it).
 ///
 /// ```no_run
 /// use inflight::{Limiter, Policy, RedisStore};
@@ -66,22 +51,11 @@ pub const DEFAULT_PREFIX: &str = "inflight:";
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
-    /// For the connections of other runtimes' batches.
-    client: Client,
-    config: ConnectionManagerConfig,
+    batcher: Batcher,
     prefix: Arc<str>,
     target: Arc<str>,
-    /// Added to Redis `TIME` by every script; moved only by tests ([`RedisStore::advance_clock`]).
+    /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
     clock_offset_ms: Arc<AtomicI64>,
-    /// Admissions and releases, batched; started on first use, on `home`.
-    batcher: Arc<OnceLock<Batcher>>,
-    /// With `batches_per_runtime`: the batches of other runtimes, each started on its runtime's first
-    /// admission or release there.
-    away: Option<Arc<DashMap<RuntimeId, Batcher, foldhash::fast::RandomState>>>,
-    /// Batches out at once, at most.
-    pipeline: usize,
-    /// The runtime the store was opened in: its connection and its tasks run there.
-    home: Handle,
 }
 
 /// Builds a [`RedisStore`].
@@ -93,7 +67,6 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     pipeline: usize,
-    batches_per_runtime: bool,
     #[cfg(feature = "tls")]
     root_cert: Option<Vec<u8>>,
 }
@@ -117,28 +90,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1), for each
-    /// runtime that makes them (see the module docs). While they are, new operations wait and leave
-    /// together in the next batch.
-    ///
-    /// More keeps Redis busy while answers travel, which suits clients that wait on each answer and do
-    /// little else: in one run of `scripts/bench.sh`, `inflight bench --tasks 64` made 126,717 pairs/s
-    /// with 3 and 89,660 with 1. Fewer makes the batches larger and the script calls fewer, which suits
-    /// clients that have other work for the CPU, such as an HTTP server beside Redis on one machine: in the
-    /// same run, behind `inflight proxy`, 1 served 2-3 % more requests/s than 3 for 14 % less Redis CPU
-    /// per request (BENCHMARKS.md, "Redis pipeline").
+    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1). While
+    /// they are, new operations wait and leave together in the next batch: more keeps Redis busy while
+    /// answers travel, fewer makes batches larger and script calls fewer (BENCHMARKS.md compares them).
     pub fn pipeline(mut self, batches: usize) -> Self {
         self.pipeline = batches.max(1);
-        self
-    }
-
-    /// Lets each Tokio runtime other than the store's own batch the admissions and releases its tasks make,
-    /// over a Redis connection of its own (default: off, everything goes through the store's runtime). For
-    /// runtimes that keep being driven, such as the worker threads of `inflight proxy`, which this spares
-    /// a hand-off to another thread and back for every operation; an operation queued on a runtime that
-    /// is not being driven waits until it is (or, once it is dropped, goes from the store's runtime).
-    pub fn batches_per_runtime(mut self, on: bool) -> Self {
-        self.batches_per_runtime = on;
         self
     }
 
@@ -156,12 +112,14 @@ impl RedisStoreBuilder {
     /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, with the `tls` feature),
     /// `unix:///path/to/redis.sock` or `redis+unix:///path`.
     ///
-    /// Call it inside a Tokio runtime: the store's connection and tasks run on that runtime, which must
-    /// keep running for as long as the store is used (a multi-thread runtime, or a current-thread one that
-    /// is being driven: the store's commands wait for it). Outside a runtime it is an error.
+    /// Call it inside a Tokio runtime: the store's connection and its batcher run on that runtime, which
+    /// must keep running for as long as the store is used. Outside a runtime it is an error.
     pub fn open(self) -> Result<RedisStore, StoreError> {
-        let home = Handle::try_current()
-            .map_err(|_| StoreError::Rejected("open a RedisStore inside a Tokio runtime".into()))?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::Rejected(
+                "open a RedisStore inside a Tokio runtime".into(),
+            ));
+        }
         let info = self
             .url
             .as_str()
@@ -189,19 +147,15 @@ impl RedisStoreBuilder {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
-            .map_err(StoreError::from)?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::from)?;
+        let clock_offset_ms = Arc::new(AtomicI64::new(0));
         Ok(RedisStore {
+            batcher: Batcher::start(conn.clone(), clock_offset_ms.clone(), self.pipeline),
             conn,
-            client,
-            config,
-            away: self.batches_per_runtime.then(Arc::default),
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
-            clock_offset_ms: Arc::new(AtomicI64::new(0)),
-            batcher: Arc::new(OnceLock::new()),
-            pipeline: self.pipeline,
-            home,
+            clock_offset_ms,
         })
     }
 }
@@ -214,8 +168,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.to_owned(),
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
-            pipeline: batch::DEFAULT_PIPELINE,
-            batches_per_runtime: false,
+            pipeline: 3,
             #[cfg(feature = "tls")]
             root_cert: None,
         }
@@ -233,115 +186,54 @@ impl RedisStore {
 
     /// For tests of leases: every script of this handle (and its clones) reads Redis `TIME` plus `by` more
     /// than before, as if that much time had passed. Other handles on the same Redis are not moved.
+    #[cfg(feature = "test-util")]
     pub fn advance_clock(&self, by: Duration) {
-        let by = i64::try_from(millis(by)).unwrap_or(i64::MAX);
-        self.clock_offset_ms.fetch_add(by, Ordering::SeqCst);
+        let by = i64::try_from(crate::clock::millis(by)).unwrap_or(i64::MAX);
+        self.clock_offset_ms
+            .fetch_add(by, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn offset(&self) -> i64 {
-        self.clock_offset_ms.load(Ordering::SeqCst)
+        self.clock_offset_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The batcher of the runtime whose task calls this, with `batches_per_runtime` (see the module docs);
-    /// else home's. (Outside a task, say in a `block_on` of a runtime that may not be driven again, it is
-    /// home's. Home's is lent; another runtime's is a clone (the map's guard must not be held across an
-    /// await).
-    fn batcher(&self) -> Cow<'_, Batcher> {
-        if let Some(away) = &self.away {
-            if tokio::task::try_id().is_some() {
-                if let Ok(here) = Handle::try_current() {
-                    if here.id() != self.home.id() {
-                        return Cow::Owned(self.away_batcher(away, &here));
-                    }
-                }
-            }
-        }
-        Cow::Borrowed(self.home_batcher())
+    fn names<K: AsRef<str>>(&self, keys: &[K]) -> Vec<KeyNames> {
+        keys.iter()
+            .map(|key| KeyNames::new(&self.prefix, key.as_ref()))
+            .collect()
     }
 
-    fn home_batcher(&self) -> &Batcher {
-        self.batcher.get_or_init(|| {
-            Batcher::start(
-                &self.home,
-                self.conn.clone(),
-                self.clock_offset_ms.clone(),
-                self.pipeline,
-            )
-        })
-    }
-
-    /// The batcher of `here`, a runtime other than home, started on first use with a connection of its
-    /// own (made lazily, inside `here`, whose task drives it). One whose dispatcher has stopped is
-    /// replaced; the batchers of runtimes that have ended are forgotten then, so there are never more
-    /// than runtimes alive.
-    fn away_batcher(
-        &self,
-        away: &DashMap<RuntimeId, Batcher, foldhash::fast::RandomState>,
-        here: &Handle,
-    ) -> Batcher {
-        if let Some(batcher) = away.get(&here.id()) {
-            if !batcher.is_closed() {
-                return batcher.clone();
-            }
-        }
-        away.retain(|_, batcher| !batcher.is_closed());
-        let _entered = here.enter();
-        let started = away.entry(here.id()).or_try_insert_with(|| {
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                .map(|conn| Batcher::start(here, conn, self.clock_offset_ms.clone(), self.pipeline))
-        });
-        match started {
-            Ok(batcher) => batcher.clone(),
-            Err(error) => {
-                tracing::debug!(%error, "no connection of this runtime's own; batching at home");
-                self.home_batcher().clone()
-            }
-        }
-    }
-
-    fn names(&self, key: &str) -> KeyNames {
-        KeyNames::new(&self.prefix, key)
-    }
-
-    async fn run(
+    /// Runs `script` on `keys` (declared three names each) with `args`, retried once on a dead connection.
+    async fn run<K: AsRef<str>>(
         &self,
         script: &'static Script,
-        names: &KeyNames,
+        keys: &[K],
         args: &[&dyn ToArg],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut invocation = script.key(names.leases());
-        invocation.key(names.weights()).key(names.limit());
+        let mut invocation = script.prepare_invoke();
+        for names in self.names(keys) {
+            names.declare(&mut invocation);
+        }
         for arg in args {
             arg.push(&mut invocation);
         }
-        let mut conn = self.conn.clone();
-        self.at_home(async move { Ok(invocation.invoke_async(&mut conn).await?) })
-            .await
-    }
-
-    /// Runs `command` in a task on the store's home runtime (see the module docs).
-    async fn at_home<T: Send + 'static>(
-        &self,
-        command: impl Future<Output = Result<T, StoreError>> + Send + 'static,
-    ) -> Result<T, StoreError> {
-        match self.home.spawn(command).await {
-            Ok(result) => result,
-            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-            Err(_) => Err(StoreError::Unavailable(
-                "the runtime the store was opened in has stopped".into(),
-            )),
-        }
+        let invocation = &invocation;
+        retried(|| {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
-        let names = self.names(&req.key);
         let out = self
             .run(
                 &scripts::RENEW,
-                &names,
+                &req.keys,
                 &[
                     &Member(&req.id),
-                    &req.lease_ms,
+                    &req.lease_ms.unwrap_or(0),
                     &req.policy.default_limit,
                     &req.policy.max_limit,
                     &req.readd_weight.unwrap_or(0),
@@ -370,13 +262,12 @@ impl RedisStore {
         &self,
         key: &str,
         policy: Policy,
-        new_limit: &str,
+        new_limit: String,
     ) -> Result<KeyStatus, StoreError> {
-        let names = self.names(key);
         let out = self
             .run(
                 &scripts::STATUS,
-                &names,
+                &[key],
                 &[
                     &policy.default_limit,
                     &policy.max_limit,
@@ -395,7 +286,7 @@ impl RedisStore {
     }
 }
 
-/// A script argument.
+/// A script argument (`ToRedisArgs` itself cannot be a trait object).
 trait ToArg: Sync {
     fn push(&self, invocation: &mut redis::ScriptInvocation<'_>);
 }
@@ -417,30 +308,19 @@ fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
 }
 
 impl Store for RedisStore {
-    /// Asks Redis for a PONG.
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut conn = self.conn.clone();
-        self.at_home(async move {
-            redis::cmd("PING").query_async::<()>(&mut conn).await?;
-            Ok(())
-        })
-    }
-
     fn acquire(
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        let weight = req.weight;
         let op = Op::Acquire {
-            names: self.names(req.key),
+            names: self.names(req.keys),
             id: req.id.clone(),
-            weight,
-            lease_ms: req.lease_ms,
-            policy: req.policy,
+            terms: (req.weight, req.lease_ms, req.policy),
         };
+        let weight = req.weight;
         async move {
-            let [decision, limit, in_flight, expires_at_ms, reclaimed] =
-                self.batcher().run(op).await?;
+            let [decision, index, limit, in_flight, expires_at_ms, reclaimed] =
+                self.batcher.run(op).await?;
             let reclaimed = number(reclaimed)?;
             match decision {
                 1 => Ok(Admission::Admitted {
@@ -453,12 +333,14 @@ impl Store for RedisStore {
                     reclaimed,
                 }),
                 0 => Ok(Admission::Full {
+                    index: number(index)?,
                     limit: number(limit)?,
                     in_flight: number(in_flight)?,
                     reclaimed,
                 }),
                 2 => Ok(Admission::Unlimited),
                 3 => Ok(Admission::TooHeavy {
+                    index: number(index)?,
                     limit: number(limit)?,
                 }),
                 other => Err(StoreError::Protocol(format!(
@@ -470,32 +352,17 @@ impl Store for RedisStore {
 
     fn release(
         &self,
-        key: &str,
+        keys: &[Arc<str>],
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let op = Op::Release {
-            names: self.names(key),
+            names: self.names(keys),
             id: id.clone(),
         };
         async move {
-            let [released, ..] = self.batcher().run(op).await?;
+            let [released, ..] = self.batcher.run(op).await?;
             Ok(released == 1)
         }
-    }
-
-    /// Queues the release for the next batch, like [`Store::release`] without a waiting caller.
-    fn release_queued(
-        &self,
-        key: &str,
-        id: &PermitId,
-        done: ReleaseDone,
-    ) -> Result<(), ReleaseDone> {
-        let op = Op::Release {
-            names: self.names(key),
-            id: id.clone(),
-        };
-        self.batcher().queue_release(op, done);
-        Ok(())
     }
 
     fn renew(
@@ -512,7 +379,7 @@ impl Store for RedisStore {
         key: &str,
         policy: Policy,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.status_with(key, policy, "")
+        self.status_with(key, policy, String::new())
     }
 
     fn set_limit(
@@ -521,8 +388,15 @@ impl Store for RedisStore {
         limit: Option<u32>,
         policy: Policy,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        let new_limit = limit.unwrap_or(0).to_string();
-        async move { self.status_with(key, policy, &new_limit).await }
+        self.status_with(key, policy, limit.unwrap_or(0).to_string())
+    }
+
+    /// Asks Redis for a PONG.
+    fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        retried(|| {
+            let mut conn = self.conn.clone();
+            async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
+        })
     }
 }
 
@@ -532,52 +406,5 @@ impl std::fmt::Debug for RedisStore {
             .field("target", &self.target)
             .field("prefix", &self.prefix)
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A store used from runtime after runtime (each ended before the next starts) keeps one batcher.
-    #[test]
-    fn the_batchers_of_ended_runtimes_are_forgotten() {
-        let home = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        // Nothing listens there; nothing here connects (connections are made on first use).
-        let store = home.block_on(async {
-            RedisStore::builder("redis://127.0.0.1:1")
-                .batches_per_runtime(true)
-                .open()
-                .unwrap()
-        });
-        for _ in 0..3 {
-            let store = store.clone();
-            std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(async {
-                    let from_a_task = tokio::spawn(async move {
-                        let batcher = store.batcher().into_owned();
-                        tokio::task::yield_now().await; // its dispatcher runs
-                        batcher
-                    });
-                    assert!(!from_a_task.await.unwrap().is_closed());
-                });
-            })
-            .join()
-            .unwrap();
-        }
-        let away = store.away.as_ref().unwrap();
-        assert_eq!(
-            away.len(),
-            1,
-            "only the last runtime's, until the next one comes"
-        );
-        assert!(away.iter().all(|batcher| batcher.is_closed()));
     }
 }

@@ -11,6 +11,6 @@ macro_rules! script {
     };
 }
 
-pub(super) static BATCH: LazyLock<Script> = script!("scripts/ops.lua", "scripts/batch.lua");
+pub(super) static BATCH: LazyLock<Script> = script!("scripts/batch.lua");
 pub(super) static RENEW: LazyLock<Script> = script!("scripts/renew.lua");
 pub(super) static STATUS: LazyLock<Script> = script!("scripts/status.lua");

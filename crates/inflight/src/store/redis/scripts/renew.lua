@@ -1,34 +1,35 @@
--- renew.lua: extends a lease, or re-adds one the store lost when asked to and there is room.
--- KEYS[1] leases, KEYS[2] weights, KEYS[3] limit
--- ARGV[1] permit id, ARGV[2] lease ms, ARGV[3] default limit, ARGV[4] max limit,
--- ARGV[5] weight to re-add with (0: do not re-add), ARGV[6] clock offset ms
--- Returns {outcome, limit, in_flight, weight, expires_at_ms}: outcome 1 renewed, 2 re-added, 0 lost.
+-- renew.lua: extends a permit's lease on each of its keys, or re-adds one the store lost when asked to
+-- and every key has room.
+-- KEYS: leases, permits, limit of each of the permit's keys (3 per key, see common.lua)
+-- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] default limit,
+-- ARGV[4] max limit, ARGV[5] weight to re-add with (0: do not re-add), ARGV[6] clock offset ms
+-- Returns {outcome, limit, in_flight, weight, expires_at_ms} (of the first key): outcome 1 renewed,
+-- 2 re-added, 0 lost. An unlimited key records nothing, so has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
+set_now(tonumber(ARGV[6]))
 local id, lease_ms, readd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
-local now = now_ms(tonumber(ARGV[6]))
-local expires = now + lease_ms
--- Expired leases go first (this one included, if it has expired), so that the count is of live ones.
-local key = view(KEYS[1], KEYS[2], KEYS[3], now)
-local limit = resolve_limit(override(key), tonumber(ARGV[3]), tonumber(ARGV[4]))
-local set, shard = lease_set(key, id)
-local function renew()
-  if redis.call('ZSCORE', set, id) then
-    redis.call('ZADD', set, expires, id)
-    keep(key, shard, expires, lease_ms)
-    return {1, limit, in_flight(key), held_weight(key, id), expires}
-  end
-  if readd == 0 then return {0, limit, 0, 0, 0} end
-  local count = in_flight(key)
-  -- Nothing is recorded for an unlimited key: nothing was lost.
-  if limit == 0 then return {1, 0, count, readd, expires} end
-  if count + readd > limit then return {0, limit, count, 0, 0} end
-  redis.call('ZADD', set, expires, id)
-  reweigh(key, id, 0, readd)
-  keep(key, shard, expires, lease_ms)
-  added(key)
-  return {2, limit, count + readd, readd, expires}
+local keys, limits, has, missing, weight, own = {}, {}, {}, false, nil, nil
+for i = 1, #KEYS / 3 do
+  local key = view(KEYS[i * 3 - 2], KEYS[i * 3 - 1], KEYS[i * 3])
+  keys[i], limits[i] = key, resolve(override(key), tonumber(ARGV[3]), tonumber(ARGV[4]))
+  has[i] = redis.call('ZSCORE', key.leases, id) ~= false
+  if has[i] and weight == nil then weight, own = meta(key, id) end
+  if limits[i] > 0 and not has[i] then missing = true end
 end
-local result = renew()
-finish()
-return result
+if lease_ms == 0 then lease_ms = own or DEFAULT_LEASE_MS end
+local outcome = 1
+if missing then
+  if readd == 0 then return {0, 0, 0, 0, 0} end
+  for i, key in ipairs(keys) do
+    if limits[i] > 0 and not has[i] and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0} end
+  end
+  outcome, weight = 2, readd
+end
+weight = weight or 1
+for i, key in ipairs(keys) do
+  if has[i] or limits[i] > 0 then put(key, id, weight, lease_ms) end
+end
+local first = 0
+if limits[1] > 0 then first = in_flight(keys[1]) end
+return {outcome, limits[1], first, weight, now + lease_ms}

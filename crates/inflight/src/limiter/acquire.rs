@@ -1,19 +1,20 @@
-//! [`TryAcquire`]: the future of one admission.
+//! [`TryAcquire`]: the future of one admission on one key.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::admission::Now;
+use super::Limiter;
 use crate::error::AcquireError;
-use crate::limiter::{Limiter, Now};
 use crate::options::AcquireOptions;
 use crate::permit::{BoxFuture, Permit};
 use crate::store::Store;
 
 /// The future returned by [`Limiter::try_acquire`] and [`Limiter::try_acquire_with`].
 ///
-/// On its first poll it decides what needs no waiting (an unlimited key, an in-process store) and
+/// On its first poll it decides what needs no waiting (an invalid request, an in-process store) and
 /// completes at once; otherwise it asks the store. It never waits for room.
 #[must_use = "futures do nothing unless awaited"]
 pub struct TryAcquire<'a, S: Store> {
@@ -31,11 +32,28 @@ enum State<'a, S: Store> {
     Done,
 }
 
-impl<'a, S: Store> TryAcquire<'a, S> {
-    pub(crate) fn new(limiter: &'a Limiter<S>, key: &'a str, options: AcquireOptions) -> Self {
-        Self {
+impl<S: Store> Limiter<S> {
+    /// Admits one request under `key` now, or says why not; never waits for room.
+    pub fn try_acquire<'a>(&'a self, key: &'a str) -> TryAcquire<'a, S> {
+        self.try_acquire_with(key, AcquireOptions::new())
+    }
+
+    /// Admits one request under `key` with `options`, or says why not; never waits for room.
+    ///
+    /// An in-process store admits without awaiting anything.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelling the future while the store decides releases, in the background, whatever lease the
+    /// store may have granted under a generated id; a lease under a given id ends with its lease.
+    pub fn try_acquire_with<'a>(
+        &'a self,
+        key: &'a str,
+        options: AcquireOptions,
+    ) -> TryAcquire<'a, S> {
+        TryAcquire {
             state: State::Start {
-                limiter,
+                limiter: self,
                 key,
                 options,
             },
@@ -56,7 +74,7 @@ impl<S: Store> Future for TryAcquire<'_, S> {
         } = &mut this.state
         {
             let (limiter, key) = (*limiter, *key);
-            match limiter.acquire_now(key, options) {
+            match limiter.acquire_now(&[key], options) {
                 Now::Local {
                     hold,
                     grant,
@@ -67,10 +85,14 @@ impl<S: Store> Future for TryAcquire<'_, S> {
                 }
                 Now::Decided(decided) => {
                     this.state = State::Done;
-                    return Poll::Ready(decided);
+                    return Poll::Ready(decided.map_err(|(_, error)| error));
                 }
                 Now::Store(prepared) => {
-                    this.state = State::Store(Box::pin(limiter.acquire_in_store(key, prepared)));
+                    this.state = State::Store(Box::pin(async move {
+                        let keys = [key];
+                        let decided = limiter.acquire_in_store(&keys, prepared).await;
+                        decided.map_err(|(_, error)| error)
+                    }));
                 }
             }
         }

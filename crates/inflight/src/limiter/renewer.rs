@@ -1,0 +1,200 @@
+//! The renewal task: renews the leases of live permits in batches and runs store maintenance. One task
+//! per limiter, not one per permit; [`Registry`] is what it renews.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use tokio::time::Instant;
+
+use super::Core;
+use crate::id::PermitId;
+use crate::permit::PermitState;
+use crate::store::{Keys, RenewRequest, Renewal, Store};
+
+/// How often, at most, the task sleeps between passes; maintenance runs on this beat.
+const MAX_TICK: Duration = Duration::from_secs(1);
+/// How many leases one store call renews.
+const BATCH: usize = 512;
+
+/// The leases this limiter renews, one per keys and id (permits of this process with the same keys and
+/// id share one).
+pub(super) struct Registry {
+    permits: DashMap<(Keys, PermitId), Arc<PermitState>, foldhash::fast::RandomState>,
+    /// The limiter clock as of the task's last pass: what admissions read to schedule renewals, so the
+    /// hot path reads no clock. Stale by at most a tick, which only makes a renewal early.
+    coarse_now_ms: AtomicU64,
+    /// The shortest lease seen: the task wakes at a third of it.
+    min_lease_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Registry {
+    pub(super) fn new(default_lease_ms: u64) -> Self {
+        Self {
+            permits: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            coarse_now_ms: AtomicU64::new(0),
+            min_lease_ms: AtomicU64::new(default_lease_ms),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Milliseconds on the limiter's monotonic clock (tokio's, so paused-time tests move it).
+    pub(super) fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// When a lease of `lease_ms` renewed now should be renewed next: a third of the way through.
+    pub(super) fn renew_at(&self, lease_ms: u64) -> u64 {
+        self.coarse_now_ms
+            .load(Ordering::Relaxed)
+            .saturating_add((lease_ms / 3).max(1))
+    }
+
+    /// One more holder of the lease of `keys` and `id`, if this limiter holds it.
+    pub(super) fn join(&self, keys: &Keys, id: &PermitId) -> Option<Arc<PermitState>> {
+        let held = self.permits.get(&(keys.clone(), id.clone()))?;
+        held.join().then(|| held.clone())
+    }
+
+    /// Renews `state` from now on; when a permit of this process already holds the same lease, that one
+    /// is joined instead and returned.
+    pub(super) fn insert(&self, state: Arc<PermitState>) -> Arc<PermitState> {
+        if state.lease_ms < self.min_lease_ms.load(Ordering::Relaxed) {
+            self.min_lease_ms
+                .fetch_min(state.lease_ms, Ordering::Relaxed);
+        }
+        match self.permits.entry((state.keys.clone(), state.id.clone())) {
+            Entry::Occupied(held) if held.get().join() => held.get().clone(),
+            Entry::Occupied(mut gone) => {
+                gone.insert(state.clone());
+                state
+            }
+            Entry::Vacant(vacant) => vacant.insert(state).clone(),
+        }
+    }
+
+    /// Stops renewing `state`: no permit of this process holds it any more.
+    pub(super) fn remove(&self, state: &Arc<PermitState>) {
+        state.released.store(true, Ordering::Release);
+        self.permits
+            .remove_if(&(state.keys.clone(), state.id.clone()), |_, held| {
+                Arc::ptr_eq(held, state)
+            });
+    }
+
+    /// Every lease still held, no longer renewed (for shutdown).
+    pub(super) fn take_all(&self) -> Vec<Arc<PermitState>> {
+        let all: Vec<_> = self.permits.iter().map(|p| p.value().clone()).collect();
+        all.into_iter()
+            .filter(|state| !state.released.swap(true, Ordering::AcqRel))
+            .inspect(|state| self.remove(state))
+            .collect()
+    }
+
+    /// How many leases are being renewed.
+    pub(super) fn len(&self) -> usize {
+        self.permits.len()
+    }
+
+    fn tick(&self) -> Duration {
+        let third = self.min_lease_ms.load(Ordering::Relaxed) / 3;
+        Duration::from_millis(third.max(1)).min(MAX_TICK)
+    }
+
+    /// The leases whose renewal is due by `now_ms` (`u64::MAX`: all of them).
+    fn due(&self, now: u64) -> Vec<Arc<PermitState>> {
+        self.permits
+            .iter()
+            .filter(|p| p.renew_at_ms.load(Ordering::Relaxed) <= now)
+            .map(|p| p.value().clone())
+            .collect()
+    }
+}
+
+/// Runs until the limiter and all its permits are gone.
+pub(super) async fn run<S: Store>(core: Weak<Core<S>>) {
+    let mut last_maintain = Instant::now();
+    loop {
+        let tick = match core.upgrade() {
+            Some(core) => core.registry.tick(),
+            None => return,
+        };
+        tokio::time::sleep(tick).await;
+        let Some(core) = core.upgrade() else { return };
+        let now = core.registry.now_ms();
+        core.registry.coarse_now_ms.store(now, Ordering::Relaxed);
+        renew_due(&core, now).await;
+        if last_maintain.elapsed() >= MAX_TICK {
+            let _ = core.store.maintain().await;
+            if let Some(fallback) = &core.fallback {
+                let _ = fallback.maintain().await;
+            }
+            last_maintain = Instant::now();
+        }
+    }
+}
+
+/// Renews every lease whose renewal is due by `now` (limiter clock), in batches.
+pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
+    let due = core.registry.due(now);
+    for chunk in due.chunks(BATCH) {
+        let batch: Vec<RenewRequest> = chunk
+            .iter()
+            .map(|p| RenewRequest {
+                keys: p.keys.clone(),
+                id: p.id.clone(),
+                lease_ms: Some(p.lease_ms),
+                policy: core.policy,
+                readd_weight: Some(p.weight),
+            })
+            .collect();
+        let outcomes = match core.store.renew(&batch).await {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                // Left due: the next pass tries again, and the lease re-adds itself once the store is back.
+                tracing::warn!(%error, permits = batch.len(), "lease renewal failed");
+                return;
+            }
+        };
+        for (permit, outcome) in chunk.iter().zip(outcomes) {
+            apply(core, permit, outcome);
+        }
+    }
+}
+
+fn apply<S: Store>(core: &Core<S>, permit: &Arc<PermitState>, outcome: Renewal) {
+    match outcome {
+        Renewal::Renewed(grant) | Renewal::Readded(grant) => {
+            permit
+                .expires_at_ms
+                .store(grant.expires_at_ms, Ordering::Relaxed);
+            permit
+                .renew_at_ms
+                .store(core.registry.renew_at(permit.lease_ms), Ordering::Relaxed);
+            if matches!(outcome, Renewal::Readded(_)) {
+                core.stats.readded.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(key = %permit.keys[0], id = %permit.id, "lease was gone and has been re-added");
+                // A permit released while its re-add was in flight must not leave the re-added lease behind.
+                if permit.released.load(Ordering::Acquire) {
+                    core.releaser
+                        .release(permit.keys.clone(), permit.id.clone(), permit.lease_ms);
+                }
+            }
+        }
+        Renewal::Lost => {
+            permit.lost.store(true, Ordering::Relaxed);
+            if !permit.released.load(Ordering::Acquire) {
+                core.stats.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(key = %permit.keys[0], id = %permit.id, "lease lost: the key is full without it");
+            }
+            core.registry
+                .permits
+                .remove_if(&(permit.keys.clone(), permit.id.clone()), |_, held| {
+                    Arc::ptr_eq(held, permit)
+                });
+        }
+    }
+}
