@@ -1,21 +1,21 @@
--- renew.lua: extends a permit's lease on each of its keys, or re-adds one the store lost when asked to
--- and every key has room.
--- KEYS: leases, permits, limit of each of the permit's keys (3 per key, see common.lua)
+-- renew.lua: extends a permit's lease on each of its keys, or re-adds it where the store lost it, when
+-- asked to and every such key has room.
+-- KEYS: leases, permits, limit of each of the permit's keys (see common.lua)
 -- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] default limit,
 -- ARGV[4] max limit, ARGV[5] weight to re-add with (0: do not re-add), ARGV[6] clock offset ms
--- Returns {outcome, limit, in_flight, weight, expires_at_ms} (of the first key): outcome 1 renewed,
--- 2 re-added, 0 lost. An unlimited key records nothing, so has nothing to lose.
+-- Returns {outcome (1 renewed, 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms}, the
+-- figures of the first key. An unlimited key records nothing, so it has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
 set_now(tonumber(ARGV[6]))
 local id, lease_ms, readd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
 local keys, limits, has, missing, weight, own = {}, {}, {}, false, nil, nil
 for i = 1, #KEYS / 3 do
-  local key = view(KEYS[i * 3 - 2], KEYS[i * 3 - 1], KEYS[i * 3])
-  keys[i], limits[i] = key, resolve(override(key), tonumber(ARGV[3]), tonumber(ARGV[4]))
-  has[i] = redis.call('ZSCORE', key.leases, id) ~= false
-  if has[i] and weight == nil then weight, own = meta(key, id) end
-  if limits[i] > 0 and not has[i] then missing = true end
+  keys[i] = view(KEYS[i * 3 - 2], KEYS[i * 3 - 1], KEYS[i * 3])
+  limits[i] = resolve(override(keys[i]), tonumber(ARGV[3]), tonumber(ARGV[4]))
+  has[i] = redis.call('ZSCORE', keys[i].leases, id) ~= false
+  if has[i] and not weight then weight, own = meta(keys[i], id) end
+  missing = missing or (limits[i] > 0 and not has[i])
 end
 if lease_ms == 0 then lease_ms = own or DEFAULT_LEASE_MS end
 local outcome = 1
@@ -30,6 +30,4 @@ weight = weight or 1
 for i, key in ipairs(keys) do
   if has[i] or limits[i] > 0 then put(key, id, weight, lease_ms) end
 end
-local first = 0
-if limits[1] > 0 then first = in_flight(keys[1]) end
-return {outcome, limits[1], first, weight, now + lease_ms}
+return {outcome, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, weight, now + lease_ms}
