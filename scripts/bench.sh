@@ -78,7 +78,7 @@ for store in memory:// "$redis"; do
 done
 
 say "Redis memory per held permit"
-# Real permits held through the library, on one key: a plain sorted set up to 127 leases, shards past it.
+# Real permits held through the library, on one key: one sorted set.
 "$root/target/release/examples/redis_memory" "$redis" 100 1000 10000 100000 >"$out/memory.txt"
 
 say "proxy vs direct vs nginx limit_conn (wrk)"
@@ -98,15 +98,11 @@ pids+=($!); redis_proxy_pid=$!
 pr3=$(port)
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr3" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy3: --redis-pipeline 3 &
 pids+=($!); redis_p3_pid=$!
-# The memory proxy once more on the kernel's default scheduling policy, to show what SCHED_BATCH does.
-po=$(port)
-INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$po" --upstream "http://127.0.0.1:$up" --default-limit 100000 --sched-batch false &
-pids+=($!); other_pid=$!
 # The floor: hyper's server and client on the same runtime layout, forwarding and nothing else.
 pf=$(port)
 "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" &
 pids+=($!); floor_pid=$!
-wait_port "$pm"; wait_port "$pr"; wait_port "$pr3"; wait_port "$po"; wait_port "$pf"
+wait_port "$pm"; wait_port "$pr"; wait_port "$pr3"; wait_port "$pf"
 redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
 # CPU time (clock ticks, user and system) of processes and all their threads, from /proc.
 cpu_ticks() {
@@ -128,16 +124,15 @@ switches_of() { local n=0 pid; for pid in "$@"; do n=$((n + $(switches "$pid")))
 declare -A cpu_pids=(
   [nginx]="$(pgrep -P "$(cat "$out/proxy.pid")" | tr '\n' ' ')"
   [inflight-memory]="$memory_pid"
-  [inflight-memory-other]="$other_pid"
   [inflight-redis]="$redis_proxy_pid"
   [inflight-redis-p3]="$redis_p3_pid"
   [hyper-floor]="$floor_pid"
 )
-# Five rounds, the seven targets in turn within each: the table gives each target's median round and the
+# Five rounds, the six targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
   for round in 1 2 3 4 5; do
-    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-memory-other $po" "inflight-redis $pr" "inflight-redis-p3 $pr3"; do
+    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-redis $pr" "inflight-redis-p3 $pr3"; do
       set -- $target
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
       watched=${cpu_pids[$1]:-}

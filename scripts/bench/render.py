@@ -197,12 +197,9 @@ for title, name, field, label in [
     redis_held = {r["held"]: r for r in rows if field == "held" and store_name(r["store"]) == "redis"}
     if 1 in redis_held and 10000 in redis_held:
         one, many = redis_held[1], redis_held[10000]
-        w(f"On Redis, past 127 held permits a key's leases are sharded (next section): each admission and release also")
-        mid = redis_held.get(1000)
-        flat = mid and abs(mid["pairs_per_sec"] / many["pairs_per_sec"] - 1) < 0.1
-        w(f"hashes its id and updates a listpack of about 16 members instead of one skiplist. "
-          + ("Flat from 1,000 to 10,000 (within 10 %);" if flat else "Not flat from 1,000 to 10,000 in this run;"))
-        w(f"against one held permit, p50 {one['p50_us']:.0f} → {many['p50_us']:.0f} µs and {fmt(one['pairs_per_sec'])} → {fmt(many['pairs_per_sec'])} pairs/s.")
+        w("On Redis a key's leases are one sorted set: each admission and release is a ZADD or a ZREM on it, "
+          f"O(log N); against one held permit, p50 {one['p50_us']:.0f} → {many['p50_us']:.0f} µs and "
+          f"{fmt(one['pairs_per_sec'])} → {fmt(many['pairs_per_sec'])} pairs/s at 10,000.")
         w("")
 
 # 5. memory per permit
@@ -210,18 +207,15 @@ w("## Redis memory per held permit")
 w("")
 w("Real permits held through the library (`examples/redis_memory.rs`): `MEMORY USAGE` summed over every Redis key")
 w("the store keeps for a user key holding N of them, divided by N. A lease is its id (a generated id is 17 bytes:")
-w("0xFF and the UUID's 16) and its deadline. Up to 127 leases a key has one sorted set; past that its leases are")
-w("sharded over sorted sets of about 16, each small enough for Redis's compact listpack encoding (up to 128")
-w("members by default), plus a small set of the shards' earliest deadlines (`scripts/common.lua`). The last")
-w("column is the comparison: the same leases in one sorted set (`ZUNIONSTORE` of the shards), as the store kept")
-w("them before it sharded.")
+w("0xFF and the UUID's 16) and its deadline, in one sorted set (`scripts/common.lua`); Redis keeps a set of up to")
+w("128 members as a compact listpack, a larger one as a skiplist and a dict.")
 w("")
 memory_used = [tuple(int(x) for x in line.split())
                for line in (raw / "memory.txt").read_text().splitlines()]
-w("| leases on the key | Redis keys | bytes | bytes per permit | one sorted set: bytes per permit |")
-w("|---|---|---|---|---|")
-for n, used, keys, single in memory_used:
-    w(f"| {n:,} | {keys:,} | {used:,} | {used / n:.1f} | {single / n:.1f} |")
+w("| leases on the key | Redis keys | bytes | bytes per permit |")
+w("|---|---|---|---|")
+for n, used, keys in memory_used:
+    w(f"| {n:,} | {keys:,} | {used:,} | {used / n:.1f} |")
 w("")
 
 # 6. proxy
@@ -237,7 +231,7 @@ w("nginx's figures by a third or more.)")
 w("")
 w("The floor is `examples/hyper_floor.rs` in `inflight-server`: the parts the proxy is built on (hyper's HTTP/1")
 w("server and client, one single-threaded runtime and `SO_REUSEPORT` socket per core, pooled keep-alive")
-w("connections, `SCHED_BATCH` threads) forwarding requests and responses untouched, with no limiter, router, header rewriting or")
+w("connections) forwarding requests and responses untouched, with no limiter, router, header rewriting or")
 w("metrics. The proxy cannot beat it; the gap between the two is what inflight adds.")
 w("")
 w("The CPU column is the proxy's CPU time per request, user + system, read from `/proc` around each round")
@@ -256,7 +250,6 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
     for target, name in [("direct", "direct to upstream"), ("nginx", "nginx limit_conn"),
                          ("hyper-floor", "hyper alone: the floor"),
                          ("inflight-memory", "inflight proxy, memory"),
-                         ("inflight-memory-other", "inflight proxy, memory, `--sched-batch false`"),
                          ("inflight-redis", "inflight proxy, Redis"),
                          ("inflight-redis-p3", "inflight proxy, Redis, `--redis-pipeline 3`")]:
         runs = {n: wrk(f"wrk-{target}-{path}-{n}.txt") for n in rounds}
@@ -319,8 +312,7 @@ def span(values, digits=2):
     return f"{lo:.{digits}f}x" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}-{hi:.{digits}f}x"
 
 
-memory_rows = {n: used / n for n, used, _, _ in memory_used}
-single_rows = {n: single / n for n, _, _, single in memory_used}
+memory_rows = {n: used / n for n, used, _ in memory_used}
 load64, bench64, bench256 = load_row(64), conc_row("redis", 64), conc_row("redis", 256)
 w(f"- **Memory store.** The store itself costs {span([ratio('inflight_memory_store', 1), ratio('inflight_memory_store', 100000)])} of the per-key semaphore (a permit of")
 w("  this process holds its key's cell, with no id entry, deadline or renewal). The whole `Limiter::try_acquire`")
@@ -360,10 +352,7 @@ w("  busy all the time (`vmstat 1` during a run shows idle time left): what is l
 w("  Spreading the load over many keys costs more calls per operation (less is shared within a batch).")
 worst_bytes = max(memory_rows.values()) if memory_rows else float("nan")
 w(f"- **Memory per permit.** {min(memory_rows.values()):.0f}-{worst_bytes:.0f} bytes per held permit from 100 to 100,000 leases on a key"
-  + (" (goal: at most 100)." if worst_bytes <= 100 else ", over the 100-byte goal in this run."))
-w("  One sorted set past 128 members would leave the listpack encoding for a skiplist and a dict:")
-w(f"  {single_rows.get(1000, float('nan')):.0f} and {single_rows.get(100000, float('nan')):.0f} bytes a lease at 1,000 and 100,000 leases (last column above). The shards keep")
-w("  every set compact; the table of permits held per key above shows what they cost in latency.")
+  + f" ({memory_rows.get(100000, float('nan')) * 100000 / 1e6:.0f} MB for 100,000 held permits).")
 mem_r = proxy_ratios.get(("inflight-memory", "_"), []) + proxy_ratios.get(("inflight-memory", "_sse"), [])
 red_r = proxy_ratios.get(("inflight-redis", "_"), []) + proxy_ratios.get(("inflight-redis", "_sse"), [])
 def cpu_of(target, part, path="_"):
@@ -389,21 +378,15 @@ where = ("user space" if (me_u - ng_u) >= (me_s - ng_s) else "the kernel") \
     if all(map(math.isfinite, (me_u, ng_u, me_s, ng_s))) else "(not measured in this run)"
 w(f"  during a `wrk` run, outside this script); most of the difference is in {where}. inflight's user space is hyper's HTTP/1 server and")
 w("  client, the limiter, the header rewriting and the metrics, with no single hot spot")
-w("  (`perf record -g -p PID`, outside this script). Counted by callgrind (`scripts/instructions.sh`, outside this")
-w("  script, at commit fbd544f), a small response costs inflight 32.5k instructions, hyper alone 26.2k and nginx")
-w("  19.0k; the 20-event stream 34.9k, 28.4k and 22.2k. hyper's HTTP/1 server and client alone take a third more")
-w("  user-space work than the whole of nginx, so out-running nginx reliably would take a proxy cheaper than the")
-w("  stack it is built on. What inflight adds to hyper is its own work: the admission and its latency histogram,")
-w("  the `X-Forwarded-*` headers, the hop-by-hop scan and the body that holds the permit. Taken off since commit")
-w("  a1ab26f (38.0k): axum's router for proxied requests, a timer of each request's own (now one per upstream")
-w("  connection, moved to each request's deadline) and hyper-util's shutdown watch (now an atomic load per poll).")
+w("  (`perf record -g -p PID`, outside this script). `scripts/instructions.sh` counts instructions per request")
+w("  (callgrind) for nginx, hyper alone and inflight.")
 fl_r = proxy_ratios.get(("hyper-floor", "_"), [])
 fl_u, fl_s = cpu_of("hyper-floor", "proxy")
 w(f"  The floor, hyper alone, reached {span(fl_r)} of nginx's requests/s for the small response, spending {fl_u:.1f} µs")
 w(f"  per request in user space and {fl_s:.1f} in the kernel: of inflight's {me_u - ng_u:.1f} µs more user time than nginx's,")
 w(f"  {fl_u - ng_u:.1f} is the HTTP stack's and {me_u - fl_u:.1f} inflight's own. inflight answers on one thread per core, each with its own")
-w("  runtime, listening socket and pool of upstream connections; on the memory store a request never leaves")
-w("  its thread, and on Redis each thread batches its own admissions and releases over a connection of its own.")
+w("  runtime, listening socket, limiter and pool of upstream connections; on the memory store a request never")
+w("  leaves its thread, and on Redis each worker batches its own admissions and releases over its own connection.")
 ms_u, ms_s = cpu_of("inflight-memory", "proxy", "_sse")
 ns_u, ns_s = cpu_of("nginx", "proxy", "_sse")
 def switches_of(target, path):
@@ -414,6 +397,10 @@ def switches_of(target, path):
 w(f"  The 20-event response costs inflight {ms_u + ms_s:.1f} µs per request against {me_u + me_s:.1f} for the small one;")
 w(f"  nginx {ns_u + ns_s:.1f} against {ng_u + ng_s:.1f}. inflight's threads blocked {switches_of('inflight-memory', '_sse'):.2f} times per request there")
 w(f"  and {switches_of('inflight-memory', '_'):.2f} for the small one; nginx's {switches_of('nginx', '_sse'):.2f} and {switches_of('nginx', '_'):.2f} (median rounds).")
+w(f"  On Redis the proxy spends {re_u:.1f} + {re_s:.1f} µs per request and Redis {rd_u:.1f} + {rd_s:.1f} more, for one")
+w("  admission and one release, each sent to Redis in a batch with others and decided in Lua.")
+
+
 def gain(ours, other, path):
     """(median of the per-round requests/s ratios ours / other, rounds ours was ahead, rounds): two proxies
     of the table side by side."""
@@ -423,28 +410,6 @@ def gain(ours, other, path):
         return float("nan"), 0, 0
     ratios = sorted(x / y for x, y in pairs)
     return ratios[len(ratios) // 2], sum(x > y for x, y in pairs), len(pairs)
-
-
-def batch_gain(path):
-    """SCHED_BATCH against the default policy, for the memory proxy."""
-    return gain("inflight-memory", "inflight-memory-other", path)
-
-
-w("  The server's threads run under `SCHED_BATCH` (`--sched-batch`). On the kernel's default policy a worker")
-w("  woken by its socket preempted the upstream or wrk, took one event and blocked again: 0.73 `epoll_wait`")
-w("  calls per request on the event stream, 69 % of them returning a single event, against nginx's 9.6 events")
-w("  per call (`perf record -e syscalls:sys_exit_epoll_wait`, outside this script). In the table, the memory")
-sse_gain, sse_ahead, sse_n = batch_gain("_sse")
-small_gain, small_ahead, small_n = batch_gain("_")
-w(f"  proxy under `SCHED_BATCH` made {sse_gain:.2f}x the requests/s of the same proxy with `--sched-batch false` on")
-w(f"  the event stream (median round; ahead in {sse_ahead} of {sse_n} rounds) and {small_gain:.2f}x on small responses")
-w(f"  ({small_ahead} of {small_n}); threads blocked {switches_of('inflight-memory-other', '_sse'):.2f} times per request on the stream without it.")
-w(f"  On Redis the proxy spends {re_u:.1f} + {re_s:.1f} µs per request and Redis {rd_u:.1f} + {rd_s:.1f} more, for one")
-w("  admission and one release, each sent to Redis in a batch with others and decided in Lua. Each worker")
-w("  batches its own over a Redis connection of its own (commit c5d17ad), and a dropped permit's release joins")
-w("  the batch without a task of its own (ae79cc1). Before those two commits every admission and release")
-w("  crossed to the store's thread and back: 2.4 eventfd writes per proxied request, now 0.01 (`perf stat -e")
-w("  syscalls:sys_enter_write -p PID` during a `wrk` run, outside this script).")
 
 
 def pipeline_gain(path):

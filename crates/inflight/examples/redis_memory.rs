@@ -1,9 +1,7 @@
 //! Redis memory per held permit, measured on real permits: holds N permits on one key through a
-//! [`Limiter`] on the Redis store, sums `MEMORY USAGE` over every Redis key the store keeps for it (its
-//! leases, in shards past 127, and their bookkeeping; not the limit override, which is configuration),
-//! and prints one line, `N BYTES REDIS_KEYS SINGLE_SET_BYTES`, for each N given. The last is the
-//! comparison: `MEMORY USAGE` of one sorted set holding the same leases (`ZUNIONSTORE` of the shards),
-//! as the store kept them before it sharded. The permits are released before the next N.
+//! [`Limiter`] on the Redis store, sums `MEMORY USAGE` over every Redis key the store keeps for it (not
+//! the limit override, which is configuration), and prints one line, `N BYTES REDIS_KEYS`, for each N
+//! given. The permits are released before the next N.
 //!
 //! `scripts/bench.sh` runs this; by hand:
 //! `cargo run --release -p inflight --example redis_memory -- redis://127.0.0.1:6379 100 100000`
@@ -41,21 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bytes += memory_usage(&mut conn, name).await?;
             counted += 1;
         }
-        // The shards' names, `...:leases` and `...:leases:<n>`; the same hash tag, so one command.
-        let shards: Vec<&String> = names
-            .iter()
-            .filter(|name| name.contains("}:leases") && !name.ends_with(":due"))
-            .collect();
-        let single = format!("{prefix}{{k}}:single");
-        redis::cmd("ZUNIONSTORE")
-            .arg(&single)
-            .arg(shards.len())
-            .arg(&shards)
-            .exec_async(&mut conn)
-            .await?;
-        let single_bytes = memory_usage(&mut conn, &single).await?;
-        redis::cmd("DEL").arg(&single).exec_async(&mut conn).await?;
-        println!("{n} {bytes} {counted} {single_bytes}");
+        println!("{n} {bytes} {counted}");
         // Released and awaited: dropped permits would be released in the background, after this exits.
         try_join_all(permits.into_iter().map(|permit| permit.release())).await?;
         limiter.clear_limit("k").await?;
