@@ -145,4 +145,22 @@ async fn a_keys_leases_and_permits_expire_together_even_when_emptied_and_refille
     let moved = expires_at(&mut c, "inflight:{k}:leases");
     assert!(moved > leases + 100_000);
     assert!((moved - expires_at(&mut c, "inflight:{k}:permits")).abs() <= 2);
+
+    // In one batch: a heavy lease made light empties the hash (Redis deletes it, and its expiry with
+    // it), and another heavy one makes it again: it needs its expiry again.
+    let (x, y) = (PermitId::from("x"), PermitId::from("y"));
+    let (a, b, d) = tokio::join!(
+        acquire(&store, "j", &x, 2, 30_000),
+        acquire(&store, "j", &x, 1, 30_000),
+        acquire(&store, "j", &y, 3, 30_000)
+    );
+    for admission in [a, b, d] {
+        assert!(
+            matches!(admission, Admission::Admitted { .. }),
+            "{admission:?}"
+        );
+    }
+    assert_eq!(store.status("j", POLICY).await.unwrap().in_flight, 4);
+    let leases = expires_at(&mut c, "inflight:{j}:leases");
+    assert!((leases - expires_at(&mut c, "inflight:{j}:permits")).abs() <= 2);
 }

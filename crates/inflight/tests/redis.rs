@@ -587,7 +587,14 @@ async fn an_admission_given_up_while_redis_decides_leaves_no_lease() {
     let limiter = Limiter::builder(redis.store())
         .policy(Policy::new(1, 0))
         .build();
-    limiter.status("k").await.unwrap(); // connected
+    // Connected, and the scripts loaded.
+    limiter
+        .try_acquire("k")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 
     // Redis holds every command for a while: the admission is sent, then its caller gives up.
     redis::cmd("CLIENT")
@@ -903,4 +910,75 @@ async fn the_first_admission_after_redis_restarts_does_not_fail_on_the_dead_conn
     let admitted = limiter.try_acquire("k").await;
     assert!(admitted.is_ok(), "{admitted:?}");
     assert_eq!(limiter.status("k").await.unwrap().in_flight, 1);
+}
+
+/// An admission that timed out may still be made by Redis once it goes on: its lease must not be left
+/// holding a slot that nobody holds.
+#[tokio::test]
+async fn an_admission_that_timed_out_leaves_no_lease_when_redis_makes_it_late() {
+    let redis = TestRedis::start();
+    let store = redis
+        .store_builder()
+        .response_timeout(Duration::from_millis(100))
+        .open()
+        .unwrap();
+    let limiter = Limiter::builder(store)
+        .policy(Policy::new(1, 0))
+        .lease(Duration::from_secs(60))
+        .build();
+    // Connected, and the scripts loaded.
+    limiter
+        .try_acquire("k")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Redis stops for 400 ms (SIGSTOP), as a server stalled by a slow disk or a long command would.
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut redis.client())
+        .unwrap();
+    let pid = info
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .arg(name)
+            .arg(&pid)
+            .status();
+        assert!(status.unwrap().success());
+    };
+    signal("-STOP");
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        std::process::Command::new("kill")
+            .arg("-CONT")
+            .arg(&pid)
+            .status()
+            .unwrap();
+    });
+    let timed_out = limiter.try_acquire("k").await.unwrap_err();
+    resume.join().unwrap();
+    assert!(
+        matches!(timed_out, inflight::AcquireError::Store(_)),
+        "{timed_out:?}"
+    );
+    // Redis goes on, makes the admission, and then takes the release retried behind it.
+    let started = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(status) = limiter.status("k").await {
+            if status.in_flight == 0 && started.elapsed() > Duration::from_millis(600) {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the late admission holds a slot"
+        );
+    }
 }

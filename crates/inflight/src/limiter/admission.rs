@@ -72,10 +72,13 @@ impl<S: Store> Limiter<S> {
         keys: &[&str],
         mut options: AcquireOptions,
     ) -> Result<Permit, KeyRefused> {
-        let mut unique: Vec<&str> = Vec::with_capacity(keys.len());
+        let mut unique: Vec<&str> = Vec::with_capacity(keys.len().min(MAX_KEYS + 1));
         for key in keys {
             if !unique.contains(key) {
                 unique.push(key);
+            }
+            if unique.len() > MAX_KEYS {
+                break;
             }
         }
         let invalid = match unique.len() {
@@ -184,6 +187,12 @@ impl<S: Store> Limiter<S> {
                 .join(&shared, &id)
                 .map(|state| self.permit(state)),
         };
+        if let Some(joined) = &joined {
+            if (joined.weight(), joined.lease_ms()) != (weight, lease_ms) {
+                let why = "the id is held here with another weight or lease";
+                return Err((0, AcquireError::Invalid(why)));
+            }
+        }
         let request = AcquireRequest {
             keys,
             id: &id,
@@ -191,14 +200,14 @@ impl<S: Store> Limiter<S> {
             lease_ms,
             policy: core.policy,
         };
-        // Dropped before the store answers (the caller went away), this admission may still have been
-        // made: its lease is then released in the background instead of holding a slot until it expires.
-        // Only for a generated id, which no other permit can hold.
-        let mut cancelled = Unfinished::new(&core.releaser, shared.clone(), id.clone(), lease_ms);
-        cancelled.armed = generated;
+        // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
+        // admission may still have been made: its lease is then released in the background instead of
+        // holding a slot until it expires. Only for a generated id, which no other permit can hold.
+        let mut unanswered = Unfinished::new(&core.releaser, shared.clone(), id.clone(), lease_ms);
+        unanswered.armed = generated;
         let answer = core.store.acquire(request).await;
-        cancelled.armed = false;
-        drop(cancelled);
+        unanswered.armed = generated && matches!(&answer, Err(error) if error.is_transient());
+        drop(unanswered);
         match answer {
             Ok(admission) => {
                 core.breaker.reset();

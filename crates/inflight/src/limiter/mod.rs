@@ -104,7 +104,7 @@ struct Core<S> {
     policy: Policy,
     lease_ms: u64,
     registry: Registry,
-    releaser: Releaser,
+    releaser: Releaser<S>,
     stats: LimiterStats,
     on_store_failure: FailurePolicy,
     breaker: Breaker,
@@ -293,11 +293,14 @@ impl<S: Store> Limiter<S> {
 
 impl<S: Store> Owner for Core<S> {
     fn dropped(&self, state: Arc<PermitState>) {
-        // (Already released when shutdown took it.)
+        // Nothing to release when shutdown already did, or when the lease was lost (another permit of
+        // this process may hold the same id since).
         if state.leave() && !state.released.load(Ordering::Acquire) {
             self.registry.remove(&state);
-            self.releaser
-                .release(state.keys.clone(), state.id.clone(), state.lease_ms);
+            if !state.lost.load(Ordering::Acquire) {
+                self.releaser
+                    .release(state.keys.clone(), state.id.clone(), state.lease_ms);
+            }
         }
     }
 
@@ -309,6 +312,9 @@ impl<S: Store> Owner for Core<S> {
             return Box::pin(std::future::ready(Ok(())));
         }
         self.registry.remove(&state);
+        if state.lost.load(Ordering::Acquire) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
         // Dropped before the store answers, or answered with a transient error: the release goes on in
         // the background like a dropped permit's.
         let mut unfinished = releaser::Unfinished::new(

@@ -1,16 +1,24 @@
 //! [`Releaser`]: every release that runs in the background (of dropped permits, of admissions given up
 //! while the store decided, of releases cut short), retried while the store is away, until the lease
 //! would have ended anyway (the store then reclaims it by itself). One task per limiter.
+//!
+//! A release is started where it is asked for, before that call returns (an in-process store finishes it
+//! there; the Redis store has queued it for its next batch), so that a later admission of the same id
+//! from this process reaches the store after it. Only what is left to wait for goes to the task.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::error::StoreError;
 use crate::id::PermitId;
+use crate::permit::BoxFuture;
 use crate::store::{Keys, Store};
 
 /// Releases waiting for the store at once; past this, dropped permits are left to their leases.
@@ -19,15 +27,27 @@ const MAX_PENDING: usize = 65_536;
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(20);
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 
-/// The way into the limiter's release task.
-#[derive(Clone)]
-pub(super) struct Releaser {
+/// Starts releases and hands what is left of them to the limiter's release task.
+pub(super) struct Releaser<S> {
+    store: S,
     queue: mpsc::UnboundedSender<Job>,
     pending: Arc<AtomicUsize>,
 }
 
+impl<S: Store> Clone for Releaser<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            queue: self.queue.clone(),
+            pending: self.pending.clone(),
+        }
+    }
+}
+
 enum Job {
     Release {
+        /// The first try, already started; `None` when it failed and a retry is due.
+        started: Option<BoxFuture<'static, Result<bool, StoreError>>>,
         keys: Keys,
         id: PermitId,
         give_up: Instant,
@@ -36,24 +56,50 @@ enum Job {
     Flush(oneshot::Sender<()>),
 }
 
-impl Releaser {
+impl<S: Store> Releaser<S> {
     /// Starts the task on the current runtime; it ends once every handle is gone and its releases are done.
-    pub(super) fn start<S: Store>(store: S) -> Self {
+    pub(super) fn start(store: S) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
-        let pending = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(run(store, jobs, pending.clone()));
-        Self { queue, pending }
+        tokio::spawn(run(store.clone(), jobs));
+        Self {
+            store,
+            queue,
+            pending: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
-    /// Releases the lease `id` of `keys` in the background.
+    /// Releases the lease `id` of `keys`: started now, finished in the background.
     pub(super) fn release(&self, keys: Keys, id: PermitId, lease_ms: u64) {
+        let (store, k, i) = (self.store.clone(), keys.clone(), id.clone());
+        let mut started: BoxFuture<'static, _> =
+            Box::pin(async move { store.release(&k, &i).await });
+        // Polled once here, so that the store has it before this returns; the task polls it again with a
+        // waker of its own.
+        let started = match started
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(_)) => return,
+            Poll::Ready(Err(error)) if !error.is_transient() => {
+                tracing::warn!(%error, key = %keys[0], %id, "release failed; the lease will expire");
+                return;
+            }
+            Poll::Ready(Err(_)) => None,
+            Poll::Pending => Some(started),
+        };
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             tracing::warn!(key = %keys[0], %id, "too many releases pending; leaving this one to its lease");
             return;
         }
         let give_up = Instant::now() + Duration::from_millis(lease_ms);
-        if self.queue.send(Job::Release { keys, id, give_up }).is_err() {
+        let job = Job::Release {
+            started,
+            keys,
+            id,
+            give_up,
+        };
+        if self.queue.send(job).is_err() {
             self.pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
@@ -68,39 +114,54 @@ impl Releaser {
     }
 }
 
-async fn run<S: Store>(
-    store: S,
-    mut jobs: mpsc::UnboundedReceiver<Job>,
-    pending: Arc<AtomicUsize>,
-) {
+async fn run<S: Store>(store: S, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let mut running = FuturesUnordered::new();
-    let mut flushes = Vec::new();
+    // The releases still running, by the order they came in, and the flushes waiting for those before them.
+    let (mut open, mut flushes, mut next) = (BTreeSet::new(), Vec::<(u64, _)>::new(), 0u64);
     loop {
         tokio::select! {
             job = jobs.recv() => match job {
-                Some(Job::Release { keys, id, give_up }) => running.push(release(&store, keys, id, give_up)),
-                Some(Job::Flush(done)) => flushes.push(done),
+                Some(Job::Release { started, keys, id, give_up }) => {
+                    running.push(finish(&store, started, keys, id, give_up, next));
+                    open.insert(next);
+                    next += 1;
+                }
+                Some(Job::Flush(done)) => flushes.push((next, done)),
                 None => break,
             },
-            Some(()) = running.next(), if !running.is_empty() => {
-                pending.fetch_sub(1, Ordering::AcqRel);
+            Some(seq) = running.next(), if !running.is_empty() => {
+                open.remove(&seq);
             }
         }
-        if running.is_empty() {
-            for done in flushes.drain(..) {
-                let _ = done.send(());
-            }
+        let oldest = open.first().copied().unwrap_or(u64::MAX);
+        let ready: Vec<_>;
+        (ready, flushes) = flushes
+            .into_iter()
+            .partition(|(before, _)| *before <= oldest);
+        for (_, done) in ready {
+            let _ = done.send(());
         }
     }
     while running.next().await.is_some() {}
 }
 
-/// One release, tried again after transient failures while its lease lasts.
-async fn release<S: Store>(store: &S, keys: Keys, id: PermitId, give_up: Instant) {
+/// One release: its first try awaited, then tried again after transient failures while its lease lasts.
+async fn finish<S: Store>(
+    store: &S,
+    started: Option<BoxFuture<'static, Result<bool, StoreError>>>,
+    keys: Keys,
+    id: PermitId,
+    give_up: Instant,
+    seq: u64,
+) -> u64 {
     let mut delay = FIRST_RETRY_DELAY;
+    let mut outcome = match started {
+        Some(started) => started.await,
+        None => Err(StoreError::Unavailable("the first try failed".into())),
+    };
     loop {
-        match store.release(&keys, &id).await {
-            Ok(_) => return,
+        match outcome {
+            Ok(_) => return seq,
             Err(error) if error.is_transient() && Instant::now() + delay < give_up => {
                 tracing::debug!(%error, key = %keys[0], "release failed; retrying");
                 tokio::time::sleep(delay).await;
@@ -108,24 +169,25 @@ async fn release<S: Store>(store: &S, keys: Keys, id: PermitId, give_up: Instant
             }
             Err(error) => {
                 tracing::warn!(%error, key = %keys[0], %id, "release failed; the lease will expire");
-                return;
+                return seq;
             }
         }
+        outcome = store.release(&keys, &id).await;
     }
 }
 
 /// A release (or an admission) not yet answered by the store: while `armed`, dropping it releases the
 /// lease in the background.
-pub(super) struct Unfinished {
-    releaser: Releaser,
+pub(super) struct Unfinished<S: Store> {
+    releaser: Releaser<S>,
     pub(super) keys: Keys,
     pub(super) id: PermitId,
     lease_ms: u64,
     pub(super) armed: bool,
 }
 
-impl Unfinished {
-    pub(super) fn new(releaser: &Releaser, keys: Keys, id: PermitId, lease_ms: u64) -> Self {
+impl<S: Store> Unfinished<S> {
+    pub(super) fn new(releaser: &Releaser<S>, keys: Keys, id: PermitId, lease_ms: u64) -> Self {
         Self {
             releaser: releaser.clone(),
             keys,
@@ -136,7 +198,7 @@ impl Unfinished {
     }
 }
 
-impl Drop for Unfinished {
+impl<S: Store> Drop for Unfinished<S> {
     fn drop(&mut self) {
         if self.armed {
             self.releaser

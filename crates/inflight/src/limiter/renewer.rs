@@ -55,8 +55,14 @@ impl Registry {
 
     /// One more holder of the lease of `keys` and `id`, if this limiter holds it.
     pub(super) fn join(&self, keys: &Keys, id: &PermitId) -> Option<Arc<PermitState>> {
-        let held = self.permits.get(&(keys.clone(), id.clone()))?;
+        let held = self.permits.get(&slot(keys, id))?;
         held.join().then(|| held.clone())
+    }
+
+    /// True when a permit of this process other than `state` holds the lease of its keys and id.
+    pub(super) fn holds_other(&self, state: &Arc<PermitState>) -> bool {
+        let held = self.permits.get(&slot(&state.keys, &state.id));
+        held.is_some_and(|held| !Arc::ptr_eq(&held, state))
     }
 
     /// Renews `state` from now on; when a permit of this process already holds the same lease, that one
@@ -66,7 +72,7 @@ impl Registry {
             self.min_lease_ms
                 .fetch_min(state.lease_ms, Ordering::Relaxed);
         }
-        match self.permits.entry((state.keys.clone(), state.id.clone())) {
+        match self.permits.entry(slot(&state.keys, &state.id)) {
             Entry::Occupied(held) if held.get().join() => held.get().clone(),
             Entry::Occupied(mut gone) => {
                 gone.insert(state.clone());
@@ -79,8 +85,13 @@ impl Registry {
     /// Stops renewing `state`: no permit of this process holds it any more.
     pub(super) fn remove(&self, state: &Arc<PermitState>) {
         state.released.store(true, Ordering::Release);
+        self.forget(state);
+    }
+
+    /// Stops renewing `state` (still held, its lease lost).
+    fn forget(&self, state: &Arc<PermitState>) {
         self.permits
-            .remove_if(&(state.keys.clone(), state.id.clone()), |_, held| {
+            .remove_if(&slot(&state.keys, &state.id), |_, held| {
                 Arc::ptr_eq(held, state)
             });
     }
@@ -104,13 +115,19 @@ impl Registry {
         Duration::from_millis(third.max(1)).min(MAX_TICK)
     }
 
-    /// The leases whose renewal is due by `now_ms` (`u64::MAX`: all of them).
-    fn due(&self, now: u64) -> Vec<Arc<PermitState>> {
-        self.permits
+    /// The leases whose renewal is due by `now_ms` (`u64::MAX`: all of them); the shortest lease held sets
+    /// the next tick.
+    fn due(&self, now: u64, default_lease_ms: u64) -> Vec<Arc<PermitState>> {
+        let mut shortest = default_lease_ms;
+        let due = self
+            .permits
             .iter()
+            .inspect(|p| shortest = shortest.min(p.lease_ms))
             .filter(|p| p.renew_at_ms.load(Ordering::Relaxed) <= now)
             .map(|p| p.value().clone())
-            .collect()
+            .collect();
+        self.min_lease_ms.store(shortest, Ordering::Relaxed);
+        due
     }
 }
 
@@ -139,7 +156,7 @@ pub(super) async fn run<S: Store>(core: Weak<Core<S>>) {
 
 /// Renews every lease whose renewal is due by `now` (limiter clock), in batches.
 pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
-    let due = core.registry.due(now);
+    let due = core.registry.due(now, core.lease_ms);
     for chunk in due.chunks(BATCH) {
         let batch: Vec<RenewRequest> = chunk
             .iter()
@@ -177,24 +194,32 @@ fn apply<S: Store>(core: &Core<S>, permit: &Arc<PermitState>, outcome: Renewal) 
             if matches!(outcome, Renewal::Readded(_)) {
                 core.stats.readded.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(key = %permit.keys[0], id = %permit.id, "lease was gone and has been re-added");
-                // A permit released while its re-add was in flight must not leave the re-added lease behind.
-                if permit.released.load(Ordering::Acquire) {
-                    core.releaser
-                        .release(permit.keys.clone(), permit.id.clone(), permit.lease_ms);
-                }
+            }
+            // A permit released while its renewal was on its way must not leave the lease behind, unless
+            // another permit of this process holds the same lease since.
+            if permit.released.load(Ordering::Acquire) && !core.registry.holds_other(permit) {
+                core.releaser
+                    .release(permit.keys.clone(), permit.id.clone(), permit.lease_ms);
             }
         }
         Renewal::Lost => {
-            permit.lost.store(true, Ordering::Relaxed);
+            permit.lost.store(true, Ordering::Release);
             if !permit.released.load(Ordering::Acquire) {
                 core.stats.lost.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(key = %permit.keys[0], id = %permit.id, "lease lost: the key is full without it");
             }
-            core.registry
-                .permits
-                .remove_if(&(permit.keys.clone(), permit.id.clone()), |_, held| {
-                    Arc::ptr_eq(held, permit)
-                });
+            core.registry.forget(permit);
         }
     }
+}
+
+/// The registry's key of a lease: its keys in order (so that one set of keys is one lease however it
+/// was spelled) and its id.
+fn slot(keys: &Keys, id: &PermitId) -> (Keys, PermitId) {
+    if keys.len() == 1 {
+        return (keys.clone(), id.clone());
+    }
+    let mut sorted = keys.to_vec();
+    sorted.sort();
+    (sorted.into(), id.clone())
 }

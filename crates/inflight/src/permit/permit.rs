@@ -188,6 +188,14 @@ impl Permit {
         self
     }
 
+    /// The lease length, for a permit with a lease in the store.
+    pub(crate) fn lease_ms(&self) -> u64 {
+        match &self.hold {
+            Hold::Leased { state, .. } => state.lease_ms,
+            _ => 0,
+        }
+    }
+
     /// The key this permit counts against (the first, when it holds several).
     pub fn key(&self) -> &str {
         match &self.hold {
@@ -263,7 +271,9 @@ impl Permit {
     }
 
     /// Hands the slot off as a lease: the limiter stops renewing it and dropping the permit no longer
-    /// releases it. Whoever holds the returned [`Lease`] must renew or release it before it expires.
+    /// releases it. Whoever holds the returned [`Lease`] must renew or release it before it expires. (While
+    /// another permit of this process holds the same lease, under the same id, the limiter keeps renewing
+    /// it, and releases it when that permit goes.)
     pub fn detach(mut self) -> Lease {
         let key: Arc<str> = Arc::from(self.key());
         let id = self.id().clone();

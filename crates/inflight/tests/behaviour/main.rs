@@ -20,6 +20,7 @@ macro_rules! behaviour_suite {
                 reacquiring_a_held_id_counts_once_and_refreshes_its_lease,
                 two_permits_for_one_id_hold_the_slot_until_the_last_goes,
                 a_renewal_without_a_length_keeps_the_leases_own,
+                a_retry_under_the_same_id_right_after_a_release_keeps_its_slot,
                 a_limit_change_applies_to_the_next_admission_in_every_process,
                 the_ceiling_caps_every_override,
                 an_override_limits_a_key_that_is_unlimited_by_default,

@@ -143,6 +143,31 @@ pub async fn two_permits_for_one_id_hold_the_slot_until_the_last_goes<F: Fixture
     settle(&limiter, "app", 0).await;
 }
 
+pub async fn a_retry_under_the_same_id_right_after_a_release_keeps_its_slot<F: Fixture>(f: F) {
+    let limiter = f.limiter(Policy::new(1, 0));
+    let options = || AcquireOptions::new().id("request-1");
+    for _ in 0..3 {
+        let first = limiter.try_acquire_with("app", options()).await.unwrap();
+        drop(first);
+        let retried = limiter.try_acquire_with("app", options()).await.unwrap();
+        // The first one's release reached the store before the retry: the retry's lease is the one held.
+        settle(&limiter, "app", 1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(limiter.status("app").await.unwrap().in_flight, 1);
+        assert!(limiter.try_acquire("app").await.unwrap_err().is_full());
+        drop(retried);
+        settle(&limiter, "app", 0).await;
+    }
+    // Held with another weight, the id cannot be joined.
+    let held = limiter.try_acquire_with("app", options()).await.unwrap();
+    let heavier = limiter.try_acquire_with("app", options().weight(2)).await;
+    assert!(
+        matches!(heavier, Err(AcquireError::Invalid(_))),
+        "{heavier:?}"
+    );
+    drop(held);
+}
+
 pub async fn a_renewal_without_a_length_keeps_the_leases_own<F: Fixture>(f: F) {
     let limiter = f.limiter(Policy::new(2, 0));
     let long = Duration::from_secs(60);
@@ -649,6 +674,14 @@ pub async fn several_limits_are_taken_together_or_not_at_all<F: Fixture>(f: F) {
         .await
         .unwrap_err();
     assert!(matches!(none.error, AcquireError::Invalid(_)));
+    // At most 16 keys at once, however many are given.
+    let names: Vec<String> = (0..50_000).map(|n| format!("k{n}")).collect();
+    let many: Vec<&str> = names.iter().map(String::as_str).collect();
+    let refused = limiter
+        .try_acquire_all(&many, AcquireOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(refused.error, AcquireError::Invalid(_)));
 }
 
 pub async fn status_of_an_unknown_key_is_empty<F: Fixture>(f: F) {

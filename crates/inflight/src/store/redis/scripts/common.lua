@@ -29,8 +29,8 @@ local function meta(key, id) -- a lease's weight and length
   return tonumber(weight), tonumber(lease_ms)
 end
 
-local function hashed(key) -- the hash is written: a new one takes its expiry from keep()
-  if not key.hashed then key.hashed, key.kept = true, 0 end
+local function hashed(key) -- the hash is written (perhaps made anew): keep() gives it its expiry again
+  key.hashed, key.kept = true, 0
 end
 
 local function add_extra(key, delta)

@@ -28,6 +28,6 @@ if missing then
 end
 weight = weight or 1
 for i, key in ipairs(keys) do
-  if has[i] or limits[i] > 0 then put(key, id, weight, lease_ms) end
+  if has[i] then put(key, id, meta(key, id), lease_ms) elseif limits[i] > 0 then put(key, id, weight, lease_ms) end
 end
 return {outcome, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, weight, now + lease_ms}
