@@ -104,12 +104,6 @@ pub struct CommonArgs {
     #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_pipeline: Option<usize>,
-    /// Run the server's threads under Linux's SCHED_BATCH policy: woken by the network, they do not preempt
-    /// the thread running (the upstream, the clients), so a busy machine hands them events in batches
-    /// (BENCHMARKS.md) [default: true].
-    #[arg(long, env = "INFLIGHT_SCHED_BATCH", value_name = "BOOL")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sched_batch: Option<bool>,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -155,7 +149,6 @@ struct Raw {
     redis_prefix: Option<String>,
     redis_ca_cert: Option<PathBuf>,
     redis_pipeline: Option<usize>,
-    sched_batch: Option<bool>,
     upstream: Option<String>,
     key_header: Option<String>,
     upstream_timeout: Option<String>,
@@ -190,8 +183,6 @@ pub struct Settings {
     pub redis_ca_cert: Option<Vec<u8>>,
     /// Batches out to Redis at once, at most.
     pub redis_pipeline: usize,
-    /// Whether the server's threads run under SCHED_BATCH (Linux).
-    pub sched_batch: bool,
     /// The proxy's upstream (proxy only).
     pub upstream: Option<http::Uri>,
     /// The proxy's key header.
@@ -379,7 +370,6 @@ impl Settings {
                 .unwrap_or_else(|| inflight::store::DEFAULT_PREFIX.to_owned()),
             redis_ca_cert,
             redis_pipeline,
-            sched_batch: raw.sched_batch.unwrap_or(true),
             upstream,
             key_header,
             upstream_timeout: duration(

@@ -4,7 +4,7 @@
 //! (the HTTP limiter API), [`proxy::router`] (the reverse proxy), [`server::run`] (serve until shutdown),
 //! [`config::Settings`] (flags > environment > file > defaults).
 #![warn(missing_docs)]
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod app;

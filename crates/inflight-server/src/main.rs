@@ -83,12 +83,6 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::Result<()> {
-    // Before the workers start, so that they inherit it.
-    if settings.sched_batch {
-        if let Err(error) = server::batch_scheduling() {
-            tracing::warn!(%error, "cannot use SCHED_BATCH; the threads keep the default policy");
-        }
-    }
     let listeners = server::bind(settings.listen, settings.workers)
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let listen = listeners[0].local_addr()?;
@@ -114,7 +108,6 @@ async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::
         max_limit = settings.max_limit,
         lease = ?settings.lease,
         upstream = settings.upstream.as_ref().map(ToString::to_string),
-        sched_batch = settings.sched_batch,
         "inflight started"
     );
     server::run(

@@ -292,25 +292,6 @@ async fn serve<S: Store>(
     connections.all_closed().await;
 }
 
-/// Puts the calling thread, and every thread it starts from now on, under Linux's `SCHED_BATCH` policy (a
-/// no-op elsewhere). The kernel then treats the threads as busy: one woken by its socket waits for the
-/// running thread's time slice to end instead of preempting it, and takes what arrived meanwhile in one go.
-/// Their share of the CPU, set by their nice value, is unchanged. Where the workers share the cores with the
-/// upstream or the clients, being woken and preempting for each event cost the proxy a fifth to a quarter of
-/// its requests/s on event streams (BENCHMARKS.md); an idle core still runs a woken thread at once.
-#[allow(unsafe_code)] // sched_setscheduler(2): neither libc nor rustix wraps it safely.
-pub fn batch_scheduling() -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is the calling thread.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called (not when first
 /// polled), so a signal that arrives right after start-up is not missed.
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
