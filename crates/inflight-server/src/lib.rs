@@ -21,22 +21,31 @@ use std::sync::Arc;
 use inflight::{Limiter, Store};
 
 pub use app::App;
-pub use config::Settings;
+pub use config::{ConfigError, ProxySettings, Settings};
+
+/// Where and how the proxy that `settings` describe forwards.
+pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError> {
+    Ok(proxy::Upstream {
+        base: settings.upstream()?,
+        key_header: settings.key_header()?,
+        timeout: settings.upstream_timeout,
+    })
+}
 
 /// The limiter and app state that `settings` describe, over `store`.
-pub fn app<S: Store>(settings: &Settings, store: S) -> Arc<App<S>> {
+pub fn app<S: Store>(settings: &Settings, store: S) -> Result<Arc<App<S>>, ConfigError> {
     let limiter = Limiter::builder(store)
         .policy(inflight::Policy::new(
             settings.default_limit,
             settings.max_limit,
         ))
         .lease(settings.lease)
-        .on_store_failure(settings.on_store_failure)
+        .on_store_failure(settings.failure_policy()?)
         .build();
-    Arc::new(App {
+    Ok(Arc::new(App {
         limiter,
-        admin_token: settings.admin_token.clone(),
+        admin_token: settings.admin_token.clone().filter(|t| !t.is_empty()),
         metrics: metrics::Metrics::new(settings.metrics_per_key),
         cut: tokio::sync::watch::Sender::new(false),
-    })
+    }))
 }

@@ -1,10 +1,10 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
-use inflight_server::config::{Cli, Command};
+use inflight_server::config::{Cli, Command, ProxySettings};
 use inflight_server::{api, proxy, server, Settings};
 
 // hyper allocates and frees buffers and header maps for every request and response. Against glibc's malloc,
@@ -13,7 +13,11 @@ use inflight_server::{api, proxy, server, Settings};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
     // keeps the store's connection, renewals and signals. `bench` runs on `--threads` threads.
     let runtime = match &cli.command {
@@ -35,7 +39,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(start(cli)) {
+    let matches = matches
+        .subcommand()
+        .map(|(_, m)| m.clone())
+        .unwrap_or_default();
+    match runtime.block_on(start(cli, matches)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One plain line (with its causes), never a backtrace: these are the operator's errors.
@@ -45,7 +53,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn start(cli: Cli) -> anyhow::Result<()> {
+async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -57,13 +65,16 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
         .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let (settings, is_proxy) = match &cli.command {
-        Command::Serve(args) => (Settings::for_serve(args)?, false),
-        Command::Proxy(args) => (Settings::for_proxy(args)?, true),
+    let (settings, proxy) = match &cli.command {
+        Command::Serve(args) => (args.layered(&matches)?, None),
+        Command::Proxy(args) => {
+            let proxy = args.layered(&matches)?;
+            (proxy.serve.clone(), Some(proxy))
+        }
         Command::Bench(args) => return bench(args).await,
     };
     if settings.store.starts_with("memory://") {
-        run(settings, is_proxy, MemoryStore::new()).await
+        run(settings, proxy, MemoryStore::new()).await
     } else {
         // The workers' runtimes are driven for as long as they admit: each batches its own.
         let builder = RedisStore::builder(settings.store.clone())
@@ -71,43 +82,41 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
             .pipeline(settings.redis_pipeline)
             .batches_per_runtime(true);
         #[cfg(feature = "tls")]
-        let builder = match &settings.redis_ca_cert {
-            Some(pem) => builder.root_cert(pem.clone()),
+        let builder = match settings.redis_ca_cert()? {
+            Some(pem) => builder.root_cert(pem),
             None => builder,
         };
         let store = builder
             .open()
             .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
-        run(settings, is_proxy, store).await
+        run(settings, proxy, store).await
     }
 }
 
-async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::Result<()> {
-    let listeners = server::bind(settings.listen, settings.workers)
+async fn run<S: Store>(
+    settings: Settings,
+    proxy: Option<ProxySettings>,
+    store: S,
+) -> anyhow::Result<()> {
+    let listeners = server::bind(settings.listen, settings.workers())
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let listen = listeners[0].local_addr()?;
-    let app = inflight_server::app(&settings, store);
-    let router = || match &settings.upstream {
-        Some(base) if is_proxy => proxy::router(
-            app.clone(),
-            proxy::Upstream {
-                base: base.clone(),
-                key_header: settings.key_header.clone(),
-                timeout: settings.upstream_timeout,
-            },
-        ),
-        _ => api::router(app.clone()).into(),
+    let app = inflight_server::app(&settings, store)?;
+    let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
+    let router = || match &upstream {
+        Some(upstream) => proxy::router(app.clone(), upstream.clone()),
+        None => api::router(app.clone()).into(),
     };
     let shutdown = server::shutdown_signal();
     tracing::info!(
-        command = if is_proxy { "proxy" } else { "serve" },
+        command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,
-        workers = settings.workers,
+        workers = settings.workers(),
         store = %settings.store_for_logs(),
         default_limit = settings.default_limit,
         max_limit = settings.max_limit,
         lease = ?settings.lease,
-        upstream = settings.upstream.as_ref().map(ToString::to_string),
+        upstream = proxy.as_ref().and_then(|p| p.upstream.clone()),
         "inflight started"
     );
     server::run(

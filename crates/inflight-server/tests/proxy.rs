@@ -10,7 +10,7 @@ use common::{
     get_json, get_text, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis,
     Upstream,
 };
-use inflight_server::config::CommonArgs;
+use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
 
@@ -22,7 +22,7 @@ async fn keyed(http: &Client, url: String, key: &str) -> reqwest::Response {
 }
 
 /// A store, an upstream and a proxy in front of it with these settings.
-async fn proxied<M: Make>(args: CommonArgs) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
+async fn proxied<M: Make>(args: Settings) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
     let redis = M::redis();
     let upstream = Upstream::start().await;
     let server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
@@ -84,8 +84,8 @@ async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
 
 async fn a_streamed_response_holds_its_slot_for_its_whole_life<M: Make>() {
     // Leases of 300 ms: the stream below lives for several of them.
-    let args = CommonArgs {
-        lease: Some("300ms".into()),
+    let args = Settings {
+        lease: Duration::from_millis(300),
         ..limits(1, 0)
     };
     let (_redis, upstream, server) = proxied::<M>(args).await;
@@ -146,7 +146,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
 
     let upstream = Upstream::start().await;
     let mut args = limits(1, 0);
-    args.lease = Some("1s".into());
+    args.lease = Duration::from_secs(1);
     let mut settings = proxy_settings(&upstream.base, args);
     settings.upstream_timeout = Duration::from_millis(300);
     let server = start_proxy(&settings, M::make(&redis)).await;
@@ -238,7 +238,7 @@ async fn http2_requests_are_forwarded_and_limited<M: Make>() {
 
 async fn shutdown_lets_running_streams_finish<M: Make>() {
     let mut args = limits(2, 0);
-    args.shutdown_grace = Some("5s".into());
+    args.shutdown_grace = Duration::from_secs(5);
     let (_redis, upstream, mut server) = proxied::<M>(args).await;
     let http = Client::new();
     let mut stream = keyed(&http, server.url("/sse"), "k").await;
@@ -270,7 +270,7 @@ async fn shutdown_lets_running_streams_finish<M: Make>() {
 
 async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
     let mut args = limits(2, 0);
-    args.shutdown_grace = Some("300ms".into());
+    args.shutdown_grace = Duration::from_millis(300);
     let (_redis, _upstream, mut server) = proxied::<M>(args).await;
     let http = Client::new();
     let mut stream = keyed(&http, server.url("/forever"), "k").await;
@@ -349,7 +349,7 @@ async fn upstream_connections_are_kept_alive_and_replaced_when_closed<M: Make>()
 async fn shutdown_closes_idle_connections_at_once() {
     let upstream = Upstream::start().await;
     let mut args = limits(2, 0);
-    args.shutdown_grace = Some("60s".into());
+    args.shutdown_grace = Duration::from_secs(60);
     let mut settings = proxy_settings(&upstream.base, args);
     // No upstream connection's timer fires (and wakes a client connection) while the test runs.
     settings.upstream_timeout = Duration::from_secs(60);

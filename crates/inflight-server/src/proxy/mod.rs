@@ -22,6 +22,7 @@ use crate::metrics::AdmissionResult;
 use crate::server::{Peer, Routes};
 
 /// Where and how to forward.
+#[derive(Clone, Debug)]
 pub struct Upstream {
     /// The upstream's base URL (`http://host:port[/base]`).
     pub base: Uri,

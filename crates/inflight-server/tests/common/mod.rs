@@ -15,8 +15,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
 use inflight::Store;
-use inflight_server::config::{CommonArgs, ProxyArgs};
-use inflight_server::{api, proxy, server, App, Settings};
+use inflight_server::{api, proxy, server, App, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -65,54 +64,51 @@ impl<S: Store> Drop for Server<S> {
     }
 }
 
-/// Settings as `inflight serve` would read them from these flags (no file, no environment).
-pub fn settings(mut args: CommonArgs) -> Settings {
-    args.workers.get_or_insert(TEST_WORKERS);
-    Settings::for_serve(&args).expect("valid test settings")
-}
-
 /// Workers of a test server unless a test says otherwise: more than one, whatever the machine's cores.
 const TEST_WORKERS: usize = 2;
 
-pub fn proxy_settings(upstream: &str, mut args: CommonArgs) -> Settings {
-    args.config = None;
-    args.workers.get_or_insert(TEST_WORKERS);
-    let args = ProxyArgs {
-        upstream: Some(upstream.to_owned()),
-        upstream_timeout: Some("2s".into()),
-        key_header: None,
-        common: args,
-    };
-    Settings::for_proxy(&args).expect("valid test settings")
+/// Settings as `inflight serve` would read them from these limits (and no file).
+pub fn limits(default_limit: u32, max_limit: u32) -> Settings {
+    let (default_limit, max_limit) = (default_limit.to_string(), max_limit.to_string());
+    let flags = [
+        "inflight",
+        "--default-limit",
+        &default_limit,
+        "--max-limit",
+        &max_limit,
+    ];
+    let mut settings = Settings::from_flags(flags).expect("valid test settings");
+    settings.workers = settings.workers.or(Some(TEST_WORKERS));
+    settings
 }
 
-pub fn limits(default_limit: u32, max_limit: u32) -> CommonArgs {
-    CommonArgs {
-        default_limit: Some(default_limit),
-        max_limit: Some(max_limit),
-        ..CommonArgs::default()
-    }
+/// The settings of a proxy to `upstream` with `serve`'s settings.
+pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
+    let flags = [
+        "inflight",
+        "--upstream",
+        upstream,
+        "--upstream-timeout",
+        "2s",
+    ];
+    let mut settings = ProxySettings::from_flags(flags).expect("valid test settings");
+    settings.serve = serve;
+    settings
 }
 
-async fn start<S: Store>(settings: &Settings, store: S, proxy_to: Option<&str>) -> Server<S> {
-    let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers).unwrap();
+async fn start<S: Store>(
+    settings: &Settings,
+    store: S,
+    upstream: Option<proxy::Upstream>,
+) -> Server<S> {
+    let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers()).unwrap();
     let base = format!("http://{}", listeners[0].local_addr().unwrap());
-    let app = inflight_server::app(settings, store);
+    let app = inflight_server::app(settings, store).expect("valid test settings");
     let grace = settings.shutdown_grace;
-    let (shared, settings, is_proxy) = (app.clone(), settings.clone(), proxy_to.is_some());
-    let router = move || {
-        if is_proxy {
-            proxy::router(
-                shared.clone(),
-                proxy::Upstream {
-                    base: settings.upstream.clone().expect("proxy settings"),
-                    key_header: settings.key_header.clone(),
-                    timeout: settings.upstream_timeout,
-                },
-            )
-        } else {
-            api::router(shared.clone()).into()
-        }
+    let shared = app.clone();
+    let router = move || match &upstream {
+        Some(upstream) => proxy::router(shared.clone(), upstream.clone()),
+        None => api::router(shared.clone()).into(),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(server::run(
@@ -136,9 +132,9 @@ pub async fn start_api<S: Store>(settings: &Settings, store: S) -> Server<S> {
     start(settings, store, None).await
 }
 
-pub async fn start_proxy<S: Store>(settings: &Settings, store: S) -> Server<S> {
-    let upstream = settings.upstream.as_ref().map(ToString::to_string);
-    start(settings, store, upstream.as_deref()).await
+pub async fn start_proxy<S: Store>(settings: &ProxySettings, store: S) -> Server<S> {
+    let upstream = inflight_server::upstream(settings).expect("valid test settings");
+    start(&settings.serve, store, Some(upstream)).await
 }
 
 /// An upstream API to proxy to.
