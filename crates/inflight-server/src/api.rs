@@ -14,15 +14,13 @@ use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::app::App;
+use crate::app::{check_name, App};
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
 
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("../openapi.json");
 
-/// Longest key and id, in bytes.
-const MAX_NAME: usize = 256;
 /// Longest lease a request may ask for.
 const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
@@ -92,18 +90,6 @@ fn checked_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
     let Path(key) = path.map_err(|_| ApiError::invalid_key("The key is not valid UTF-8."))?;
     check_name(&key).map_err(ApiError::invalid_key)?;
     Ok(key)
-}
-
-fn check_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        Err("Keys and ids may not be empty.")
-    } else if name.len() > MAX_NAME {
-        Err("Keys and ids are at most 256 bytes.")
-    } else if name.chars().any(char::is_control) {
-        Err("Keys and ids may not contain control characters.")
-    } else {
-        Ok(())
-    }
 }
 
 /// A JSON body; an empty body is the defaults.

@@ -44,6 +44,23 @@ impl<S: Store> App<S> {
     }
 }
 
+/// Longest key and id, in bytes.
+const MAX_NAME: usize = 256;
+
+/// Checks a key or a permit id, wherever it comes from (a path, a body, the proxy's key header): non-empty,
+/// at most 256 bytes, no control characters.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("Keys and ids may not be empty.")
+    } else if name.len() > MAX_NAME {
+        Err("Keys and ids are at most 256 bytes.")
+    } else if name.chars().any(char::is_control) {
+        Err("Keys and ids may not contain control characters.")
+    } else {
+        Ok(())
+    }
+}
+
 /// Compares without an early exit, so the time taken says nothing about where a guess went wrong.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {

@@ -343,6 +343,28 @@ async fn upstream_connections_are_kept_alive_and_replaced_when_closed<M: Make>()
     wait_in_flight(&server.url("/_inflight"), "k", 0).await;
 }
 
+/// The proxy checks its key header as the API checks a key in its path: a tab, which a header value may
+/// hold, is a control character, and such a key is refused by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_a_tab_is_refused_by_the_proxy_as_by_the_api() {
+    let (_redis, upstream, server) = proxied::<common::Memory>(limits(2, 0)).await;
+    let http = Client::new();
+    let proxied = keyed(&http, server.url("/echo/x"), "a\tb").await;
+    assert_eq!(proxied.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        proxied.json::<Value>().await.unwrap()["code"],
+        "invalid_key"
+    );
+    assert_eq!(upstream.hits(), 0, "nothing was forwarded");
+    let api = http
+        .post(server.url("/_inflight/v1/keys/a%09b/permits"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(api.json::<Value>().await.unwrap()["code"], "invalid_key");
+}
+
 /// On shutdown, a client's idle kept-alive connection is closed at once: the server ends long before the
 /// grace period would have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 use inflight::Store;
 
 use crate::api;
-use crate::app::App;
+use crate::app::{check_name, App};
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
 use crate::server::{Peer, Routes};
@@ -143,8 +143,6 @@ fn key_of(value: &HeaderValue) -> Result<String, ApiError> {
     let key = value
         .to_str()
         .map_err(|_| ApiError::invalid_key("The key header is not visible ASCII."))?;
-    if key.is_empty() || key.len() > 256 {
-        return Err(ApiError::invalid_key("Keys are 1 to 256 bytes."));
-    }
+    check_name(key).map_err(ApiError::invalid_key)?;
     Ok(key.to_owned())
 }
