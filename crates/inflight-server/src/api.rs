@@ -15,14 +15,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::app::{check_name, App};
+use crate::config::MAX_LEASE;
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
 
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("../openapi.json");
-
-/// Longest lease a request may ask for.
-const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
 /// The API's routes over `app`.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
