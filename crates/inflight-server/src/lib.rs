@@ -1,8 +1,8 @@
 //! # inflight-server
 //!
 //! The `inflight` binary as a library, so that tests (and embedders) run it in-process: [`api::router`]
-//! (the HTTP limiter API), [`proxy::router`] (the reverse proxy), [`server::run`] (serve until shutdown),
-//! [`config::Settings`] (flags > environment > file > defaults).
+//! (the HTTP limiter API), [`proxy::Proxy`] (the reverse proxy), [`server::Workers`] (serve until
+//! shutdown), [`config::Settings`] (flags > environment > file > defaults).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -11,7 +11,6 @@ pub mod app;
 pub mod bench;
 pub mod config;
 pub mod error;
-mod graceful;
 pub mod metrics;
 pub mod proxy;
 pub mod server;

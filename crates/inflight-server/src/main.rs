@@ -1,11 +1,14 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, ProxySettings};
-use inflight_server::{api, proxy, server, Settings};
+use inflight_server::server::{self, Workers};
+use inflight_server::Settings;
 
 // hyper allocates and frees buffers and header maps for every request and response. Against glibc's malloc,
 // mimalloc took a fifth off the proxy's user-space CPU per request (figures in the commit that added it).
@@ -18,12 +21,10 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
-    // keeps the store's connection, renewals and signals. `bench` runs on `--threads` threads.
+    // `serve` and `proxy` answer on worker threads of their own (server.rs), each with its limiter and
+    // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
+    // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
     let runtime = match &cli.command {
-        // A multi-thread runtime even for one worker (the main thread only waits for the tasks): against a
-        // current-thread one at 64 tasks on Redis, 4 rounds each, it was never slower (83-131k pairs/s
-        // against 82-99k).
         Command::Bench(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(usize::from(args.threads))
             .enable_all()
@@ -74,40 +75,46 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
         Command::Bench(args) => return bench(args).await,
     };
     if settings.store.starts_with("memory://") {
-        run(settings, proxy, MemoryStore::new()).await
+        // Every worker's limiter over the one embedded store.
+        let store = Arc::new(MemoryStore::new());
+        run(settings, proxy, move || Ok(store.clone())).await
     } else {
-        // The workers' runtimes are driven for as long as they admit: each batches its own.
-        let builder = RedisStore::builder(settings.store.clone())
-            .prefix(settings.redis_prefix.clone())
-            .pipeline(settings.redis_pipeline)
-            .batches_per_runtime(true);
-        #[cfg(feature = "tls")]
-        let builder = match settings.redis_ca_cert()? {
-            Some(pem) => builder.root_cert(pem),
-            None => builder,
-        };
-        let store = builder
-            .open()
-            .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
-        run(settings, proxy, store).await
+        let opened = settings.clone();
+        run(settings, proxy, move || redis_store(&opened)).await
     }
 }
 
+/// A worker's own Redis store (its connection and its batches on the worker's runtime).
+fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
+    let builder = RedisStore::builder(settings.store.clone())
+        .prefix(settings.redis_prefix.clone())
+        .pipeline(settings.redis_pipeline);
+    #[cfg(feature = "tls")]
+    let builder = match settings.redis_ca_cert()? {
+        Some(pem) => builder.root_cert(pem),
+        None => builder,
+    };
+    builder
+        .open()
+        .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))
+}
+
+/// Serves until a signal, each worker with an app over a store from `store`.
 async fn run<S: Store>(
     settings: Settings,
     proxy: Option<ProxySettings>,
-    store: S,
+    store: impl Fn() -> anyhow::Result<S> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let listeners = server::bind(settings.listen, settings.workers())
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let listen = listeners[0].local_addr()?;
-    let app = inflight_server::app(&settings, store)?;
     let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
-    let router = || match &upstream {
-        Some(upstream) => proxy::router(app.clone(), upstream.clone()),
-        None => api::router(app.clone()).into(),
-    };
     let shutdown = server::shutdown_signal();
+    let app = {
+        let settings = settings.clone();
+        move || Ok(inflight_server::app(&settings, store()?)?)
+    };
+    let workers = Workers::start(listeners, app, upstream, settings.shutdown_grace).await?;
     tracing::info!(
         command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,
@@ -119,14 +126,7 @@ async fn run<S: Store>(
         upstream = proxy.as_ref().and_then(|p| p.upstream.clone()),
         "inflight started"
     );
-    server::run(
-        listeners,
-        router,
-        app.clone(),
-        shutdown,
-        settings.shutdown_grace,
-    )
-    .await?;
+    workers.run(shutdown).await?;
     Ok(())
 }
 

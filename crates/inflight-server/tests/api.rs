@@ -7,7 +7,6 @@ mod common;
 use std::time::Duration;
 
 use common::{get_json, get_text, limits, start_api, status_of, wait_in_flight, Make, TestRedis};
-use inflight::MemoryStore;
 use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
@@ -31,7 +30,7 @@ async fn assert_error(response: reqwest::Response, status: StatusCode, code: &st
 
 async fn permits_are_acquired_renewed_and_released<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&limits(2, 0), M::make(&redis)).await;
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
     let http = Client::new();
     let url = server.url("/v1/keys/app-1/permits");
 
@@ -128,7 +127,7 @@ async fn permits_are_acquired_renewed_and_released<M: Make>() {
 
 async fn limits_are_set_and_cleared<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&limits(1, 10), M::make(&redis)).await;
+    let server = start_api(&limits(1, 10), M::stores(&redis)).await;
     let http = Client::new();
     let set = http
         .put(server.url("/v1/keys/tenant%2F7/limit"))
@@ -179,7 +178,7 @@ async fn limits_are_set_and_cleared<M: Make>() {
 
 async fn an_unlimited_key_is_admitted_and_its_permits_renew<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&limits(0, 0), M::make(&redis)).await;
+    let server = start_api(&limits(0, 0), M::stores(&redis)).await;
     let http = Client::new();
     let permit = body(
         http.post(server.url("/v1/keys/free/permits"))
@@ -206,7 +205,7 @@ async fn an_unlimited_key_is_admitted_and_its_permits_renew<M: Make>() {
 
 async fn bad_input_gets_a_clear_error_and_never_a_500<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&limits(2, 0), M::make(&redis)).await;
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
     let http = Client::new();
     let long = "k".repeat(257);
     for path in [
@@ -300,7 +299,7 @@ async fn the_admin_token_guards_limit_changes<M: Make>() {
         admin_token: Some("s3cret".into()),
         ..limits(1, 0)
     };
-    let server = start_api(&args, M::make(&redis)).await;
+    let server = start_api(&args, M::stores(&redis)).await;
     let http = Client::new();
     let url = server.url("/v1/keys/app/limit");
     assert_error(
@@ -344,7 +343,7 @@ async fn the_admin_token_guards_limit_changes<M: Make>() {
 
 async fn an_abandoned_lease_frees_its_slot<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&limits(1, 0), M::make(&redis)).await;
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
     let http = Client::new();
     let url = server.url("/v1/keys/app/permits");
     let held = http
@@ -363,7 +362,7 @@ async fn an_abandoned_lease_frees_its_slot<M: Make>() {
 
 async fn health_readiness_metrics_and_openapi<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&limits(1, 0), M::make(&redis)).await;
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
     let http = Client::new();
     assert_eq!(status_of(http.get(server.url("/healthz"))).await, 200);
     assert_eq!(status_of(http.get(server.url("/readyz"))).await, 200);
@@ -414,7 +413,7 @@ per_store!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready() {
     let mut redis = TestRedis::start();
-    let server = start_api(&limits(1, 0), redis.store()).await;
+    let server = start_api(&limits(1, 0), common::redis_stores(&redis)).await;
     let http = Client::new();
     redis.stop();
     assert_error(
@@ -467,7 +466,7 @@ async fn per_key_metric_labels_when_asked_for() {
         metrics_per_key: true,
         ..limits(1, 0)
     };
-    let server = start_api(&args, MemoryStore::new()).await;
+    let server = start_api(&args, common::Memory::stores(&None)).await;
     let http = Client::new();
     http.post(server.url("/v1/keys/labelled-key/permits"))
         .send()

@@ -25,7 +25,7 @@ async fn keyed(http: &Client, url: String, key: &str) -> reqwest::Response {
 async fn proxied<M: Make>(args: Settings) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
     let redis = M::redis();
     let upstream = Upstream::start().await;
-    let server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let server = start_proxy(&proxy_settings(&upstream.base, args), M::stores(&redis)).await;
     (redis, upstream, server)
 }
 
@@ -134,7 +134,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::make(&redis)).await;
+    let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::stores(&redis)).await;
     let http = Client::new();
     let response = keyed(&http, server.url("/x"), "k").await;
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
@@ -149,7 +149,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
     args.lease = Duration::from_secs(1);
     let mut settings = proxy_settings(&upstream.base, args);
     settings.upstream_timeout = Duration::from_millis(300);
-    let server = start_proxy(&settings, M::make(&redis)).await;
+    let server = start_proxy(&settings, M::stores(&redis)).await;
     let response = keyed(&http, server.url("/slow"), "k2").await;
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(
@@ -264,8 +264,7 @@ async fn shutdown_lets_running_streams_finish<M: Make>() {
         "the running stream finished"
     );
     server.finished().await.unwrap();
-    let status = server.app.limiter.status("k").await.unwrap();
-    assert_eq!(status.in_flight, 0);
+    assert_eq!(server.in_flight("k").await, 0);
 }
 
 async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
@@ -278,8 +277,11 @@ async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
     server.signal();
     server.finished().await.unwrap();
     // Released by the time the server has finished, not some time after.
-    let status = server.app.limiter.status("k").await.unwrap();
-    assert_eq!(status.in_flight, 0, "the cut stream's permit was released");
+    assert_eq!(
+        server.in_flight("k").await,
+        0,
+        "the cut stream's permit was released"
+    );
 }
 
 async fn a_limit_holds_across_workers<M: Make>() {
@@ -375,7 +377,7 @@ async fn shutdown_closes_idle_connections_at_once() {
     let mut settings = proxy_settings(&upstream.base, args);
     // No upstream connection's timer fires (and wakes a client connection) while the test runs.
     settings.upstream_timeout = Duration::from_secs(60);
-    let mut server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let mut server = start_proxy(&settings, common::Memory::stores(&None)).await;
     let http = Client::new();
     for _ in 0..3 {
         let response = keyed(&http, server.url("/echo/x"), "k").await;
@@ -401,7 +403,7 @@ async fn every_request_on_a_kept_alive_connection_gets_the_whole_upstream_timeou
     args.workers = Some(1); // one pool, one connection
     let mut settings = proxy_settings(&upstream.base, args);
     settings.upstream_timeout = Duration::from_secs(1);
-    let server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let server = start_proxy(&settings, common::Memory::stores(&None)).await;
     let http = Client::new();
     let status = |response: reqwest::Response| response.status();
     assert_eq!(
@@ -431,7 +433,7 @@ async fn an_upstream_named_by_host_is_reached_on_any_of_its_addresses() {
     let upstream = Upstream::start().await;
     let named = upstream.base.replace("127.0.0.1", "localhost");
     let settings = proxy_settings(&named, limits(2, 0));
-    let server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let server = start_proxy(&settings, common::Memory::stores(&None)).await;
     let response = keyed(&Client::new(), server.url("/echo/x"), "k").await;
     assert_eq!(response.status(), StatusCode::OK);
     let echo: Value = response.json().await.unwrap();

@@ -6,8 +6,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
 use http::StatusCode;
 
+use super::Peer;
 use crate::error::ApiError;
-use crate::server::Peer;
 
 /// Headers that describe one connection, not the message: never forwarded (RFC 9110 7.6.1).
 static HOP_BY_HOP: [HeaderName; 8] = [

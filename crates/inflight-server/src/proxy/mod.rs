@@ -6,6 +6,7 @@ mod body;
 mod headers;
 mod upstream;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,11 +16,9 @@ use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
 use inflight::Store;
 
-use crate::api;
 use crate::app::{check_name, App};
 use crate::error::ApiError;
 use crate::metrics::AdmissionResult;
-use crate::server::{Peer, Routes};
 
 /// Where and how to forward.
 #[derive(Clone, Debug)]
@@ -32,43 +31,55 @@ pub struct Upstream {
     pub timeout: Duration,
 }
 
+/// The client at the other end of a connection: its address, and its IP address written out once per
+/// connection for the `X-Forwarded-For` of each of its requests.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The client's IP address, as text.
+    pub ip: HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = HeaderValue::from_maybe_shared(bytes::Bytes::from(addr.ip().to_string()))
+            .expect("an IP address is a valid header value");
+        Self { addr, ip }
+    }
+}
+
 /// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
-pub(crate) struct Proxy<S: Store> {
+pub struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
     target: headers::Target,
     connections: Arc<upstream::Connections>,
 }
 
-/// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each has its own pool of
-/// upstream connections: a server builds them once per worker.
-pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Routes<S> {
-    let mut address = http::uri::Parts::default();
-    address.scheme = upstream.base.scheme().cloned();
-    address.authority = upstream.base.authority().cloned();
-    address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
-    // The settings accept only http://host[:port][/base], so these parts always make a URI.
-    let address = Uri::from_parts(address).expect("an http URI with an authority");
-    let connections = upstream::Connections::new(address, CONNECT_TIMEOUT);
-    let proxy = Arc::new(Proxy {
-        app: app.clone(),
-        target: headers::Target::new(&upstream.base),
-        upstream,
-        connections,
-    });
-    Routes::proxy(api::router(app), proxy)
-}
-
 impl<S: Store> Proxy<S> {
+    /// A proxy to `upstream` over `app`, with a pool of upstream connections of its own.
+    pub fn new(app: Arc<App<S>>, upstream: Upstream) -> Self {
+        let mut address = http::uri::Parts::default();
+        address.scheme = upstream.base.scheme().cloned();
+        address.authority = upstream.base.authority().cloned();
+        address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        // The settings accept only http://host[:port][/base], so these parts always make a URI.
+        let address = Uri::from_parts(address).expect("an http URI with an authority");
+        Self {
+            app,
+            target: headers::Target::new(&upstream.base),
+            connections: upstream::Connections::new(address, CONNECT_TIMEOUT),
+            upstream,
+        }
+    }
+
     /// The response to `request`, which came from `client`.
-    pub(crate) async fn forward(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-        client: Peer,
-    ) -> Response {
+    pub async fn forward(self: Arc<Self>, request: Request<Incoming>, client: Peer) -> Response {
         match forward_checked(&self, &client, request).await {
             Ok(response) => response,
             Err(error) => error.into_response(),

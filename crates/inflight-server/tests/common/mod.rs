@@ -15,7 +15,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
 use inflight::Store;
-use inflight_server::{api, proxy, server, App, ProxySettings, Settings};
+use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -23,10 +23,14 @@ pub use test_support::TestRedis;
 
 use inflight::{MemoryStore, RedisStore};
 
+/// Each worker's store: one state, shared by every worker (and by the test).
+pub type Stores<S> = Arc<dyn Fn() -> S + Send + Sync>;
+
 /// A running server.
 pub struct Server<S: Store> {
     pub base: String,
-    pub app: Arc<App<S>>,
+    stores: Stores<S>,
+    policy: inflight::Policy,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -53,6 +57,12 @@ impl<S: Store> Server<S> {
             Some(task) => task.await.expect("server task"),
             None => Ok(()),
         }
+    }
+
+    /// The key's in-flight count, as the store has it (also once the server has finished).
+    pub async fn in_flight(&self, key: &str) -> u32 {
+        let store = (self.stores)();
+        store.status(key, self.policy).await.unwrap().in_flight
     }
 }
 
@@ -98,43 +108,38 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
 
 async fn start<S: Store>(
     settings: &Settings,
-    store: S,
+    stores: Stores<S>,
     upstream: Option<proxy::Upstream>,
 ) -> Server<S> {
     let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers()).unwrap();
     let base = format!("http://{}", listeners[0].local_addr().unwrap());
-    let app = inflight_server::app(settings, store).expect("valid test settings");
-    let grace = settings.shutdown_grace;
-    let shared = app.clone();
-    let router = move || match &upstream {
-        Some(upstream) => proxy::router(shared.clone(), upstream.clone()),
-        None => api::router(shared.clone()).into(),
+    let app = {
+        let (settings, stores) = (settings.clone(), stores.clone());
+        move || Ok(inflight_server::app(&settings, stores())?)
     };
+    let workers = server::Workers::start(listeners, app, upstream, settings.shutdown_grace)
+        .await
+        .expect("the workers start");
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(server::run(
-        listeners,
-        router,
-        app.clone(),
-        async {
-            let _ = stopped.await;
-        },
-        grace,
-    ));
+    let task = tokio::spawn(workers.run(async {
+        let _ = stopped.await;
+    }));
     Server {
         base,
-        app,
+        stores,
+        policy: inflight::Policy::new(settings.default_limit, settings.max_limit),
         stop: Some(stop),
         task: Some(task),
     }
 }
 
-pub async fn start_api<S: Store>(settings: &Settings, store: S) -> Server<S> {
-    start(settings, store, None).await
+pub async fn start_api<S: Store>(settings: &Settings, stores: Stores<S>) -> Server<S> {
+    start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Store>(settings: &ProxySettings, store: S) -> Server<S> {
+pub async fn start_proxy<S: Store>(settings: &ProxySettings, stores: Stores<S>) -> Server<S> {
     let upstream = inflight_server::upstream(settings).expect("valid test settings");
-    start(&settings.serve, store, Some(upstream)).await
+    start(&settings.serve, stores, Some(upstream)).await
 }
 
 /// An upstream API to proxy to.
@@ -335,15 +340,17 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
     type S: Store;
-    fn make(redis: &Option<TestRedis>) -> Self::S;
+    fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }
 
 pub struct Memory;
 impl Make for Memory {
-    type S = MemoryStore;
-    fn make(_: &Option<TestRedis>) -> MemoryStore {
-        MemoryStore::new()
+    type S = Arc<MemoryStore>;
+    /// One embedded store, shared by every worker's limiter.
+    fn stores(_: &Option<TestRedis>) -> Stores<Arc<MemoryStore>> {
+        let store = Arc::new(MemoryStore::new());
+        Arc::new(move || store.clone())
     }
     fn redis() -> Option<TestRedis> {
         None
@@ -353,19 +360,24 @@ impl Make for Memory {
 pub struct Redis;
 impl Make for Redis {
     type S = RedisStore;
-    /// As the `inflight` binary opens it: each worker batches its own admissions and releases.
-    fn make(redis: &Option<TestRedis>) -> RedisStore {
-        redis
-            .as_ref()
-            .expect("a redis")
-            .store_builder()
-            .batches_per_runtime(true)
-            .open()
-            .expect("test redis url")
+    fn stores(redis: &Option<TestRedis>) -> Stores<RedisStore> {
+        redis_stores(redis.as_ref().expect("a redis"))
     }
     fn redis() -> Option<TestRedis> {
         Some(TestRedis::start())
     }
+}
+
+/// As the `inflight` binary opens them: a store of its own for each worker, opened in its runtime.
+pub fn redis_stores(redis: &TestRedis) -> Stores<RedisStore> {
+    let url = redis.url();
+    Arc::new(move || {
+        RedisStore::builder(url.clone())
+            .response_timeout(Duration::from_millis(500))
+            .connection_timeout(Duration::from_millis(200))
+            .open()
+            .expect("test redis url")
+    })
 }
 
 /// Instantiates each scenario as a test on the memory store and on a fresh redis-server.
