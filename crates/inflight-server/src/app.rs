@@ -1,10 +1,11 @@
 //! What every handler shares: the limiter, the admin token, the metrics.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use inflight::{Limiter, Store};
+use inflight::StoreError;
+use inflight::{AcquireError, AcquireOptions, Lease, Limiter, Permit, PermitId, Renewal, Store};
 
-use crate::metrics::Metrics;
+use crate::metrics::{AdmissionResult, Metrics};
 
 /// The state of a server.
 pub struct App<S: Store> {
@@ -29,6 +30,63 @@ impl<S: Store> App<S> {
         let out = work.await;
         self.metrics.store_latency(op, started.elapsed());
         out
+    }
+
+    /// Admits a request under `key`: where every admission, the API's and the proxy's, is timed and
+    /// counted.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> Result<Permit, AcquireError> {
+        let outcome = self
+            .timed("acquire", self.limiter.try_acquire_with(key, options))
+            .await;
+        let result = match &outcome {
+            Ok(_) => AdmissionResult::Admitted,
+            Err(AcquireError::Store(_)) => AdmissionResult::Error,
+            Err(_) => AdmissionResult::Rejected,
+        };
+        self.metrics.admission(key, result);
+        outcome
+    }
+
+    /// Hands `permit` over to an HTTP client, which renews or releases it; counted in flight until then.
+    pub fn lend(&self, permit: Permit) -> Lease {
+        let lease = permit.detach();
+        let id = lease.id.to_string();
+        self.metrics.lent(&lease.key, &id, lease.expires_at_ms);
+        lease
+    }
+
+    /// Renews a lease handed out over HTTP.
+    pub async fn renew(
+        &self,
+        key: &str,
+        id: &PermitId,
+        lease: Option<Duration>,
+    ) -> Result<Renewal, StoreError> {
+        let renewal = self
+            .timed("renew", self.limiter.renew(key, id, lease))
+            .await?;
+        match &renewal {
+            Renewal::Renewed(grant) | Renewal::Readded(grant) => {
+                self.metrics
+                    .renewed(key, &id.to_string(), grant.expires_at_ms);
+            }
+            Renewal::Lost => self.metrics.returned(key, &id.to_string()),
+        }
+        Ok(renewal)
+    }
+
+    /// Releases a lease handed out over HTTP; returns whether it was held (and then counts the release).
+    pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
+        let held = self.timed("release", self.limiter.release(key, id)).await?;
+        self.metrics.returned(key, &id.to_string());
+        if held {
+            self.metrics.release();
+        }
+        Ok(held)
     }
 
     /// True when `authorization` carries the admin token (or none is configured).

@@ -31,8 +31,13 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
     })
 }
 
-/// The limiter and app state that `settings` describe, over `store`.
-pub fn app<S: Store>(settings: &Settings, store: S) -> Result<Arc<App<S>>, ConfigError> {
+/// The limiter and app state that `settings` describe, over `store`, recording into `metrics` (which the
+/// apps of a server's workers share).
+pub fn app<S: Store>(
+    settings: &Settings,
+    metrics: metrics::Metrics,
+    store: S,
+) -> Result<Arc<App<S>>, ConfigError> {
     let limiter = Limiter::builder(store)
         .policy(inflight::Policy::new(
             settings.default_limit,
@@ -44,7 +49,7 @@ pub fn app<S: Store>(settings: &Settings, store: S) -> Result<Arc<App<S>>, Confi
     Ok(Arc::new(App {
         limiter,
         admin_token: settings.admin_token.clone().filter(|t| !t.is_empty()),
-        metrics: metrics::Metrics::new(settings.metrics_per_key),
+        metrics,
         cut: tokio::sync::watch::Sender::new(false),
     }))
 }

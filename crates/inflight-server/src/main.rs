@@ -7,6 +7,7 @@ use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, ProxySettings};
+use inflight_server::metrics::Metrics;
 use inflight_server::server::{self, Workers};
 use inflight_server::Settings;
 
@@ -111,8 +112,8 @@ async fn run<S: Store>(
     let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
     let shutdown = server::shutdown_signal();
     let app = {
-        let settings = settings.clone();
-        move || Ok(inflight_server::app(&settings, store()?)?)
+        let (settings, metrics) = (settings.clone(), Metrics::new(settings.metrics_per_key));
+        move || Ok(inflight_server::app(&settings, metrics.clone(), store()?)?)
     };
     let workers = Workers::start(listeners, app, upstream, settings.shutdown_grace).await?;
     tracing::info!(

@@ -6,7 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{get_json, get_text, limits, start_api, status_of, wait_in_flight, Make, TestRedis};
+use common::{
+    get_json, get_text, limits, metric, start_api, status_of, wait_in_flight, Make, TestRedis,
+};
 use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
@@ -400,7 +402,34 @@ async fn health_readiness_metrics_and_openapi<M: Make>() {
     }
 }
 
+/// `inflight_in_flight` counts the leases this server handed out, until they are released or end.
+async fn a_lease_handed_out_is_in_flight_until_released_or_ended<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
+    let http = Client::new();
+    let (url, metrics) = (server.url("/v1/keys/g/permits"), server.url("/metrics"));
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
+    let permit = body(http.post(&url).send().await.unwrap()).await;
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 1.0);
+    let id = permit["id"].as_str().unwrap();
+    let released = http.delete(format!("{url}/{id}")).send().await.unwrap();
+    assert_eq!(released.status(), StatusCode::NO_CONTENT);
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
+    // A lease nobody renews is in flight until its deadline, not after.
+    let short = http
+        .post(&url)
+        .json(&json!({"lease_ms": 200}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(short.status(), StatusCode::CREATED);
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 1.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
+}
+
 per_store!(
+    a_lease_handed_out_is_in_flight_until_released_or_ended,
     permits_are_acquired_renewed_and_released,
     limits_are_set_and_cleared,
     an_unlimited_key_is_admitted_and_its_permits_renew,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::process::{listen_of, Running};
 use common::{
-    get_json, get_text, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis,
-    Upstream,
+    get_json, get_text, limits, metric, proxy_settings, start_proxy, wait_in_flight, Make,
+    TestRedis, Upstream,
 };
 use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
@@ -157,6 +157,28 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
         "upstream_timeout"
     );
     wait_in_flight(&server.url("/_inflight"), "k2", 0).await;
+}
+
+/// A proxied response's permit is in flight while the response runs, and counts as released once it ends.
+async fn a_proxied_response_counts_its_release_when_it_ends<M: Make>() {
+    let (_redis, upstream, server) = proxied::<M>(limits(2, 0)).await;
+    let http = Client::new();
+    let metrics = server.url("/_inflight/metrics");
+    let before = metric(&http, &metrics, "inflight_releases_total").await;
+    let mut stream = keyed(&http, server.url("/sse"), "k").await;
+    assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 1.0);
+    upstream.gate.add_permits(2);
+    while stream.chunk().await.unwrap().is_some() {}
+    let started = std::time::Instant::now();
+    while metric(&http, &metrics, "inflight_releases_total").await <= before {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no release counted after the response ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
 }
 
 async fn the_api_answers_under_inflight<M: Make>() {
@@ -499,6 +521,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
 }
 
 per_store!(
+    a_proxied_response_counts_its_release_when_it_ends,
     requests_are_forwarded_whole,
     upstream_connections_are_kept_alive_and_replaced_when_closed,
     a_limit_holds_across_workers,

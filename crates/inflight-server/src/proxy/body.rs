@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
 use super::upstream::Reusable;
-use crate::metrics::InFlightGuard;
+use crate::metrics::Held;
 
 pin_project! {
     /// See the module docs.
@@ -23,7 +23,7 @@ pin_project! {
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,
         connection: Option<Reusable>,
-        _gauge: InFlightGuard,
+        _held: Held,
     }
 }
 
@@ -33,7 +33,7 @@ impl ProxyBody {
         permit: Permit,
         connection: Reusable,
         cut: watch::Receiver<bool>,
-        gauge: InFlightGuard,
+        held: Held,
     ) -> Self {
         let mut connection = Some(connection);
         if inner.is_end_stream() {
@@ -45,7 +45,7 @@ impl ProxyBody {
             inner: PermitBody::new(inner, Some(permit)),
             cut: Cut::Watching(cut),
             connection,
-            _gauge: gauge,
+            _held: held,
         }
     }
 }

@@ -18,7 +18,6 @@ use inflight::Store;
 
 use crate::app::{check_name, App};
 use crate::error::ApiError;
-use crate::metrics::AdmissionResult;
 
 /// Where and how to forward.
 #[derive(Clone, Debug)]
@@ -103,25 +102,12 @@ async fn forward_checked<S: Store>(
         }
         Some(value) => key_of(value)?,
     };
-    let permit = match app.timed("acquire", app.limiter.try_acquire(&key)).await {
-        Ok(permit) => {
-            app.metrics.admission(&key, AdmissionResult::Admitted);
-            permit
-        }
-        Err(error) => {
-            let result = match error {
-                inflight::AcquireError::Store(_) => AdmissionResult::Error,
-                _ => AdmissionResult::Rejected,
-            };
-            app.metrics.admission(&key, result);
-            return Err(error.into());
-        }
-    };
-    let gauge = app.metrics.hold();
+    let permit = app.acquire(&key, inflight::AcquireOptions::new()).await?;
+    let held = app.metrics.hold();
     let upstream_request = proxy.target.to_upstream(request, client)?;
     let deadline = tokio::time::Instant::now() + proxy.upstream.timeout;
     let response = proxy.connections.send(upstream_request, deadline).await;
-    // On every early return below, the permit and the gauge guard are dropped: the slot is released.
+    // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
 
     let response = match response {
         Err(upstream::UpstreamError::Timeout) => {
@@ -146,7 +132,7 @@ async fn forward_checked<S: Store>(
     headers::strip_hop_by_hop(&mut parts.headers);
     // The body holds the permit (released when the body ends, fails or is dropped) and the upstream
     // connection (given back when the body has been read to the end).
-    let body = body::ProxyBody::new(body, permit, connection, app.cut.subscribe(), gauge);
+    let body = body::ProxyBody::new(body, permit, connection, app.cut.subscribe(), held);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 

@@ -15,6 +15,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
 use inflight::Store;
+use inflight_server::metrics::Metrics;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
@@ -115,7 +116,8 @@ async fn start<S: Store>(
     let base = format!("http://{}", listeners[0].local_addr().unwrap());
     let app = {
         let (settings, stores) = (settings.clone(), stores.clone());
-        move || Ok(inflight_server::app(&settings, stores())?)
+        let metrics = Metrics::new(settings.metrics_per_key);
+        move || Ok(inflight_server::app(&settings, metrics.clone(), stores())?)
     };
     let workers = server::Workers::start(listeners, app, upstream, settings.shutdown_grace)
         .await
@@ -318,6 +320,15 @@ pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> s
 /// GET `url` and its body as text (the metrics page, say).
 pub async fn get_text(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+/// The value of the series `name` (with its labels, if any) on the metrics page at `url`; 0 when the page
+/// does not have it yet.
+pub async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
+    let text = get_text(client, url).await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Polls `GET {base}{prefix}/v1/keys/{key}` until its in_flight is `want`; panics after 2 s.
