@@ -4,7 +4,6 @@
 
 mod body;
 mod headers;
-mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,6 +13,9 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use inflight::Store;
 
 use crate::app::{check_name, App};
@@ -52,28 +54,41 @@ impl Peer {
 /// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
+/// Idle upstream connections kept, at most (nginx's `keepalive 128`).
+const MAX_IDLE: usize = 128;
+
+/// How long an idle upstream connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The proxy of one worker: its limiter, its upstream, and its client to it.
+///
+/// The client is hyper-util's: HTTP/1.1 keep-alive connections, pooled per worker. A connection goes
+/// back to the pool when its response body has been read to the end; one whose response ended any other
+/// way is closed. A request that its pooled connection closed before sending it goes on another. Every
+/// address the upstream's name resolves to is tried, IPv6 and IPv4 raced as RFC 8305 says.
 pub struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
     target: headers::Target,
-    connections: Arc<upstream::Connections>,
+    client: Client<HttpConnector, Incoming>,
 }
 
 impl<S: Store> Proxy<S> {
     /// A proxy to `upstream` over `app`, with a pool of upstream connections of its own.
     pub fn new(app: Arc<App<S>>, upstream: Upstream) -> Self {
-        let mut address = http::uri::Parts::default();
-        address.scheme = upstream.base.scheme().cloned();
-        address.authority = upstream.base.authority().cloned();
-        address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
-        // The settings accept only http://host[:port][/base], so these parts always make a URI.
-        let address = Uri::from_parts(address).expect("an http URI with an authority");
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(MAX_IDLE)
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
         Self {
             app,
             target: headers::Target::new(&upstream.base),
-            connections: upstream::Connections::new(address, CONNECT_TIMEOUT),
             upstream,
+            client,
         }
     }
 
@@ -105,34 +120,32 @@ async fn forward_checked<S: Store>(
     let permit = app.acquire(&key, inflight::AcquireOptions::new()).await?;
     let held = app.metrics.hold();
     let upstream_request = proxy.target.to_upstream(request, client)?;
-    let deadline = tokio::time::Instant::now() + proxy.upstream.timeout;
-    let response = proxy.connections.send(upstream_request, deadline).await;
+    let sent = proxy.client.request(upstream_request);
     // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
-
-    let response = match response {
-        Err(upstream::UpstreamError::Timeout) => {
+    let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
+        Err(_) => {
             return Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_timeout",
                 "The upstream did not answer in time.",
             ))
         }
-        Err(error) => {
-            tracing::warn!(%error, "upstream request failed");
+        Ok(Err(error)) => {
+            // "client error (Connect): tcp connect error: Connection refused": the error and its causes.
+            let error = anyhow::Error::new(error);
+            tracing::warn!(error = format!("{error:#}"), "upstream request failed");
             return Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream_unavailable",
                 "The upstream could not be reached.",
             ));
         }
-        Ok(response) => response,
+        Ok(Ok(response)) => response,
     };
-    let (response, connection) = response;
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    // The body holds the permit (released when the body ends, fails or is dropped) and the upstream
-    // connection (given back when the body has been read to the end).
-    let body = body::ProxyBody::new(body, permit, connection, app.cut.subscribe(), held);
+    // The body holds the permit: released when the body ends, fails or is dropped.
+    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), held);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
