@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, Parser, Subcommand};
+use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
@@ -50,12 +50,8 @@ pub enum Command {
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
 pub struct Settings {
     /// Address to listen on.
-    #[arg(
-        long,
-        env = "INFLIGHT_LISTEN",
-        value_name = "ADDR",
-        default_value = "127.0.0.1:8080"
-    )]
+    #[arg(long, env = "INFLIGHT_LISTEN", value_name = "ADDR")]
+    #[arg(default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Worker threads serving connections, each with its own runtime, limiter and listening socket
     /// [default: one per CPU core].
@@ -63,68 +59,48 @@ pub struct Settings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
     /// Where leases live: memory:// (embedded), redis://host:port[/db], rediss://..., unix:///path.
-    #[arg(
-        long,
-        env = "INFLIGHT_STORE",
-        value_name = "URL",
-        default_value = "memory://"
-    )]
+    #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
+    #[arg(default_value = "memory://")]
     pub store: String,
     /// Limit of a key without an override; 0 = unlimited (env fallback APP_DEFAULT_ACTIVE_REQUESTS).
-    #[arg(
-        long,
-        env = "INFLIGHT_DEFAULT_LIMIT",
-        value_name = "N",
-        default_value_t = 0
-    )]
+    #[arg(long, env = "INFLIGHT_DEFAULT_LIMIT", value_name = "N")]
+    #[arg(default_value_t = 0)]
     pub default_limit: u32,
     /// Ceiling over every key's limit; 0 = none (env fallback APP_MAX_ACTIVE_REQUESTS).
-    #[arg(
-        long,
-        env = "INFLIGHT_MAX_LIMIT",
-        value_name = "N",
-        default_value_t = 0
-    )]
+    #[arg(long, env = "INFLIGHT_MAX_LIMIT", value_name = "N")]
+    #[arg(default_value_t = 0)]
     pub max_limit: u32,
     /// Lease of a permit unless its request asks for another, e.g. 30s, 500ms.
-    #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION")]
+    #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub lease: Duration,
     /// Bearer token that changing limits requires (unset: no token needed).
-    #[arg(
-        long,
-        env = "INFLIGHT_ADMIN_TOKEN",
-        value_name = "TOKEN",
-        hide_env_values = true
-    )]
+    #[arg(long, env = "INFLIGHT_ADMIN_TOKEN", value_name = "TOKEN")]
+    #[arg(hide_env_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<String>,
     /// When the store is unreachable: fail_closed (503), fail_open (admit), fail_open_local (admit under a
     /// per-process cap).
-    #[arg(
-        long,
-        env = "INFLIGHT_ON_STORE_FAILURE",
-        value_name = "POLICY",
-        default_value = "fail_closed"
-    )]
+    #[arg(long, env = "INFLIGHT_ON_STORE_FAILURE", value_name = "POLICY")]
+    #[arg(default_value = "fail_closed")]
     pub on_store_failure: String,
     /// The per-process, per-key cap under fail_open_local.
-    #[arg(
-        long,
-        env = "INFLIGHT_FAIL_OPEN_LOCAL_LIMIT",
-        value_name = "N",
-        default_value_t = 1
-    )]
+    #[arg(long, env = "INFLIGHT_FAIL_OPEN_LOCAL_LIMIT", value_name = "N")]
+    #[arg(default_value_t = 1)]
     pub fail_open_local_limit: u32,
     /// Label metrics with each key (high cardinality: only with few keys).
-    #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL")]
+    #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_per_key: bool,
     /// How long, after SIGTERM or Ctrl-C, running responses may finish.
-    #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION")]
+    #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub shutdown_grace: Duration,
     /// Prefix of every Redis key.
-    #[arg(long, env = "INFLIGHT_REDIS_PREFIX", value_name = "PREFIX", default_value = inflight::store::DEFAULT_PREFIX)]
+    #[arg(long, env = "INFLIGHT_REDIS_PREFIX", value_name = "PREFIX")]
+    #[arg(default_value = inflight::store::DEFAULT_PREFIX)]
     pub redis_prefix: String,
     /// For rediss:// stores signed by a private CA: its certificate (PEM file). Needs the `tls` feature.
     #[arg(long, env = "INFLIGHT_REDIS_CA_CERT", value_name = "FILE")]
@@ -132,12 +108,8 @@ pub struct Settings {
     pub redis_ca_cert: Option<PathBuf>,
     /// Batches of admissions and releases out to Redis at once from each worker, 1 to 64: fewer makes
     /// batches larger and Redis calls fewer.
-    #[arg(
-        long,
-        env = "INFLIGHT_REDIS_PIPELINE",
-        value_name = "N",
-        default_value_t = 1
-    )]
+    #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
+    #[arg(default_value_t = 1)]
     pub redis_pipeline: usize,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
@@ -153,15 +125,12 @@ pub struct ProxySettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
     /// The request header whose value is the key.
-    #[arg(
-        long,
-        env = "INFLIGHT_KEY_HEADER",
-        value_name = "NAME",
-        default_value = "X-Inflight-Key"
-    )]
+    #[arg(long, env = "INFLIGHT_KEY_HEADER", value_name = "NAME")]
+    #[arg(default_value = "X-Inflight-Key")]
     pub key_header: String,
     /// How long to wait for the upstream's response headers.
-    #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
+    #[arg(default_value = "60s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub upstream_timeout: Duration,
     /// The settings `inflight serve` has.
@@ -187,23 +156,38 @@ fn invalid(setting: &str, reason: impl std::fmt::Display) -> ConfigError {
     }
 }
 
-impl Settings {
-    /// The settings of `inflight serve` parsed from `flags` (and the environment), then layered over the
-    /// file and checked.
-    pub fn from_flags<I, T>(flags: I) -> Result<Self, ConfigError>
+/// A command's settings: parsed from flags and the environment, layered over the TOML file, checked.
+pub trait Layered: Args + FromArgMatches + Serialize + DeserializeOwned {
+    /// The TOML file the settings name, if any.
+    fn file(&self) -> Option<&Path>;
+
+    /// Checks the values, naming the setting of a bad one.
+    fn check(&self) -> Result<(), ConfigError>;
+
+    /// These settings (as parsed into `matches`) over the file's, checked.
+    fn layered(&self, matches: &ArgMatches) -> Result<Self, ConfigError> {
+        let settings = layer(self, matches, self.file())?;
+        settings.check()?;
+        Ok(settings)
+    }
+
+    /// The settings of `flags` (the first is the program's name) and the environment, layered and checked.
+    fn from_flags<I, T>(flags: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let (args, matches) = parse::<Self, _, _>(flags)?;
+        let matches = Self::augment_args(clap::Command::new("inflight"))
+            .try_get_matches_from(flags)
+            .map_err(|e| invalid("flags", e))?;
+        let args = Self::from_arg_matches(&matches).map_err(|e| invalid("flags", e))?;
         args.layered(&matches)
     }
+}
 
-    /// These flags' settings (as parsed into `matches`) over the TOML file's, checked.
-    pub fn layered(&self, matches: &ArgMatches) -> Result<Self, ConfigError> {
-        let settings: Self = layer(self, matches, self.config.as_deref())?;
-        settings.check()?;
-        Ok(settings)
+impl Layered for Settings {
+    fn file(&self) -> Option<&Path> {
+        self.config.as_deref()
     }
 
     fn check(&self) -> Result<(), ConfigError> {
@@ -237,7 +221,9 @@ impl Settings {
         }
         self.failure_policy().map(drop)
     }
+}
 
+impl Settings {
     /// How many worker threads serve connections.
     pub fn workers(&self) -> usize {
         self.workers
@@ -281,28 +267,20 @@ impl Settings {
     }
 }
 
+/// An upstream is required.
+impl Layered for ProxySettings {
+    fn file(&self) -> Option<&Path> {
+        self.serve.config.as_deref()
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        self.serve.check()?;
+        self.upstream()?;
+        self.key_header().map(drop)
+    }
+}
+
 impl ProxySettings {
-    /// The settings of `inflight proxy` parsed from `flags` (and the environment), then layered over the
-    /// file and checked.
-    pub fn from_flags<I, T>(flags: I) -> Result<Self, ConfigError>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let (args, matches) = parse::<Self, _, _>(flags)?;
-        args.layered(&matches)
-    }
-
-    /// These flags' settings (as parsed into `matches`) over the TOML file's, checked; an upstream is
-    /// required.
-    pub fn layered(&self, matches: &ArgMatches) -> Result<Self, ConfigError> {
-        let settings: Self = layer(self, matches, self.serve.config.as_deref())?;
-        settings.serve.check()?;
-        settings.upstream()?;
-        settings.key_header()?;
-        Ok(settings)
-    }
-
     /// The upstream's base URL: `http://host[:port][/base]`.
     pub fn upstream(&self) -> Result<http::Uri, ConfigError> {
         let Some(url) = &self.upstream else {
@@ -327,19 +305,6 @@ impl ProxySettings {
             invalid("key_header", reason)
         })
     }
-}
-
-/// `flags` parsed as a command's (the first is the command's name).
-fn parse<A: Args + clap::FromArgMatches, I, T>(flags: I) -> Result<(A, ArgMatches), ConfigError>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    let matches = A::augment_args(clap::Command::new("inflight"))
-        .try_get_matches_from(flags)
-        .map_err(|e| invalid("flags", e))?;
-    let args = A::from_arg_matches(&matches).map_err(|e| invalid("flags", e))?;
-    Ok((args, matches))
 }
 
 /// `args` as parsed, with the file (if any) over the defaults and under the flags and the environment.
@@ -434,11 +399,12 @@ mod text {
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(from)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "{text:?} is not a duration like 30s or 500ms ({e})"
-            ))
-        })
+        parse(&String::deserialize(from)?).map_err(serde::de::Error::custom)
+    }
+
+    /// A duration like 30s or 500ms.
+    pub(super) fn parse(text: &str) -> Result<Duration, String> {
+        humantime::parse_duration(text)
+            .map_err(|e| format!("{text:?} is not a duration like 30s or 500ms ({e})"))
     }
 }

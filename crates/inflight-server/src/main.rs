@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
-use inflight_server::config::{Cli, Command, ProxySettings};
+use inflight_server::config::{Cli, Command, Layered, ProxySettings};
 use inflight_server::metrics::Metrics;
 use inflight_server::server::{self, Workers};
 use inflight_server::Settings;

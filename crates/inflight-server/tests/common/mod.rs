@@ -15,6 +15,7 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
 use inflight::Store;
+use inflight_server::config::Layered;
 use inflight_server::metrics::Metrics;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
