@@ -71,8 +71,8 @@ impl Body for ProxyBody {
     }
 }
 
-/// Whether the server's shutdown grace period is over. Checking costs one atomic load; only a body that
-/// waits for its upstream registers to be woken by the cut (most bodies are read without waiting).
+/// Whether the server's shutdown grace period is over. A body registers to be woken by the cut only once it
+/// waits for its upstream; until then it only looks at the signal when read.
 enum Cut {
     Watching(watch::Receiver<bool>),
     Waiting(Pin<Box<dyn Future<Output = ()> + Send>>),
