@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `inflight_admissions_total` | counter | `result` = admitted / rejected / error |
 //! | `inflight_releases_total` | counter | |
-//! | `inflight_in_flight` | gauge | permits in flight through this server: its proxied responses', and the leases its API handed out and has not seen end |
+//! | `inflight_in_flight` | gauge | permits in flight through this server: proxied responses', leases lent over HTTP |
 //! | `inflight_leases_reclaimed_total` | counter | expired leases reclaimed: a sign of crashed holders |
 //! | `inflight_leases_lost_total` | counter | held permits whose lease was gone and could not come back |
 //! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit |

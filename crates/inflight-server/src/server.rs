@@ -213,10 +213,13 @@ impl Workers {
                 ended = self.ended.next() => match ended {
                     None => break,
                     Some(Ok(Ok(()))) => {}
-                    Some(result) => {
-                        let error = result.unwrap_or_else(|_| Err(std::io::Error::other("a worker thread panicked")));
+                    Some(Ok(Err(error))) => {
                         self.end.send_replace(true);
-                        first_error = first_error.or(error.err());
+                        first_error.get_or_insert(error);
+                    }
+                    Some(Err(_)) => {
+                        self.end.send_replace(true);
+                        first_error.get_or_insert(std::io::Error::other("a worker thread panicked"));
                     }
                 },
             }
