@@ -177,6 +177,16 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
     assert!(err.contains("upstream"), "{err}");
 }
 
+/// The scheduling policy is the operator's (`chrt --batch 0 inflight ...`), not a setting.
+#[test]
+fn sched_batch_is_no_longer_a_setting() {
+    let err = serve(&["--sched-batch", "true"], &[]).unwrap_err();
+    assert!(err.contains("--sched-batch"), "{err}");
+    let toml = file("sched_batch = true\n");
+    let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
+    assert!(err.contains("sched_batch"), "{err}");
+}
+
 #[test]
 fn secrets_never_reach_the_log() {
     let line = serve(
