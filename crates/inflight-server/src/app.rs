@@ -2,20 +2,21 @@
 
 use std::time::{Duration, Instant};
 
-use inflight::StoreError;
-use inflight::{AcquireError, AcquireOptions, Lease, Limiter, Permit, PermitId, Renewal, Store};
+use inflight::{
+    AcquireError, AcquireOptions, Lease, Limiter, Permit, PermitId, Renewal, Store, StoreError,
+};
 
 use crate::metrics::{AdmissionResult, Metrics};
 
-/// The state of a server.
+/// The state of one worker of a server.
 pub struct App<S: Store> {
-    /// The limiter every request goes through.
+    /// The worker's limiter, which every request it serves goes through.
     pub limiter: Limiter<S>,
     /// The bearer token that changing limits requires, if any.
     pub admin_token: Option<String>,
-    /// The process's metrics.
+    /// The server's metrics, shared by its workers.
     pub metrics: Metrics,
-    /// Set when the shutdown grace period is over: responses still streaming end then.
+    /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
 }
 
