@@ -139,7 +139,10 @@ impl Metrics {
     /// release.
     pub fn hold(&self) -> Held {
         self.in_flight.proxied.fetch_add(1, Ordering::Relaxed);
-        Held(self.clone())
+        Held {
+            in_flight: self.in_flight.clone(),
+            releases: self.releases.clone(),
+        }
     }
 
     /// A lease handed out over HTTP, in flight until `expires_at_ms` (0: nothing is held, not counted).
@@ -200,11 +203,14 @@ impl Metrics {
 }
 
 /// A permit held by a proxied response, counted in `inflight_in_flight`; dropped, counted as released.
-pub struct Held(Metrics);
+pub struct Held {
+    in_flight: Arc<InFlight>,
+    releases: metrics::Counter,
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.in_flight.proxied.fetch_sub(1, Ordering::Relaxed);
-        self.0.release();
+        self.in_flight.proxied.fetch_sub(1, Ordering::Relaxed);
+        self.releases.increment(1);
     }
 }
