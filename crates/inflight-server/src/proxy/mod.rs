@@ -4,6 +4,7 @@
 
 mod body;
 mod headers;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,9 +14,6 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use inflight::Store;
 
 use crate::app::{check_name, App};
@@ -54,41 +52,28 @@ impl Peer {
 /// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Idle upstream connections kept, at most (nginx's `keepalive 128`).
-const MAX_IDLE: usize = 128;
-
-/// How long an idle upstream connection is kept.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The proxy of one worker: its limiter, its upstream, and its client to it.
-///
-/// The client is hyper-util's: HTTP/1.1 keep-alive connections, pooled per worker. A connection goes
-/// back to the pool when its response body has been read to the end; one whose response ended any other
-/// way is closed. A request that its pooled connection closed before sending it goes on another. Every
-/// address the upstream's name resolves to is tried, IPv6 and IPv4 raced as RFC 8305 says.
+/// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
 pub struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
     target: headers::Target,
-    client: Client<HttpConnector, Incoming>,
+    pool: upstream::Pool,
 }
 
 impl<S: Store> Proxy<S> {
     /// A proxy to `upstream` over `app`, with a pool of upstream connections of its own.
     pub fn new(app: Arc<App<S>>, upstream: Upstream) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(MAX_IDLE)
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+        let mut address = http::uri::Parts::default();
+        address.scheme = upstream.base.scheme().cloned();
+        address.authority = upstream.base.authority().cloned();
+        address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        // The settings accept only http://host[:port][/base], so these parts always make a URI.
+        let address = Uri::from_parts(address).expect("an http URI with an authority");
         Self {
             app,
             target: headers::Target::new(&upstream.base),
+            pool: upstream::Pool::new(address, CONNECT_TIMEOUT),
             upstream,
-            client,
         }
     }
 
@@ -120,7 +105,7 @@ async fn forward_checked<S: Store>(
     let permit = app.acquire(&key, inflight::AcquireOptions::new()).await?;
     let held = app.metrics.hold();
     let upstream_request = proxy.target.to_upstream(request, client)?;
-    let sent = proxy.client.request(upstream_request);
+    let sent = proxy.pool.send(upstream_request);
     // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
     let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
         Err(_) => {
@@ -131,9 +116,7 @@ async fn forward_checked<S: Store>(
             ))
         }
         Ok(Err(error)) => {
-            // "client error (Connect): tcp connect error: Connection refused": the error and its causes.
-            let error = anyhow::Error::new(error);
-            tracing::warn!(error = format!("{error:#}"), "upstream request failed");
+            tracing::warn!(%error, "upstream request failed");
             return Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream_unavailable",
