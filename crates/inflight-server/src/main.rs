@@ -77,6 +77,7 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     };
     if settings.store.starts_with("memory://") {
         // Every worker's limiter over the one embedded store.
+        // TODO(merge): MemoryStore is Clone and shares its state: clone it rather than an Arc of it.
         let store = Arc::new(MemoryStore::new());
         run(settings, proxy, move || Ok(store.clone())).await
     } else {

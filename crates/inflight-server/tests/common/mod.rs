@@ -360,6 +360,7 @@ pub struct Memory;
 impl Make for Memory {
     type S = Arc<MemoryStore>;
     /// One embedded store, shared by every worker's limiter.
+    // TODO(merge): MemoryStore is Clone and shares its state: clone it rather than an Arc of it.
     fn stores(_: &Option<TestRedis>) -> Stores<Arc<MemoryStore>> {
         let store = Arc::new(MemoryStore::new());
         Arc::new(move || store.clone())
