@@ -1,6 +1,6 @@
 //! The floor under the proxy: the least a forwarder built on the same parts (hyper's HTTP/1 server and
 //! client, Tokio, one single-threaded runtime and `SO_REUSEPORT` socket per worker, pooled keep-alive
-//! connections per worker, `SCHED_BATCH` threads) can do per request. No limiter, no router, no header rewriting, no metrics: the
+//! connections per worker) can do per request. No limiter, no router, no header rewriting, no metrics: the
 //! request goes upstream as it came and the response comes back as it came. `scripts/bench.sh` runs it
 //! beside the proxy, so the table shows how much of the proxy's cost is the limiter's and its own, and
 //! how much is the HTTP stack's.
@@ -35,8 +35,6 @@ fn main() -> anyhow::Result<()> {
         Some(n) => n.parse()?,
         None => std::thread::available_parallelism().map_or(1, usize::from),
     };
-    // The same scheduling policy as the proxy's threads (inherited by the workers started below).
-    inflight_server::server::batch_scheduling()?;
     let listeners = {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -14,17 +14,12 @@ use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::app::App;
+use crate::app::{check_name, App};
+use crate::config::MAX_LEASE;
 use crate::error::ApiError;
-use crate::metrics::AdmissionResult;
 
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("../openapi.json");
-
-/// Longest key and id, in bytes.
-const MAX_NAME: usize = 256;
-/// Longest lease a request may ask for.
-const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
 /// The API's routes over `app`.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
@@ -94,18 +89,6 @@ fn checked_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
     Ok(key)
 }
 
-fn check_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        Err("Keys and ids may not be empty.")
-    } else if name.len() > MAX_NAME {
-        Err("Keys and ids are at most 256 bytes.")
-    } else if name.chars().any(char::is_control) {
-        Err("Keys and ids may not contain control characters.")
-    } else {
-        Ok(())
-    }
-}
-
 /// A JSON body; an empty body is the defaults.
 fn body<T: DeserializeOwned + Default>(
     bytes: Result<Bytes, BytesRejection>,
@@ -160,24 +143,9 @@ async fn acquire<S: Store>(
     if let Some(lease) = lease(request.lease_ms)? {
         options = options.lease(lease);
     }
-    let outcome = app
-        .timed("acquire", app.limiter.try_acquire_with(&key, options))
-        .await;
-    match outcome {
-        Ok(permit) => {
-            app.metrics.admission(&key, AdmissionResult::Admitted);
-            // The caller holds the lease from here: it renews or releases it over HTTP.
-            Ok((StatusCode::CREATED, Json(permit_json(permit.detach()))).into_response())
-        }
-        Err(error) => {
-            let result = match error {
-                inflight::AcquireError::Store(_) => AdmissionResult::Error,
-                _ => AdmissionResult::Rejected,
-            };
-            app.metrics.admission(&key, result);
-            Err(error.into())
-        }
-    }
+    let permit = app.acquire(&key, options).await?;
+    // The caller holds the lease from here: it renews or releases it over HTTP.
+    Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response())
 }
 
 async fn renew<S: Store>(
@@ -192,10 +160,7 @@ async fn renew<S: Store>(
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
     let id = PermitId::from(id);
-    match app
-        .timed("renew", app.limiter.renew(&key, &id, lease))
-        .await?
-    {
+    match app.renew(&key, &id, lease).await? {
         Renewal::Renewed(grant) | Renewal::Readded(grant) => Ok(Json(PermitJson {
             id: id.to_string(),
             key,
@@ -235,9 +200,7 @@ async fn release<S: Store>(
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
     let id = PermitId::from(id);
-    if app.timed("release", app.limiter.release(&key, &id)).await? {
-        app.metrics.release();
-    }
+    app.release(&key, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

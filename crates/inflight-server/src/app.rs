@@ -1,20 +1,22 @@
 //! What every handler shares: the limiter, the admin token, the metrics.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use inflight::{Limiter, Store};
+use inflight::{
+    AcquireError, AcquireOptions, Lease, Limiter, Permit, PermitId, Renewal, Store, StoreError,
+};
 
-use crate::metrics::Metrics;
+use crate::metrics::{AdmissionResult, Metrics};
 
-/// The state of a server.
+/// The state of one worker of a server.
 pub struct App<S: Store> {
-    /// The limiter every request goes through.
+    /// The worker's limiter, which every request it serves goes through.
     pub limiter: Limiter<S>,
     /// The bearer token that changing limits requires, if any.
     pub admin_token: Option<String>,
-    /// The process's metrics.
+    /// The server's metrics, shared by its workers.
     pub metrics: Metrics,
-    /// Set when the shutdown grace period is over: responses still streaming end then.
+    /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
 }
 
@@ -31,6 +33,63 @@ impl<S: Store> App<S> {
         out
     }
 
+    /// Admits a request under `key`: where every admission, the API's and the proxy's, is timed and
+    /// counted.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> Result<Permit, AcquireError> {
+        let outcome = self
+            .timed("acquire", self.limiter.try_acquire_with(key, options))
+            .await;
+        let result = match &outcome {
+            Ok(_) => AdmissionResult::Admitted,
+            Err(AcquireError::Store(_)) => AdmissionResult::Error,
+            Err(_) => AdmissionResult::Rejected,
+        };
+        self.metrics.admission(key, result);
+        outcome
+    }
+
+    /// Hands `permit` over to an HTTP client, which renews or releases it; counted in flight until then.
+    pub fn lend(&self, permit: Permit) -> Lease {
+        let lease = permit.detach();
+        let id = lease.id.to_string();
+        self.metrics.lent(&lease.key, &id, lease.expires_at_ms);
+        lease
+    }
+
+    /// Renews a lease handed out over HTTP.
+    pub async fn renew(
+        &self,
+        key: &str,
+        id: &PermitId,
+        lease: Option<Duration>,
+    ) -> Result<Renewal, StoreError> {
+        let renewal = self
+            .timed("renew", self.limiter.renew(key, id, lease))
+            .await?;
+        match &renewal {
+            Renewal::Renewed(grant) | Renewal::Readded(grant) => {
+                self.metrics
+                    .renewed(key, &id.to_string(), grant.expires_at_ms);
+            }
+            Renewal::Lost => self.metrics.returned(key, &id.to_string()),
+        }
+        Ok(renewal)
+    }
+
+    /// Releases a lease handed out over HTTP; returns whether it was held (and then counts the release).
+    pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
+        let held = self.timed("release", self.limiter.release(key, id)).await?;
+        self.metrics.returned(key, &id.to_string());
+        if held {
+            self.metrics.release();
+        }
+        Ok(held)
+    }
+
     /// True when `authorization` carries the admin token (or none is configured).
     pub fn is_admin(&self, authorization: Option<&http::HeaderValue>) -> bool {
         let Some(token) = &self.admin_token else {
@@ -41,6 +100,23 @@ impl<S: Store> App<S> {
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or_default();
         constant_time_eq(given.as_bytes(), token.as_bytes())
+    }
+}
+
+/// Longest key and id, in bytes.
+const MAX_NAME: usize = 256;
+
+/// Checks a key or a permit id, wherever it comes from (a path, a body, the proxy's key header): non-empty,
+/// at most 256 bytes, no control characters.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("Keys and ids may not be empty.")
+    } else if name.len() > MAX_NAME {
+        Err("Keys and ids are at most 256 bytes.")
+    } else if name.chars().any(char::is_control) {
+        Err("Keys and ids may not contain control characters.")
+    } else {
+        Ok(())
     }
 }
 

@@ -24,8 +24,7 @@ pub struct BenchArgs {
     /// Concurrent tasks.
     #[arg(long, default_value_t = 64)]
     pub tasks: usize,
-    /// Threads of the runtime the tasks (and the store's connection) run on, 1 to 1024. One by default:
-    /// on a 2-core machine that also runs Redis, two made fewer pairs/s than one (BENCHMARKS.md).
+    /// Threads of the runtime the tasks (and the store's connection) run on, 1 to 1024.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: u16,
     /// The limit of every key (0: unlimited).

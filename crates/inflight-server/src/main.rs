@@ -1,25 +1,31 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
+use std::sync::Arc;
+
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
-use inflight_server::config::{Cli, Command};
-use inflight_server::{api, proxy, server, Settings};
+use inflight_server::config::{Cli, Command, Layered, ProxySettings};
+use inflight_server::metrics::Metrics;
+use inflight_server::server::{self, Workers};
+use inflight_server::Settings;
 
-// hyper allocates and frees buffers and header maps for every request and response. Against glibc's malloc,
-// mimalloc took a fifth off the proxy's user-space CPU per request (figures in the commit that added it).
+// hyper allocates and frees buffers and header maps for every request and response: mimalloc serves
+// those small, short-lived allocations (BENCHMARKS.md has the comparison with the system allocator).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    // `serve` and `proxy` answer on worker threads of their own (server.rs); this runtime, one thread,
-    // keeps the store's connection, renewals and signals. `bench` runs on `--threads` threads.
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // `serve` and `proxy` answer on worker threads of their own (server.rs), each with its limiter and
+    // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
+    // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
     let runtime = match &cli.command {
-        // A multi-thread runtime even for one worker (the main thread only waits for the tasks): against a
-        // current-thread one at 64 tasks on Redis, 4 rounds each, it was never slower (83-131k pairs/s
-        // against 82-99k).
         Command::Bench(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(usize::from(args.threads))
             .enable_all()
@@ -35,7 +41,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(start(cli)) {
+    let matches = matches
+        .subcommand()
+        .map(|(_, m)| m.clone())
+        .unwrap_or_default();
+    match runtime.block_on(start(cli, matches)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // One plain line (with its causes), never a backtrace: these are the operator's errors.
@@ -45,7 +55,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn start(cli: Cli) -> anyhow::Result<()> {
+async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -57,74 +67,68 @@ async fn start(cli: Cli) -> anyhow::Result<()> {
         .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let (settings, is_proxy) = match &cli.command {
-        Command::Serve(args) => (Settings::for_serve(args)?, false),
-        Command::Proxy(args) => (Settings::for_proxy(args)?, true),
+    let (settings, proxy) = match &cli.command {
+        Command::Serve(args) => (args.layered(&matches)?, None),
+        Command::Proxy(args) => {
+            let proxy = args.layered(&matches)?;
+            (proxy.serve.clone(), Some(proxy))
+        }
         Command::Bench(args) => return bench(args).await,
     };
     if settings.store.starts_with("memory://") {
-        run(settings, is_proxy, MemoryStore::new()).await
+        // Every worker's limiter over the one embedded store.
+        // TODO(merge): MemoryStore is Clone and shares its state: clone it rather than an Arc of it.
+        let store = Arc::new(MemoryStore::new());
+        run(settings, proxy, move || Ok(store.clone())).await
     } else {
-        // The workers' runtimes are driven for as long as they admit: each batches its own.
-        let builder = RedisStore::builder(settings.store.clone())
-            .prefix(settings.redis_prefix.clone())
-            .pipeline(settings.redis_pipeline)
-            .batches_per_runtime(true);
-        #[cfg(feature = "tls")]
-        let builder = match &settings.redis_ca_cert {
-            Some(pem) => builder.root_cert(pem.clone()),
-            None => builder,
-        };
-        let store = builder
-            .open()
-            .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
-        run(settings, is_proxy, store).await
+        let opened = settings.clone();
+        run(settings, proxy, move || redis_store(&opened)).await
     }
 }
 
-async fn run<S: Store>(settings: Settings, is_proxy: bool, store: S) -> anyhow::Result<()> {
-    // Before the workers start, so that they inherit it.
-    if settings.sched_batch {
-        if let Err(error) = server::batch_scheduling() {
-            tracing::warn!(%error, "cannot use SCHED_BATCH; the threads keep the default policy");
-        }
-    }
-    let listeners = server::bind(settings.listen, settings.workers)
+/// A worker's own Redis store (its connection and its batches on the worker's runtime).
+fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
+    let builder = RedisStore::builder(settings.store.clone())
+        .prefix(settings.redis_prefix.clone())
+        .pipeline(settings.redis_pipeline);
+    #[cfg(feature = "tls")]
+    let builder = match settings.redis_ca_cert()? {
+        Some(pem) => builder.root_cert(pem),
+        None => builder,
+    };
+    builder
+        .open()
+        .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))
+}
+
+/// Serves until a signal, each worker with an app over a store from `store`.
+async fn run<S: Store>(
+    settings: Settings,
+    proxy: Option<ProxySettings>,
+    store: impl Fn() -> anyhow::Result<S> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let listeners = server::bind(settings.listen, settings.workers())
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let listen = listeners[0].local_addr()?;
-    let app = inflight_server::app(&settings, store);
-    let router = || match &settings.upstream {
-        Some(base) if is_proxy => proxy::router(
-            app.clone(),
-            proxy::Upstream {
-                base: base.clone(),
-                key_header: settings.key_header.clone(),
-                timeout: settings.upstream_timeout,
-            },
-        ),
-        _ => api::router(app.clone()).into(),
-    };
+    let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
     let shutdown = server::shutdown_signal();
+    let app = {
+        let (settings, metrics) = (settings.clone(), Metrics::new(settings.metrics_per_key));
+        move || Ok(inflight_server::app(&settings, metrics.clone(), store()?)?)
+    };
+    let workers = Workers::start(listeners, app, upstream, settings.shutdown_grace).await?;
     tracing::info!(
-        command = if is_proxy { "proxy" } else { "serve" },
+        command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,
-        workers = settings.workers,
+        workers = settings.workers(),
         store = %settings.store_for_logs(),
         default_limit = settings.default_limit,
         max_limit = settings.max_limit,
         lease = ?settings.lease,
-        upstream = settings.upstream.as_ref().map(ToString::to_string),
-        sched_batch = settings.sched_batch,
+        upstream = proxy.as_ref().and_then(|p| p.upstream.clone()),
         "inflight started"
     );
-    server::run(
-        listeners,
-        router,
-        app.clone(),
-        shutdown,
-        settings.shutdown_grace,
-    )
-    .await?;
+    workers.run(shutdown).await?;
     Ok(())
 }
 

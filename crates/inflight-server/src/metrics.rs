@@ -4,14 +4,15 @@
 //! |---|---|---|
 //! | `inflight_admissions_total` | counter | `result` = admitted / rejected / error |
 //! | `inflight_releases_total` | counter | |
-//! | `inflight_in_flight` | gauge | permits this process holds (proxied responses) |
+//! | `inflight_in_flight` | gauge | permits in flight through this server: proxied responses', leases lent over HTTP |
 //! | `inflight_leases_reclaimed_total` | counter | expired leases reclaimed: a sign of crashed holders |
 //! | `inflight_leases_lost_total` | counter | held permits whose lease was gone and could not come back |
 //! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit |
 
-use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -21,8 +22,12 @@ const STORE_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
-/// The process's metrics (one recorder per process, shared by every server in it). The handles of the
-/// fixed series are registered once, so the request path only bumps atomics.
+/// Leases handed out over HTTP that `inflight_in_flight` counts, at most (past this, new ones go uncounted).
+const MAX_LENT: usize = 100_000;
+
+/// A server's metrics: its workers share one (clones), and every server in a process shares the counters
+/// and histograms of the process's one recorder. The handles of the fixed series are registered once, so
+/// the request path only bumps atomics.
 #[derive(Clone)]
 pub struct Metrics {
     handle: PrometheusHandle,
@@ -31,8 +36,28 @@ pub struct Metrics {
     rejected: metrics::Counter,
     errors: metrics::Counter,
     releases: metrics::Counter,
-    in_flight: metrics::Gauge,
     store: [(&'static str, metrics::Histogram); 5],
+    in_flight: Arc<InFlight>,
+}
+
+/// What `inflight_in_flight` counts, for one server.
+#[derive(Default)]
+struct InFlight {
+    /// Permits held by proxied responses.
+    proxied: AtomicU64,
+    /// Leases handed out over HTTP: (key, id) -> when the lease ends (ms since the Unix epoch) unless renewed.
+    lent: Mutex<HashMap<(String, String), u64>>,
+}
+
+impl InFlight {
+    fn lent(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), u64>> {
+        self.lent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn now_ms() -> u64 {
+    let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    since_epoch.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 const STORE_OPS: [&str; 5] = ["acquire", "release", "renew", "status", "set_limit"];
@@ -73,7 +98,7 @@ impl Metrics {
             rejected: metrics::counter!("inflight_admissions_total", "result" => "rejected"),
             errors: metrics::counter!("inflight_admissions_total", "result" => "error"),
             releases: metrics::counter!("inflight_releases_total"),
-            in_flight: metrics::gauge!("inflight_in_flight"),
+            in_flight: Arc::default(),
             store: STORE_OPS.map(|op| {
                 (
                     op,
@@ -110,10 +135,47 @@ impl Metrics {
         }
     }
 
-    /// One more permit held by this process until the guard is dropped.
-    pub fn hold(&self) -> InFlightGuard {
-        self.in_flight.increment(1.0);
-        InFlightGuard(self.in_flight.clone())
+    /// One more permit held by a proxied response: in flight until the guard is dropped, which counts its
+    /// release.
+    pub fn hold(&self) -> Held {
+        self.in_flight.proxied.fetch_add(1, Ordering::Relaxed);
+        Held {
+            in_flight: self.in_flight.clone(),
+            releases: self.releases.clone(),
+        }
+    }
+
+    /// A lease handed out over HTTP, in flight until `expires_at_ms` (0: nothing is held, not counted).
+    pub fn lent(&self, key: &str, id: &str, expires_at_ms: u64) {
+        if expires_at_ms == 0 {
+            return;
+        }
+        let mut lent = self.in_flight.lent();
+        if lent.len() >= MAX_LENT {
+            let now = now_ms();
+            lent.retain(|_, expires| *expires > now);
+        }
+        if lent.len() < MAX_LENT {
+            lent.insert((key.to_owned(), id.to_owned()), expires_at_ms);
+        }
+    }
+
+    /// A lease handed out over HTTP was renewed until `expires_at_ms`.
+    pub fn renewed(&self, key: &str, id: &str, expires_at_ms: u64) {
+        if let Some(expires) = self
+            .in_flight
+            .lent()
+            .get_mut(&(key.to_owned(), id.to_owned()))
+        {
+            *expires = expires_at_ms;
+        }
+    }
+
+    /// A lease handed out over HTTP has ended: released, or lost.
+    pub fn returned(&self, key: &str, id: &str) {
+        self.in_flight
+            .lent()
+            .remove(&(key.to_owned(), id.to_owned()));
     }
 
     /// The Prometheus text, with the limiter's own counters brought up to date.
@@ -124,15 +186,31 @@ impl Metrics {
             .absolute(stats.lost.load(Ordering::Relaxed));
         metrics::counter!("inflight_leases_readded_total")
             .absolute(stats.readded.load(Ordering::Relaxed));
-        self.handle.render()
+        let lent = {
+            let mut lent = self.in_flight.lent();
+            let now = now_ms();
+            lent.retain(|_, expires| *expires > now);
+            lent.len() as u64
+        };
+        let in_flight = self.in_flight.proxied.load(Ordering::Relaxed) + lent;
+        // This server's own, where the recorder's gauges are the process's.
+        let mut text = self.handle.render();
+        text.push_str(&format!(
+            "# TYPE inflight_in_flight gauge\ninflight_in_flight {in_flight}\n"
+        ));
+        text
     }
 }
 
-/// Decrements `inflight_in_flight` when dropped.
-pub struct InFlightGuard(metrics::Gauge);
+/// A permit held by a proxied response, counted in `inflight_in_flight`; dropped, counted as released.
+pub struct Held {
+    in_flight: Arc<InFlight>,
+    releases: metrics::Counter,
+}
 
-impl Drop for InFlightGuard {
+impl Drop for Held {
     fn drop(&mut self) {
-        self.0.decrement(1.0);
+        self.in_flight.proxied.fetch_sub(1, Ordering::Relaxed);
+        self.releases.increment(1);
     }
 }

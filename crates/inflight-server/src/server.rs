@@ -1,13 +1,11 @@
 //! Running a server: the API or the proxy on its workers until shutdown, then a bounded grace period.
 //!
-//! Each worker is a thread with its own single-threaded Tokio runtime and its own listening socket on the
+//! Each worker is a thread with its own single-threaded Tokio runtime, its own listening socket on the
 //! shared address (`SO_REUSEPORT`, so the kernel spreads connections over them), as nginx's worker
-//! processes do: a connection, its requests and its upstream connections stay on one thread. The limiter
-//! and its store are shared by every worker. With Redis, each worker batches its own admissions and
-//! releases over a Redis connection of its own, so those never leave its thread either; the rest of the
-//! store's work (renewals, retried releases, status reads, limit changes) runs on the runtime that built
-//! the store. A client that sends everything over one connection (HTTP/2,
-//! or a load balancer keeping few connections open) is served by one worker.
+//! processes do, and its own [`App`]: its limiter, and with Redis its own store connection, built inside
+//! its runtime. A connection, its requests and its upstream connections stay on one thread. A client that
+//! sends everything over one connection (HTTP/2, or a load balancer keeping few connections open) is
+//! served by one worker.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,40 +22,19 @@ use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Store;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tower_service::Service;
 
+use crate::api;
 use crate::app::App;
-use crate::graceful;
-use crate::proxy::Proxy;
-
-/// The client at the other end of a connection, as the proxy sees it: its address, and its IP address
-/// already written out, once per connection rather than for every request that needs it (the proxy's
-/// `X-Forwarded-For`; formatting an address costs more than the rest of that header's work).
-#[derive(Clone, Debug)]
-pub struct Peer {
-    /// The client's address.
-    pub addr: SocketAddr,
-    /// The client's IP address, as text.
-    pub ip: http::HeaderValue,
-}
-
-impl Peer {
-    /// The peer at `addr`.
-    pub fn new(addr: SocketAddr) -> Self {
-        let ip = http::HeaderValue::from_maybe_shared(bytes::Bytes::from(addr.ip().to_string()))
-            .expect("an IP address is a valid header value");
-        Self { addr, ip }
-    }
-}
+use crate::proxy::{Peer, Proxy, Upstream};
 
 /// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
-/// forwarded. Proxied requests go straight to the proxy, past axum's router (its routing, its request
-/// extensions and its boxed handler futures cost a proxied request a tenth of its instructions:
-/// `scripts/instructions.sh`).
-pub struct Routes<S: Store> {
+/// forwarded (straight to the proxy, past axum's router).
+struct Routes<S: Store> {
     api: Router,
     proxy: Option<Arc<Proxy<S>>>,
 }
@@ -72,19 +49,17 @@ impl<S: Store> Clone for Routes<S> {
 }
 
 impl<S: Store> Routes<S> {
-    /// The API alone, at the root.
-    pub fn api(router: Router) -> Self {
-        Self {
-            api: router,
-            proxy: None,
-        }
-    }
-
-    /// A proxy: the API under `/_inflight`, everything else forwarded.
-    pub(crate) fn proxy(api: Router, proxy: Arc<Proxy<S>>) -> Self {
-        Self {
-            api: Router::new().nest_service(API_PREFIX, api),
-            proxy: Some(proxy),
+    /// The API at the root; or with an upstream, the API under `/_inflight` and everything else forwarded.
+    fn new(app: &Arc<App<S>>, upstream: Option<&Upstream>) -> Self {
+        match upstream {
+            None => Self {
+                api: api::router(app.clone()),
+                proxy: None,
+            },
+            Some(upstream) => Self {
+                api: Router::new().nest_service(API_PREFIX, api::router(app.clone())),
+                proxy: Some(Arc::new(Proxy::new(app.clone(), upstream.clone()))),
+            },
         }
     }
 
@@ -99,12 +74,6 @@ impl<S: Store> Routes<S> {
             }
             _ => Either::Right(self.api.clone().call(request)),
         }
-    }
-}
-
-impl<S: Store> From<Router> for Routes<S> {
-    fn from(router: Router) -> Self {
-        Self::api(router)
     }
 }
 
@@ -136,7 +105,7 @@ impl Listener for NoDelay {
     }
 }
 
-/// How long, after the grace period, the cut streams get to close before the server stops waiting.
+/// How long, after the grace period, the cut streams get to close before the worker stops waiting.
 const CUT_WAIT: Duration = Duration::from_secs(1);
 
 /// Listening sockets for `workers` workers on `addr` (port 0 picks one port for all of them). Call it
@@ -171,109 +140,158 @@ pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::T
         .collect()
 }
 
-/// Serves on `listeners`, one worker thread each, with routes from `routes` each, until `shutdown`
-/// completes; then stops accepting, lets running responses (proxied streams) finish for up to `grace`,
-/// ends the ones still running, and releases every permit the limiter still holds. Dropping the returned
-/// future stops the workers at once.
-pub async fn run<S: Store>(
-    listeners: Vec<std::net::TcpListener>,
-    routes: impl Fn() -> Routes<S>,
-    app: Arc<App<S>>,
-    shutdown: impl Future<Output = ()>,
-    grace: Duration,
-) -> std::io::Result<()> {
-    if listeners.is_empty() {
-        return Err(std::io::Error::other("no listener to serve on"));
-    }
-    // `stop`: stop accepting and finish what runs. `end`: end at once (dropping this future does too).
-    let (stop, stopping) = watch::channel(false);
-    let (end, ending) = watch::channel(false);
-    let mut workers = FuturesUnordered::new();
-    for (n, listener) in listeners.into_iter().enumerate() {
-        let (done, finished) = oneshot::channel();
-        let (routes, stopping, ending) = (routes(), stopping.clone(), ending.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("inflight-worker-{n}"))
-            .spawn(move || {
-                let _ = done.send(worker(listener, routes, stopping, ending));
-            });
-        workers.push(async move {
-            spawned?;
-            finished
+/// What each worker calls in its own runtime to build its app (its limiter over its store).
+type MakeApp<S> = Arc<dyn Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync>;
+
+/// A server's worker threads, each serving its listener.
+pub struct Workers {
+    /// Stop accepting and finish what runs (within the grace period).
+    stop: watch::Sender<bool>,
+    /// End at once; dropped with this, which ends the workers too.
+    end: watch::Sender<bool>,
+    ended: FuturesUnordered<oneshot::Receiver<std::io::Result<()>>>,
+}
+
+impl Workers {
+    /// Starts a worker on each of `listeners`: it builds its app with `app` (inside its own runtime), and
+    /// serves the API, or with `upstream` the proxy. Returns once every worker has built its app, or with
+    /// the first one's error. Dropping the workers ends them at once.
+    pub async fn start<S: Store>(
+        listeners: Vec<std::net::TcpListener>,
+        app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
+        upstream: Option<Upstream>,
+        grace: Duration,
+    ) -> anyhow::Result<Self> {
+        if listeners.is_empty() {
+            anyhow::bail!("no listener to serve on");
+        }
+        let app: MakeApp<S> = Arc::new(app);
+        let upstream = upstream.map(Arc::new);
+        let workers = Self {
+            stop: watch::Sender::new(false),
+            end: watch::Sender::new(false),
+            ended: FuturesUnordered::new(),
+        };
+        let mut started = Vec::new();
+        for (n, listener) in listeners.into_iter().enumerate() {
+            let (ready, is_ready) = oneshot::channel();
+            let (done, ended) = oneshot::channel();
+            let worker = Worker {
+                app: app.clone(),
+                upstream: upstream.clone(),
+                grace,
+                stopping: workers.stop.subscribe(),
+                ending: workers.end.subscribe(),
+            };
+            std::thread::Builder::new()
+                .name(format!("inflight-worker-{n}"))
+                .spawn(move || {
+                    let _ = done.send(worker.run(listener, ready));
+                })?;
+            started.push(is_ready);
+            workers.ended.push(ended);
+        }
+        for ready in started {
+            ready
                 .await
-                .unwrap_or_else(|_| Err(std::io::Error::other("a worker thread panicked")))
-        });
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread ended at start")))?;
+        }
+        Ok(workers)
     }
-    // Every worker's end, waited for; the first to fail ends the others at once.
-    let served = async {
+
+    /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses
+    /// (proxied streams) finish for up to the grace period, ends the ones still running, and releases
+    /// every permit its limiter still holds. Should a worker fail, the others end at once.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        let mut shutdown = std::pin::pin!(shutdown);
         let mut first_error = None;
-        while let Some(result) = workers.next().await {
-            if let Err(error) = result {
-                end.send_replace(true);
-                first_error.get_or_insert(error);
+        loop {
+            tokio::select! {
+                () = &mut shutdown, if !*self.stop.borrow() => {
+                    self.stop.send_replace(true);
+                }
+                ended = self.ended.next() => match ended {
+                    None => break,
+                    Some(Ok(Ok(()))) => {}
+                    Some(Ok(Err(error))) => {
+                        self.end.send_replace(true);
+                        first_error.get_or_insert(error);
+                    }
+                    Some(Err(_)) => {
+                        self.end.send_replace(true);
+                        first_error.get_or_insert(std::io::Error::other("a worker thread panicked"));
+                    }
+                },
             }
         }
         first_error.map_or(Ok(()), Err)
-    };
-    tokio::pin!(served);
-    let result = tokio::select! {
-        result = &mut served => result,
-        () = shutdown => {
-            stop.send_replace(true);
-            match tokio::time::timeout(grace, &mut served).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!(?grace, "grace period over: ending the responses still running");
-                    app.cut.send_replace(true);
-                    match tokio::time::timeout(CUT_WAIT, &mut served).await {
-                        Ok(result) => result,
-                        Err(_) => {
-                            end.send_replace(true);
-                            served.await
-                        }
-                    }
-                }
-            }
-        }
-    };
-    // The workers have all ended: what they held was dropped with their runtimes, and is being released in
-    // the background; `release_held` releases the rest and waits for those.
-    app.limiter.release_held().await;
-    result
+    }
 }
 
-/// One worker: serves `listener` on a runtime of its own until told to stop (and its connections have
-/// closed) or to end. Its runtime, with any connection still open, is gone when this returns.
-fn worker<S: Store>(
-    listener: std::net::TcpListener,
-    routes: Routes<S>,
+/// What a worker thread gets.
+struct Worker<S: Store> {
+    app: MakeApp<S>,
+    upstream: Option<Arc<Upstream>>,
+    grace: Duration,
     stopping: watch::Receiver<bool>,
-    mut ending: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let served = runtime.block_on(async move {
-        let listener = NoDelay(TcpListener::from_std(listener)?);
-        tokio::select! {
-            () = serve(listener, routes, stopping) => Ok(()),
-            _ = ending.wait_for(|end| *end) => Ok(()),
-        }
-    });
-    // Connections still open are dropped with the runtime; a blocking task (a DNS lookup of the upstream)
-    // is not waited for past this.
-    runtime.shutdown_timeout(CUT_WAIT);
-    served
+    ending: watch::Receiver<bool>,
 }
 
-/// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop,
-/// then closes each once its current exchange is over and returns when all have closed.
+impl<S: Store> Worker<S> {
+    /// Builds the worker's app on a runtime of its own (and says so on `ready`), then serves `listener`
+    /// until told to stop (and its connections have closed) or to end. Its runtime, with any connection
+    /// still open, is gone when this returns.
+    fn run(
+        mut self,
+        listener: std::net::TcpListener,
+        ready: oneshot::Sender<anyhow::Result<()>>,
+    ) -> std::io::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let served = runtime.block_on(async move {
+            let started = TcpListener::from_std(listener)
+                .map_err(anyhow::Error::from)
+                .and_then(|listener| Ok((NoDelay(listener), (self.app)()?)));
+            let (listener, app) = match started {
+                Ok(started) => {
+                    let _ = ready.send(Ok(()));
+                    started
+                }
+                Err(error) => {
+                    let _ = ready.send(Err(error));
+                    return Ok(());
+                }
+            };
+            let routes = Routes::new(&app, self.upstream.as_deref());
+            tokio::select! {
+                () = serve(listener, routes, self.stopping, self.grace, &app.cut) => {
+                    // What was dropped is being released in the background; this releases the rest and
+                    // waits for those.
+                    app.limiter.release_held().await;
+                }
+                _ = self.ending.wait_for(|end| *end) => {}
+            }
+            Ok(())
+        });
+        // Connections still open are dropped with the runtime; a blocking task (a DNS lookup of the upstream)
+        // is not waited for past this.
+        runtime.shutdown_timeout(CUT_WAIT);
+        served
+    }
+}
+
+/// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop;
+/// then closes each once its current exchange is over (an idle one at once), and returns when all have
+/// closed. Responses still running after `grace` are cut.
 async fn serve<S: Store>(
     mut listener: NoDelay,
     routes: Routes<S>,
     mut stopping: watch::Receiver<bool>,
+    grace: Duration,
+    cut: &watch::Sender<bool>,
 ) {
-    let connections = graceful::Connections::new(stopping.clone());
+    let connections = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
         let (io, addr) = tokio::select! {
@@ -285,30 +303,18 @@ async fn serve<S: Store>(
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
-        // Spawned as a task of its own, as `Watched` needs (one task's waker, the same on every poll).
         tokio::spawn(connections.watch(connection));
     }
     drop(listener);
-    connections.all_closed().await;
-}
-
-/// Puts the calling thread, and every thread it starts from now on, under Linux's `SCHED_BATCH` policy (a
-/// no-op elsewhere). The kernel then treats the threads as busy: one woken by its socket waits for the
-/// running thread's time slice to end instead of preempting it, and takes what arrived meanwhile in one go.
-/// Their share of the CPU, set by their nice value, is unchanged. Where the workers share the cores with the
-/// upstream or the clients, being woken and preempting for each event cost the proxy a fifth to a quarter of
-/// its requests/s on event streams (BENCHMARKS.md); an idle core still runs a woken thread at once.
-#[allow(unsafe_code)] // sched_setscheduler(2): neither libc nor rustix wraps it safely.
-pub fn batch_scheduling() -> std::io::Result<()> {
-    #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param for the call's duration; pid 0 is the calling thread.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    let mut closed = std::pin::pin!(connections.shutdown());
+    if tokio::time::timeout(grace, &mut closed).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "grace period over: ending the responses still running"
+        );
+        cut.send_replace(true);
+        let _ = tokio::time::timeout(CUT_WAIT, closed).await;
     }
-    Ok(())
 }
 
 /// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called (not when first

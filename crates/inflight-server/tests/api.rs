@@ -7,10 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    get_json, get_text, limits, settings, start_api, status_of, wait_in_flight, Make, TestRedis,
+    get_json, get_text, limits, metric, start_api, status_of, wait_in_flight, Make, TestRedis,
 };
-use inflight::MemoryStore;
-use inflight_server::config::CommonArgs;
+use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
 
@@ -33,7 +32,7 @@ async fn assert_error(response: reqwest::Response, status: StatusCode, code: &st
 
 async fn permits_are_acquired_renewed_and_released<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&settings(limits(2, 0)), M::make(&redis)).await;
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
     let http = Client::new();
     let url = server.url("/v1/keys/app-1/permits");
 
@@ -130,7 +129,7 @@ async fn permits_are_acquired_renewed_and_released<M: Make>() {
 
 async fn limits_are_set_and_cleared<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&settings(limits(1, 10)), M::make(&redis)).await;
+    let server = start_api(&limits(1, 10), M::stores(&redis)).await;
     let http = Client::new();
     let set = http
         .put(server.url("/v1/keys/tenant%2F7/limit"))
@@ -181,7 +180,7 @@ async fn limits_are_set_and_cleared<M: Make>() {
 
 async fn an_unlimited_key_is_admitted_and_its_permits_renew<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&settings(CommonArgs::default()), M::make(&redis)).await;
+    let server = start_api(&limits(0, 0), M::stores(&redis)).await;
     let http = Client::new();
     let permit = body(
         http.post(server.url("/v1/keys/free/permits"))
@@ -208,7 +207,7 @@ async fn an_unlimited_key_is_admitted_and_its_permits_renew<M: Make>() {
 
 async fn bad_input_gets_a_clear_error_and_never_a_500<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&settings(limits(2, 0)), M::make(&redis)).await;
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
     let http = Client::new();
     let long = "k".repeat(257);
     for path in [
@@ -298,11 +297,11 @@ async fn body_in_flight(http: &Client, url: &str) -> u64 {
 
 async fn the_admin_token_guards_limit_changes<M: Make>() {
     let redis = M::redis();
-    let args = CommonArgs {
+    let args = Settings {
         admin_token: Some("s3cret".into()),
         ..limits(1, 0)
     };
-    let server = start_api(&settings(args), M::make(&redis)).await;
+    let server = start_api(&args, M::stores(&redis)).await;
     let http = Client::new();
     let url = server.url("/v1/keys/app/limit");
     assert_error(
@@ -346,7 +345,7 @@ async fn the_admin_token_guards_limit_changes<M: Make>() {
 
 async fn an_abandoned_lease_frees_its_slot<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&settings(limits(1, 0)), M::make(&redis)).await;
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
     let http = Client::new();
     let url = server.url("/v1/keys/app/permits");
     let held = http
@@ -365,7 +364,7 @@ async fn an_abandoned_lease_frees_its_slot<M: Make>() {
 
 async fn health_readiness_metrics_and_openapi<M: Make>() {
     let redis = M::redis();
-    let server = start_api(&settings(limits(1, 0)), M::make(&redis)).await;
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
     let http = Client::new();
     assert_eq!(status_of(http.get(server.url("/healthz"))).await, 200);
     assert_eq!(status_of(http.get(server.url("/readyz"))).await, 200);
@@ -403,7 +402,34 @@ async fn health_readiness_metrics_and_openapi<M: Make>() {
     }
 }
 
+/// `inflight_in_flight` counts the leases this server handed out, until they are released or end.
+async fn a_lease_handed_out_is_in_flight_until_released_or_ended<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
+    let http = Client::new();
+    let (url, metrics) = (server.url("/v1/keys/g/permits"), server.url("/metrics"));
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
+    let permit = body(http.post(&url).send().await.unwrap()).await;
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 1.0);
+    let id = permit["id"].as_str().unwrap();
+    let released = http.delete(format!("{url}/{id}")).send().await.unwrap();
+    assert_eq!(released.status(), StatusCode::NO_CONTENT);
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
+    // A lease nobody renews is in flight until its deadline, not after.
+    let short = http
+        .post(&url)
+        .json(&json!({"lease_ms": 200}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(short.status(), StatusCode::CREATED);
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 1.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
+}
+
 per_store!(
+    a_lease_handed_out_is_in_flight_until_released_or_ended,
     permits_are_acquired_renewed_and_released,
     limits_are_set_and_cleared,
     an_unlimited_key_is_admitted_and_its_permits_renew,
@@ -416,7 +442,7 @@ per_store!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready() {
     let mut redis = TestRedis::start();
-    let server = start_api(&settings(limits(1, 0)), redis.store()).await;
+    let server = start_api(&limits(1, 0), common::redis_stores(&redis)).await;
     let http = Client::new();
     redis.stop();
     assert_error(
@@ -465,11 +491,11 @@ async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_key_metric_labels_when_asked_for() {
-    let args = CommonArgs {
-        metrics_per_key: Some(true),
+    let args = Settings {
+        metrics_per_key: true,
         ..limits(1, 0)
     };
-    let server = start_api(&settings(args), MemoryStore::new()).await;
+    let server = start_api(&args, common::Memory::stores(&None)).await;
     let http = Client::new();
     http.post(server.url("/v1/keys/labelled-key/permits"))
         .send()

@@ -177,6 +177,16 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
     assert!(err.contains("upstream"), "{err}");
 }
 
+/// The scheduling policy is the operator's (`chrt --batch 0 inflight ...`), not a setting.
+#[test]
+fn sched_batch_is_no_longer_a_setting() {
+    let err = serve(&["--sched-batch", "true"], &[]).unwrap_err();
+    assert!(err.contains("--sched-batch"), "{err}");
+    let toml = file("sched_batch = true\n");
+    let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
+    assert!(err.contains("sched_batch"), "{err}");
+}
+
 #[test]
 fn secrets_never_reach_the_log() {
     let line = serve(
@@ -216,63 +226,6 @@ fn workers_share_one_address_that_no_other_server_can_take() {
     let err = start(&["serve", "--listen", &listen, "--workers", "2"], &[])
         .expect_err("a second server on a taken address");
     assert!(err.contains("cannot listen on"), "{err}");
-}
-
-/// The scheduling policy of each of a process's threads (field 41 of /proc/PID/task/TID/stat).
-#[cfg(target_os = "linux")]
-fn policies(pid: u32) -> Vec<u32> {
-    let mut policies = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap();
-        // The fields after the command name, which is in parentheses and may hold spaces, start at 3.
-        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        policies.push(fields[41 - 3].parse().unwrap());
-    }
-    policies
-}
-
-#[cfg(target_os = "linux")]
-#[test]
-fn the_servers_threads_run_under_sched_batch_unless_told_not_to() {
-    const SCHED_OTHER: u32 = 0;
-    const SCHED_BATCH: u32 = 3;
-    for (args, policy) in [
-        (&["--workers", "2"][..], SCHED_BATCH),
-        (
-            &["--workers", "2", "--sched-batch", "false"][..],
-            SCHED_OTHER,
-        ),
-    ] {
-        let mut all = vec!["serve", "--listen", "127.0.0.1:0"];
-        all.extend_from_slice(args);
-        let (server, started) = Running::start(&all);
-        assert!(
-            started.contains(&format!("sched_batch={}", policy == SCHED_BATCH)),
-            "{started}"
-        );
-        // The workers start just after the start line.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let policies = loop {
-            let policies = policies(server.id());
-            if policies.len() >= 3 || Instant::now() > deadline {
-                break policies;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert!(
-            policies.len() >= 3,
-            "the main thread and two workers: {policies:?}"
-        );
-        assert!(
-            policies.iter().all(|p| *p == policy),
-            "{args:?}: {policies:?}"
-        );
-    }
-    let err = serve(&["--sched-batch", "sometimes"], &[]).unwrap_err();
-    assert!(err.contains("--sched-batch"), "{err}");
-    let toml = file("sched_batch = \"sometimes\"\n");
-    let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
-    assert!(err.contains("sched_batch"), "{err}");
 }
 
 #[cfg(target_os = "linux")]

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use common::process::{listen_of, Running};
 use common::{
-    get_json, get_text, limits, proxy_settings, start_proxy, wait_in_flight, Make, TestRedis,
-    Upstream,
+    get_json, get_text, limits, metric, proxy_settings, start_proxy, wait_in_flight, Make,
+    TestRedis, Upstream,
 };
-use inflight_server::config::CommonArgs;
+use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
 
@@ -22,10 +22,10 @@ async fn keyed(http: &Client, url: String, key: &str) -> reqwest::Response {
 }
 
 /// A store, an upstream and a proxy in front of it with these settings.
-async fn proxied<M: Make>(args: CommonArgs) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
+async fn proxied<M: Make>(args: Settings) -> (Option<TestRedis>, Upstream, common::Server<M::S>) {
     let redis = M::redis();
     let upstream = Upstream::start().await;
-    let server = start_proxy(&proxy_settings(&upstream.base, args), M::make(&redis)).await;
+    let server = start_proxy(&proxy_settings(&upstream.base, args), M::stores(&redis)).await;
     (redis, upstream, server)
 }
 
@@ -84,8 +84,8 @@ async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
 
 async fn a_streamed_response_holds_its_slot_for_its_whole_life<M: Make>() {
     // Leases of 300 ms: the stream below lives for several of them.
-    let args = CommonArgs {
-        lease: Some("300ms".into()),
+    let args = Settings {
+        lease: Duration::from_millis(300),
         ..limits(1, 0)
     };
     let (_redis, upstream, server) = proxied::<M>(args).await;
@@ -134,7 +134,7 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::make(&redis)).await;
+    let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::stores(&redis)).await;
     let http = Client::new();
     let response = keyed(&http, server.url("/x"), "k").await;
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
@@ -146,10 +146,10 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
 
     let upstream = Upstream::start().await;
     let mut args = limits(1, 0);
-    args.lease = Some("1s".into());
+    args.lease = Duration::from_secs(1);
     let mut settings = proxy_settings(&upstream.base, args);
     settings.upstream_timeout = Duration::from_millis(300);
-    let server = start_proxy(&settings, M::make(&redis)).await;
+    let server = start_proxy(&settings, M::stores(&redis)).await;
     let response = keyed(&http, server.url("/slow"), "k2").await;
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(
@@ -157,6 +157,28 @@ async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
         "upstream_timeout"
     );
     wait_in_flight(&server.url("/_inflight"), "k2", 0).await;
+}
+
+/// A proxied response's permit is in flight while the response runs, and counts as released once it ends.
+async fn a_proxied_response_counts_its_release_when_it_ends<M: Make>() {
+    let (_redis, upstream, server) = proxied::<M>(limits(2, 0)).await;
+    let http = Client::new();
+    let metrics = server.url("/_inflight/metrics");
+    let before = metric(&http, &metrics, "inflight_releases_total").await;
+    let mut stream = keyed(&http, server.url("/sse"), "k").await;
+    assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 1.0);
+    upstream.gate.add_permits(2);
+    while stream.chunk().await.unwrap().is_some() {}
+    let started = std::time::Instant::now();
+    while metric(&http, &metrics, "inflight_releases_total").await <= before {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no release counted after the response ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metric(&http, &metrics, "inflight_in_flight").await, 0.0);
 }
 
 async fn the_api_answers_under_inflight<M: Make>() {
@@ -238,7 +260,7 @@ async fn http2_requests_are_forwarded_and_limited<M: Make>() {
 
 async fn shutdown_lets_running_streams_finish<M: Make>() {
     let mut args = limits(2, 0);
-    args.shutdown_grace = Some("5s".into());
+    args.shutdown_grace = Duration::from_secs(5);
     let (_redis, upstream, mut server) = proxied::<M>(args).await;
     let http = Client::new();
     let mut stream = keyed(&http, server.url("/sse"), "k").await;
@@ -264,13 +286,12 @@ async fn shutdown_lets_running_streams_finish<M: Make>() {
         "the running stream finished"
     );
     server.finished().await.unwrap();
-    let status = server.app.limiter.status("k").await.unwrap();
-    assert_eq!(status.in_flight, 0);
+    assert_eq!(server.in_flight("k").await, 0);
 }
 
 async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
     let mut args = limits(2, 0);
-    args.shutdown_grace = Some("300ms".into());
+    args.shutdown_grace = Duration::from_millis(300);
     let (_redis, _upstream, mut server) = proxied::<M>(args).await;
     let http = Client::new();
     let mut stream = keyed(&http, server.url("/forever"), "k").await;
@@ -278,8 +299,11 @@ async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
     server.signal();
     server.finished().await.unwrap();
     // Released by the time the server has finished, not some time after.
-    let status = server.app.limiter.status("k").await.unwrap();
-    assert_eq!(status.in_flight, 0, "the cut stream's permit was released");
+    assert_eq!(
+        server.in_flight("k").await,
+        0,
+        "the cut stream's permit was released"
+    );
 }
 
 async fn a_limit_holds_across_workers<M: Make>() {
@@ -343,17 +367,37 @@ async fn upstream_connections_are_kept_alive_and_replaced_when_closed<M: Make>()
     wait_in_flight(&server.url("/_inflight"), "k", 0).await;
 }
 
+/// The proxy checks its key header as the API checks a key in its path: a tab, which a header value may
+/// hold, is a control character, and such a key is refused by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_a_tab_is_refused_by_the_proxy_as_by_the_api() {
+    let (_redis, upstream, server) = proxied::<common::Memory>(limits(2, 0)).await;
+    let http = Client::new();
+    let proxied = keyed(&http, server.url("/echo/x"), "a\tb").await;
+    assert_eq!(proxied.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        proxied.json::<Value>().await.unwrap()["code"],
+        "invalid_key"
+    );
+    assert_eq!(upstream.hits(), 0, "nothing was forwarded");
+    let api = http
+        .post(server.url("/_inflight/v1/keys/a%09b/permits"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(api.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(api.json::<Value>().await.unwrap()["code"], "invalid_key");
+}
+
 /// On shutdown, a client's idle kept-alive connection is closed at once: the server ends long before the
 /// grace period would have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_idle_connections_at_once() {
     let upstream = Upstream::start().await;
     let mut args = limits(2, 0);
-    args.shutdown_grace = Some("60s".into());
-    let mut settings = proxy_settings(&upstream.base, args);
-    // No upstream connection's timer fires (and wakes a client connection) while the test runs.
-    settings.upstream_timeout = Duration::from_secs(60);
-    let mut server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    args.shutdown_grace = Duration::from_secs(60);
+    let settings = proxy_settings(&upstream.base, args);
+    let mut server = start_proxy(&settings, common::Memory::stores(&None)).await;
     let http = Client::new();
     for _ in 0..3 {
         let response = keyed(&http, server.url("/echo/x"), "k").await;
@@ -370,8 +414,7 @@ async fn shutdown_closes_idle_connections_at_once() {
 }
 
 /// Each request on a kept-alive upstream connection gets the whole upstream timeout for its response
-/// headers, and no more: the connection's timer moves to each request's deadline, also after it has fired
-/// while the connection was idle.
+/// headers, and no more, however long the connection was idle before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_on_a_kept_alive_connection_gets_the_whole_upstream_timeout() {
     let upstream = Upstream::start().await;
@@ -379,7 +422,7 @@ async fn every_request_on_a_kept_alive_connection_gets_the_whole_upstream_timeou
     args.workers = Some(1); // one pool, one connection
     let mut settings = proxy_settings(&upstream.base, args);
     settings.upstream_timeout = Duration::from_secs(1);
-    let server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let server = start_proxy(&settings, common::Memory::stores(&None)).await;
     let http = Client::new();
     let status = |response: reqwest::Response| response.status();
     assert_eq!(
@@ -390,7 +433,7 @@ async fn every_request_on_a_kept_alive_connection_gets_the_whole_upstream_timeou
     tokio::time::sleep(Duration::from_millis(600)).await;
     let late = keyed(&http, server.url("/delay/600"), "k").await;
     assert_eq!(late.text().await.unwrap(), "late, but answered");
-    // Idle past the timeout, so the timer fired with nothing waiting on it; then used again.
+    // Idle for longer than the timeout; then used again.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(
         status(keyed(&http, server.url("/delay/0"), "k").await),
@@ -409,7 +452,7 @@ async fn an_upstream_named_by_host_is_reached_on_any_of_its_addresses() {
     let upstream = Upstream::start().await;
     let named = upstream.base.replace("127.0.0.1", "localhost");
     let settings = proxy_settings(&named, limits(2, 0));
-    let server = start_proxy(&settings, inflight::MemoryStore::new()).await;
+    let server = start_proxy(&settings, common::Memory::stores(&None)).await;
     let response = keyed(&Client::new(), server.url("/echo/x"), "k").await;
     assert_eq!(response.status(), StatusCode::OK);
     let echo: Value = response.json().await.unwrap();
@@ -475,6 +518,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
 }
 
 per_store!(
+    a_proxied_response_counts_its_release_when_it_ends,
     requests_are_forwarded_whole,
     upstream_connections_are_kept_alive_and_replaced_when_closed,
     a_limit_holds_across_workers,

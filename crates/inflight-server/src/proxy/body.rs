@@ -1,6 +1,5 @@
 //! The body of a proxied response: the upstream's frames as they come, holding the permit, counted in
-//! `inflight_in_flight`, and cut short if the server's shutdown grace period ends first. Read to the end,
-//! it gives its upstream connection back to the pool.
+//! `inflight_in_flight`, and cut short if the server's shutdown grace period ends first.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,8 +12,7 @@ use inflight_tower::PermitBody;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
-use super::upstream::Reusable;
-use crate::metrics::InFlightGuard;
+use crate::metrics::Held;
 
 pin_project! {
     /// See the module docs.
@@ -22,8 +20,7 @@ pin_project! {
         #[pin]
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,
-        connection: Option<Reusable>,
-        _gauge: InFlightGuard,
+        _held: Held,
     }
 }
 
@@ -31,21 +28,13 @@ impl ProxyBody {
     pub(super) fn new(
         inner: hyper::body::Incoming,
         permit: Permit,
-        connection: Reusable,
         cut: watch::Receiver<bool>,
-        gauge: InFlightGuard,
+        held: Held,
     ) -> Self {
-        let mut connection = Some(connection);
-        if inner.is_end_stream() {
-            // No body to read (the server will not ask for one): the connection goes back now. Should its
-            // request body still be on its way up, it stays busy until then, and checkouts pass it over.
-            give_back(&mut connection);
-        }
         Self {
             inner: PermitBody::new(inner, Some(permit)),
             cut: Cut::Watching(cut),
-            connection,
-            _gauge: gauge,
+            _held: held,
         }
     }
 }
@@ -70,14 +59,6 @@ impl Body for ProxyBody {
                 Poll::Pending
             };
         };
-        match &frame {
-            // Read to the end (the server may not ask again once `is_end_stream` says so).
-            None => give_back(this.connection),
-            Some(Ok(_)) if this.inner.is_end_stream() => give_back(this.connection),
-            Some(Ok(_)) => {}
-            // The rest of the response may still be on the connection: it is closed when dropped.
-            Some(Err(_)) => drop(this.connection.take()),
-        }
         Poll::Ready(frame.map(|frame| frame.map_err(axum::Error::new)))
     }
 
@@ -90,8 +71,8 @@ impl Body for ProxyBody {
     }
 }
 
-/// Whether the server's shutdown grace period is over. Checking costs one atomic load; only a body that
-/// waits for its upstream registers to be woken by the cut (most bodies are read without waiting).
+/// Whether the server's shutdown grace period is over. A body registers to be woken by the cut only once it
+/// waits for its upstream; until then it only looks at the signal when read.
 enum Cut {
     Watching(watch::Receiver<bool>),
     Waiting(Pin<Box<dyn Future<Output = ()> + Send>>),
@@ -118,12 +99,6 @@ impl Cut {
 /// The grace period is over: the response ends with an error, which closes the connection.
 fn cut_short() -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
     Poll::Ready(Some(Err(axum::Error::new("the server is shutting down"))))
-}
-
-fn give_back(connection: &mut Option<Reusable>) {
-    if let Some(connection) = connection.take() {
-        connection.give_back();
-    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ mod body;
 mod headers;
 mod upstream;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,13 +16,11 @@ use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
 use inflight::Store;
 
-use crate::api;
-use crate::app::App;
+use crate::app::{check_name, App};
 use crate::error::ApiError;
-use crate::metrics::AdmissionResult;
-use crate::server::{Peer, Routes};
 
 /// Where and how to forward.
+#[derive(Clone, Debug)]
 pub struct Upstream {
     /// The upstream's base URL (`http://host:port[/base]`).
     pub base: Uri,
@@ -31,43 +30,55 @@ pub struct Upstream {
     pub timeout: Duration,
 }
 
+/// The client at the other end of a connection: its address, and its IP address written out once per
+/// connection for the `X-Forwarded-For` of each of its requests.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The client's IP address, as text.
+    pub ip: HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = HeaderValue::from_maybe_shared(bytes::Bytes::from(addr.ip().to_string()))
+            .expect("an IP address is a valid header value");
+        Self { addr, ip }
+    }
+}
+
 /// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
-pub(crate) struct Proxy<S: Store> {
+pub struct Proxy<S: Store> {
     app: Arc<App<S>>,
     upstream: Upstream,
     target: headers::Target,
-    connections: Arc<upstream::Connections>,
-}
-
-/// The proxy's routes: the API under `/_inflight/`, everything else forwarded. Each has its own pool of
-/// upstream connections: a server builds them once per worker.
-pub fn router<S: Store>(app: Arc<App<S>>, upstream: Upstream) -> Routes<S> {
-    let mut address = http::uri::Parts::default();
-    address.scheme = upstream.base.scheme().cloned();
-    address.authority = upstream.base.authority().cloned();
-    address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
-    // The settings accept only http://host[:port][/base], so these parts always make a URI.
-    let address = Uri::from_parts(address).expect("an http URI with an authority");
-    let connections = upstream::Connections::new(address, CONNECT_TIMEOUT);
-    let proxy = Arc::new(Proxy {
-        app: app.clone(),
-        target: headers::Target::new(&upstream.base),
-        upstream,
-        connections,
-    });
-    Routes::proxy(api::router(app), proxy)
+    pool: upstream::Pool,
 }
 
 impl<S: Store> Proxy<S> {
+    /// A proxy to `upstream` over `app`, with a pool of upstream connections of its own.
+    pub fn new(app: Arc<App<S>>, upstream: Upstream) -> Self {
+        let mut address = http::uri::Parts::default();
+        address.scheme = upstream.base.scheme().cloned();
+        address.authority = upstream.base.authority().cloned();
+        address.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        // The settings accept only http://host[:port][/base], so these parts always make a URI.
+        let address = Uri::from_parts(address).expect("an http URI with an authority");
+        Self {
+            app,
+            target: headers::Target::new(&upstream.base),
+            pool: upstream::Pool::new(address, CONNECT_TIMEOUT),
+            upstream,
+        }
+    }
+
     /// The response to `request`, which came from `client`.
-    pub(crate) async fn forward(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-        client: Peer,
-    ) -> Response {
+    pub async fn forward(self: Arc<Self>, request: Request<Incoming>, client: Peer) -> Response {
         match forward_checked(&self, &client, request).await {
             Ok(response) => response,
             Err(error) => error.into_response(),
@@ -91,35 +102,20 @@ async fn forward_checked<S: Store>(
         }
         Some(value) => key_of(value)?,
     };
-    let permit = match app.timed("acquire", app.limiter.try_acquire(&key)).await {
-        Ok(permit) => {
-            app.metrics.admission(&key, AdmissionResult::Admitted);
-            permit
-        }
-        Err(error) => {
-            let result = match error {
-                inflight::AcquireError::Store(_) => AdmissionResult::Error,
-                _ => AdmissionResult::Rejected,
-            };
-            app.metrics.admission(&key, result);
-            return Err(error.into());
-        }
-    };
-    let gauge = app.metrics.hold();
+    let permit = app.acquire(&key, inflight::AcquireOptions::new()).await?;
+    let held = app.metrics.hold();
     let upstream_request = proxy.target.to_upstream(request, client)?;
-    let deadline = tokio::time::Instant::now() + proxy.upstream.timeout;
-    let response = proxy.connections.send(upstream_request, deadline).await;
-    // On every early return below, the permit and the gauge guard are dropped: the slot is released.
-
-    let response = match response {
-        Err(upstream::UpstreamError::Timeout) => {
+    let sent = proxy.pool.send(upstream_request);
+    // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
+    let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
+        Err(_) => {
             return Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_timeout",
                 "The upstream did not answer in time.",
             ))
         }
-        Err(error) => {
+        Ok(Err(error)) => {
             tracing::warn!(%error, "upstream request failed");
             return Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
@@ -127,14 +123,12 @@ async fn forward_checked<S: Store>(
                 "The upstream could not be reached.",
             ));
         }
-        Ok(response) => response,
+        Ok(Ok(response)) => response,
     };
-    let (response, connection) = response;
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    // The body holds the permit (released when the body ends, fails or is dropped) and the upstream
-    // connection (given back when the body has been read to the end).
-    let body = body::ProxyBody::new(body, permit, connection, app.cut.subscribe(), gauge);
+    // The body holds the permit: released when the body ends, fails or is dropped.
+    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), held);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
@@ -142,8 +136,6 @@ fn key_of(value: &HeaderValue) -> Result<String, ApiError> {
     let key = value
         .to_str()
         .map_err(|_| ApiError::invalid_key("The key header is not visible ASCII."))?;
-    if key.is_empty() || key.len() > 256 {
-        return Err(ApiError::invalid_key("Keys are 1 to 256 bytes."));
-    }
+    check_name(key).map_err(ApiError::invalid_key)?;
     Ok(key.to_owned())
 }

@@ -15,8 +15,9 @@ use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
 use inflight::Store;
-use inflight_server::config::{CommonArgs, ProxyArgs};
-use inflight_server::{api, proxy, server, App, Settings};
+use inflight_server::config::Layered;
+use inflight_server::metrics::Metrics;
+use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -24,10 +25,14 @@ pub use test_support::TestRedis;
 
 use inflight::{MemoryStore, RedisStore};
 
+/// Each worker's store: one state, shared by every worker (and by the test).
+pub type Stores<S> = Arc<dyn Fn() -> S + Send + Sync>;
+
 /// A running server.
 pub struct Server<S: Store> {
     pub base: String,
-    pub app: Arc<App<S>>,
+    stores: Stores<S>,
+    policy: inflight::Policy,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -55,6 +60,12 @@ impl<S: Store> Server<S> {
             None => Ok(()),
         }
     }
+
+    /// The key's in-flight count, as the store has it (also once the server has finished).
+    pub async fn in_flight(&self, key: &str) -> u32 {
+        let store = (self.stores)();
+        store.status(key, self.policy).await.unwrap().in_flight
+    }
 }
 
 impl<S: Store> Drop for Server<S> {
@@ -65,80 +76,73 @@ impl<S: Store> Drop for Server<S> {
     }
 }
 
-/// Settings as `inflight serve` would read them from these flags (no file, no environment).
-pub fn settings(mut args: CommonArgs) -> Settings {
-    args.workers.get_or_insert(TEST_WORKERS);
-    Settings::for_serve(&args).expect("valid test settings")
-}
-
 /// Workers of a test server unless a test says otherwise: more than one, whatever the machine's cores.
 const TEST_WORKERS: usize = 2;
 
-pub fn proxy_settings(upstream: &str, mut args: CommonArgs) -> Settings {
-    args.config = None;
-    args.workers.get_or_insert(TEST_WORKERS);
-    let args = ProxyArgs {
-        upstream: Some(upstream.to_owned()),
-        upstream_timeout: Some("2s".into()),
-        key_header: None,
-        common: args,
-    };
-    Settings::for_proxy(&args).expect("valid test settings")
+/// Settings as `inflight serve` would read them from these limits (and no file).
+pub fn limits(default_limit: u32, max_limit: u32) -> Settings {
+    let (default_limit, max_limit) = (default_limit.to_string(), max_limit.to_string());
+    let flags = [
+        "inflight",
+        "--default-limit",
+        &default_limit,
+        "--max-limit",
+        &max_limit,
+    ];
+    let mut settings = Settings::from_flags(flags).expect("valid test settings");
+    settings.workers = settings.workers.or(Some(TEST_WORKERS));
+    settings
 }
 
-pub fn limits(default_limit: u32, max_limit: u32) -> CommonArgs {
-    CommonArgs {
-        default_limit: Some(default_limit),
-        max_limit: Some(max_limit),
-        ..CommonArgs::default()
-    }
+/// The settings of a proxy to `upstream` with `serve`'s settings.
+pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
+    let flags = [
+        "inflight",
+        "--upstream",
+        upstream,
+        "--upstream-timeout",
+        "2s",
+    ];
+    let mut settings = ProxySettings::from_flags(flags).expect("valid test settings");
+    settings.serve = serve;
+    settings
 }
 
-async fn start<S: Store>(settings: &Settings, store: S, proxy_to: Option<&str>) -> Server<S> {
-    let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers).unwrap();
+async fn start<S: Store>(
+    settings: &Settings,
+    stores: Stores<S>,
+    upstream: Option<proxy::Upstream>,
+) -> Server<S> {
+    let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers()).unwrap();
     let base = format!("http://{}", listeners[0].local_addr().unwrap());
-    let app = inflight_server::app(settings, store);
-    let grace = settings.shutdown_grace;
-    let (shared, settings, is_proxy) = (app.clone(), settings.clone(), proxy_to.is_some());
-    let router = move || {
-        if is_proxy {
-            proxy::router(
-                shared.clone(),
-                proxy::Upstream {
-                    base: settings.upstream.clone().expect("proxy settings"),
-                    key_header: settings.key_header.clone(),
-                    timeout: settings.upstream_timeout,
-                },
-            )
-        } else {
-            api::router(shared.clone()).into()
-        }
+    let app = {
+        let (settings, stores) = (settings.clone(), stores.clone());
+        let metrics = Metrics::new(settings.metrics_per_key);
+        move || Ok(inflight_server::app(&settings, metrics.clone(), stores())?)
     };
+    let workers = server::Workers::start(listeners, app, upstream, settings.shutdown_grace)
+        .await
+        .expect("the workers start");
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(server::run(
-        listeners,
-        router,
-        app.clone(),
-        async {
-            let _ = stopped.await;
-        },
-        grace,
-    ));
+    let task = tokio::spawn(workers.run(async {
+        let _ = stopped.await;
+    }));
     Server {
         base,
-        app,
+        stores,
+        policy: inflight::Policy::new(settings.default_limit, settings.max_limit),
         stop: Some(stop),
         task: Some(task),
     }
 }
 
-pub async fn start_api<S: Store>(settings: &Settings, store: S) -> Server<S> {
-    start(settings, store, None).await
+pub async fn start_api<S: Store>(settings: &Settings, stores: Stores<S>) -> Server<S> {
+    start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Store>(settings: &Settings, store: S) -> Server<S> {
-    let upstream = settings.upstream.as_ref().map(ToString::to_string);
-    start(settings, store, upstream.as_deref()).await
+pub async fn start_proxy<S: Store>(settings: &ProxySettings, stores: Stores<S>) -> Server<S> {
+    let upstream = inflight_server::upstream(settings).expect("valid test settings");
+    start(&settings.serve, stores, Some(upstream)).await
 }
 
 /// An upstream API to proxy to.
@@ -319,6 +323,15 @@ pub async fn get_text(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> S
     client.get(url).send().await.unwrap().text().await.unwrap()
 }
 
+/// The value of the series `name` (with its labels, if any) on the metrics page at `url`; 0 when the page
+/// does not have it yet.
+pub async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
+    let text = get_text(client, url).await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Polls `GET {base}{prefix}/v1/keys/{key}` until its in_flight is `want`; panics after 2 s.
 pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
     let started = Instant::now();
@@ -339,15 +352,18 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
     type S: Store;
-    fn make(redis: &Option<TestRedis>) -> Self::S;
+    fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }
 
 pub struct Memory;
 impl Make for Memory {
-    type S = MemoryStore;
-    fn make(_: &Option<TestRedis>) -> MemoryStore {
-        MemoryStore::new()
+    type S = Arc<MemoryStore>;
+    /// One embedded store, shared by every worker's limiter.
+    // TODO(merge): MemoryStore is Clone and shares its state: clone it rather than an Arc of it.
+    fn stores(_: &Option<TestRedis>) -> Stores<Arc<MemoryStore>> {
+        let store = Arc::new(MemoryStore::new());
+        Arc::new(move || store.clone())
     }
     fn redis() -> Option<TestRedis> {
         None
@@ -357,19 +373,24 @@ impl Make for Memory {
 pub struct Redis;
 impl Make for Redis {
     type S = RedisStore;
-    /// As the `inflight` binary opens it: each worker batches its own admissions and releases.
-    fn make(redis: &Option<TestRedis>) -> RedisStore {
-        redis
-            .as_ref()
-            .expect("a redis")
-            .store_builder()
-            .batches_per_runtime(true)
-            .open()
-            .expect("test redis url")
+    fn stores(redis: &Option<TestRedis>) -> Stores<RedisStore> {
+        redis_stores(redis.as_ref().expect("a redis"))
     }
     fn redis() -> Option<TestRedis> {
         Some(TestRedis::start())
     }
+}
+
+/// As the `inflight` binary opens them: a store of its own for each worker, opened in its runtime.
+pub fn redis_stores(redis: &TestRedis) -> Stores<RedisStore> {
+    let url = redis.url();
+    Arc::new(move || {
+        RedisStore::builder(url.clone())
+            .response_timeout(Duration::from_millis(500))
+            .connection_timeout(Duration::from_millis(200))
+            .open()
+            .expect("test redis url")
+    })
 }
 
 /// Instantiates each scenario as a test on the memory store and on a fresh redis-server.
