@@ -269,7 +269,7 @@ async fn healthz() -> Json<serde_json::Value> {
 }
 
 async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
-    match app.limiter.store().ping().await {
+    match app.limiter.store().maintain().await {
         Ok(()) => Json(serde_json::json!({ "status": "ready" })).into_response(),
         Err(_) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -18,9 +18,7 @@ use inflight::FailurePolicy;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// The longest lease a permit may have, by default or on request.
-// TODO(merge): use inflight::MAX_LEASE
-pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
+pub use inflight::MAX_LEASE;
 
 /// The most worker threads a server runs.
 const MAX_WORKERS: usize = 1024;

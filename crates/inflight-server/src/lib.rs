@@ -17,7 +17,7 @@ pub mod server;
 
 use std::sync::Arc;
 
-use inflight::{Limiter, Store};
+use inflight::{Limiter, MemoryStore, Store};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -31,11 +31,30 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
     })
 }
 
-/// The limiter and app state that `settings` describe, over `store`, recording into `metrics` (which the
-/// apps of a server's workers share).
+/// What the apps of a server's workers share: the metrics, and where `fail_open_local` counts (one cap
+/// per process, not per worker).
+#[derive(Clone)]
+pub struct Shared {
+    /// The server's metrics.
+    pub metrics: metrics::Metrics,
+    /// The fallback store of `fail_open_local`.
+    pub fallback: MemoryStore,
+}
+
+impl Shared {
+    /// The shared state of a server that `settings` describe.
+    pub fn new(settings: &Settings) -> Self {
+        Self {
+            metrics: metrics::Metrics::new(settings.metrics_per_key),
+            fallback: MemoryStore::new(),
+        }
+    }
+}
+
+/// The limiter and app state that `settings` describe, over `store`, with what the workers `shared`.
 pub fn app<S: Store>(
     settings: &Settings,
-    metrics: metrics::Metrics,
+    shared: &Shared,
     store: S,
 ) -> Result<Arc<App<S>>, ConfigError> {
     let limiter = Limiter::builder(store)
@@ -45,11 +64,12 @@ pub fn app<S: Store>(
         ))
         .lease(settings.lease)
         .on_store_failure(settings.failure_policy()?)
+        .fallback(shared.fallback.clone())
         .build();
     Ok(Arc::new(App {
         limiter,
         admin_token: settings.admin_token.clone().filter(|t| !t.is_empty()),
-        metrics,
+        metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
     }))
 }

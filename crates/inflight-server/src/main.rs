@@ -1,15 +1,12 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
-use std::sync::Arc;
-
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, ProxySettings};
-use inflight_server::metrics::Metrics;
 use inflight_server::server::{self, Workers};
-use inflight_server::Settings;
+use inflight_server::{Settings, Shared};
 
 // hyper allocates and frees buffers and header maps for every request and response: mimalloc serves
 // those small, short-lived allocations (BENCHMARKS.md has the comparison with the system allocator).
@@ -76,9 +73,8 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
         Command::Bench(args) => return bench(args).await,
     };
     if settings.store.starts_with("memory://") {
-        // Every worker's limiter over the one embedded store.
-        // TODO(merge): MemoryStore is Clone and shares its state: clone it rather than an Arc of it.
-        let store = Arc::new(MemoryStore::new());
+        // Every worker's limiter over the one embedded store (clones share it).
+        let store = MemoryStore::new();
         run(settings, proxy, move || Ok(store.clone())).await
     } else {
         let opened = settings.clone();
@@ -113,8 +109,8 @@ async fn run<S: Store>(
     let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
     let shutdown = server::shutdown_signal();
     let app = {
-        let (settings, metrics) = (settings.clone(), Metrics::new(settings.metrics_per_key));
-        move || Ok(inflight_server::app(&settings, metrics.clone(), store()?)?)
+        let (settings, shared) = (settings.clone(), Shared::new(&settings));
+        move || Ok(inflight_server::app(&settings, &shared, store()?)?)
     };
     let workers = Workers::start(listeners, app, upstream, settings.shutdown_grace).await?;
     tracing::info!(
@@ -142,7 +138,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             .open()
             .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
         store
-            .ping()
+            .maintain()
             .await
             .map_err(|e| anyhow::anyhow!("the store is unreachable: {e}"))?;
         inflight_server::bench::run(args, store).await?

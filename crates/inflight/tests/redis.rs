@@ -982,3 +982,24 @@ async fn an_admission_that_timed_out_leaves_no_lease_when_redis_makes_it_late() 
         );
     }
 }
+
+/// A server's workers each have a limiter and a store of their own; the fail_open_local cap is still one
+/// per process, because they share its fallback store.
+#[tokio::test]
+async fn limiters_that_share_a_fallback_share_the_fail_open_local_cap() {
+    let mut redis = TestRedis::start();
+    let fallback = inflight::MemoryStore::new();
+    let worker = || {
+        Limiter::builder(redis.store())
+            .policy(Policy::new(5, 0))
+            .on_store_failure(FailurePolicy::FailOpenLocal { limit: 2 })
+            .fallback(fallback.clone())
+            .build()
+    };
+    let (one, two) = (worker(), worker());
+    redis.stop();
+    let _a = one.try_acquire("app").await.expect("under the cap");
+    let _b = two.try_acquire("app").await.expect("under the cap");
+    assert!(one.try_acquire("app").await.unwrap_err().is_full());
+    assert!(two.try_acquire("app").await.unwrap_err().is_full());
+}

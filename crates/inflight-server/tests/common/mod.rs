@@ -16,7 +16,6 @@ use axum::Router;
 use http::StatusCode;
 use inflight::Store;
 use inflight_server::config::Layered;
-use inflight_server::metrics::Metrics;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
@@ -117,8 +116,8 @@ async fn start<S: Store>(
     let base = format!("http://{}", listeners[0].local_addr().unwrap());
     let app = {
         let (settings, stores) = (settings.clone(), stores.clone());
-        let metrics = Metrics::new(settings.metrics_per_key);
-        move || Ok(inflight_server::app(&settings, metrics.clone(), stores())?)
+        let shared = inflight_server::Shared::new(&settings);
+        move || Ok(inflight_server::app(&settings, &shared, stores())?)
     };
     let workers = server::Workers::start(listeners, app, upstream, settings.shutdown_grace)
         .await
@@ -358,11 +357,10 @@ pub trait Make {
 
 pub struct Memory;
 impl Make for Memory {
-    type S = Arc<MemoryStore>;
+    type S = MemoryStore;
     /// One embedded store, shared by every worker's limiter.
-    // TODO(merge): MemoryStore is Clone and shares its state: clone it rather than an Arc of it.
-    fn stores(_: &Option<TestRedis>) -> Stores<Arc<MemoryStore>> {
-        let store = Arc::new(MemoryStore::new());
+    fn stores(_: &Option<TestRedis>) -> Stores<MemoryStore> {
+        let store = MemoryStore::new();
         Arc::new(move || store.clone())
     }
     fn redis() -> Option<TestRedis> {
