@@ -79,10 +79,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
 pub use id::PermitId;
-pub use limiter::{
-    Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_LEASE, MAX_LEASE, SHUTDOWN_DRAIN,
-};
-pub use options::AcquireOptions;
+pub use limiter::{Limiter, LimiterBuilder, LimiterStats, TryAcquire, SHUTDOWN_DRAIN};
+pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{Limit, Policy};
 pub use store::{KeyStatus, MemoryStore, Renewal, Store};

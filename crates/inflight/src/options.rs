@@ -4,6 +4,13 @@ use std::time::Duration;
 
 use crate::id::PermitId;
 
+/// The lease of a permit unless [`crate::LimiterBuilder::lease`] or [`AcquireOptions::lease`] says
+/// otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The longest lease a permit may have: renewals keep longer work alive.
+pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
+
 /// What a caller may ask of one admission; every field has a default.
 ///
 /// ```

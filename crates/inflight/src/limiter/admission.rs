@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::releaser::Unfinished;
-use super::{Limiter, MAX_LEASE};
+use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
 use crate::id::PermitId;
-use crate::options::AcquireOptions;
+use crate::options::{AcquireOptions, MAX_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{Limit, Policy};
 use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalHold, Store};

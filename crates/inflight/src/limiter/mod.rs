@@ -19,19 +19,12 @@ use crate::clock::millis;
 use crate::error::StoreError;
 use crate::failure::{Breaker, FailurePolicy};
 use crate::id::PermitId;
+use crate::options::{DEFAULT_LEASE, MAX_LEASE};
 use crate::permit::{BoxFuture, Owner, PermitState};
 use crate::policy::Policy;
 use crate::store::{KeyStatus, MemoryStore, RenewRequest, Renewal, Store};
 use releaser::Releaser;
 use renewer::Registry;
-
-/// The lease of a permit unless [`LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
-///
-/// [`AcquireOptions::lease`]: crate::AcquireOptions::lease
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
-/// The longest lease a permit may have: renewals keep longer work alive.
-pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
 /// How long [`Limiter::release_held`] waits for releases already running in the background.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);

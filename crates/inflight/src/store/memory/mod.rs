@@ -25,7 +25,7 @@ use super::{
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::limiter::DEFAULT_LEASE;
+use crate::options::DEFAULT_LEASE;
 use crate::policy::{Limit, Policy};
 
 /// How long a key with nothing in flight and no override is kept before maintenance forgets it.
