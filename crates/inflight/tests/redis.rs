@@ -627,8 +627,8 @@ async fn a_store_first_used_from_a_runtime_that_ends_keeps_working() {
     let redis = TestRedis::start();
     let store = redis.store();
     let policy = Policy::new(1, 0);
-    // Another runtime (a server worker's) makes the first use, so it would own the lazily made connection
-    // if the store did not send everything from its home runtime; then that runtime ends.
+    // Another runtime makes the first use, so it owns the lazily made connection; then that runtime ends,
+    // and the connection with it: the store's next command finds it gone and goes on a new one.
     let elsewhere = store.clone();
     on_a_runtime_of_its_own(move || async move {
         elsewhere.maintain().await.unwrap();
@@ -1002,4 +1002,47 @@ async fn limiters_that_share_a_fallback_share_the_fail_open_local_cap() {
     let _b = two.try_acquire("app").await.expect("under the cap");
     assert!(one.try_acquire("app").await.unwrap_err().is_full());
     assert!(two.try_acquire("app").await.unwrap_err().is_full());
+}
+
+/// The release task bounds the releases pending at once (65,536), not all it ever had: far more dropped
+/// permits than that are all released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_dropped_permits_than_the_pending_bound_are_all_released() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(64, 0))
+        .lease(Duration::from_secs(60))
+        .build();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                while admitted < 1_100 {
+                    match limiter.try_acquire("k").await {
+                        Ok(permit) => {
+                            admitted += 1;
+                            drop(permit);
+                        }
+                        Err(error) => {
+                            assert!(error.is_full(), "{error}");
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let all = futures_util::future::join_all(tasks);
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("70,400 permits admitted: their slots came back");
+    let started = Instant::now();
+    while limiter.status("k").await.unwrap().in_flight > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "releases were dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -60,16 +60,22 @@ impl<S: Store> Releaser<S> {
     /// Starts the task on the current runtime; it ends once every handle is gone and its releases are done.
     pub(super) fn start(store: S) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(run(store.clone(), jobs));
+        let pending = Arc::new(AtomicUsize::new(0));
+        tokio::spawn(run(store.clone(), jobs, pending.clone()));
         Self {
             store,
             queue,
-            pending: Arc::new(AtomicUsize::new(0)),
+            pending,
         }
     }
 
     /// Releases the lease `id` of `keys`: started now, finished in the background.
     pub(super) fn release(&self, keys: Keys, id: PermitId, lease_ms: u64) {
+        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            tracing::warn!(key = %keys[0], %id, "too many releases pending; leaving this one to its lease");
+            return;
+        }
         let (store, k, i) = (self.store.clone(), keys.clone(), id.clone());
         let mut started: BoxFuture<'static, _> =
             Box::pin(async move { store.release(&k, &i).await });
@@ -79,19 +85,16 @@ impl<S: Store> Releaser<S> {
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
         {
-            Poll::Ready(Ok(_)) => return,
-            Poll::Ready(Err(error)) if !error.is_transient() => {
-                tracing::warn!(%error, key = %keys[0], %id, "release failed; the lease will expire");
+            Poll::Pending => Some(started),
+            Poll::Ready(Err(error)) if error.is_transient() => None,
+            Poll::Ready(outcome) => {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                if let Err(error) = outcome {
+                    tracing::warn!(%error, key = %keys[0], %id, "release failed; the lease will expire");
+                }
                 return;
             }
-            Poll::Ready(Err(_)) => None,
-            Poll::Pending => Some(started),
         };
-        if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            tracing::warn!(key = %keys[0], %id, "too many releases pending; leaving this one to its lease");
-            return;
-        }
         let give_up = Instant::now() + Duration::from_millis(lease_ms);
         let job = Job::Release {
             started,
@@ -114,7 +117,11 @@ impl<S: Store> Releaser<S> {
     }
 }
 
-async fn run<S: Store>(store: S, mut jobs: mpsc::UnboundedReceiver<Job>) {
+async fn run<S: Store>(
+    store: S,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    pending: Arc<AtomicUsize>,
+) {
     let mut running = FuturesUnordered::new();
     // The releases still running, by the order they came in, and the flushes waiting for those before them.
     let (mut open, mut flushes, mut next) = (BTreeSet::new(), Vec::<(u64, _)>::new(), 0u64);
@@ -131,6 +138,7 @@ async fn run<S: Store>(store: S, mut jobs: mpsc::UnboundedReceiver<Job>) {
             },
             Some(seq) = running.next(), if !running.is_empty() => {
                 open.remove(&seq);
+                pending.fetch_sub(1, Ordering::AcqRel);
             }
         }
         let oldest = open.first().copied().unwrap_or(u64::MAX);

@@ -46,6 +46,7 @@ impl KeyState {
     }
 
     /// Drops leases whose deadline has passed; returns how many.
+    #[inline]
     pub(super) fn reclaim(&mut self, now: u64) -> u32 {
         if now < self.next_expiry_ms || self.leases.is_empty() {
             return 0;
@@ -76,6 +77,7 @@ impl KeyState {
 
     /// Whether `weight` more for `id` (a new hold when `None`) fits; a retried acquisition of a held id
     /// never needs more room than it already has.
+    #[inline]
     pub(super) fn check(
         &self,
         policy: Policy,

@@ -1,8 +1,8 @@
 //! The in-memory store: the embedded default and the reference implementation of [`Store`].
 //!
 //! Each key is a cell (its leases, its in-process holds, its override) behind its own lock, found through
-//! a sharded map; a decision locks the cells of its keys (in key order, so two decisions never wait on
-//! each other), so it is atomic. Permits of this process hold their cells directly and need no lease:
+//! a sharded map; a decision locks the cells of its keys (in key order, so that no two decisions wait
+//! on each other in a circle), so it is atomic. Permits of this process hold their cells directly and need no lease:
 //! they end only by being released, which dropping them does. Leases are for permits handed to someone
 //! else (detached, or taken over HTTP): their deadlines run on the injected [`Clock`], and expired ones
 //! are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys idle
@@ -213,6 +213,7 @@ impl<C: Clock> MemoryStore<C> {
         self.inner.keys.len()
     }
 
+    #[inline]
     fn cell(&self, key: &str, create: bool) -> Option<Arc<Cell<C>>> {
         if let Some(cell) = self.inner.keys.get(key) {
             return Some(cell.clone());
@@ -234,6 +235,7 @@ impl<C: Clock> MemoryStore<C> {
     /// Locks the cells of `keys` (created when `create`; missing ones are left out), reclaims their
     /// expired leases, and runs `f` on them in the order of `keys`, with the time and how many leases were
     /// reclaimed. Without `precise`, a decision on keys without leases uses the last time read.
+    #[inline]
     fn locked<R>(
         &self,
         keys: &[&str],
@@ -429,6 +431,7 @@ impl<C: Clock> MemoryStore<C> {
 
 /// Checks every key of a decision (`id`: the lease's, `None` for a hold); the first key's limit when all
 /// have room, else the refusal of the first key, in the request's order, that refuses.
+#[inline]
 fn admit<C>(
     slots: &[Slot<'_, C>],
     policy: Policy,
@@ -463,6 +466,7 @@ fn admit<C>(
 }
 
 /// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).
+#[inline]
 fn grant<C>(slots: &[Slot<'_, C>], limit: Limit, weight: u32, expires_at_ms: u64) -> Grant {
     let in_flight = match (limit, slots.first()) {
         (Limit::Limited(_), Some(slot)) => slot.state.in_flight,
@@ -524,6 +528,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         ready(Ok(self.status_now(key, Some(limit), policy)))
     }
 
+    #[inline]
     fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
         if self.all_unlimited(policy) {
             return Some(LocalAdmission::Decided(Admission::Unlimited));
@@ -533,20 +538,20 @@ impl<C: Clock> Store for MemoryStore<C> {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };
-            let mut held = Vec::new();
-            for slot in slots.iter_mut() {
-                if slot.state.limit(policy) != Limit::Unlimited {
-                    slot.state.in_flight += weight;
-                    held.push(slot.cell.clone());
+            let hold: Arc<dyn LocalHold> = if let [slot] = slots {
+                // One key (limited, or `admit` would have said unlimited): the permit holds its cell.
+                slot.state.in_flight += weight;
+                slot.cell.clone()
+            } else {
+                let mut cells = Vec::with_capacity(slots.len());
+                for slot in slots.iter_mut() {
+                    if slot.state.limit(policy) != Limit::Unlimited {
+                        slot.state.in_flight += weight;
+                        cells.push(slot.cell.clone());
+                    }
                 }
-            }
-            let hold: Arc<dyn LocalHold> = match (held.len(), first) {
-                (1, Limit::Limited(_)) => held.swap_remove(0),
-                _ => Arc::new(Cells {
-                    first: slots[0].cell.key.clone(),
-                    cells: held,
-                    time: self.inner.time.clone(),
-                }),
+                let (first, time) = (slots[0].cell.key.clone(), self.inner.time.clone());
+                Arc::new(Cells { first, cells, time })
             };
             LocalAdmission::Held {
                 hold,

@@ -54,6 +54,19 @@ impl Op {
     }
 }
 
+/// An admission's terms as one argument, written straight into the command.
+struct Terms<'a>(&'a (u32, u64, Policy));
+
+impl redis::ToRedisArgs for Terms<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let (weight, lease_ms, policy) = self.0;
+        let (default_limit, max_limit) = (policy.default_limit, policy.max_limit);
+        out.write_arg_fmt(format_args!(
+            "{weight} {lease_ms} {default_limit} {max_limit}"
+        ));
+    }
+}
+
 /// What `batch.lua` answered one operation (a release uses the first number only).
 pub(super) type Reply = [i64; 6];
 
@@ -127,12 +140,13 @@ async fn run(conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
     let mut places: HashMap<&str, usize> = HashMap::new();
     for job in &jobs {
         let (names, id) = job.op.parts();
-        let kind = if matches!(job.op, Op::Acquire { .. }) {
-            "a"
-        } else {
-            "r"
+        let acquire = matches!(job.op, Op::Acquire { .. });
+        match (acquire, names.len()) {
+            (true, 1) => invocation.arg("a"),
+            (false, 1) => invocation.arg("r"),
+            (true, n) => invocation.arg("A").arg(n),
+            (false, n) => invocation.arg("R").arg(n),
         };
-        invocation.arg(kind).arg(names.len());
         for key in names {
             let next = places.len() + 1;
             let place = *places.entry(key.tag()).or_insert_with(|| {
@@ -142,16 +156,8 @@ async fn run(conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
             invocation.arg(place);
         }
         invocation.arg(Member(id));
-        if let Op::Acquire {
-            terms: (weight, lease_ms, policy),
-            ..
-        } = &job.op
-        {
-            let terms = format!(
-                "{weight} {lease_ms} {} {}",
-                policy.default_limit, policy.max_limit
-            );
-            invocation.arg(terms);
+        if let Op::Acquire { terms, .. } = &job.op {
+            invocation.arg(Terms(terms));
         }
     }
     let invocation = &invocation;

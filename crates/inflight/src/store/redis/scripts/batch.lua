@@ -1,8 +1,9 @@
 -- batch.lua: the admissions and releases waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then the operations in order, each 'a' (admission) or 'r' (release), n, the
--- places of its n keys among the KEYS (1 for the first three, ...), the permit id, and for an admission
--- its terms 'weight lease_ms default_limit max_limit'.
+-- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key) or 'r' (a
+-- release from one key), or 'A' or 'R' and n (on n keys); the places of its keys among the KEYS (1 for
+-- the first three, ...); the permit id; and for an admission its terms 'weight lease_ms default_limit
+-- max_limit'.
 -- Returns the replies in one flat array: 6 numbers an admission, 1 a release.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
@@ -11,60 +12,68 @@
 -- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
 -- 3 weight over the limit), the refusing key's index (0-based; -1), limit and in_flight (of that key,
 -- or of the first), expires_at_ms, reclaimed. Unlimited keys record nothing.
-local function acquire(keys, id, weight, lease_ms, default_limit, max_limit)
-  local reclaimed, limits, any = 0, {}, false
-  for i, key in ipairs(keys) do
+local limits = {} -- of the operation's keys, by place: reused, each operation writing its own
+local function acquire(keys, n, id, weight, lease_ms, default_limit, max_limit)
+  local reclaimed, any = 0, false
+  for i = 1, n do
+    local key = keys[i]
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
-    limits[i] = resolve(override(key), default_limit, max_limit)
-    local limit, n = limits[i], in_flight(key)
+    local limit, count = resolve(override(key), default_limit, max_limit), key.n + key.extra
+    limits[i] = limit
     if limit > 0 then
       any = true
       if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed end
       -- No room for a new lease: a retry of a held id never needs more than it has.
-      if n + weight > limit then
+      if count + weight > limit then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and n - held + weight > limit then return 0, i - 1, limit, n, 0, reclaimed end
+        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed end
       end
     end
   end
   if not any then return 2, -1, 0, 0, 0, reclaimed end
-  for i, key in ipairs(keys) do
-    if limits[i] > 0 then put(key, id, weight, lease_ms) end
+  for i = 1, n do
+    if limits[i] > 0 then put(keys[i], id, weight, lease_ms) end
   end
   return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone.
-local function release(keys, id)
+local function release(keys, n, id)
   local released = 0
-  for _, key in ipairs(keys) do
+  for i = 1, n do
+    local key = keys[i]
     if redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1
-      forget(key, id)
-      key.kept = 0 -- an emptied set is deleted with its expiry: the next lease sets one again
+      if key.hashed then forget(key, id) end
+      if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
     end
   end
   return released
 end
 
 set_now(tonumber(ARGV[1]))
-local replies, a = {}, 2
+local replies, r, a, terms, keys = {}, 0, 2, {}, {}
 while a <= #ARGV do
-  local n, keys = tonumber(ARGV[a + 1]), {}
+  local kind, n = ARGV[a], 1
+  if kind == 'A' or kind == 'R' then a, n = a + 1, tonumber(ARGV[a + 1]) end
   for j = 1, n do
-    local k = tonumber(ARGV[a + 1 + j]) * 3
+    local k = tonumber(ARGV[a + j]) * 3
     keys[j] = view(KEYS[k - 2], KEYS[k - 1], KEYS[k])
   end
-  local id = ARGV[a + 2 + n]
-  if ARGV[a] == 'a' then
-    local w, l, d, m = string.match(ARGV[a + 3 + n], '^(%d+) (%d+) (%d+) (%d+)$')
-    for _, v in ipairs({acquire(keys, id, tonumber(w), tonumber(l), tonumber(d), tonumber(m))}) do
-      replies[#replies + 1] = v
+  local id = ARGV[a + n + 1]
+  if kind == 'a' or kind == 'A' then
+    local t = terms[ARGV[a + n + 2]] -- the operations of a batch mostly share their terms: read once
+    if not t then
+      t = {string.match(ARGV[a + n + 2], '^(%d+) (%d+) (%d+) (%d+)$')}
+      for j = 1, 4 do t[j] = tonumber(t[j]) end
+      terms[ARGV[a + n + 2]] = t
     end
-    a = a + 4 + n
+    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5], replies[r + 6] =
+      acquire(keys, n, id, t[1], t[2], t[3], t[4])
+    r, a = r + 6, a + n + 3
   else
-    replies[#replies + 1] = release(keys, id)
-    a = a + 3 + n
+    replies[r + 1] = release(keys, n, id)
+    r, a = r + 1, a + n + 2
   end
 end
 return replies

@@ -3,7 +3,7 @@
 --   <prefix>{E}:leases   sorted set: permit id -> lease deadline (ms, Redis clock). A generated (UUID)
 --                        id is the byte 0xFF and its 16 bytes; a given id is its text.
 --   <prefix>{E}:permits  hash: permit id -> 'weight lease_ms', for leases other than weight 1 of
---                        DEFAULT_LEASE_MS; '' -> the sum of (weight - 1) over the leases, when > 0.
+--                        DEFAULT_LEASE_MS; '' -> the sum of (weight - 1) over the leases (always there).
 --   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.
 -- in_flight = the number of leases + permits['']. Leases and permits expire together, a while after
 -- the latest deadline, so that idle keys leave nothing behind.
@@ -37,7 +37,6 @@ local function add_extra(key, delta)
   if delta == 0 then return end
   hashed(key)
   key.extra = redis.call('HINCRBY', key.permits, '', delta)
-  if key.extra == 0 then redis.call('HDEL', key.permits, '') end
 end
 
 -- Records `id`'s lease as `weight` of `lease_ms`, where it was `held` (0: new) of `old_ms`.
@@ -45,8 +44,8 @@ local function record(key, id, held, old_ms, weight, lease_ms)
   add_extra(key, (weight - 1) - math.max(held - 1, 0))
   if weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
     if held ~= weight or old_ms ~= lease_ms then
+      redis.call('HSET', key.permits, id, weight .. ' ' .. lease_ms, '', key.extra)
       hashed(key)
-      redis.call('HSET', key.permits, id, weight .. ' ' .. lease_ms)
     end
   elseif held > 1 or old_ms ~= DEFAULT_LEASE_MS then
     redis.call('HDEL', key.permits, id)
@@ -66,8 +65,8 @@ local function view(leases, permits, limit)
   if seen[leases] then return seen[leases] end
   local key = {leases = leases, permits = permits, limit = limit, kept = 0}
   seen[leases] = key
-  key.hashed = redis.call('EXISTS', permits) == 1
-  key.extra = key.hashed and tonumber(redis.call('HGET', permits, '') or '0') or 0
+  local extra = redis.call('HGET', permits, '')
+  key.hashed, key.extra = extra ~= false, tonumber(extra or '0')
   local upto = string.format('%.0f', now)
   if key.hashed then
     local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', upto)
@@ -92,9 +91,9 @@ local function in_flight(key) return key.n + key.extra end
 -- Keeps the key's leases and permits past `lease_ms` from now (past every deadline, so that whoever
 -- touches the key next reclaims and counts expired leases, and an untouched key still goes away), both
 -- to the same instant, so that the hash never outlives the set.
-local function keep(key, lease_ms)
+local function keep(key, lease_ms, fresh)
   if lease_ms <= key.kept then return end
-  local ttl = redis.call('PTTL', key.leases)
+  local ttl = fresh and -1 or redis.call('PTTL', key.leases) -- a set made just now has no expiry
   if ttl < lease_ms + 1000 then
     ttl = lease_ms * 2 + 1000
     redis.call('PEXPIREAT', key.leases, clock_ms + ttl)
@@ -103,13 +102,18 @@ local function keep(key, lease_ms)
   key.kept = lease_ms
 end
 
+local deadlines = {} -- as ZADD takes them, by lease length: formatted once a script
 local function put(key, id, weight, lease_ms) -- adds (or refreshes) `id`'s lease
-  local held, old_ms = 0, DEFAULT_LEASE_MS
-  if redis.call('ZADD', key.leases, string.format('%.0f', now + lease_ms), id) == 1 then
+  deadlines[lease_ms] = deadlines[lease_ms] or string.format('%.0f', now + lease_ms)
+  local held, old_ms, fresh = 0, DEFAULT_LEASE_MS, key.n == 0
+  if redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1 then
     key.n = key.n + 1
   else
     held, old_ms = meta(key, id)
   end
-  record(key, id, held, old_ms, weight, lease_ms)
-  keep(key, lease_ms)
+  -- (Most leases are new ones of weight 1 and the default length: nothing to record.)
+  if held > 0 or weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
+    record(key, id, held, old_ms, weight, lease_ms)
+  end
+  if lease_ms > key.kept then keep(key, lease_ms, fresh) end
 end
