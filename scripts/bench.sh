@@ -98,11 +98,15 @@ pids+=($!); redis_proxy_pid=$!
 pr3=$(port)
 INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr3" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy3: --redis-pipeline 3 &
 pids+=($!); redis_p3_pid=$!
+# The memory proxy once more under Linux's SCHED_BATCH policy, as the README suggests beside a busy upstream.
+pb=$(port)
+INFLIGHT_LOG=warn chrt --batch 0 "$bin" proxy --listen "127.0.0.1:$pb" --upstream "http://127.0.0.1:$up" --default-limit 100000 &
+pids+=($!); batch_pid=$!
 # The floor: hyper's server and client on the same runtime layout, forwarding and nothing else.
 pf=$(port)
 "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" &
 pids+=($!); floor_pid=$!
-wait_port "$pm"; wait_port "$pr"; wait_port "$pr3"; wait_port "$pf"
+wait_port "$pm"; wait_port "$pr"; wait_port "$pr3"; wait_port "$pb"; wait_port "$pf"
 redis_pid=$(redis-cli -p "$redis_port" INFO server | tr -d '\r' | sed -n 's/^process_id://p')
 # CPU time (clock ticks, user and system) of processes and all their threads, from /proc.
 cpu_ticks() {
@@ -124,15 +128,16 @@ switches_of() { local n=0 pid; for pid in "$@"; do n=$((n + $(switches "$pid")))
 declare -A cpu_pids=(
   [nginx]="$(pgrep -P "$(cat "$out/proxy.pid")" | tr '\n' ' ')"
   [inflight-memory]="$memory_pid"
+  [inflight-memory-batch]="$batch_pid"
   [inflight-redis]="$redis_proxy_pid"
   [inflight-redis-p3]="$redis_p3_pid"
   [hyper-floor]="$floor_pid"
 )
-# Five rounds, the six targets in turn within each: the table gives each target's median round and the
+# Five rounds, the seven targets in turn within each: the table gives each target's median round and the
 # range of its ratio to nginx over the rounds (each ratio within one round).
 for path in / /sse; do
   for round in 1 2 3 4 5; do
-    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-redis $pr" "inflight-redis-p3 $pr3"; do
+    for target in "direct $up" "nginx $ng" "hyper-floor $pf" "inflight-memory $pm" "inflight-memory-batch $pb" "inflight-redis $pr" "inflight-redis-p3 $pr3"; do
       set -- $target
       # The proxy's CPU per request (and, behind the Redis proxy, Redis's), read around the run.
       watched=${cpu_pids[$1]:-}

@@ -1,7 +1,8 @@
 //! The store: where leases and limit overrides live, shared by every process that uses the same store.
 //!
 //! A store makes each decision in one atomic step. [`MemoryStore`] is the reference implementation;
-//! every store passes the same behaviour suite.
+//! every store passes the same behaviour suite. [`Store`] is what every limiter needs; a capability
+//! beyond it (quota, wake-ups for waiters) gets a small trait of its own rather than growing this one.
 
 mod memory;
 #[cfg(feature = "redis")]

@@ -1,12 +1,12 @@
 //! The in-memory store: the embedded default and the reference implementation of [`Store`].
 //!
 //! Each key is a cell (its leases, its in-process holds, its override) behind its own lock, found through
-//! a sharded map; a decision locks the cells of its keys (in key order, so that no two decisions wait
-//! on each other in a circle), so it is atomic. Permits of this process hold their cells directly and need no lease:
-//! they end only by being released, which dropping them does. Leases are for permits handed to someone
-//! else (detached, or taken over HTTP): their deadlines run on the injected [`Clock`], and expired ones
-//! are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys idle
-//! for a while, so memory stays bounded however many keys pass through.
+//! a sharded map; a decision locks the cells of its keys (in key order, so that no two decisions wait on
+//! each other in a circle), so it is atomic. Permits of this process hold their cells directly and need
+//! no lease: they end only by being released, which dropping them does. Leases are for permits handed to
+//! someone else (detached, or taken over HTTP): their deadlines run on the injected [`Clock`], and expired
+//! ones are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys
+//! idle for a while, so memory stays bounded however many keys pass through.
 
 mod key;
 
