@@ -8,19 +8,20 @@
 //! ones are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys
 //! idle for a while, so memory stays bounded however many keys pass through.
 
+mod cell;
 mod key;
 
 use std::future::{ready, Future};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
 
-use self::key::{Hasher, KeyState, Lease, Refusal};
+use self::cell::{admit, grant, Cell, Cells, Slot, Time};
+use self::key::{Hasher, KeyState, Lease};
 use super::{
-    AcquireRequest, Admission, Grant, KeyStatus, LocalAdmission, LocalHold, RenewRequest, Renewal,
-    Store,
+    AcquireRequest, Admission, KeyStatus, LocalAdmission, LocalHold, RenewRequest, Renewal, Store,
 };
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
@@ -67,106 +68,6 @@ struct Inner<C> {
     overrides: AtomicUsize,
     idle_ttl_ms: AtomicU64,
     next_sweep_ms: AtomicU64,
-}
-
-/// The store's clock, and its last reading for the paths that need only a rough time.
-struct Time<C> {
-    clock: C,
-    coarse_ms: AtomicU64,
-}
-
-impl<C: Clock> Time<C> {
-    fn now_ms(&self) -> u64 {
-        let now = self.clock.now_ms();
-        self.coarse_ms.store(now, Ordering::Relaxed);
-        now
-    }
-
-    fn coarse_ms(&self) -> u64 {
-        self.coarse_ms.load(Ordering::Relaxed)
-    }
-}
-
-/// One key: what in-process permits hold on to.
-struct Cell<C> {
-    key: Arc<str>,
-    state: Mutex<KeyState>,
-    time: Arc<Time<C>>,
-}
-
-impl<C> Cell<C> {
-    fn lock(&self) -> MutexGuard<'_, KeyState> {
-        // The state is consistent between statements that cannot panic, so a poisoned lock is usable.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl<C: Clock> Cell<C> {
-    fn unhold(&self, weight: u32) {
-        let mut state = self.lock();
-        state.in_flight -= weight;
-        state.last_used_ms = self.time.coarse_ms();
-    }
-
-    /// Turns `weight` held slots into a lease; the in-flight count does not change.
-    fn lease_hold(&self, id: &PermitId, weight: u32, lease_ms: u64, expires_at_ms: u64) {
-        let mut state = self.lock();
-        state.in_flight -= weight;
-        let lease = Lease {
-            weight,
-            expires_at_ms,
-            lease_ms,
-        };
-        state.add(id, lease);
-    }
-}
-
-impl<C: Clock> LocalHold for Cell<C> {
-    fn key(&self) -> &str {
-        &self.key
-    }
-
-    fn release(&self, weight: u32) {
-        self.unhold(weight);
-    }
-
-    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
-        let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
-        self.lease_hold(id, weight, lease_ms, expires_at_ms);
-        expires_at_ms
-    }
-}
-
-/// The held cells of a permit on several keys (only the limited ones hold anything).
-struct Cells<C> {
-    first: Arc<str>,
-    cells: Vec<Arc<Cell<C>>>,
-    time: Arc<Time<C>>,
-}
-
-impl<C: Clock> LocalHold for Cells<C> {
-    fn key(&self) -> &str {
-        &self.first
-    }
-
-    fn release(&self, weight: u32) {
-        self.cells.iter().for_each(|cell| cell.unhold(weight));
-    }
-
-    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
-        let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
-        for cell in &self.cells {
-            cell.lease_hold(id, weight, lease_ms, expires_at_ms);
-        }
-        expires_at_ms
-    }
-}
-
-/// One locked key of a decision: its place among the request's keys, its cell and its state.
-struct Slot<'a, C> {
-    index: usize,
-    cell: &'a Arc<Cell<C>>,
-    state: &'a mut KeyState,
 }
 
 impl MemoryStore<SystemClock> {
@@ -426,57 +327,6 @@ impl<C: Clock> MemoryStore<C> {
             state.reclaim(now);
             !state.is_idle() || now.saturating_sub(state.last_used_ms) < idle_ttl
         });
-    }
-}
-
-/// Checks every key of a decision (`id`: the lease's, `None` for a hold); the first key's limit when all
-/// have room, else the refusal of the first key, in the request's order, that refuses.
-#[inline]
-fn admit<C>(
-    slots: &[Slot<'_, C>],
-    policy: Policy,
-    id: Option<&PermitId>,
-    weight: u32,
-    reclaimed: u32,
-) -> Result<Limit, Admission> {
-    let mut limited = false;
-    for slot in slots {
-        match slot.state.check(policy, id, weight) {
-            Ok(limit) => limited |= limit != Limit::Unlimited,
-            Err(Refusal::Full { limit, in_flight }) => {
-                return Err(Admission::Full {
-                    index: slot.index,
-                    limit,
-                    in_flight,
-                    reclaimed,
-                })
-            }
-            Err(Refusal::TooHeavy { limit }) => {
-                return Err(Admission::TooHeavy {
-                    index: slot.index,
-                    limit,
-                })
-            }
-        }
-    }
-    if !limited {
-        return Err(Admission::Unlimited);
-    }
-    Ok(slots[0].state.limit(policy))
-}
-
-/// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).
-#[inline]
-fn grant<C>(slots: &[Slot<'_, C>], limit: Limit, weight: u32, expires_at_ms: u64) -> Grant {
-    let in_flight = match (limit, slots.first()) {
-        (Limit::Limited(_), Some(slot)) => slot.state.in_flight,
-        _ => 0,
-    };
-    Grant {
-        limit,
-        in_flight,
-        weight,
-        expires_at_ms,
     }
 }
 

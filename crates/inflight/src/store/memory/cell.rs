@@ -1,0 +1,167 @@
+//! The cells of the memory store's keys, what in-process permits hold on to, and the rule a decision
+//! over several of them applies.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use super::key::{KeyState, Lease, Refusal};
+use crate::clock::Clock;
+use crate::id::PermitId;
+use crate::policy::{Limit, Policy};
+use crate::store::{Admission, Grant, LocalHold};
+
+/// The store's clock, and its last reading for the paths that need only a rough time.
+pub(super) struct Time<C> {
+    pub(super) clock: C,
+    pub(super) coarse_ms: AtomicU64,
+}
+
+impl<C: Clock> Time<C> {
+    pub(super) fn now_ms(&self) -> u64 {
+        let now = self.clock.now_ms();
+        self.coarse_ms.store(now, Ordering::Relaxed);
+        now
+    }
+
+    pub(super) fn coarse_ms(&self) -> u64 {
+        self.coarse_ms.load(Ordering::Relaxed)
+    }
+}
+
+/// One key: what in-process permits hold on to.
+pub(super) struct Cell<C> {
+    pub(super) key: Arc<str>,
+    pub(super) state: Mutex<KeyState>,
+    pub(super) time: Arc<Time<C>>,
+}
+
+impl<C> Cell<C> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, KeyState> {
+        // The state is consistent between statements that cannot panic, so a poisoned lock is usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<C: Clock> Cell<C> {
+    fn unhold(&self, weight: u32) {
+        let mut state = self.lock();
+        state.in_flight -= weight;
+        state.last_used_ms = self.time.coarse_ms();
+    }
+
+    /// Turns `weight` held slots into a lease; the in-flight count does not change.
+    fn lease_hold(&self, id: &PermitId, weight: u32, lease_ms: u64, expires_at_ms: u64) {
+        let mut state = self.lock();
+        state.in_flight -= weight;
+        let lease = Lease {
+            weight,
+            expires_at_ms,
+            lease_ms,
+        };
+        state.add(id, lease);
+    }
+}
+
+impl<C: Clock> LocalHold for Cell<C> {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn release(&self, weight: u32) {
+        self.unhold(weight);
+    }
+
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
+        let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
+        self.lease_hold(id, weight, lease_ms, expires_at_ms);
+        expires_at_ms
+    }
+}
+
+/// The held cells of a permit on several keys (only the limited ones hold anything).
+pub(super) struct Cells<C> {
+    pub(super) first: Arc<str>,
+    pub(super) cells: Vec<Arc<Cell<C>>>,
+    pub(super) time: Arc<Time<C>>,
+}
+
+impl<C: Clock> LocalHold for Cells<C> {
+    fn key(&self) -> &str {
+        &self.first
+    }
+
+    fn release(&self, weight: u32) {
+        self.cells.iter().for_each(|cell| cell.unhold(weight));
+    }
+
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
+        let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
+        for cell in &self.cells {
+            cell.lease_hold(id, weight, lease_ms, expires_at_ms);
+        }
+        expires_at_ms
+    }
+}
+
+/// One locked key of a decision: its place among the request's keys, its cell and its state.
+pub(super) struct Slot<'a, C> {
+    pub(super) index: usize,
+    pub(super) cell: &'a Arc<Cell<C>>,
+    pub(super) state: &'a mut KeyState,
+}
+
+/// Checks every key of a decision (`id`: the lease's, `None` for a hold); the first key's limit when all
+/// have room, else the refusal of the first key, in the request's order, that refuses.
+#[inline]
+pub(super) fn admit<C>(
+    slots: &[Slot<'_, C>],
+    policy: Policy,
+    id: Option<&PermitId>,
+    weight: u32,
+    reclaimed: u32,
+) -> Result<Limit, Admission> {
+    let mut limited = false;
+    for slot in slots {
+        match slot.state.check(policy, id, weight) {
+            Ok(limit) => limited |= limit != Limit::Unlimited,
+            Err(Refusal::Full { limit, in_flight }) => {
+                return Err(Admission::Full {
+                    index: slot.index,
+                    limit,
+                    in_flight,
+                    reclaimed,
+                })
+            }
+            Err(Refusal::TooHeavy { limit }) => {
+                return Err(Admission::TooHeavy {
+                    index: slot.index,
+                    limit,
+                })
+            }
+        }
+    }
+    if !limited {
+        return Err(Admission::Unlimited);
+    }
+    Ok(slots[0].state.limit(policy))
+}
+
+/// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).
+#[inline]
+pub(super) fn grant<C>(
+    slots: &[Slot<'_, C>],
+    limit: Limit,
+    weight: u32,
+    expires_at_ms: u64,
+) -> Grant {
+    let in_flight = match (limit, slots.first()) {
+        (Limit::Limited(_), Some(slot)) => slot.state.in_flight,
+        _ => 0,
+    };
+    Grant {
+        limit,
+        in_flight,
+        weight,
+        expires_at_ms,
+    }
+}
