@@ -126,7 +126,7 @@ pub struct ProxySettings {
     #[arg(long, env = "INFLIGHT_KEY_HEADER", value_name = "NAME")]
     #[arg(default_value = "X-Inflight-Key")]
     pub key_header: String,
-    /// How long to wait for the upstream's response headers.
+    /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
     #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "60s", value_parser = text::parse)]
     #[serde(with = "text")]
@@ -346,13 +346,17 @@ fn layer<A: Serialize + DeserializeOwned>(
         check_keys(path)?;
         figment = figment.merge(Toml::file(path));
     }
-    figment
-        .merge(Serialized::defaults(explicit))
-        .extract()
-        .map_err(|e| {
-            let setting = e.path.last().map_or("config", String::as_str);
-            invalid(setting, e.kind)
-        })
+    let figment = figment.merge(Serialized::defaults(explicit));
+    figment.extract().map_err(|e| {
+        // The proxy's settings flatten serve's, whose errors then come without their path: ask again
+        // for serve's alone, which names the setting.
+        let e = match (e.path.is_empty(), figment.extract::<Settings>()) {
+            (true, Err(named)) => named,
+            _ => e,
+        };
+        let setting = e.path.last().map_or("config", String::as_str);
+        invalid(setting, e.kind)
+    })
 }
 
 /// Refuses a key of the file that is no setting of any command (a misspelt one, say).

@@ -165,6 +165,21 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
     let toml = file("default_limit = \"x\"\n");
     let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
     assert!(err.contains("default_limit"), "{err}");
+    let err = start(
+        &[
+            "proxy",
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--config",
+            toml.path().to_str().unwrap(),
+        ],
+        &[],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("default_limit"),
+        "the proxy names it too: {err}"
+    );
     let toml = file("defualt_limit = 3\n");
     let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
     assert!(

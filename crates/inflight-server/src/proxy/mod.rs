@@ -26,7 +26,7 @@ pub struct Upstream {
     pub base: Uri,
     /// The header whose value is the key.
     pub key_header: HeaderName,
-    /// How long to wait for the upstream's response headers.
+    /// How long a request may take upstream until its response headers (connecting and sending it included).
     pub timeout: Duration,
 }
 
