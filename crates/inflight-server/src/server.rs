@@ -246,9 +246,18 @@ impl<S: Store> Worker<S> {
         listener: std::net::TcpListener,
         ready: oneshot::Sender<anyhow::Result<()>>,
     ) -> std::io::Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()?;
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                let _ = ready.send(Err(anyhow::anyhow!(
+                    "cannot start a worker's runtime: {error}"
+                )));
+                return Ok(());
+            }
+        };
         let served = runtime.block_on(async move {
             let started = TcpListener::from_std(listener)
                 .map_err(anyhow::Error::from)
