@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measures inflight side by side with its alternatives, in one run, and writes BENCHMARKS.md and
-# docs/latency.svg. About 6 minutes on a 2-core machine (plus the release build).
+# docs/latency.svg. About 10 minutes on a 2-core machine (plus the release build).
 #
 #   scripts/bench.sh            # everything
 #   KEEP=1 scripts/bench.sh     # keep the raw results (printed path)

@@ -345,11 +345,7 @@ if two and bench64:
     fewer = two["pairs_per_sec"] < bench64["pairs_per_sec"]
     w(f"  On two threads, the same load made {fmt(two['pairs_per_sec'])} pairs/s (p99 {fmt(two['p99_us'])} µs), "
       + ("fewer than on one." if fewer else "more than on one in this run."))
-    w("  Measured outside this script: in a `perf record` of the bench on two threads, 16 % of its samples were the")
-    w("  kernel switching threads (`finish_task_switch`), with Redis needing one of the two cores; across")
-    w("  alternating runs one thread made 103-130k pairs/s and two 60-97k.")
-w(f"  At 256 tasks: {fmt(bench256['pairs_per_sec'] if bench256 else float('nan'))}. Client, Redis and load share 2 cores, and at 64 tasks neither side is")
-w("  busy all the time (`vmstat 1` during a run shows idle time left): what is left is the round trip itself.")
+w(f"  At 256 tasks: {fmt(bench256['pairs_per_sec'] if bench256 else float('nan'))}. Client, Redis and load share 2 cores.")
 w("  Spreading the load over many keys costs more calls per operation (less is shared within a batch).")
 worst_bytes = max(memory_rows.values()) if memory_rows else float("nan")
 w(f"- **Memory per permit.** {min(memory_rows.values()):.0f}-{worst_bytes:.0f} bytes per held permit from 100 to 100,000 leases on a key"
@@ -374,13 +370,11 @@ w(f"  on Redis (goal 0.6x, {met(red_r, 0.6)}), over the rounds and both response
 w("  the machine's cores, so CPU a proxy spends per request is CPU the others do not get. For a small response")
 w("  nginx spends")
 w(f"  {ng_u:.1f} µs in user space and {ng_s:.1f} in the kernel; inflight on the memory store {me_u:.1f} and {me_s:.1f}.")
-w("  Both make the same system calls per request, two `writev` and two `recvfrom` (seen with `strace -c -f -p PID`")
 where = ("user space" if (me_u - ng_u) >= (me_s - ng_s) else "the kernel") \
     if all(map(math.isfinite, (me_u, ng_u, me_s, ng_s))) else "(not measured in this run)"
-w(f"  during a `wrk` run, outside this script); most of the difference is in {where}. inflight's user space is hyper's HTTP/1 server and")
-w("  client, the limiter, the header rewriting and the metrics, with no single hot spot")
-w("  (`perf record -g -p PID`, outside this script). `scripts/instructions.sh` counts instructions per request")
-w("  (callgrind) for nginx, hyper alone and inflight.")
+w(f"  Most of the difference is in {where}: inflight's is hyper's HTTP/1 server and client, the limiter, the")
+w("  header rewriting and the metrics. `scripts/instructions.sh` counts instructions per request (callgrind) for")
+w("  nginx, hyper alone and inflight.")
 fl_r = proxy_ratios.get(("hyper-floor", "_"), [])
 fl_u, fl_s = cpu_of("hyper-floor", "proxy")
 w(f"  The floor, hyper alone, reached {span(fl_r)} of nginx's requests/s for the small response, spending {fl_u:.1f} µs")
