@@ -29,7 +29,8 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 
 /// Starts releases and hands what is left of them to the limiter's release task.
 pub(super) struct Releaser<S> {
-    store: S,
+    /// Shared with the task: cloned into every release started here.
+    store: Arc<S>,
     queue: mpsc::UnboundedSender<Job>,
     pending: Arc<AtomicUsize>,
 }
@@ -59,6 +60,7 @@ enum Job {
 impl<S: Store> Releaser<S> {
     /// Starts the task on the current runtime; it ends once every handle is gone and its releases are done.
     pub(super) fn start(store: S) -> Self {
+        let store = Arc::new(store);
         let (queue, jobs) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
         tokio::spawn(run(store.clone(), jobs, pending.clone()));
@@ -118,7 +120,7 @@ impl<S: Store> Releaser<S> {
 }
 
 async fn run<S: Store>(
-    store: S,
+    store: Arc<S>,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     pending: Arc<AtomicUsize>,
 ) {
@@ -129,7 +131,7 @@ async fn run<S: Store>(
         tokio::select! {
             job = jobs.recv() => match job {
                 Some(Job::Release { started, keys, id, give_up }) => {
-                    running.push(finish(&store, started, keys, id, give_up, next));
+                    running.push(finish(&*store, started, keys, id, give_up, next));
                     open.insert(next);
                     next += 1;
                 }

@@ -137,9 +137,9 @@ impl<C: Clock> MemoryStore<C> {
     /// expired leases, and runs `f` on them in the order of `keys`, with the time and how many leases were
     /// reclaimed. Without `precise`, a decision on keys without leases uses the last time read.
     #[inline]
-    fn locked<R>(
+    fn locked<K: AsRef<str>, R>(
         &self,
-        keys: &[&str],
+        keys: &[K],
         create: bool,
         precise: bool,
         f: impl FnOnce(&mut [Slot<'_, C>], u64, u32) -> R,
@@ -159,7 +159,7 @@ impl<C: Clock> MemoryStore<C> {
             (now, reclaimed)
         };
         if let [key] = keys {
-            let Some(cell) = self.cell(key, create) else {
+            let Some(cell) = self.cell(key.as_ref(), create) else {
                 return f(&mut [], time.now_ms(), 0);
             };
             let mut state = cell.lock();
@@ -174,7 +174,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut cells: Vec<(usize, Arc<Cell<C>>)> = keys
             .iter()
             .enumerate()
-            .filter_map(|(index, key)| Some((index, self.cell(key, create)?)))
+            .filter_map(|(index, key)| Some((index, self.cell(key.as_ref(), create)?)))
             .collect();
         cells.sort_by(|a, b| a.1.key.cmp(&b.1.key));
         cells.dedup_by(|a, b| a.1.key == b.1.key);
@@ -225,8 +225,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn renew_one(&self, req: &RenewRequest) -> Renewal {
-        let keys: Vec<&str> = req.keys.iter().map(|key| &**key).collect();
-        self.locked(&keys, true, true, |slots, now, _| {
+        self.locked(&req.keys, true, true, |slots, now, _| {
             let policy = req.policy;
             let limited = |slot: &Slot<'_, C>| slot.state.limit(policy) != Limit::Unlimited;
             let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
@@ -343,8 +342,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         keys: &[Arc<str>],
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let keys: Vec<&str> = keys.iter().map(|key| &**key).collect();
-        let released = self.locked(&keys, false, false, |slots, _, _| {
+        let released = self.locked(keys, false, false, |slots, _, _| {
             let mut released = false;
             for slot in slots.iter_mut() {
                 released |= slot.state.release(id);
