@@ -20,7 +20,7 @@ pin_project! {
         #[pin]
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,
-        _held: Held,
+        _held: Option<Held>,
     }
 }
 
@@ -29,7 +29,7 @@ impl ProxyBody {
         inner: hyper::body::Incoming,
         permit: Permit,
         cut: watch::Receiver<bool>,
-        held: Held,
+        held: Option<Held>,
     ) -> Self {
         Self {
             inner: PermitBody::new(inner, Some(permit)),

@@ -103,7 +103,8 @@ async fn forward_checked<S: Store>(
         Some(value) => key_of(value)?,
     };
     let permit = app.acquire(&key, inflight::AcquireOptions::new()).await?;
-    let held = app.metrics.hold();
+    // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
+    let held = permit.is_counted().then(|| app.metrics.hold());
     let upstream_request = proxy.target.to_upstream(request, client)?;
     let sent = proxy.pool.send(upstream_request);
     // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
