@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use inflight::{
-    AcquireError, AcquireOptions, Lease, Limiter, Permit, PermitId, Renewal, Store, StoreError,
+    AcquireError, AcquireOptions, KeyRefused, Lease, Limiter, Permit, PermitId, Renewal, Store,
+    StoreError,
 };
 
 use crate::metrics::{AdmissionResult, Metrics};
@@ -49,6 +50,28 @@ impl<S: Store> App<S> {
             Err(_) => AdmissionResult::Rejected,
         };
         self.metrics.admission(key, result);
+        outcome
+    }
+
+    /// Admits a request under every key of `keys` at once, or under none: counted once, under the first
+    /// key.
+    pub async fn acquire_all(
+        &self,
+        keys: &[&str],
+        options: AcquireOptions,
+    ) -> Result<Permit, KeyRefused> {
+        let outcome = self
+            .timed("acquire", self.limiter.try_acquire_all(keys, options))
+            .await;
+        let result = match &outcome {
+            Ok(_) => AdmissionResult::Admitted,
+            Err(refused) if matches!(refused.error, AcquireError::Store(_)) => {
+                AdmissionResult::Error
+            }
+            Err(_) => AdmissionResult::Rejected,
+        };
+        self.metrics
+            .admission(keys.first().copied().unwrap_or_default(), result);
         outcome
     }
 
