@@ -1,5 +1,6 @@
 //! The HTTP limiter API, for workers in any language. The interface is a contract: see `openapi.json`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
+use inflight::{AcquireOptions, KeyRefused, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,11 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
             "/v1/keys/{key}/permits/{id}",
             put(renew::<S>).delete(release::<S>),
         )
+        .route("/v1/permits", post(acquire_all::<S>))
+        .route(
+            "/v1/permits/{id}",
+            put(renew_recorded::<S>).delete(release_recorded::<S>),
+        )
         .route("/v1/keys/{key}", get(status::<S>))
         .route(
             "/v1/keys/{key}/limit",
@@ -46,6 +52,15 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AcquireBody {
+    id: Option<String>,
+    weight: Option<u32>,
+    lease_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireAllBody {
+    keys: Vec<String>,
     id: Option<String>,
     weight: Option<u32>,
     lease_ms: Option<u64>,
@@ -71,6 +86,15 @@ struct PermitJson {
     weight: u32,
     limit: Option<u32>,
     in_flight: u32,
+    lease_expires_at_ms: Option<u64>,
+}
+
+/// A permit on several keys, as `POST /v1/permits` and `PUT /v1/permits/{id}` answer it.
+#[derive(Debug, Serialize)]
+struct PermitAllJson {
+    id: String,
+    keys: Vec<KeyJson>,
+    weight: u32,
     lease_expires_at_ms: Option<u64>,
 }
 
@@ -129,23 +153,177 @@ async fn acquire<S: Store>(
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
     let request: AcquireBody = body(bytes)?;
+    let options = options(request.id, request.weight, request.lease_ms)?;
+    let permit = app.acquire(&key, options).await?;
+    // The caller holds the lease from here: it renews or releases it over HTTP.
+    Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response())
+}
+
+/// The options of an acquire body.
+fn options(
+    id: Option<String>,
+    weight: Option<u32>,
+    lease_ms: Option<u64>,
+) -> Result<AcquireOptions, ApiError> {
     let mut options = AcquireOptions::new();
-    if let Some(id) = request.id {
+    if let Some(id) = id {
         check_name(&id).map_err(ApiError::invalid_request)?;
         options = options.id(id);
     }
-    if let Some(weight) = request.weight {
+    if let Some(weight) = weight {
         if weight == 0 {
             return Err(ApiError::invalid_request("weight must be at least 1."));
         }
         options = options.weight(weight);
     }
-    if let Some(lease) = lease(request.lease_ms)? {
+    if let Some(lease) = lease(lease_ms)? {
         options = options.lease(lease);
     }
-    let permit = app.acquire(&key, options).await?;
-    // The caller holds the lease from here: it renews or releases it over HTTP.
-    Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response())
+    Ok(options)
+}
+
+/// The most keys one permit may have.
+const MAX_KEYS: usize = 16;
+
+async fn acquire_all<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let request: AcquireAllBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::invalid_request(format!("Expected {{\"keys\": [\"key\", ...]}}: {e}"))
+    })?;
+    // Repeated keys count once; the order given is kept (the first key's figures lead the answer).
+    let mut seen = HashSet::new();
+    let mut keys: Vec<Arc<str>> = Vec::new();
+    for key in &request.keys {
+        check_name(key).map_err(ApiError::invalid_key)?;
+        if seen.insert(key.as_str()) {
+            keys.push(Arc::from(key.as_str()));
+        }
+    }
+    if keys.is_empty() {
+        return Err(ApiError::invalid_request(
+            "keys must name at least one key.",
+        ));
+    }
+    if keys.len() > MAX_KEYS {
+        return Err(ApiError::invalid_request("keys may name at most 16 keys."));
+    }
+    let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+    let options = options(request.id, request.weight, request.lease_ms)?;
+    let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
+    let permit = match app.acquire_all(&names, options).await {
+        Ok(permit) => permit,
+        Err(refused) => return Ok(refusal(refused)),
+    };
+    let lent = app.lend_all(permit, &keys, lease).await?;
+    let first = (lent.limit.get(), lent.in_flight);
+    let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
+    let body = permit_all_json(
+        &app,
+        lent.id.to_string(),
+        &keys,
+        lent.weight,
+        first,
+        expires,
+    )
+    .await;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// A refusal of several keys: the single-key refusal's answer, with the key that refused.
+fn refusal(refused: KeyRefused) -> Response {
+    let (status, code, message) = inflight_tower::rejection::describe(&refused.error);
+    let body = serde_json::json!({
+        "code": code,
+        "message": message,
+        "status": status.as_u16(),
+        "key": refused.key,
+    });
+    let mut response = (status, Json(body)).into_response();
+    if let Some(after) = refused.error.retry_after() {
+        let secs = after.as_secs().max(1);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+    }
+    response
+}
+
+/// The answer's figures: the first key's as the store gave them, the others' read now (for an
+/// unlimited key whose store is away: its class's limit, nothing in flight).
+async fn permit_all_json<S: Store>(
+    app: &App<S>,
+    id: String,
+    keys: &[Arc<str>],
+    weight: u32,
+    first: (Option<u32>, u32),
+    lease_expires_at_ms: Option<u64>,
+) -> PermitAllJson {
+    let others = futures_util::future::join_all(keys[1..].iter().map(|key| async move {
+        let status = app.timed("status", app.limiter.status(key)).await;
+        let (limit, in_flight) = match status {
+            Ok(status) => (status.limit.get(), status.in_flight),
+            Err(_) => (app.limiter.limits(key).resolve(None).get(), 0),
+        };
+        KeyJson {
+            key: key.to_string(),
+            limit,
+            in_flight,
+        }
+    }))
+    .await;
+    let first = KeyJson {
+        key: keys[0].to_string(),
+        limit: first.0,
+        in_flight: first.1,
+    };
+    PermitAllJson {
+        id,
+        keys: std::iter::once(first).chain(others).collect(),
+        weight,
+        lease_expires_at_ms,
+    }
+}
+
+async fn renew_recorded<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<PermitAllJson>, ApiError> {
+    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    let request: RenewBody = body(bytes)?;
+    let lease = lease(request.lease_ms)?;
+    let id = PermitId::from(id);
+    match app.renew_recorded(&id, lease).await? {
+        Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
+            let first = (grant.limit.get(), grant.in_flight);
+            let expires = (grant.expires_at_ms > 0).then_some(grant.expires_at_ms);
+            let body = permit_all_json(&app, id.to_string(), &keys, grant.weight, first, expires);
+            Ok(Json(body.await))
+        }
+        Some((_, Renewal::Lost)) | None => Err(permit_not_found()),
+    }
+}
+
+async fn release_recorded<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    app.release_recorded(&PermitId::from(id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn permit_not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "permit_not_found",
+        "No such permit: it was released, or its lease ended. Acquire a new one.",
+    )
 }
 
 async fn renew<S: Store>(
@@ -182,11 +360,7 @@ async fn renew<S: Store>(
                     lease_expires_at_ms: None,
                 }));
             }
-            Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "permit_not_found",
-                "No such permit: it was released, or its lease ended. Acquire a new one.",
-            ))
+            Err(permit_not_found())
         }
     }
 }

@@ -1,10 +1,11 @@
 //! What every handler shares: the limiter, the admin token, the metrics.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inflight::{
-    AcquireError, AcquireOptions, KeyRefused, Lease, Limiter, Permit, PermitId, Renewal, Store,
-    StoreError,
+    AcquireError, AcquireOptions, KeyRefused, Keys, Lease, Limiter, Permit, PermitId, Renewal,
+    Store, StoreError,
 };
 
 use crate::metrics::{AdmissionResult, Metrics};
@@ -107,6 +108,78 @@ impl<S: Store> App<S> {
     pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
         let held = self.timed("release", self.limiter.release(key, id)).await?;
         self.metrics.returned(key, &id.to_string());
+        if held {
+            self.metrics.release();
+        }
+        Ok(held)
+    }
+
+    /// Hands a permit on several keys over to an HTTP client, recording its keys under its id so that
+    /// any process can renew or release it by id alone. A counted permit whose keys cannot be recorded
+    /// is released again: the client could not renew it.
+    pub async fn lend_all(
+        &self,
+        permit: Permit,
+        keys: &[Arc<str>],
+        lease: Duration,
+    ) -> Result<Lease, StoreError> {
+        let counted = permit.is_counted();
+        let lease_out = self.lend(permit);
+        let recorded = self
+            .timed("record", self.limiter.record(keys, &lease_out.id, lease))
+            .await;
+        match recorded {
+            Ok(()) => Ok(lease_out),
+            Err(error) if counted => {
+                self.release_all(keys, &lease_out.id).await.ok();
+                Err(error)
+            }
+            // Nothing is held (every key unlimited): the admission stands; renewing it will say 404.
+            Err(error) => {
+                tracing::warn!(%error, "a permit on unlimited keys could not be recorded");
+                Ok(lease_out)
+            }
+        }
+    }
+
+    /// Renews a lease on several keys handed out over HTTP, found by its id; `None` when it is gone.
+    pub async fn renew_recorded(
+        &self,
+        id: &PermitId,
+        lease: Option<Duration>,
+    ) -> Result<Option<(Keys, Renewal)>, StoreError> {
+        let found = self
+            .timed("renew", self.limiter.renew_recorded(id, lease))
+            .await?;
+        if let Some((keys, renewal)) = &found {
+            let id = id.to_string();
+            match renewal {
+                Renewal::Renewed(grant) | Renewal::Readded(grant) => {
+                    self.metrics.renewed(&keys[0], &id, grant.expires_at_ms);
+                }
+                Renewal::Lost => self.metrics.returned(&keys[0], &id),
+            }
+        }
+        Ok(found)
+    }
+
+    /// Releases a lease on several keys handed out over HTTP, found by its id.
+    pub async fn release_recorded(&self, id: &PermitId) -> Result<(), StoreError> {
+        let found = self
+            .timed("release", self.limiter.release_recorded(id))
+            .await?;
+        if let Some((keys, held)) = found {
+            self.metrics.returned(&keys[0], &id.to_string());
+            if held {
+                self.metrics.release();
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_all(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+        let held = self.limiter.release_all(keys, id).await?;
+        self.metrics.returned(&keys[0], &id.to_string());
         if held {
             self.metrics.release();
         }

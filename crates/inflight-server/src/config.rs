@@ -14,7 +14,7 @@ use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
-use inflight::FailurePolicy;
+use inflight::{ClassLimits, FailurePolicy, Policy};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,14 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_MAX_LIMIT", value_name = "N")]
     #[arg(default_value_t = 0)]
     pub max_limit: u32,
+    /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'
+    /// (`*` matches any run of characters; the rule with the longest literal prefix wins; keys matching
+    /// none have --default-limit and --max-limit). In the file: [[limits]] keys = "tenant:*", default = 50,
+    /// max = 200. Several in the variable: separated by `;`. SIGHUP re-reads them.
+    #[arg(long = "limit", env = "INFLIGHT_LIMITS", value_name = "RULE")]
+    #[arg(value_parser = LimitRule::parse, value_delimiter = ';')]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitRule>,
     /// Lease of a permit unless its request asks for another, e.g. 30s, 500ms.
     #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
@@ -113,6 +121,47 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+}
+
+/// The limits of one class of keys: `[[limits]]` in the file, `--limit` as a flag.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitRule {
+    /// The keys of the class: a glob pattern, `*` matching any run of characters.
+    pub keys: String,
+    /// The limit of a key of the class without an override; 0 = unlimited.
+    #[serde(default)]
+    pub default: u32,
+    /// The ceiling over every key of the class, overrides included; 0 = none.
+    #[serde(default)]
+    pub max: u32,
+}
+
+impl LimitRule {
+    /// `PATTERN=DEFAULT[,max=N]` (also `PATTERN=default=N,max=N`, or `PATTERN=max=N`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let usage = || format!("{text:?}: use PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'");
+        let (keys, terms) = text.split_once('=').ok_or_else(usage)?;
+        let mut rule = LimitRule {
+            keys: keys.trim().to_owned(),
+            default: 0,
+            max: 0,
+        };
+        for (i, term) in terms.split(',').enumerate() {
+            let (name, value) = match term.split_once('=') {
+                Some((name, value)) => (name.trim(), value),
+                None if i == 0 => ("default", term),
+                None => return Err(usage()),
+            };
+            let value = value.trim().parse().map_err(|_| usage())?;
+            match name {
+                "default" => rule.default = value,
+                "max" => rule.max = value,
+                _ => return Err(usage()),
+            }
+        }
+        Ok(rule)
+    }
 }
 
 /// The settings of `inflight proxy`.
@@ -217,6 +266,7 @@ impl Layered for Settings {
         if !(1..=64).contains(&self.redis_pipeline) {
             return Err(invalid("redis_pipeline", "must be between 1 and 64"));
         }
+        self.policy()?;
         self.failure_policy().map(drop)
     }
 }
@@ -226,6 +276,18 @@ impl Settings {
     pub fn workers(&self) -> usize {
         self.workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+
+    /// The limits: the rules of `limits` over the default and the ceiling.
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        let mut policy = Policy::new(self.default_limit, self.max_limit);
+        for rule in &self.limits {
+            let limits = ClassLimits::new(rule.default, rule.max);
+            policy = policy
+                .rule(&rule.keys, limits)
+                .map_err(|e| invalid("limits", e))?;
+        }
+        Ok(policy)
     }
 
     /// What to do when the store is unreachable.

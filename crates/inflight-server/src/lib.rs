@@ -17,7 +17,7 @@ pub mod server;
 
 use std::sync::Arc;
 
-use inflight::{Limiter, MemoryStore, Store};
+use inflight::{Limiter, MemoryStore, SharedPolicy, Store};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -31,23 +31,26 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
     })
 }
 
-/// What the apps of a server's workers share: the metrics, and where `fail_open_local` counts (one cap
-/// per process, not per worker).
+/// What the apps of a server's workers share: the metrics, the limits (so that a reload reaches every
+/// worker), and where `fail_open_local` counts (one cap per process, not per worker).
 #[derive(Clone)]
 pub struct Shared {
     /// The server's metrics.
     pub metrics: metrics::Metrics,
+    /// The limits, replaced by a reload.
+    pub policy: SharedPolicy,
     /// The fallback store of `fail_open_local`.
     pub fallback: MemoryStore,
 }
 
 impl Shared {
     /// The shared state of a server that `settings` describe.
-    pub fn new(settings: &Settings) -> Self {
-        Self {
+    pub fn new(settings: &Settings) -> Result<Self, ConfigError> {
+        Ok(Self {
             metrics: metrics::Metrics::new(settings.metrics_per_key),
+            policy: SharedPolicy::new(settings.policy()?),
             fallback: MemoryStore::new(),
-        }
+        })
     }
 }
 
@@ -58,10 +61,7 @@ pub fn app<S: Store>(
     store: S,
 ) -> Result<Arc<App<S>>, ConfigError> {
     let limiter = Limiter::builder(store)
-        .policy(inflight::Policy::new(
-            settings.default_limit,
-            settings.max_limit,
-        ))
+        .policy(shared.policy.clone())
         .lease(settings.lease)
         .on_store_failure(settings.failure_policy()?)
         .fallback(shared.fallback.clone())

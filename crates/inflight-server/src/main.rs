@@ -72,14 +72,49 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
         }
         Command::Bench(args) => return bench(args).await,
     };
+    let shared = Shared::new(&settings)?;
+    reload_on_hangup(cli.command, matches, shared.clone());
     if settings.store.starts_with("memory://") {
         // Every worker's limiter over the one embedded store (clones share it).
         let store = MemoryStore::new();
-        run(settings, proxy, move || Ok(store.clone())).await
+        run(settings, proxy, shared, move || Ok(store.clone())).await
     } else {
         let opened = settings.clone();
-        run(settings, proxy, move || redis_store(&opened)).await
+        run(settings, proxy, shared, move || redis_store(&opened)).await
     }
+}
+
+/// On SIGHUP, reads the settings again (the file with them) and puts their limits in force in every
+/// worker; permits held stay held. Other settings need a restart. Bad settings keep the limits as they are.
+fn reload_on_hangup(command: Command, matches: clap::ArgMatches, shared: Shared) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let settings = match &command {
+                    Command::Serve(args) => args.layered(&matches),
+                    Command::Proxy(args) => args.layered(&matches).map(|proxy| proxy.serve),
+                    Command::Bench(_) => return,
+                };
+                match settings.and_then(|settings| settings.policy()) {
+                    Ok(policy) => {
+                        let rules = policy.rules().len();
+                        shared.policy.set(policy);
+                        tracing::info!(rules, "limits reloaded");
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "reload refused: the limits stay as they were");
+                    }
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (command, matches, shared);
 }
 
 /// A worker's own Redis store (its connection and its batches on the worker's runtime).
@@ -101,6 +136,7 @@ fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
 async fn run<S: Store>(
     settings: Settings,
     proxy: Option<ProxySettings>,
+    shared: Shared,
     store: impl Fn() -> anyhow::Result<S> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let listeners = server::bind(settings.listen, settings.workers())
@@ -109,7 +145,7 @@ async fn run<S: Store>(
     let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
     let shutdown = server::shutdown_signal();
     let app = {
-        let (settings, shared) = (settings.clone(), Shared::new(&settings));
+        let settings = settings.clone();
         move || Ok(inflight_server::app(&settings, &shared, store()?)?)
     };
     let workers = Workers::start(listeners, app, upstream, settings.shutdown_grace).await?;
@@ -120,6 +156,7 @@ async fn run<S: Store>(
         store = %settings.store_for_logs(),
         default_limit = settings.default_limit,
         max_limit = settings.max_limit,
+        rules = settings.limits.len(),
         lease = ?settings.lease,
         upstream = proxy.as_ref().and_then(|p| p.upstream.clone()),
         "inflight started"

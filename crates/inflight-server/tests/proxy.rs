@@ -3,6 +3,7 @@
 
 mod common;
 
+use inflight::store::OverrideChange;
 use std::time::Duration;
 
 use common::process::{listen_of, Running};
@@ -489,8 +490,8 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         streams.push(stream);
     }
     let store = redis.store();
-    let policy = inflight::Policy::new(10, 0);
-    assert_eq!(store.status("k", policy).await.unwrap().in_flight, 4);
+    let (policy, keep) = (inflight::ClassLimits::new(10, 0), OverrideChange::Keep);
+    assert_eq!(store.status("k", policy, keep).await.unwrap().in_flight, 4);
     server.signal("-TERM");
     // Redis answers slowly from now on, so the releases of the cut streams are still running when the
     // workers have ended: the exit has to wait for them.
@@ -510,7 +511,7 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
     assert!(exit.success(), "{exit:?}: {:?}", server.rest_of_log());
     tokio::time::sleep_until(paused_until).await; // what Redis held back has been done by now
     assert_eq!(
-        store.status("k", policy).await.unwrap().in_flight,
+        store.status("k", policy, keep).await.unwrap().in_flight,
         0,
         "leases left in Redis after a clean exit"
     );

@@ -13,7 +13,7 @@ use std::time::Instant;
 use common::{Semaphores, LIMIT};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use inflight::store::LocalAdmission;
-use inflight::{Limiter, MemoryStore, Policy, Store};
+use inflight::{ClassLimits, Limiter, MemoryStore, Policy, Store};
 
 fn pairs(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -36,10 +36,10 @@ fn pairs(c: &mut Criterion) {
         });
 
         let store = MemoryStore::new();
-        let policy = Policy::new(LIMIT, 0);
+        let policy = [ClassLimits::new(LIMIT, 0)];
         let mut i = 0;
         group.bench_function(BenchmarkId::new("inflight_memory_store", n_keys), |b| {
-            b.iter(|| match store.hold(&[&keys[i]], 1, policy) {
+            b.iter(|| match store.hold(&[&keys[i]], &policy, 1, false) {
                 Some(LocalAdmission::Held { hold, .. }) => {
                     i = (i + 1) % n_keys;
                     hold.release(1);

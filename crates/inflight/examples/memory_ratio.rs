@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::{Semaphores, LIMIT};
 use inflight::store::LocalAdmission;
-use inflight::{Limiter, MemoryStore, Policy, Store};
+use inflight::{ClassLimits, Limiter, MemoryStore, Policy, Store};
 
 /// About how long the semaphore's slice takes; the others run the same number of pairs.
 const SLICE: Duration = Duration::from_millis(10);
@@ -47,10 +47,10 @@ impl Contenders {
                 }
             }
             1 => {
-                let policy = Policy::new(LIMIT, 0);
+                let policy = [ClassLimits::new(LIMIT, 0)];
                 for _ in 0..pairs {
                     i = (i + 1) % n;
-                    match self.store.hold(&[&self.keys[i]], 1, policy) {
+                    match self.store.hold(&[&self.keys[i]], &policy, 1, false) {
                         Some(LocalAdmission::Held { hold, .. }) => hold.release(1),
                         _ => panic!("room"),
                     }

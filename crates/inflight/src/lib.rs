@@ -3,7 +3,8 @@
 //! Cap how many requests each key (an app, a tenant, an API key) has **in flight at once**, counted across
 //! every process that shares a store, and hold a streamed response's slot until the stream really ends.
 //!
-//! - [`Policy`]: a key's limit is its override, else the default, capped by the ceiling; 0 is unlimited.
+//! - [`Policy`]: rules give classes of keys (`tenant:*`, `app:*`) their limits; a key's limit is its
+//!   override, else its class's default, capped by its class's ceiling; 0 is unlimited.
 //! - [`Limiter::try_acquire`] admits at once or says why not ([`AcquireError`]): full right now, can never
 //!   fit, or the store is unavailable; [`Limiter::try_acquire_all`] takes several keys (an app, its
 //!   tenant, a global limit) together or not at all.
@@ -82,7 +83,7 @@ pub use id::PermitId;
 pub use limiter::{Limiter, LimiterBuilder, LimiterStats, TryAcquire, SHUTDOWN_DRAIN};
 pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
-pub use policy::{Limit, Policy};
-pub use store::{KeyStatus, MemoryStore, Renewal, Store};
+pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
+pub use store::{KeyStatus, Keys, MemoryStore, Renewal, Store};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};

@@ -1,36 +1,42 @@
-//! The effective limit of a key: its override else the default, capped by the ceiling; 0 means unlimited.
+//! The effective limit of a key: the limits of its class (the most specific rule whose pattern matches
+//! it, else the defaults), its override in place of the class's default, capped by the class's ceiling;
+//! 0 means unlimited.
 
 use std::fmt;
+use std::sync::{Arc, RwLock};
 
-/// The process-wide limit settings: a default for every key and a ceiling over all of them.
+/// The most rules one policy may have: every key of every admission is matched against them.
+pub const MAX_RULES: usize = 1024;
+
+/// The limits of a class of keys: a default and a ceiling (0 = none).
 ///
 /// A key's own limit is its override when that is > 0, else `default_limit`. The effective limit is the
 /// smaller of the key's own limit and `max_limit`, counting only values > 0; when neither is > 0 the key is
 /// unlimited. So an override may be above the default but never above the ceiling.
 ///
 /// ```
-/// use inflight::{Limit, Policy};
+/// use inflight::{ClassLimits, Limit};
 ///
 /// // ceiling / default / override -> effective, as the reference system resolves them.
-/// assert_eq!(Policy::new(0, 0).resolve(None), Limit::Unlimited);
-/// assert_eq!(Policy::new(0, 0).resolve(Some(5)), Limit::Limited(5));
-/// assert_eq!(Policy::new(0, 10).resolve(None), Limit::Limited(10));
-/// assert_eq!(Policy::new(0, 20).resolve(Some(5)), Limit::Limited(5));
-/// assert_eq!(Policy::new(15, 0).resolve(None), Limit::Limited(15));
+/// assert_eq!(ClassLimits::new(0, 0).resolve(None), Limit::Unlimited);
+/// assert_eq!(ClassLimits::new(0, 0).resolve(Some(5)), Limit::Limited(5));
+/// assert_eq!(ClassLimits::new(0, 10).resolve(None), Limit::Limited(10));
+/// assert_eq!(ClassLimits::new(0, 20).resolve(Some(5)), Limit::Limited(5));
+/// assert_eq!(ClassLimits::new(15, 0).resolve(None), Limit::Limited(15));
 /// // An override may be above the default, not above the ceiling.
-/// assert_eq!(Policy::new(3, 0).resolve(Some(5)), Limit::Limited(5));
-/// assert_eq!(Policy::new(3, 4).resolve(Some(5)), Limit::Limited(4));
+/// assert_eq!(ClassLimits::new(3, 0).resolve(Some(5)), Limit::Limited(5));
+/// assert_eq!(ClassLimits::new(3, 4).resolve(Some(5)), Limit::Limited(4));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Policy {
+pub struct ClassLimits {
     /// The limit of a key without an override; 0 = unlimited.
     pub default_limit: u32,
-    /// The ceiling over every key's limit; 0 = no ceiling.
+    /// The ceiling over the limit of every key of the class, overrides included; 0 = no ceiling.
     pub max_limit: u32,
 }
 
-impl Policy {
-    /// A policy with this default and ceiling (0 = none).
+impl ClassLimits {
+    /// Limits with this default and ceiling (0 = none).
     pub const fn new(default_limit: u32, max_limit: u32) -> Self {
         Self {
             default_limit,
@@ -52,9 +58,203 @@ impl Policy {
         })
     }
 
-    /// True when no key can have a limit unless it has an override: both settings are 0.
-    pub const fn is_unlimited_by_default(&self) -> bool {
+    /// True when a key of the class is unlimited unless it has an override: both settings are 0.
+    pub const fn is_unlimited(&self) -> bool {
         self.default_limit == 0 && self.max_limit == 0
+    }
+}
+
+/// A rule: the limits of the keys that match a glob pattern, where `*` matches any run of characters
+/// (none included) and every other character itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pattern: Box<str>,
+    /// The pattern's parts between the stars.
+    parts: Box<[Box<str>]>,
+    starred: bool,
+    limits: ClassLimits,
+}
+
+impl Rule {
+    /// A rule for the keys matching `pattern` (non-empty, at most 256 bytes).
+    pub fn new(pattern: &str, limits: ClassLimits) -> Result<Self, PolicyError> {
+        if pattern.is_empty() || pattern.len() > 256 {
+            return Err(PolicyError(format!(
+                "a rule's pattern must be 1 to 256 bytes, not {pattern:?}"
+            )));
+        }
+        Ok(Self {
+            pattern: pattern.into(),
+            parts: pattern.split('*').map(Box::from).collect(),
+            starred: pattern.contains('*'),
+            limits,
+        })
+    }
+
+    /// The pattern.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    /// The limits of the keys it matches.
+    pub fn limits(&self) -> ClassLimits {
+        self.limits
+    }
+
+    /// True when `key` matches the pattern.
+    pub fn matches(&self, key: &str) -> bool {
+        let Some((first, rest)) = self.parts.split_first() else {
+            return false;
+        };
+        if !self.starred {
+            return key == &**first;
+        }
+        let Some(mut left) = key.strip_prefix(&**first) else {
+            return false;
+        };
+        let (last, middle) = rest.split_last().expect("a starred pattern has two parts");
+        for part in middle {
+            match left.find(&**part) {
+                Some(at) => left = &left[at + part.len()..],
+                None => return false,
+            }
+        }
+        left.len() >= last.len() && left.ends_with(&**last)
+    }
+
+    /// How specific the rule is: the length of its literal prefix, then of all its literal text.
+    fn specificity(&self) -> (usize, usize) {
+        let literal = self.parts.iter().map(|part| part.len()).sum();
+        (self.parts[0].len(), literal)
+    }
+}
+
+/// A policy that could not be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyError(String);
+
+/// The limit settings of a limiter: rules for classes of keys, and the limits of the keys no rule
+/// matches.
+///
+/// A key's class is the most specific rule that matches it: the one with the longest literal prefix
+/// (the text before its first `*`), then the one with the most literal text, then the one added first.
+/// The key's limit is then resolved by [`ClassLimits::resolve`] from the class's limits and the key's
+/// override, so an override is capped by its class's ceiling.
+///
+/// ```
+/// use inflight::{ClassLimits, Limit, Policy};
+///
+/// let policy = Policy::new(0, 0) // keys matching no rule: unlimited
+///     .rule("tenant:*", ClassLimits::new(50, 200))?
+///     .rule("app:*", ClassLimits::new(5, 0))?
+///     .rule("app:premium-*", ClassLimits::new(20, 0))?
+///     .rule("global", ClassLimits::new(1000, 0))?;
+/// assert_eq!(policy.resolve("app:chat", None), Limit::Limited(5));
+/// assert_eq!(policy.resolve("app:premium-chat", None), Limit::Limited(20));
+/// assert_eq!(policy.resolve("tenant:t1", Some(500)), Limit::Limited(200), "capped by its class");
+/// assert_eq!(policy.resolve("global", None), Limit::Limited(1000));
+/// assert_eq!(policy.resolve("user:7", None), Limit::Unlimited);
+/// # Ok::<(), inflight::PolicyError>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    default: ClassLimits,
+    /// Most specific first.
+    rules: Vec<Rule>,
+}
+
+impl Policy {
+    /// A policy with no rules: every key has this default and ceiling (0 = none).
+    pub const fn new(default_limit: u32, max_limit: u32) -> Self {
+        Self {
+            default: ClassLimits::new(default_limit, max_limit),
+            rules: Vec::new(),
+        }
+    }
+
+    /// The policy with one more rule: the keys matching `pattern` have `limits`.
+    pub fn rule(mut self, pattern: &str, limits: ClassLimits) -> Result<Self, PolicyError> {
+        if self.rules.len() >= MAX_RULES {
+            return Err(PolicyError(format!("at most {MAX_RULES} rules")));
+        }
+        if self.rules.iter().any(|rule| &*rule.pattern == pattern) {
+            return Err(PolicyError(format!("two rules for the keys {pattern:?}")));
+        }
+        let rule = Rule::new(pattern, limits)?;
+        // After every rule at least as specific: the most specific first, ties in the order given.
+        let at = self
+            .rules
+            .partition_point(|other| other.specificity() >= rule.specificity());
+        self.rules.insert(at, rule);
+        Ok(self)
+    }
+
+    /// The limits of keys that match no rule.
+    pub fn default_limits(&self) -> ClassLimits {
+        self.default
+    }
+
+    /// The rules, the most specific first.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The limits of `key`'s class.
+    #[inline]
+    pub fn limits(&self, key: &str) -> ClassLimits {
+        if self.rules.is_empty() {
+            return self.default;
+        }
+        self.rules
+            .iter()
+            .find(|rule| rule.matches(key))
+            .map_or(self.default, |rule| rule.limits)
+    }
+
+    /// The effective limit of `key` with the override `override_limit`.
+    pub fn resolve(&self, key: &str, override_limit: Option<u32>) -> Limit {
+        self.limits(key).resolve(override_limit)
+    }
+
+    /// True when no key is limited unless it has an override.
+    pub fn is_unlimited_by_default(&self) -> bool {
+        self.default.is_unlimited() && self.rules.iter().all(|rule| rule.limits.is_unlimited())
+    }
+}
+
+/// A [`Policy`] that can be replaced while limiters use it (a reload): clones share it, so the limiters
+/// of every worker of a process follow one reload. A permit already held stays held; the new policy
+/// applies from the next admission on.
+#[derive(Clone, Debug, Default)]
+pub struct SharedPolicy(Arc<RwLock<Arc<Policy>>>);
+
+impl SharedPolicy {
+    /// A shared policy, `policy` for now.
+    pub fn new(policy: Policy) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(policy))))
+    }
+
+    /// The policy now.
+    pub fn get(&self) -> Arc<Policy> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the policy for every limiter that shares it.
+    pub fn set(&self, policy: Policy) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    /// Runs `f` on the policy now, without taking a reference to it.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&Policy) -> R) -> R {
+        f(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl From<Policy> for SharedPolicy {
+    fn from(policy: Policy) -> Self {
+        Self::new(policy)
     }
 }
 
@@ -110,20 +310,100 @@ mod tests {
             ((0, 15, 0), Limit::Limited(15)),
         ];
         for ((ceiling, default, over), want) in cases {
-            let got = Policy::new(default, ceiling).resolve(Some(over));
+            let limits = ClassLimits::new(default, ceiling);
             assert_eq!(
-                got, want,
-                "ceiling {ceiling} default {default} override {over}"
+                limits.resolve(Some(over)),
+                want,
+                "{ceiling} {default} {over}"
             );
-            let got_none = Policy::new(default, ceiling).resolve((over > 0).then_some(over));
-            assert_eq!(got_none, want);
+            assert_eq!(limits.resolve((over > 0).then_some(over)), want);
         }
     }
 
     #[test]
     fn override_may_exceed_default_but_not_ceiling() {
-        assert_eq!(Policy::new(3, 0).resolve(Some(5)), Limit::Limited(5));
-        assert_eq!(Policy::new(3, 4).resolve(Some(5)), Limit::Limited(4));
-        assert_eq!(Policy::new(3, 4).resolve(Some(2)), Limit::Limited(2));
+        assert_eq!(ClassLimits::new(3, 0).resolve(Some(5)), Limit::Limited(5));
+        assert_eq!(ClassLimits::new(3, 4).resolve(Some(5)), Limit::Limited(4));
+        assert_eq!(ClassLimits::new(3, 4).resolve(Some(2)), Limit::Limited(2));
+    }
+
+    #[test]
+    fn globs_match_runs_of_any_characters() {
+        let cases = [
+            ("tenant:*", "tenant:t1", true),
+            ("tenant:*", "tenant:", true),
+            ("tenant:*", "tenant", false),
+            ("tenant:*", "xtenant:t1", false),
+            ("global", "global", true),
+            ("global", "global2", false),
+            ("*", "", true),
+            ("*:chat", "app:chat", true),
+            ("*:chat", "app:chatter", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "acb", false),
+            ("ab*ba", "aba", false),
+            ("a**", "a", true),
+            ("*é*", "clé:1", true),
+        ];
+        for (pattern, key, want) in cases {
+            let rule = Rule::new(pattern, ClassLimits::default()).unwrap();
+            assert_eq!(rule.matches(key), want, "{pattern:?} on {key:?}");
+        }
+    }
+
+    /// key, override -> effective, under the rules of the issue's example and a few more.
+    #[test]
+    fn the_most_specific_class_wins_and_caps_its_overrides() {
+        let policy = Policy::new(0, 0)
+            .rule("tenant:*", ClassLimits::new(50, 200))
+            .and_then(|p| p.rule("app:*", ClassLimits::new(5, 0)))
+            .and_then(|p| p.rule("global", ClassLimits::new(1000, 0)))
+            .and_then(|p| p.rule("*", ClassLimits::new(0, 100)))
+            .and_then(|p| p.rule("app:*:beta", ClassLimits::new(1, 0)))
+            .and_then(|p| p.rule("app:vip*", ClassLimits::new(9, 10)))
+            .unwrap();
+        let cases = [
+            ("tenant:t1", None, Limit::Limited(50)),
+            ("tenant:t1", Some(120), Limit::Limited(120)),
+            ("tenant:t1", Some(500), Limit::Limited(200)),
+            ("app:a1", None, Limit::Limited(5)),
+            ("app:a1", Some(40), Limit::Limited(40)),
+            ("app:a1:beta", None, Limit::Limited(1)),
+            ("app:vip1", None, Limit::Limited(9)),
+            ("app:vip1", Some(50), Limit::Limited(10)),
+            ("app:vip1:beta", None, Limit::Limited(9)),
+            ("global", None, Limit::Limited(1000)),
+            ("global:eu", None, Limit::Limited(100)),
+            ("user:7", None, Limit::Limited(100)),
+            ("user:7", Some(300), Limit::Limited(100)),
+        ];
+        for (key, over, want) in cases {
+            assert_eq!(policy.resolve(key, over), want, "{key} with {over:?}");
+        }
+        let open = Policy::new(0, 0)
+            .rule("app:*", ClassLimits::new(5, 0))
+            .unwrap();
+        assert_eq!(open.resolve("user:7", None), Limit::Unlimited);
+        assert_eq!(open.resolve("user:7", Some(3)), Limit::Limited(3));
+        assert!(!open.is_unlimited_by_default());
+        assert!(Policy::new(0, 0).is_unlimited_by_default());
+    }
+
+    #[test]
+    fn bad_rules_are_refused() {
+        assert!(Policy::new(0, 0).rule("", ClassLimits::default()).is_err());
+        let twice = Policy::new(0, 0)
+            .rule("a:*", ClassLimits::new(1, 0))
+            .unwrap();
+        assert!(twice.rule("a:*", ClassLimits::new(2, 0)).is_err());
+    }
+
+    #[test]
+    fn a_shared_policy_changes_for_every_clone() {
+        let shared = SharedPolicy::new(Policy::new(1, 0));
+        let other = shared.clone();
+        shared.set(Policy::new(7, 0));
+        assert_eq!(other.get().resolve("k", None), Limit::Limited(7));
     }
 }

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use inflight::store::{AcquireRequest, Admission};
-use inflight::{PermitId, Policy, RedisStore, Store};
+use inflight::store::{AcquireRequest, Admission, OverrideChange};
+use inflight::{ClassLimits as Policy, PermitId, RedisStore, Store};
 use support::TestRedis;
 
 const POLICY: Policy = Policy::new(10_000, 0);
@@ -28,7 +28,7 @@ async fn acquire(
         id,
         weight,
         lease_ms,
-        policy: POLICY,
+        limits: &[POLICY],
     };
     store.acquire(req).await.unwrap()
 }
@@ -71,7 +71,14 @@ async fn a_held_permit_costs_a_bounded_number_of_bytes_however_many_a_key_holds(
     let store = redis.store();
     let mut c = redis.client();
     let ids = fill(&store, "k", 5_000, 30_000).await;
-    assert_eq!(store.status("k", POLICY).await.unwrap().in_flight, 5_000);
+    assert_eq!(
+        store
+            .status("k", POLICY, OverrideChange::Keep)
+            .await
+            .unwrap()
+            .in_flight,
+        5_000
+    );
     let usage: u64 = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg("inflight:{k}:leases")
@@ -87,7 +94,14 @@ async fn a_held_permit_costs_a_bounded_number_of_bytes_however_many_a_key_holds(
     let released = join_all(ids.iter().map(|id| release(&store, "k", id))).await;
     assert!(released.into_iter().all(|held| held));
     assert!(!release(&store, "k", &ids[0]).await);
-    assert_eq!(store.status("k", POLICY).await.unwrap().in_flight, 0);
+    assert_eq!(
+        store
+            .status("k", POLICY, OverrideChange::Keep)
+            .await
+            .unwrap()
+            .in_flight,
+        0
+    );
     assert_eq!(keys(&mut c), Vec::<String>::new());
 }
 
@@ -130,7 +144,14 @@ async fn a_keys_leases_and_permits_expire_together_even_when_emptied_and_refille
         );
     }));
     join_all(batch).await;
-    assert_eq!(store.status("k", POLICY).await.unwrap().in_flight, 3);
+    assert_eq!(
+        store
+            .status("k", POLICY, OverrideChange::Keep)
+            .await
+            .unwrap()
+            .in_flight,
+        3
+    );
     let leases = expires_at(&mut c, "inflight:{k}:leases");
     let permits = expires_at(&mut c, "inflight:{k}:permits");
     assert!((leases - permits).abs() <= 2, "{leases} and {permits}");
@@ -160,7 +181,14 @@ async fn a_keys_leases_and_permits_expire_together_even_when_emptied_and_refille
             "{admission:?}"
         );
     }
-    assert_eq!(store.status("j", POLICY).await.unwrap().in_flight, 4);
+    assert_eq!(
+        store
+            .status("j", POLICY, OverrideChange::Keep)
+            .await
+            .unwrap()
+            .in_flight,
+        4
+    );
     let leases = expires_at(&mut c, "inflight:{j}:leases");
     assert!((leases - expires_at(&mut c, "inflight:{j}:permits")).abs() <= 2);
 }

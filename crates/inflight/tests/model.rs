@@ -6,9 +6,10 @@ mod support;
 
 use std::collections::HashMap;
 
-use inflight::{Limit, ManualClock, MemoryStore, Policy, Store};
+use inflight::store::OverrideChange;
+use inflight::{ClassLimits as Policy, Limit, ManualClock, MemoryStore, Store};
 use proptest::prelude::*;
-use support::ops::{apply_store, op, policy, Op, Outcome};
+use support::ops::{apply_store, class, op, policy, Op, Outcome};
 
 #[derive(Default)]
 struct ModelKey {
@@ -53,8 +54,9 @@ impl Model {
                 let keys: Vec<u8> = std::iter::once(key).chain(also).collect();
                 let mut limited = Vec::new();
                 for (index, key) in keys.iter().enumerate() {
+                    let class = class(policy, *key);
                     let k = self.key(*key);
-                    let Limit::Limited(max) = policy.resolve(k.override_limit) else {
+                    let Limit::Limited(max) = class.resolve(k.override_limit) else {
                         continue;
                     };
                     if weight > max {
@@ -92,8 +94,9 @@ impl Model {
                 Outcome::Released(self.key(key).leases.remove(&id).is_some())
             }
             Op::Renew { key, id, lease_ms } => {
+                let class = class(policy, key);
                 let k = self.key(key);
-                let limited = policy.resolve(k.override_limit) != Limit::Unlimited;
+                let limited = class.resolve(k.override_limit) != Limit::Unlimited;
                 let in_flight = if limited { k.in_flight() } else { 0 };
                 match k.leases.get_mut(&id) {
                     Some((_, deadline, own)) => {
@@ -113,11 +116,12 @@ impl Model {
                 }
             }
             Op::SetLimit { key, limit } => {
+                let class = class(policy, key);
                 let k = self.key(key);
                 k.override_limit = (limit > 0).then_some(limit);
                 let in_flight = k.in_flight();
                 Outcome::Status {
-                    limit: policy.resolve(k.override_limit),
+                    limit: class.resolve(k.override_limit),
                     in_flight,
                 }
             }
@@ -126,8 +130,9 @@ impl Model {
                 Outcome::Nothing
             }
             Op::Hold { key, weight } => {
+                let class = class(policy, key);
                 let k = self.key(key);
-                let Limit::Limited(max) = policy.resolve(k.override_limit) else {
+                let Limit::Limited(max) = class.resolve(k.override_limit) else {
                     return Outcome::Unlimited;
                 };
                 if weight > max {
@@ -184,7 +189,7 @@ proptest! {
         }
         for k in 0..3u8 {
             let want: u32 = model.key(k).in_flight();
-            let got = rt.block_on(store.status(&format!("key-{k}"), policy)).unwrap().in_flight;
+            let got = rt.block_on(store.status(&format!("key-{k}"), class(policy, k), OverrideChange::Keep)).unwrap().in_flight;
             prop_assert_eq!(got, want);
         }
     }

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inflight::store::{AcquireRequest, Admission};
+use inflight::store::{AcquireRequest, Admission, OverrideChange};
 use inflight::{
-    AcquireError, AcquireOptions, FailurePolicy, Limiter, PermitId, Policy, RedisStore, Store,
+    AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, PermitId, Policy,
+    RedisStore, Store,
 };
 use support::TestRedis;
 
@@ -541,9 +542,20 @@ async fn what_is_left_in_redis_expires_except_the_overrides() {
     assert!(!keys.is_empty());
     for key in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut c).unwrap();
-        if key.ends_with(":limit") {
-            assert_eq!(key, "inflight:{configured}:limit");
-            assert_eq!(ttl, -1, "an override is configuration: it stays");
+        if key.ends_with(":limit") || key.starts_with("inflight:overrides") {
+            assert!(
+                [
+                    "inflight:{configured}:limit",
+                    "inflight:overrides",
+                    "inflight:overrides:version"
+                ]
+                .contains(&key.as_str()),
+                "{key}"
+            );
+            assert_eq!(
+                ttl, -1,
+                "an override (and its index) is configuration: it stays"
+            );
         } else {
             assert!(ttl > 0, "{key} would never expire");
         }
@@ -632,7 +644,9 @@ async fn a_store_first_used_from_a_runtime_that_ends_keeps_working() {
     let elsewhere = store.clone();
     on_a_runtime_of_its_own(move || async move {
         elsewhere.maintain().await.unwrap();
-        let limiter = Limiter::builder(elsewhere).policy(policy).build();
+        let limiter = Limiter::builder(elsewhere)
+            .policy(Policy::new(1, 0))
+            .build();
         limiter
             .try_acquire("k")
             .await
@@ -647,7 +661,9 @@ async fn a_store_first_used_from_a_runtime_that_ends_keeps_working() {
         .maintain()
         .await
         .expect("the connection outlives the other runtime");
-    assert_eq!(store.status("k", policy).await.unwrap().in_flight, 0);
+    let limits = policy.default_limits();
+    let keep = OverrideChange::Keep;
+    assert_eq!(store.status("k", limits, keep).await.unwrap().in_flight, 0);
     let limiter = Limiter::builder(store).policy(policy).build();
     let permit = limiter.try_acquire("k").await.unwrap();
     assert_eq!(limiter.status("k").await.unwrap().in_flight, 1);
@@ -663,7 +679,9 @@ async fn the_store_connects_lazily_and_a_dead_server_is_a_transient_error() {
     let err = store.maintain().await.unwrap_err();
     assert!(err.is_transient(), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
-    let status = store.status("k", Policy::new(1, 0)).await;
+    let status = store
+        .status("k", ClassLimits::new(1, 0), OverrideChange::Keep)
+        .await;
     assert!(status.is_err());
 }
 
@@ -701,7 +719,7 @@ async fn an_explicit_release_cut_short_goes_on_in_the_background() {
 async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
     let redis = TestRedis::start();
     let store = redis.store();
-    let policy = Policy::new(4, 0);
+    let limits = [ClassLimits::new(4, 0)];
     let (first, second) = (PermitId::generate(), PermitId::generate());
     let keys = [std::sync::Arc::from("k")];
     let acquire = |id| {
@@ -710,7 +728,7 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
             id,
             weight: 1,
             lease_ms: 30_000,
-            policy,
+            limits: &limits,
         })
     };
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.

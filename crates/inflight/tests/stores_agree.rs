@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use inflight::{ManualClock, MemoryStore, Policy, RedisStore};
+use inflight::{ClassLimits as Policy, ManualClock, MemoryStore, RedisStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::ops::{

@@ -63,7 +63,11 @@ impl<S: Store> Server<S> {
     /// The key's in-flight count, as the store has it (also once the server has finished).
     pub async fn in_flight(&self, key: &str) -> u32 {
         let store = (self.stores)();
-        store.status(key, self.policy).await.unwrap().in_flight
+        let (limits, keep) = (
+            self.policy.limits(key),
+            inflight::store::OverrideChange::Keep,
+        );
+        store.status(key, limits, keep).await.unwrap().in_flight
     }
 }
 
@@ -116,7 +120,7 @@ async fn start<S: Store>(
     let base = format!("http://{}", listeners[0].local_addr().unwrap());
     let app = {
         let (settings, stores) = (settings.clone(), stores.clone());
-        let shared = inflight_server::Shared::new(&settings);
+        let shared = inflight_server::Shared::new(&settings).expect("valid limits");
         move || Ok(inflight_server::app(&settings, &shared, stores())?)
     };
     let workers = server::Workers::start(listeners, app, upstream, settings.shutdown_grace)
@@ -129,7 +133,7 @@ async fn start<S: Store>(
     Server {
         base,
         stores,
-        policy: inflight::Policy::new(settings.default_limit, settings.max_limit),
+        policy: settings.policy().expect("valid limits"),
         stop: Some(stop),
         task: Some(task),
     }

@@ -12,7 +12,7 @@ use crate::failure::FailurePolicy;
 use crate::id::PermitId;
 use crate::options::{AcquireOptions, MAX_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
-use crate::policy::{Limit, Policy};
+use crate::policy::{ClassLimits, Limit};
 use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalHold, Store};
 
 /// The most keys one admission may take.
@@ -38,6 +38,8 @@ pub(super) enum Now {
 
 /// An admission that the store has yet to decide.
 pub(super) struct Prepared {
+    /// The limits of each key's class, in the order of the keys.
+    limits: [ClassLimits; MAX_KEYS],
     id: PermitId,
     /// The id was made here, not given: a lease under it can only be this admission's.
     generated: bool,
@@ -127,27 +129,37 @@ impl<S: Store> Limiter<S> {
             return invalid("id must not be empty");
         }
         let core = &self.core;
-        if options.id.is_none() {
-            match core.store.hold(keys, weight, core.policy) {
-                Some(LocalAdmission::Held {
+        let mut limits = [ClassLimits::default(); MAX_KEYS];
+        core.policy.with(|policy| {
+            for (limits, key) in limits.iter_mut().zip(keys) {
+                *limits = policy.limits(key);
+            }
+        });
+        let given_id = options.id.is_some();
+        match core
+            .store
+            .hold(keys, &limits[..keys.len()], weight, given_id)
+        {
+            Some(LocalAdmission::Held {
+                hold,
+                grant,
+                reclaimed,
+            }) => {
+                self.count_reclaimed(reclaimed);
+                return Now::Local {
                     hold,
                     grant,
-                    reclaimed,
-                }) => {
-                    self.count_reclaimed(reclaimed);
-                    return Now::Local {
-                        hold,
-                        grant,
-                        lease_ms,
-                    };
-                }
-                Some(LocalAdmission::Decided(admission)) => {
-                    return Now::Decided(
-                        self.decided(keys, None, weight, lease_ms, admission, None),
-                    );
-                }
-                None => {}
+                    lease_ms,
+                };
             }
+            Some(LocalAdmission::Decided(admission)) => {
+                let leased = options.id.take().map(|id| {
+                    let keys: Keys = keys.iter().map(|key| Arc::from(*key)).collect();
+                    (keys, id)
+                });
+                return Now::Decided(self.decided(keys, leased, weight, lease_ms, admission, None));
+            }
+            None => {}
         }
         if core.breaker.is_open(|| core.registry.now_ms()) {
             let error =
@@ -157,6 +169,7 @@ impl<S: Store> Limiter<S> {
         }
         let given = options.id.take();
         Now::Store(Prepared {
+            limits,
             generated: given.is_none(),
             id: given.unwrap_or_else(PermitId::generate),
             weight,
@@ -171,6 +184,7 @@ impl<S: Store> Limiter<S> {
         prepared: Prepared,
     ) -> Result<Permit, Refused> {
         let Prepared {
+            limits,
             id,
             generated,
             weight,
@@ -198,7 +212,7 @@ impl<S: Store> Limiter<S> {
             id: &id,
             weight,
             lease_ms,
-            policy: core.policy,
+            limits: &limits[..keys.len()],
         };
         // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
         // admission may still have been made: its lease is then released in the background instead of
@@ -238,7 +252,8 @@ impl<S: Store> Limiter<S> {
                 let Some(fallback) = &self.core.fallback else {
                     return Err((0, AcquireError::Store(error)));
                 };
-                match fallback.hold(keys, weight, Policy::new(limit, 0)) {
+                let limits = [ClassLimits::new(limit, 0); MAX_KEYS];
+                match fallback.hold(keys, &limits[..keys.len()], weight, false) {
                     Some(LocalAdmission::Held { hold, grant, .. }) => {
                         Ok(Permit::local(hold, id, grant, lease_ms))
                     }

@@ -21,8 +21,10 @@ use crate::failure::{Breaker, FailurePolicy};
 use crate::id::PermitId;
 use crate::options::{DEFAULT_LEASE, MAX_LEASE};
 use crate::permit::{BoxFuture, Owner, PermitState};
-use crate::policy::Policy;
-use crate::store::{KeyStatus, MemoryStore, RenewRequest, Renewal, Store};
+use crate::policy::{ClassLimits, Policy, SharedPolicy};
+use crate::store::{
+    IndexOp, KeyStatus, Keys, MemoryStore, OverrideChange, RenewRequest, Renewal, Store,
+};
 use releaser::Releaser;
 use renewer::Registry;
 
@@ -74,7 +76,7 @@ impl<S: Store> Clone for Limiter<S> {
 #[must_use]
 pub struct LimiterBuilder<S> {
     store: S,
-    policy: Policy,
+    policy: SharedPolicy,
     lease: Duration,
     on_store_failure: FailurePolicy,
     fallback: Option<MemoryStore>,
@@ -94,7 +96,7 @@ pub struct LimiterStats {
 /// What the limiter's handles, its permits and its background tasks share.
 struct Core<S> {
     store: S,
-    policy: Policy,
+    policy: SharedPolicy,
     lease_ms: u64,
     registry: Registry,
     releaser: Releaser<S>,
@@ -106,9 +108,10 @@ struct Core<S> {
 }
 
 impl<S: Store> LimiterBuilder<S> {
-    /// The default limit and the ceiling (both 0, unlimited, unless set).
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
+    /// The limits: rules for classes of keys, and the default and ceiling of every other key (all 0,
+    /// unlimited, unless set). A [`SharedPolicy`] lets a reload reach every limiter that shares it.
+    pub fn policy(mut self, policy: impl Into<SharedPolicy>) -> Self {
+        self.policy = policy.into();
         self
     }
 
@@ -163,7 +166,7 @@ impl<S: Store> Limiter<S> {
     pub fn builder(store: S) -> LimiterBuilder<S> {
         LimiterBuilder {
             store,
-            policy: Policy::default(),
+            policy: SharedPolicy::default(),
             lease: DEFAULT_LEASE,
             on_store_failure: FailurePolicy::default(),
             fallback: None,
@@ -172,19 +175,26 @@ impl<S: Store> Limiter<S> {
 
     /// The key's effective limit and in-flight count.
     pub async fn status(&self, key: &str) -> Result<KeyStatus, StoreError> {
-        self.core.store.status(key, self.core.policy).await
+        let limits = self.core.limits(key);
+        self.core
+            .store
+            .status(key, limits, OverrideChange::Keep)
+            .await
     }
 
     /// Sets the key's limit override (0 clears it); it applies to the next admission in every process
-    /// that shares the store. The ceiling still caps it.
+    /// that shares the store. Its class's ceiling still caps it.
     pub async fn set_limit(&self, key: &str, limit: u32) -> Result<KeyStatus, StoreError> {
-        let policy = self.core.policy;
-        self.core.store.set_limit(key, Some(limit), policy).await
+        let limits = self.core.limits(key);
+        let change = OverrideChange::Set(limit);
+        self.core.store.status(key, limits, change).await
     }
 
-    /// Clears the key's limit override: the default applies again.
+    /// Clears the key's limit override: its class's default applies again.
     pub async fn clear_limit(&self, key: &str) -> Result<KeyStatus, StoreError> {
-        self.core.store.set_limit(key, None, self.core.policy).await
+        let limits = self.core.limits(key);
+        let change = OverrideChange::Clear;
+        self.core.store.status(key, limits, change).await
     }
 
     /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease`, or by default for
@@ -195,14 +205,24 @@ impl<S: Store> Limiter<S> {
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Renewal, StoreError> {
-        if id.is_empty() {
+        self.renew_all(&[Arc::from(key)], id, lease).await
+    }
+
+    /// [`Limiter::renew`] for a lease on several keys (a permit of [`Limiter::try_acquire_all`]).
+    pub async fn renew_all(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        lease: Option<Duration>,
+    ) -> Result<Renewal, StoreError> {
+        if id.is_empty() || keys.is_empty() {
             return Ok(Renewal::Lost);
         }
         let request = [RenewRequest {
-            keys: Arc::from([Arc::from(key)]),
+            keys: Arc::from(keys),
             id: id.clone(),
             lease_ms: lease.map(|lease| millis(lease).clamp(1, millis(MAX_LEASE))),
-            policy: self.core.policy,
+            limits: self.core.limits_of(keys),
             readd_weight: None,
         }];
         let outcome = self.core.store.renew(&request).await?.pop();
@@ -219,25 +239,85 @@ impl<S: Store> Limiter<S> {
 
     /// Releases a lease held elsewhere; returns whether it was held. Releasing twice is not an error.
     pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
-        if id.is_empty() {
+        self.release_all(&[Arc::from(key)], id).await
+    }
+
+    /// [`Limiter::release`] for a lease on several keys (a permit of [`Limiter::try_acquire_all`]).
+    pub async fn release_all(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+        if id.is_empty() || keys.is_empty() {
             return Ok(false);
         }
-        let keys = [Arc::from(key)];
         // A lease handed out while the store was away (fail_open_local) lives in the fallback.
         let in_fallback = match &self.core.fallback {
-            Some(fallback) => fallback.release(&keys, id).await?,
+            Some(fallback) => fallback.release(keys, id).await?,
             None => false,
         };
-        match self.core.store.release(&keys, id).await {
+        match self.core.store.release(keys, id).await {
             Ok(held) => Ok(held || in_fallback),
             Err(_) if in_fallback => Ok(true),
             Err(error) => Err(error),
         }
     }
 
-    /// The limit settings.
-    pub fn policy(&self) -> Policy {
-        self.core.policy
+    /// Records `keys` under the id of a lease handed to a remote caller, for `lease` and a margin, so
+    /// that [`Limiter::renew_recorded`] and [`Limiter::release_recorded`] find them from the id alone,
+    /// in any process that shares the store.
+    pub async fn record(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let ttl_ms = record_ttl_ms(lease);
+        let op = IndexOp::Put { keys, ttl_ms };
+        self.core.store.index(id, op).await.map(drop)
+    }
+
+    /// Renews the lease recorded under `id` ([`Limiter::record`]); its keys and the renewal, or `None`
+    /// when nothing is recorded (released, or ended).
+    pub async fn renew_recorded(
+        &self,
+        id: &PermitId,
+        lease: Option<Duration>,
+    ) -> Result<Option<(Keys, Renewal)>, StoreError> {
+        let ttl_ms = record_ttl_ms(lease.unwrap_or(self.lease()));
+        let Some(keys) = self.core.store.index(id, IndexOp::Get { ttl_ms }).await? else {
+            return Ok(None);
+        };
+        let renewal = self.renew_all(&keys, id, lease).await?;
+        if renewal == Renewal::Lost {
+            self.core.store.index(id, IndexOp::Take).await?;
+        }
+        Ok(Some((keys, renewal)))
+    }
+
+    /// Releases the lease recorded under `id` and forgets the record; its keys and whether the lease
+    /// was held, or `None` when nothing is recorded. Releasing twice is not an error.
+    pub async fn release_recorded(
+        &self,
+        id: &PermitId,
+    ) -> Result<Option<(Keys, bool)>, StoreError> {
+        let Some(keys) = self.core.store.index(id, IndexOp::Take).await? else {
+            return Ok(None);
+        };
+        let held = self.release_all(&keys, id).await?;
+        Ok(Some((keys, held)))
+    }
+
+    /// The limit settings now.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.core.policy.get()
+    }
+
+    /// Replaces the limit settings of this limiter and of every other that shares its policy (a reload):
+    /// held permits stay held; the new limits apply from the next admission on.
+    pub fn set_policy(&self, policy: Policy) {
+        self.core.policy.set(policy);
+    }
+
+    /// The limits of `key`'s class under the policy now.
+    pub fn limits(&self, key: &str) -> ClassLimits {
+        self.core.limits(key)
     }
 
     /// The default lease.
@@ -281,6 +361,26 @@ impl<S: Store> Limiter<S> {
     #[cfg(feature = "test-util")]
     pub async fn renew_now(&self) {
         renewer::renew_due(&self.core, u64::MAX).await;
+    }
+}
+
+/// How long the record of a lease handed out lasts: past the lease, so that a renewal a little late
+/// still finds it.
+fn record_ttl_ms(lease: Duration) -> u64 {
+    millis(lease).clamp(1, millis(MAX_LEASE)).saturating_mul(2) + 1000
+}
+
+impl<S> Core<S> {
+    /// The limits of `key`'s class.
+    #[inline]
+    fn limits(&self, key: &str) -> ClassLimits {
+        self.policy.with(|policy| policy.limits(key))
+    }
+
+    /// The limits of each key's class, in order.
+    fn limits_of<K: AsRef<str>>(&self, keys: &[K]) -> Vec<ClassLimits> {
+        self.policy
+            .with(|policy| keys.iter().map(|key| policy.limits(key.as_ref())).collect())
     }
 }
 

@@ -164,7 +164,7 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
                 keys: p.keys.clone(),
                 id: p.id.clone(),
                 lease_ms: Some(p.lease_ms),
-                policy: core.policy,
+                limits: core.limits_of(&p.keys),
                 readd_weight: Some(p.weight),
             })
             .collect();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::policy::{Limit, Policy};
+use crate::policy::{ClassLimits, Limit};
 
 /// The keys of one permit: one key, or several taken together. Never empty, no key twice.
 pub type Keys = Arc<[Arc<str>]>;
@@ -33,8 +33,9 @@ pub struct AcquireRequest<'a> {
     pub weight: u32,
     /// How long the lease lasts unless renewed, in milliseconds.
     pub lease_ms: u64,
-    /// The process's limit settings; the store combines them with each key's override.
-    pub policy: Policy,
+    /// The limits of each key's class, in the order of `keys`; the store combines them with each key's
+    /// override.
+    pub limits: &'a [ClassLimits],
 }
 
 /// A lease as the store sees it after an admission or a renewal (of its first key).
@@ -91,8 +92,9 @@ pub struct RenewRequest {
     pub id: PermitId,
     /// The new lease from now, in milliseconds; `None` keeps the length the lease was acquired with.
     pub lease_ms: Option<u64>,
-    /// The process's limit settings, to report the effective limit and to judge a re-add.
-    pub policy: Policy,
+    /// The limits of each key's class, in the order of `keys`: to report the effective limit and to
+    /// judge a re-add.
+    pub limits: Vec<ClassLimits>,
     /// When the lease is gone (the store lost it, or it expired): add it again with this weight if every
     /// key has room. The library's own permits do; a renewal from a remote caller does not.
     pub readd_weight: Option<u32>,
@@ -118,6 +120,36 @@ pub struct KeyStatus {
     pub override_limit: Option<u32>,
     /// How many (by weight) are in flight, counting only unexpired leases.
     pub in_flight: u32,
+}
+
+/// What [`Store::status`] does to the key's override first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverrideChange {
+    /// Nothing: just read.
+    Keep,
+    /// Sets the override to this limit (0 clears it).
+    Set(u32),
+    /// Clears the override: the class's default applies again.
+    Clear,
+}
+
+/// What [`Store::index`] does.
+#[derive(Clone, Copy, Debug)]
+pub enum IndexOp<'a> {
+    /// Records `keys` under the id for `ttl_ms`, replacing what was there; answers `None`.
+    Put {
+        /// The permit's keys.
+        keys: &'a [Arc<str>],
+        /// How long the entry lasts.
+        ttl_ms: u64,
+    },
+    /// Finds the keys, and makes the entry last `ttl_ms` from now.
+    Get {
+        /// How long the entry lasts from now.
+        ttl_ms: u64,
+    },
+    /// Finds the keys and removes the entry.
+    Take,
 }
 
 /// Slots held by a permit of this process in an in-process store, without a lease.
@@ -172,28 +204,40 @@ pub trait Store: Clone + Send + Sync + 'static {
         batch: &[RenewRequest],
     ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send;
 
-    /// Reads a key's limit and in-flight count.
+    /// Reads a key's limit and in-flight count, after changing its override as `change` says; `limits`
+    /// are those of the key's class. Every process sharing the store sees a new override at its next
+    /// admission.
     fn status(
         &self,
         key: &str,
-        policy: Policy,
+        limits: ClassLimits,
+        change: OverrideChange,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send;
 
-    /// Sets (`Some(n)`, n > 0) or clears (`None` or `Some(0)`) a key's limit override; returns the new status.
-    fn set_limit(
+    /// The fast path, decided without I/O when it can be: an admission of this process that needs no
+    /// lease (`given_id` is false) when the store lives in this process, or any admission on keys that
+    /// are all unlimited (their classes' limits are 0, and the store knows that none has an override).
+    /// A permit that gets a [`LocalHold`] keeps it and gives its slots back by being released, which
+    /// dropping it does. `None` means "cannot: use [`Store::acquire`]".
+    fn hold(
         &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send;
-
-    /// The in-process fast path: admits a permit of this process without a lease or any waiting, when the
-    /// store lives in this process. The permit keeps the returned [`LocalHold`] and gives its slots back
-    /// by being released, which dropping it does. `None` means "cannot: use [`Store::acquire`]".
-    fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
-        let _ = (keys, weight, policy);
+        keys: &[&str],
+        limits: &[ClassLimits],
+        weight: u32,
+        given_id: bool,
+    ) -> Option<LocalAdmission> {
+        let _ = (keys, limits, weight, given_id);
         None
     }
+
+    /// The index of permits handed to remote callers, by id: records a permit's keys, so that a caller
+    /// that knows only the id can renew or release it, and finds or removes them again. Entries end
+    /// by themselves after their `ttl_ms`.
+    fn index(
+        &self,
+        id: &PermitId,
+        op: IndexOp<'_>,
+    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send;
 
     /// Housekeeping, called by the limiter about once a second and by health checks: an in-process store
     /// reclaims expired leases and forgets idle keys; a remote one checks that it can be reached.

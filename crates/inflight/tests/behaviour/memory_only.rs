@@ -6,9 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inflight::store::{
-    AcquireRequest, Admission, KeyStatus, LocalAdmission, RenewRequest, Renewal,
+    AcquireRequest, Admission, IndexOp, KeyStatus, Keys, LocalAdmission, OverrideChange,
+    RenewRequest, Renewal,
 };
-use inflight::{Limiter, ManualClock, MemoryStore, PermitId, Policy, Store, StoreError};
+use inflight::{
+    ClassLimits, Limiter, ManualClock, MemoryStore, PermitId, Policy, Store, StoreError,
+};
 
 /// A memory store that counts the calls that would be I/O in a remote store, fails the first `failures`
 /// releases as a store that is briefly away would, and, unless `local`, has no in-process fast path.
@@ -59,24 +62,30 @@ impl Store for Double {
     fn status(
         &self,
         key: &str,
-        policy: Policy,
+        limits: ClassLimits,
+        change: OverrideChange,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
         self.count();
-        self.inner.status(key, policy)
+        self.inner.status(key, limits, change)
     }
-    fn set_limit(
+    fn hold(
         &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.count();
-        self.inner.set_limit(key, limit, policy)
-    }
-    fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
+        keys: &[&str],
+        limits: &[ClassLimits],
+        weight: u32,
+        given_id: bool,
+    ) -> Option<LocalAdmission> {
         self.local
-            .then(|| self.inner.hold(keys, weight, policy))
+            .then(|| self.inner.hold(keys, limits, weight, given_id))
             .flatten()
+    }
+    fn index(
+        &self,
+        id: &PermitId,
+        op: IndexOp<'_>,
+    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send {
+        self.count();
+        self.inner.index(id, op)
     }
 }
 

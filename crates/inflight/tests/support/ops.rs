@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inflight::store::{
-    AcquireRequest, Admission, LocalAdmission, LocalHold, RenewRequest, Renewal,
+    AcquireRequest, Admission, LocalAdmission, LocalHold, OverrideChange, RenewRequest, Renewal,
 };
-use inflight::{Limit, PermitId, Policy, Store};
+use inflight::{ClassLimits as Policy, Limit, PermitId, Store};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -169,6 +169,15 @@ pub enum Outcome {
     Nothing,
 }
 
+/// The limits of key `k`'s class: `policy` for even keys, and for odd ones its default and ceiling
+/// swapped, so that the keys of one admission are of different classes.
+pub fn class(policy: Policy, k: u8) -> Policy {
+    match k % 2 {
+        0 => policy,
+        _ => Policy::new(policy.max_limit, policy.default_limit),
+    }
+}
+
 /// Applies `op` to `store`; `advance` moves the store's clock.
 pub async fn apply_store<S: Store>(
     store: &S,
@@ -188,14 +197,16 @@ pub async fn apply_store<S: Store>(
             lease_ms,
         } => {
             let id = id(i);
-            let keys: Vec<String> = std::iter::once(k).chain(also).map(key).collect();
+            let places: Vec<u8> = std::iter::once(k).chain(also).collect();
+            let limits: Vec<Policy> = places.iter().map(|k| class(policy, *k)).collect();
+            let keys: Vec<String> = places.into_iter().map(key).collect();
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let req = AcquireRequest {
                 keys: &keys,
                 id: &id,
                 weight,
                 lease_ms,
-                policy,
+                limits: &limits,
             };
             match store.acquire(req).await.unwrap() {
                 Admission::Admitted { grant, .. } => Outcome::Admitted {
@@ -229,7 +240,7 @@ pub async fn apply_store<S: Store>(
                 keys: Arc::from([Arc::from(key(k))]),
                 id: id(i),
                 lease_ms,
-                policy,
+                limits: vec![class(policy, k)],
                 readd_weight: None,
             };
             match store.renew(&[req]).await.unwrap().pop().unwrap() {
@@ -242,7 +253,11 @@ pub async fn apply_store<S: Store>(
             }
         }
         Op::SetLimit { key: k, limit } => {
-            let s = store.set_limit(&key(k), Some(limit), policy).await.unwrap();
+            let change = OverrideChange::Set(limit);
+            let s = store
+                .status(&key(k), class(policy, k), change)
+                .await
+                .unwrap();
             Outcome::Status {
                 limit: s.limit,
                 in_flight: s.in_flight,
@@ -252,7 +267,10 @@ pub async fn apply_store<S: Store>(
             advance(Duration::from_millis(ms));
             Outcome::Nothing
         }
-        Op::Hold { key: k, weight } => match store.hold(&[&key(k)], weight, policy).unwrap() {
+        Op::Hold { key: k, weight } => match store
+            .hold(&[&key(k)], &[class(policy, k)], weight, false)
+            .unwrap()
+        {
             LocalAdmission::Held { hold, grant, .. } => {
                 holds.push((hold, weight));
                 Outcome::Admitted {

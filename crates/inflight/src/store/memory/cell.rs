@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use super::key::{KeyState, Lease, Refusal};
 use crate::clock::Clock;
 use crate::id::PermitId;
-use crate::policy::{Limit, Policy};
+use crate::policy::{ClassLimits, Limit};
 use crate::store::{Admission, Grant, LocalHold};
 
 /// The store's clock, and its last reading for the paths that need only a rough time.
@@ -115,14 +115,14 @@ pub(super) struct Slot<'a, C> {
 #[inline]
 pub(super) fn admit<C>(
     slots: &[Slot<'_, C>],
-    policy: Policy,
+    limits: &[ClassLimits],
     id: Option<&PermitId>,
     weight: u32,
     reclaimed: u32,
 ) -> Result<Limit, Admission> {
     let mut limited = false;
     for slot in slots {
-        match slot.state.check(policy, id, weight) {
+        match slot.state.check(limits[slot.index], id, weight) {
             Ok(limit) => limited |= limit != Limit::Unlimited,
             Err(Refusal::Full { limit, in_flight }) => {
                 return Err(Admission::Full {
@@ -143,7 +143,7 @@ pub(super) fn admit<C>(
     if !limited {
         return Err(Admission::Unlimited);
     }
-    Ok(slots[0].state.limit(policy))
+    Ok(slots[0].state.limit(limits[slots[0].index]))
 }
 
 /// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).

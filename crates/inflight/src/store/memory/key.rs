@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::id::PermitId;
-use crate::policy::{Limit, Policy};
+use crate::policy::{ClassLimits, Limit};
 use crate::store::KeyStatus;
 
 /// A fast hasher seeded per process, so that chosen keys or ids cannot flood one bucket.
@@ -67,8 +67,8 @@ impl KeyState {
         reclaimed
     }
 
-    pub(super) fn limit(&self, policy: Policy) -> Limit {
-        policy.resolve(self.override_limit)
+    pub(super) fn limit(&self, limits: ClassLimits) -> Limit {
+        limits.resolve(self.override_limit)
     }
 
     pub(super) fn lease(&self, id: &PermitId) -> Option<Lease> {
@@ -80,11 +80,11 @@ impl KeyState {
     #[inline]
     pub(super) fn check(
         &self,
-        policy: Policy,
+        limits: ClassLimits,
         id: Option<&PermitId>,
         weight: u32,
     ) -> Result<Limit, Refusal> {
-        let limit = self.limit(policy);
+        let limit = self.limit(limits);
         let Limit::Limited(max) = limit else {
             return Ok(limit);
         };
@@ -139,9 +139,9 @@ impl KeyState {
         }
     }
 
-    pub(super) fn status(&self, policy: Policy) -> KeyStatus {
+    pub(super) fn status(&self, limits: ClassLimits) -> KeyStatus {
         KeyStatus {
-            limit: self.limit(policy),
+            limit: self.limit(limits),
             override_limit: self.override_limit,
             in_flight: self.in_flight,
         }

@@ -9,6 +9,7 @@
 //! idle for a while, so memory stays bounded however many keys pass through.
 
 mod cell;
+mod index;
 mod key;
 
 use std::future::{ready, Future};
@@ -21,13 +22,14 @@ use dashmap::DashMap;
 use self::cell::{admit, grant, Cell, Cells, Slot, Time};
 use self::key::{Hasher, KeyState, Lease};
 use super::{
-    AcquireRequest, Admission, KeyStatus, LocalAdmission, LocalHold, RenewRequest, Renewal, Store,
+    AcquireRequest, Admission, IndexOp, KeyStatus, Keys, LocalAdmission, LocalHold, OverrideChange,
+    RenewRequest, Renewal, Store,
 };
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::options::DEFAULT_LEASE;
-use crate::policy::{Limit, Policy};
+use crate::policy::{ClassLimits, Limit};
 
 /// How long a key with nothing in flight and no override is kept before maintenance forgets it.
 const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10);
@@ -66,6 +68,7 @@ struct Inner<C> {
     keys: DashMap<Arc<str>, Arc<Cell<C>>, Hasher>,
     time: Arc<Time<C>>,
     overrides: AtomicUsize,
+    index: index::Index,
     idle_ttl_ms: AtomicU64,
     next_sweep_ms: AtomicU64,
 }
@@ -94,6 +97,7 @@ impl<C: Clock> MemoryStore<C> {
             keys: DashMap::with_hasher(Hasher::default()),
             time: Arc::new(time),
             overrides: AtomicUsize::new(0),
+            index: index::Index::default(),
             idle_ttl_ms: AtomicU64::new(millis(DEFAULT_IDLE_TTL)),
             next_sweep_ms: AtomicU64::new(0),
         };
@@ -193,17 +197,18 @@ impl<C: Clock> MemoryStore<C> {
         f(&mut slots, now, reclaimed)
     }
 
-    /// True when no key can be limited: the policy limits nothing and no key has an override.
-    fn all_unlimited(&self, policy: Policy) -> bool {
-        policy.is_unlimited_by_default() && self.inner.overrides.load(Ordering::Relaxed) == 0
+    /// True when none of the keys can be limited: their classes limit nothing and no key has an override.
+    fn all_unlimited(&self, limits: &[ClassLimits]) -> bool {
+        limits.iter().all(ClassLimits::is_unlimited)
+            && self.inner.overrides.load(Ordering::Relaxed) == 0
     }
 
     fn acquire_now(&self, req: AcquireRequest<'_>) -> Admission {
-        if self.all_unlimited(req.policy) {
+        if self.all_unlimited(req.limits) {
             return Admission::Unlimited;
         }
         self.locked(req.keys, true, true, |slots, now, reclaimed| {
-            let first = match admit(slots, req.policy, Some(req.id), req.weight, reclaimed) {
+            let first = match admit(slots, req.limits, Some(req.id), req.weight, reclaimed) {
                 Ok(first) => first,
                 Err(refused) => return refused,
             };
@@ -213,7 +218,7 @@ impl<C: Clock> MemoryStore<C> {
                 lease_ms: req.lease_ms,
             };
             for slot in slots.iter_mut() {
-                if slot.state.limit(req.policy) != Limit::Unlimited {
+                if slot.state.limit(req.limits[slot.index]) != Limit::Unlimited {
                     slot.state.add(req.id, lease);
                 }
             }
@@ -226,8 +231,8 @@ impl<C: Clock> MemoryStore<C> {
 
     fn renew_one(&self, req: &RenewRequest) -> Renewal {
         self.locked(&req.keys, true, true, |slots, now, _| {
-            let policy = req.policy;
-            let limited = |slot: &Slot<'_, C>| slot.state.limit(policy) != Limit::Unlimited;
+            let limits = |slot: &Slot<'_, C>| req.limits[slot.index];
+            let limited = |slot: &Slot<'_, C>| slot.state.limit(limits(slot)) != Limit::Unlimited;
             let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
             let missing = slots
                 .iter()
@@ -243,7 +248,7 @@ impl<C: Clock> MemoryStore<C> {
                 (true, Some(readd)) => {
                     let room = slots.iter().all(|slot| {
                         slot.state.lease(&req.id).is_some()
-                            || slot.state.check(policy, None, readd).is_ok()
+                            || slot.state.check(limits(slot), None, readd).is_ok()
                     });
                     if !room {
                         return Renewal::Lost;
@@ -263,9 +268,9 @@ impl<C: Clock> MemoryStore<C> {
                     slot.state.add(&req.id, lease);
                 }
             }
-            let first = slots
-                .first()
-                .map_or(policy.resolve(None), |slot| slot.state.limit(policy));
+            let first = slots.first().map_or(req.limits[0].resolve(None), |slot| {
+                slot.state.limit(limits(slot))
+            });
             let grant = grant(slots, first, weight, expires_at_ms);
             if readded {
                 Renewal::Readded(grant)
@@ -275,12 +280,17 @@ impl<C: Clock> MemoryStore<C> {
         })
     }
 
-    fn status_now(&self, key: &str, limit: Option<Option<u32>>, policy: Policy) -> KeyStatus {
+    fn status_now(&self, key: &str, limits: ClassLimits, change: OverrideChange) -> KeyStatus {
+        let limit = match change {
+            OverrideChange::Keep => None,
+            OverrideChange::Set(n) => Some(Some(n)),
+            OverrideChange::Clear => Some(None),
+        };
         let create = matches!(limit, Some(Some(1..)));
         self.locked(&[key], create, false, |slots, _, _| {
             let Some(slot) = slots.first_mut() else {
                 return KeyStatus {
-                    limit: policy.resolve(None),
+                    limit: limits.resolve(None),
                     override_limit: None,
                     in_flight: 0,
                 };
@@ -294,7 +304,7 @@ impl<C: Clock> MemoryStore<C> {
                 };
                 slot.state.override_limit = limit;
             }
-            slot.state.status(policy)
+            slot.state.status(limits)
         })
     }
 
@@ -315,6 +325,7 @@ impl<C: Clock> MemoryStore<C> {
         {
             return;
         }
+        inner.index.sweep(now);
         let idle_ttl = inner.idle_ttl_ms.load(Ordering::Relaxed);
         inner.keys.retain(|_, cell| {
             // Someone between finding the cell and locking it (under this shard's write lock no one new
@@ -362,27 +373,28 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn status(
         &self,
         key: &str,
-        policy: Policy,
+        limits: ClassLimits,
+        change: OverrideChange,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        ready(Ok(self.status_now(key, None, policy)))
-    }
-
-    fn set_limit(
-        &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        ready(Ok(self.status_now(key, Some(limit), policy)))
+        ready(Ok(self.status_now(key, limits, change)))
     }
 
     #[inline]
-    fn hold(&self, keys: &[&str], weight: u32, policy: Policy) -> Option<LocalAdmission> {
-        if self.all_unlimited(policy) {
+    fn hold(
+        &self,
+        keys: &[&str],
+        limits: &[ClassLimits],
+        weight: u32,
+        given_id: bool,
+    ) -> Option<LocalAdmission> {
+        if self.all_unlimited(limits) {
             return Some(LocalAdmission::Decided(Admission::Unlimited));
         }
+        if given_id {
+            return None;
+        }
         Some(self.locked(keys, true, false, |slots, _, reclaimed| {
-            let first = match admit(slots, policy, None, weight, reclaimed) {
+            let first = match admit(slots, limits, None, weight, reclaimed) {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };
@@ -393,7 +405,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             } else {
                 let mut cells = Vec::with_capacity(slots.len());
                 for slot in slots.iter_mut() {
-                    if slot.state.limit(policy) != Limit::Unlimited {
+                    if slot.state.limit(limits[slot.index]) != Limit::Unlimited {
                         slot.state.in_flight += weight;
                         cells.push(slot.cell.clone());
                     }
@@ -407,6 +419,14 @@ impl<C: Clock> Store for MemoryStore<C> {
                 reclaimed,
             }
         }))
+    }
+
+    fn index(
+        &self,
+        id: &PermitId,
+        op: IndexOp<'_>,
+    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send {
+        ready(self.inner.index.apply(id, op, self.inner.time.now_ms()))
     }
 
     fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {

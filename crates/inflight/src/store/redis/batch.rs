@@ -7,6 +7,7 @@
 //! the next batch takes them all.
 
 use std::collections::HashMap;
+use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ use super::keys::{KeyNames, Member};
 use super::scripts;
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::policy::Policy;
+use crate::policy::ClassLimits;
 
 /// Operations in one batch, at most.
 const MAX_BATCH: usize = 128;
@@ -29,8 +30,8 @@ pub(super) enum Op {
     Acquire {
         names: Vec<KeyNames>,
         id: PermitId,
-        /// `weight lease_ms default_limit max_limit`, as `batch.lua` reads them.
-        terms: (u32, u64, Policy),
+        /// `weight lease_ms` and the limits of each key's class, as `batch.lua` reads them.
+        terms: (u32, u64, Vec<ClassLimits>),
     },
     Release {
         names: Vec<KeyNames>,
@@ -55,15 +56,24 @@ impl Op {
 }
 
 /// An admission's terms as one argument, written straight into the command.
-struct Terms<'a>(&'a (u32, u64, Policy));
+struct Terms<'a>(&'a (u32, u64, Vec<ClassLimits>));
 
 impl redis::ToRedisArgs for Terms<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        let (weight, lease_ms, policy) = self.0;
-        let (default_limit, max_limit) = (policy.default_limit, policy.max_limit);
-        out.write_arg_fmt(format_args!(
-            "{weight} {lease_ms} {default_limit} {max_limit}"
-        ));
+        let (weight, lease_ms, limits) = self.0;
+        if let [limits] = limits.as_slice() {
+            let (default_limit, max_limit) = (limits.default_limit, limits.max_limit);
+            out.write_arg_fmt(format_args!(
+                "{weight} {lease_ms} {default_limit} {max_limit}"
+            ));
+            return;
+        }
+        let mut terms = format!("{weight} {lease_ms}");
+        for limits in limits {
+            let (default_limit, max_limit) = (limits.default_limit, limits.max_limit);
+            let _ = write!(terms, " {default_limit} {max_limit}");
+        }
+        out.write_arg(terms.as_bytes());
     }
 }
 

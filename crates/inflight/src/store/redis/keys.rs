@@ -87,6 +87,20 @@ impl redis::ToRedisArgs for KeyArg<'_> {
 /// less to compare; any other id as its text. No UTF-8 text starts with 0xFF, so the two never meet.
 pub(super) struct Member<'a>(pub(super) &'a PermitId);
 
+impl Member<'_> {
+    /// The bytes Redis stores.
+    pub(super) fn bytes(&self) -> Vec<u8> {
+        match self.0.uuid() {
+            Some(uuid) => {
+                let mut bytes = vec![0xFF; 17];
+                bytes[1..].copy_from_slice(uuid.as_bytes());
+                bytes
+            }
+            None => self.0.to_string().into_bytes(),
+        }
+    }
+}
+
 impl redis::ToRedisArgs for Member<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         match self.0.uuid() {

@@ -7,7 +7,9 @@
 
 mod batch;
 mod error;
+mod index;
 mod keys;
+mod overrides;
 mod scripts;
 
 use std::future::Future;
@@ -22,10 +24,13 @@ use redis::{Client, IntoConnectionInfo, Script};
 use self::batch::{Batcher, Op};
 use self::error::retried;
 use self::keys::{KeyNames, Member};
-use super::{AcquireRequest, Admission, Grant, KeyStatus, RenewRequest, Renewal, Store};
+use super::{
+    AcquireRequest, Admission, Grant, IndexOp, KeyStatus, Keys, LocalAdmission, OverrideChange,
+    RenewRequest, Renewal, Store,
+};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::policy::{Limit, Policy};
+use crate::policy::{ClassLimits, Limit};
 
 /// The prefix of every Redis key inflight writes unless [`RedisStoreBuilder::prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "inflight:";
@@ -52,6 +57,8 @@ pub const DEFAULT_PREFIX: &str = "inflight:";
 pub struct RedisStore {
     conn: ConnectionManager,
     batcher: Batcher,
+    view: Arc<overrides::View>,
+    names: Arc<overrides::Names>,
     prefix: Arc<str>,
     target: Arc<str>,
     /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
@@ -147,12 +154,17 @@ impl RedisStoreBuilder {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(StoreError::from)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(StoreError::from)?;
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
+        let names = overrides::Names::new(&self.prefix);
+        let view = Arc::new(overrides::View::default());
+        overrides::start(client, conn.clone(), names.clone(), &view);
         Ok(RedisStore {
             batcher: Batcher::start(conn.clone(), clock_offset_ms.clone(), self.pipeline),
             conn,
+            view,
+            names: Arc::new(names),
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
             clock_offset_ms,
@@ -227,20 +239,20 @@ impl RedisStore {
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
-        let out = self
-            .run(
-                &scripts::RENEW,
-                &req.keys,
-                &[
-                    &Member(&req.id),
-                    &req.lease_ms.unwrap_or(0),
-                    &req.policy.default_limit,
-                    &req.policy.max_limit,
-                    &req.readd_weight.unwrap_or(0),
-                    &self.offset(),
-                ],
-            )
-            .await?;
+        let limits: Vec<String> = req
+            .limits
+            .iter()
+            .map(|limits| format!("{} {}", limits.default_limit, limits.max_limit))
+            .collect();
+        let (id, lease_ms, readd, offset) = (
+            Member(&req.id),
+            req.lease_ms.unwrap_or(0),
+            req.readd_weight.unwrap_or(0),
+            self.offset(),
+        );
+        let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
+        args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
+        let out = self.run(&scripts::RENEW, &req.keys, &args).await?;
         let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
         let grant = Grant {
             limit: Limit::from_u32(number(limit)?),
@@ -261,21 +273,31 @@ impl RedisStore {
     async fn status_with(
         &self,
         key: &str,
-        policy: Policy,
-        new_limit: String,
+        limits: ClassLimits,
+        change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
-        let out = self
-            .run(
-                &scripts::STATUS,
-                &[key],
-                &[
-                    &policy.default_limit,
-                    &policy.max_limit,
-                    &new_limit,
-                    &self.offset(),
-                ],
-            )
-            .await?;
+        let change = match change {
+            OverrideChange::Keep => String::new(),
+            OverrideChange::Set(n) => n.to_string(),
+            OverrideChange::Clear => "0".to_owned(),
+        };
+        let mut invocation = scripts::STATUS.prepare_invoke();
+        KeyNames::new(&self.prefix, key).declare(&mut invocation);
+        invocation
+            .key(&self.names.index)
+            .key(&self.names.version)
+            .arg(limits.default_limit)
+            .arg(limits.max_limit)
+            .arg(change)
+            .arg(self.offset())
+            .arg(key)
+            .arg(&self.names.channel);
+        let invocation = &invocation;
+        let out: Vec<i64> = retried(|| {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await?;
         let [limit, override_limit, in_flight] = fields(&out)?;
         let override_limit: u32 = number(override_limit)?;
         Ok(KeyStatus {
@@ -315,7 +337,7 @@ impl Store for RedisStore {
         let op = Op::Acquire {
             names: self.names(req.keys),
             id: req.id.clone(),
-            terms: (req.weight, req.lease_ms, req.policy),
+            terms: (req.weight, req.lease_ms, req.limits.to_vec()),
         };
         let weight = req.weight;
         async move {
@@ -377,18 +399,31 @@ impl Store for RedisStore {
     fn status(
         &self,
         key: &str,
-        policy: Policy,
+        limits: ClassLimits,
+        change: OverrideChange,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.status_with(key, policy, String::new())
+        self.status_with(key, limits, change)
     }
 
-    fn set_limit(
+    /// Keys whose classes are unlimited, none with an override in the view: admitted with no I/O.
+    #[inline]
+    fn hold(
         &self,
-        key: &str,
-        limit: Option<u32>,
-        policy: Policy,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.status_with(key, policy, limit.unwrap_or(0).to_string())
+        keys: &[&str],
+        limits: &[ClassLimits],
+        _weight: u32,
+        _given_id: bool,
+    ) -> Option<LocalAdmission> {
+        let unlimited = limits.iter().all(ClassLimits::is_unlimited) && self.view.none_of(keys);
+        unlimited.then_some(LocalAdmission::Decided(Admission::Unlimited))
+    }
+
+    fn index(
+        &self,
+        id: &PermitId,
+        op: IndexOp<'_>,
+    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send {
+        self.index_op(id, op)
     }
 
     /// Asks Redis for a PONG.

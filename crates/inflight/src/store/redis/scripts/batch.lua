@@ -2,8 +2,8 @@
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
 -- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key) or 'r' (a
 -- release from one key), or 'A' or 'R' and n (on n keys); the places of its keys among the KEYS (1 for
--- the first three, ...); the permit id; and for an admission its terms 'weight lease_ms default_limit
--- max_limit'.
+-- the first three, ...); the permit id; and for an admission its terms 'weight lease_ms d1 m1 d2 m2 ...'
+-- (the default and max limits of each key's class, in the operation's order).
 -- Returns the replies in one flat array: 6 numbers an admission, 1 a release.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
@@ -13,12 +13,12 @@
 -- 3 weight over the limit), the refusing key's index (0-based; -1), limit and in_flight (of that key,
 -- or of the first), expires_at_ms, reclaimed. Unlimited keys record nothing.
 local limits = {} -- of the operation's keys, by place: reused, each operation writing its own
-local function acquire(keys, n, id, weight, lease_ms, default_limit, max_limit)
-  local reclaimed, any = 0, false
+local function acquire(keys, n, id, t)
+  local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
   for i = 1, n do
     local key = keys[i]
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
-    local limit, count = resolve(override(key), default_limit, max_limit), key.n + key.extra
+    local limit, count = resolve(override(key), t[2 * i + 1], t[2 * i + 2]), key.n + key.extra
     limits[i] = limit
     if limit > 0 then
       any = true
@@ -64,12 +64,12 @@ while a <= #ARGV do
   if kind == 'a' or kind == 'A' then
     local t = terms[ARGV[a + n + 2]] -- the operations of a batch mostly share their terms: read once
     if not t then
-      t = {string.match(ARGV[a + n + 2], '^(%d+) (%d+) (%d+) (%d+)$')}
-      for j = 1, 4 do t[j] = tonumber(t[j]) end
+      t = {}
+      for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
       terms[ARGV[a + n + 2]] = t
     end
     replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5], replies[r + 6] =
-      acquire(keys, n, id, t[1], t[2], t[3], t[4])
+      acquire(keys, n, id, t)
     r, a = r + 6, a + n + 3
   else
     replies[r + 1] = release(keys, n, id)

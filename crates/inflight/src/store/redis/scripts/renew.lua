@@ -1,18 +1,19 @@
 -- renew.lua: extends a permit's lease on each of its keys, or re-adds it where the store lost it, when
 -- asked to and every such key has room.
 -- KEYS: leases, permits, limit of each of the permit's keys (see common.lua)
--- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] default limit,
--- ARGV[4] max limit, ARGV[5] weight to re-add with (0: do not re-add), ARGV[6] clock offset ms
+-- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] weight to re-add
+-- with (0: do not re-add), ARGV[4] clock offset ms, ARGV[4 + i] 'default max' of key i's class
 -- Returns {outcome (1 renewed, 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms}, the
 -- figures of the first key. An unlimited key records nothing, so it has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
-set_now(tonumber(ARGV[6]))
-local id, lease_ms, readd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
+set_now(tonumber(ARGV[4]))
+local id, lease_ms, readd = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local keys, limits, has, missing, weight, own = {}, {}, {}, false, nil, nil
 for i = 1, #KEYS / 3 do
   keys[i] = view(KEYS[i * 3 - 2], KEYS[i * 3 - 1], KEYS[i * 3])
-  limits[i] = resolve(override(keys[i]), tonumber(ARGV[3]), tonumber(ARGV[4]))
+  local default_limit, max_limit = string.match(ARGV[4 + i], '^(%d+) (%d+)$')
+  limits[i] = resolve(override(keys[i]), tonumber(default_limit), tonumber(max_limit))
   has[i] = redis.call('ZSCORE', keys[i].leases, id) ~= false
   if has[i] and not weight then weight, own = meta(keys[i], id) end
   missing = missing or (limits[i] > 0 and not has[i])

@@ -1,0 +1,108 @@
+//! The index of permits handed to remote callers: `<prefix>permit:<id>` holds a permit's keys, with an
+//! expiry, so that a caller that knows only the id can renew or release it from any process.
+
+use std::sync::Arc;
+
+use super::error::retried;
+use super::keys::Member;
+use super::RedisStore;
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::store::{IndexOp, Keys};
+
+impl RedisStore {
+    pub(super) async fn index_op(
+        &self,
+        id: &PermitId,
+        op: IndexOp<'_>,
+    ) -> Result<Option<Keys>, StoreError> {
+        let mut name = format!("{}permit:", self.prefix).into_bytes();
+        name.extend_from_slice(&Member(id).bytes());
+        let mut pipe = redis::pipe();
+        match op {
+            IndexOp::Put { keys, ttl_ms } => {
+                pipe.cmd("SET")
+                    .arg(&name)
+                    .arg(encode(keys))
+                    .arg("PX")
+                    .arg(ttl_ms.max(1));
+            }
+            IndexOp::Get { ttl_ms } => {
+                pipe.atomic()
+                    .cmd("GET")
+                    .arg(&name)
+                    .cmd("PEXPIRE")
+                    .arg(&name)
+                    .arg(ttl_ms.max(1))
+                    .ignore();
+            }
+            IndexOp::Take => {
+                pipe.atomic()
+                    .cmd("GET")
+                    .arg(&name)
+                    .cmd("DEL")
+                    .arg(&name)
+                    .ignore();
+            }
+        }
+        let pipe = &pipe;
+        let found: Vec<redis::Value> = retried(|| {
+            let mut conn = self.conn.clone();
+            async move { pipe.query_async(&mut conn).await }
+        })
+        .await?;
+        match (op, found.into_iter().next()) {
+            (IndexOp::Put { .. }, _) | (_, None | Some(redis::Value::Nil)) => Ok(None),
+            (_, Some(redis::Value::BulkString(bytes))) => decode(&bytes).map(Some),
+            (_, Some(other)) => Err(StoreError::Protocol(format!(
+                "an index entry read as {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Each key as its length in bytes, `:`, and the key.
+fn encode(keys: &[Arc<str>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for key in keys {
+        out.extend_from_slice(format!("{}:", key.len()).as_bytes());
+        out.extend_from_slice(key.as_bytes());
+    }
+    out
+}
+
+fn decode(mut bytes: &[u8]) -> Result<Keys, StoreError> {
+    let bad = || StoreError::Protocol("a malformed index entry".into());
+    let mut keys = Vec::new();
+    while !bytes.is_empty() {
+        let colon = bytes.iter().position(|b| *b == b':').ok_or_else(bad)?;
+        let len: usize = std::str::from_utf8(&bytes[..colon])
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(bad)?;
+        let rest = &bytes[colon + 1..];
+        let key = rest.get(..len).ok_or_else(bad)?;
+        keys.push(Arc::from(std::str::from_utf8(key).map_err(|_| bad())?));
+        bytes = &rest[len..];
+    }
+    if keys.is_empty() {
+        return Err(bad());
+    }
+    Ok(keys.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_survive_the_round_trip_whatever_they_hold() {
+        let keys: Vec<Arc<str>> = ["tenant:t1", "a:b:9", "", "12:x", "clé"]
+            .into_iter()
+            .map(Arc::from)
+            .collect();
+        assert_eq!(&*decode(&encode(&keys)).unwrap(), keys.as_slice());
+        assert!(decode(b"5:abc").is_err());
+        assert!(decode(b"").is_err());
+    }
+}

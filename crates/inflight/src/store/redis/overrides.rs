@@ -1,0 +1,243 @@
+//! The view of which keys have an override, kept in this process so that an admission on keys whose
+//! classes are unlimited needs no round trip to Redis unless one of them has an override.
+//!
+//! Redis keeps the index: `<prefix>overrides`, a hash of every key with an override, and
+//! `<prefix>overrides:version`, which counts its changes. `status.lua` changes both with the override
+//! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides`. A task of the
+//! store subscribes, then reads the whole index, and applies each announcement as it comes. It also
+//! reads the version every [`POLL`]; a version it has not seen announced (a message lost while the
+//! subscription was being remade, say) makes it read the index again. So a new override applies to this
+//! process's next admission within moments of being set, and within [`POLL`] when its announcement was
+//! lost. While Redis cannot be reached, the last view stays in force (no one can set an override in
+//! that Redis meanwhile). Until the first read completes, or when more than [`MAX_VIEW`] keys have an
+//! override, every admission asks Redis.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Client};
+
+/// How often the version of the index is read, to catch a lost announcement.
+pub(super) const POLL: Duration = Duration::from_millis(100);
+/// The most keys with an override the view holds; past that, every admission asks Redis.
+pub(super) const MAX_VIEW: usize = 1 << 20;
+/// How long connecting and subscribing may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The names of the index in Redis.
+#[derive(Clone)]
+pub(super) struct Names {
+    pub(super) index: String,
+    pub(super) version: String,
+    pub(super) channel: String,
+}
+
+impl Names {
+    pub(super) fn new(prefix: &str) -> Self {
+        Self {
+            index: format!("{prefix}overrides"),
+            version: format!("{prefix}overrides:version"),
+            channel: format!("{prefix}overrides"),
+        }
+    }
+}
+
+/// The view: shared by a store's clones, kept by one task.
+#[derive(Default)]
+pub(super) struct View {
+    keys: RwLock<HashSet<Box<str>>>,
+    /// The index has been read at least once and fits in [`MAX_VIEW`].
+    usable: AtomicBool,
+    /// The last version applied.
+    version: AtomicU64,
+}
+
+impl View {
+    /// True when the view is usable and none of `keys` has an override.
+    #[inline]
+    pub(super) fn none_of(&self, keys: &[&str]) -> bool {
+        if !self.usable.load(Ordering::Acquire) {
+            return false;
+        }
+        let known = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.iter().all(|key| !known.contains(*key))
+    }
+
+    /// Applies one announcement; false when it is not one, or shows that one before it was missed.
+    fn apply(&self, message: &str) -> bool {
+        let Some((version, change)) = message.split_once(' ') else {
+            return false;
+        };
+        let (Ok(version), Some(sign)) = (version.parse::<u64>(), change.chars().next()) else {
+            return false;
+        };
+        let key = &change[1..];
+        {
+            let mut known = self.keys.write().unwrap_or_else(|e| e.into_inner());
+            match sign {
+                '+' if known.len() < MAX_VIEW => drop(known.insert(key.into())),
+                '+' => self.usable.store(false, Ordering::Release),
+                '-' => drop(known.remove(key)),
+                _ => return false,
+            }
+        }
+        // Announcements come in order; an older one (read again after a resync) changes nothing here.
+        let seen = self.version.fetch_max(version, Ordering::AcqRel);
+        version <= seen + 1
+    }
+}
+
+/// Starts the task that keeps `view` fresh; it ends soon after the last handle on the view goes.
+pub(super) fn start(client: Client, conn: ConnectionManager, names: Names, view: &Arc<View>) {
+    tokio::spawn(keep(client, conn, names, Arc::downgrade(view)));
+}
+
+async fn keep(client: Client, conn: ConnectionManager, names: Names, view: Weak<View>) {
+    let mut backoff = Duration::from_millis(50);
+    while view.strong_count() > 0 {
+        match follow(&client, conn.clone(), &names, &view).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::debug!(%error, "the view of overrides lost its subscription; remaking it");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Subscribes, reads the index, then follows the announcements until the subscription breaks (an
+/// error) or the view is no longer used (`Ok`).
+async fn follow(
+    client: &Client,
+    mut conn: ConnectionManager,
+    names: &Names,
+    view: &Weak<View>,
+) -> redis::RedisResult<()> {
+    let mut pubsub = within(client.get_async_pubsub()).await?;
+    within(pubsub.subscribe(&names.channel)).await?;
+    let mut messages = pubsub.into_on_message();
+    // Subscribed first: whatever changes while the index is read is announced after, and applied after.
+    resync(&mut conn, names, view).await?;
+    let mut poll = tokio::time::interval(POLL);
+    loop {
+        tokio::select! {
+            message = messages.next() => {
+                let Some(message) = message else {
+                    return Err(closed());
+                };
+                let Some(strong) = view.upgrade() else { return Ok(()) };
+                let payload: String = message.get_payload()?;
+                if !strong.apply(&payload) {
+                    drop(strong);
+                    resync(&mut conn, names, view).await?;
+                }
+            }
+            _ = poll.tick() => {
+                let Some(strong) = view.upgrade() else { return Ok(()) };
+                let version: Option<u64> = conn.get(&names.version).await?;
+                if version.unwrap_or(0) > strong.version.load(Ordering::Acquire) {
+                    // Give an announcement on its way a moment to land before reading everything.
+                    drop(strong);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let Some(strong) = view.upgrade() else { return Ok(()) };
+                    if version.unwrap_or(0) > strong.version.load(Ordering::Acquire) {
+                        drop(strong);
+                        resync(&mut conn, names, view).await?;
+                        // The subscription missed something: make it anew.
+                        return Err(closed());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads the whole index into the view.
+async fn resync(
+    conn: &mut ConnectionManager,
+    names: &Names,
+    view: &Weak<View>,
+) -> redis::RedisResult<()> {
+    let Some(view) = view.upgrade() else {
+        return Ok(());
+    };
+    let version: Option<u64> = conn.get(&names.version).await?;
+    let mut keys = HashSet::new();
+    let mut cursor = 0u64;
+    let mut fits = true;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("HSCAN")
+            .arg(&names.index)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        // HSCAN answers field, value, field, value...
+        for key in batch.into_iter().step_by(2) {
+            if keys.len() >= MAX_VIEW {
+                fits = false;
+                break;
+            }
+            keys.insert(key.into_boxed_str());
+        }
+        if next == 0 || !fits {
+            break;
+        }
+        cursor = next;
+    }
+    if !fits {
+        tracing::warn!(
+            max = MAX_VIEW,
+            "more keys have an override than the view holds: every admission asks Redis"
+        );
+    }
+    *view.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+    view.version.store(version.unwrap_or(0), Ordering::Release);
+    view.usable.store(fits, Ordering::Release);
+    Ok(())
+}
+
+async fn within<T>(
+    work: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, work).await {
+        Ok(result) => result,
+        Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "connecting the subscription timed out",
+        ))),
+    }
+}
+
+fn closed() -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "the subscription to announcements of overrides ended",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_apply_in_order_and_a_gap_shows() {
+        let view = View::default();
+        view.usable.store(true, Ordering::Release);
+        assert!(view.apply("1 +app:a"));
+        assert!(!view.none_of(&["x", "app:a"]));
+        assert!(view.apply("2 -app:a"));
+        assert!(view.none_of(&["app:a"]));
+        assert!(view.apply("3 +k with spaces"));
+        assert!(!view.none_of(&["k with spaces"]));
+        assert!(!view.apply("5 +b"), "4 was missed");
+        assert!(view.apply("2 -app:a"), "an old one read again is no gap");
+        assert!(!view.apply("garbage"));
+    }
+}
