@@ -41,11 +41,19 @@ macro_rules! behaviour_suite {
                 an_empty_id_is_refused_and_never_matches,
                 weights_as_large_as_the_limit_never_overflow,
                 keys_are_opaque,
+                classes_of_keys_have_their_own_limits_and_cap_their_overrides,
+                a_new_policy_applies_to_the_next_admission_and_held_permits_stay,
+                a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id,
             );
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn many_tasks_never_exceed_the_limit_and_end_at_zero() {
                 crate::scenarios::many_tasks_never_exceed_the_limit_and_end_at_zero($fixture).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment() {
+                crate::scenarios::a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment($fixture).await;
             }
         }
     };

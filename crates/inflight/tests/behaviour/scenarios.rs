@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{stream, StreamExt};
-use inflight::{AcquireError, AcquireOptions, Limit, PermitId, Policy, Renewal};
+use inflight::{AcquireError, AcquireOptions, ClassLimits, Limit, PermitId, Policy, Renewal};
 
 use crate::fixtures::Fixture;
 
@@ -740,4 +740,198 @@ pub async fn settle<S: inflight::Store>(limiter: &inflight::Limiter<S>, key: &st
 
 fn uuid_like(s: &str) -> bool {
     s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4
+}
+
+/// Rules for the classes of keys of the example, and one more specific rule.
+fn classes() -> Policy {
+    Policy::new(0, 0)
+        .rule("tenant:*", ClassLimits::new(2, 3))
+        .and_then(|p| p.rule("app:*", ClassLimits::new(1, 0)))
+        .and_then(|p| p.rule("app:big-*", ClassLimits::new(3, 0)))
+        .and_then(|p| p.rule("global", ClassLimits::new(4, 0)))
+        .unwrap()
+}
+
+pub async fn classes_of_keys_have_their_own_limits_and_cap_their_overrides<F: Fixture>(f: F) {
+    let limiter = f.limiter(classes());
+    let full = |key: &'static str| {
+        let limiter = limiter.clone();
+        async move { limiter.try_acquire(key).await.unwrap_err().is_full() }
+    };
+    let app = limiter.try_acquire("app:x").await.unwrap();
+    assert_eq!(app.limit(), Limit::Limited(1));
+    assert!(full("app:x").await);
+    let big: Vec<_> =
+        futures_util::future::join_all((0..3).map(|_| limiter.try_acquire("app:big-1")))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    assert!(full("app:big-1").await, "the more specific rule: 3");
+    let tenant = [
+        limiter.try_acquire("tenant:t").await.unwrap(),
+        limiter.try_acquire("tenant:t").await.unwrap(),
+    ];
+    assert!(full("tenant:t").await);
+    // An override of a key is capped by its class's ceiling.
+    let status = limiter.set_limit("tenant:t", 10).await.unwrap();
+    assert_eq!(
+        (status.limit, status.override_limit),
+        (Limit::Limited(3), Some(10))
+    );
+    let third = limiter.try_acquire("tenant:t").await.unwrap();
+    assert!(full("tenant:t").await);
+    // A key that no rule matches has the defaults: unlimited, nothing counted.
+    let free = limiter.try_acquire("user:1").await.unwrap();
+    assert!(!free.is_counted());
+    assert_eq!(
+        limiter.status("user:1").await.unwrap().limit,
+        Limit::Unlimited
+    );
+    assert_eq!(
+        limiter.status("global").await.unwrap().limit,
+        Limit::Limited(4)
+    );
+    assert_eq!(
+        limiter.status("app:never").await.unwrap().limit,
+        Limit::Limited(1)
+    );
+    drop((app, big, tenant, third, free));
+}
+
+pub async fn a_new_policy_applies_to_the_next_admission_and_held_permits_stay<F: Fixture>(f: F) {
+    let limiter = f.limiter(Policy::new(1, 0));
+    let other = f.limiter(Policy::new(1, 0));
+    let first = limiter.try_acquire("k").await.unwrap();
+    assert!(limiter.try_acquire("k").await.unwrap_err().is_full());
+    let wider = Policy::new(1, 0).rule("k", ClassLimits::new(3, 0)).unwrap();
+    limiter.set_policy(wider);
+    let more = [
+        limiter.try_acquire("k").await.unwrap(),
+        limiter.try_acquire("k").await.unwrap(),
+    ];
+    assert!(limiter.try_acquire("k").await.unwrap_err().is_full());
+    assert!(
+        other.try_acquire("k").await.unwrap_err().is_full(),
+        "its own policy: 1"
+    );
+    limiter.set_policy(Policy::new(1, 0));
+    assert!(limiter.try_acquire("k").await.unwrap_err().is_full());
+    assert_eq!(
+        limiter.status("k").await.unwrap().in_flight,
+        3,
+        "held permits stay held"
+    );
+    drop((first, more));
+    settle(&limiter, "k", 0).await;
+    assert!(limiter.try_acquire("k").await.is_ok());
+}
+
+pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id<F: Fixture>(f: F) {
+    let limiter = f.limiter(classes());
+    let keys = ["tenant:t", "app:a", "user:free"];
+    let options = AcquireOptions::new().id("req-1").lease(LEASE);
+    let lease = limiter
+        .try_acquire_all(&keys, options)
+        .await
+        .unwrap()
+        .detach();
+    let names: Vec<Arc<str>> = keys.iter().map(|key| Arc::from(*key)).collect();
+    limiter.record(&names, &lease.id, LEASE).await.unwrap();
+    // Renewed on every key for as long as the caller renews, found from the id alone.
+    for _ in 0..3 {
+        f.advance(LEASE / 2);
+        let (found, renewal) = limiter
+            .renew_recorded(&lease.id, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&*found, names.as_slice());
+        assert!(matches!(renewal, Renewal::Renewed(grant) if grant.in_flight == 1));
+    }
+    assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);
+    assert_eq!(limiter.status("tenant:t").await.unwrap().in_flight, 1);
+    let (found, held) = limiter.release_recorded(&lease.id).await.unwrap().unwrap();
+    assert_eq!((found.len(), held), (3, true));
+    assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 0);
+    assert_eq!(limiter.status("tenant:t").await.unwrap().in_flight, 0);
+    assert!(limiter
+        .renew_recorded(&lease.id, None)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(
+        limiter.release_recorded(&lease.id).await.unwrap().is_none(),
+        "twice: no error"
+    );
+    // A record whose lease ended goes with it; renew_all and release_all take the keys directly.
+    let options = AcquireOptions::new().id("req-2").lease(LEASE);
+    let lease = limiter
+        .try_acquire_all(&keys, options)
+        .await
+        .unwrap()
+        .detach();
+    limiter.record(&names, &lease.id, LEASE).await.unwrap();
+    assert!(matches!(
+        limiter
+            .renew_all(&names, &lease.id, Some(LEASE * 2))
+            .await
+            .unwrap(),
+        Renewal::Renewed(_)
+    ));
+    f.advance(LEASE * 3);
+    let gone = limiter.renew_recorded(&lease.id, None).await.unwrap();
+    assert!(matches!(gone, None | Some((_, Renewal::Lost))), "{gone:?}");
+    assert!(!limiter.release_all(&names, &lease.id).await.unwrap());
+}
+
+/// With `a` full, admissions on `[b, a]` are refused again and again while a probe takes `b` alone: the
+/// probe never fails, because a refused admission never holds `b`, not even for a moment.
+pub async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment<F: Fixture>(f: F) {
+    let limiter = f.limiter(Policy::new(1, 0));
+    let _a = limiter.try_acquire("a").await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refusers: Vec<_> = (0..4)
+        .map(|_| {
+            let (limiter, stop) = (limiter.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut refused = 0u32;
+                while !stop.load(Ordering::Relaxed) {
+                    let err = limiter
+                        .try_acquire_all(
+                            &["b", "a"],
+                            AcquireOptions::new().id(format!("r{refused}")),
+                        )
+                        .await
+                        .unwrap_err();
+                    // `b` itself when the probe holds it.
+                    assert!(err.error.is_full(), "{err:?}");
+                    refused += 1;
+                    tokio::task::yield_now().await;
+                }
+                refused
+            })
+        })
+        .collect();
+    for round in 0..300 {
+        let probe = limiter
+            .try_acquire_with("b", AcquireOptions::new().id("probe"))
+            .await;
+        assert!(
+            probe.is_ok(),
+            "round {round}: b alone was refused: {probe:?}"
+        );
+        probe.unwrap().release().await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut refused = 0;
+    for task in refusers {
+        refused += task.await.unwrap();
+    }
+    assert!(refused > 0);
+    assert_eq!(
+        limiter.status("b").await.unwrap().in_flight,
+        0,
+        "nothing left on b"
+    );
 }

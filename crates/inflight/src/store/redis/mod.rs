@@ -276,7 +276,7 @@ impl RedisStore {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
-        let change = match change {
+        let arg = match change {
             OverrideChange::Keep => String::new(),
             OverrideChange::Set(n) => n.to_string(),
             OverrideChange::Clear => "0".to_owned(),
@@ -288,7 +288,7 @@ impl RedisStore {
             .key(&self.names.version)
             .arg(limits.default_limit)
             .arg(limits.max_limit)
-            .arg(change)
+            .arg(arg)
             .arg(self.offset())
             .arg(key)
             .arg(&self.names.channel);
@@ -300,6 +300,9 @@ impl RedisStore {
         .await?;
         let [limit, override_limit, in_flight] = fields(&out)?;
         let override_limit: u32 = number(override_limit)?;
+        if change != OverrideChange::Keep {
+            self.view.note(key, override_limit > 0);
+        }
         Ok(KeyStatus {
             limit: Limit::from_u32(number(limit)?),
             override_limit: (override_limit > 0).then_some(override_limit),

@@ -67,6 +67,18 @@ impl View {
         keys.iter().all(|key| !known.contains(*key))
     }
 
+    /// Notes an override this process set or cleared, so that its own next admission sees it at once.
+    pub(super) fn note(&self, key: &str, has_override: bool) {
+        let mut known = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        if !has_override {
+            known.remove(key);
+        } else if known.len() < MAX_VIEW {
+            known.insert(key.into());
+        } else {
+            self.usable.store(false, Ordering::Release);
+        }
+    }
+
     /// Applies one announcement; false when it is not one, or shows that one before it was missed.
     fn apply(&self, message: &str) -> bool {
         let Some((version, change)) = message.split_once(' ') else {
