@@ -125,7 +125,12 @@ pub struct ProxySettings {
     /// A key each request is admitted under (repeatable, up to 16, all taken at once or none): text with
     /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token) or {path}, e.g.
     /// 'tenant:{header:X-Tenant-Id}'. In INFLIGHT_KEY, commas separate templates.
-    #[arg(long, env = "INFLIGHT_KEY", value_name = "TEMPLATE", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "INFLIGHT_KEY",
+        value_name = "TEMPLATE",
+        value_delimiter = ','
+    )]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key: Vec<String>,
     /// Shorthand for --key '{header:NAME}' [default: X-Inflight-Key, when no --key is given].
@@ -140,7 +145,12 @@ pub struct ProxySettings {
     /// Limit only requests under this path prefix, by whole segments (repeatable; default: all requests).
     /// Paths are matched decoded, case-insensitively, with `//` collapsed; ones with `.` or `..` segments
     /// are refused (400).
-    #[arg(long, env = "INFLIGHT_LIMIT_PATH", value_name = "PREFIX", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "INFLIGHT_LIMIT_PATH",
+        value_name = "PREFIX",
+        value_delimiter = ','
+    )]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_path: Vec<String>,
     /// How long a request may take upstream until its response headers: connecting, sending it, waiting.

@@ -3,8 +3,8 @@
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::StatusCode;
 use bytes::Bytes;
+use http::StatusCode;
 use http_body_util::Full;
 use inflight::{AcquireError, KeyRefused, StoreError};
 use inflight_tower::rejection;

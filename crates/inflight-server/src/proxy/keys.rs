@@ -60,7 +60,9 @@ impl KeyTemplates {
             .collect::<Result<Vec<_>, _>>()?;
         match templates.len() {
             0 => Err("no key templates".to_owned()),
-            n if n > MAX_KEYS => Err(format!("{n} templates: at most {MAX_KEYS} keys per request")),
+            n if n > MAX_KEYS => Err(format!(
+                "{n} templates: at most {MAX_KEYS} keys per request"
+            )),
             _ => Ok(Self {
                 uses_path: templates
                     .iter()

@@ -128,7 +128,11 @@ mod tests {
         assert_eq!(canonical("").as_deref(), Ok("/"));
         assert_eq!(canonical("/").as_deref(), Ok("/"));
         assert_eq!(canonical("///").as_deref(), Ok("/"));
-        assert_eq!(canonical("/a%zz/%").as_deref(), Ok("/a%zz/%"), "not escapes");
+        assert_eq!(
+            canonical("/a%zz/%").as_deref(),
+            Ok("/a%zz/%"),
+            "not escapes"
+        );
         assert_eq!(canonical("/a%252F").as_deref(), Ok("/a%2f"), "decoded once");
         assert_eq!(canonical("/%C3%A9t%C3%A9").as_deref(), Ok("/été"));
         assert_eq!(canonical("/%FF").as_deref(), Ok("/\u{FFFD}"));
@@ -164,7 +168,13 @@ mod tests {
         ] {
             assert!(paths.covers(limited), "{limited}");
         }
-        for free in ["/v1/chat", "/v1/chat-messagesx", "/v1", "/", "/v1/workflows"] {
+        for free in [
+            "/v1/chat",
+            "/v1/chat-messagesx",
+            "/v1",
+            "/",
+            "/v1/workflows",
+        ] {
             assert!(!paths.covers(free), "{free}");
         }
         let chat = LimitPaths::parse(["/v1/chat"]).unwrap();
