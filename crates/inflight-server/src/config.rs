@@ -124,7 +124,7 @@ pub struct ProxySettings {
     pub upstream: Option<String>,
     /// A key each request is admitted under (repeatable, up to 16, all taken at once or none): text with
     /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token) or {path}, e.g.
-    /// 'tenant:{header:X-Tenant-Id}'. In INFLIGHT_KEY, commas separate templates.
+    /// 'tenant:{header:X-Tenant-Id}'. Commas separate templates (here and in INFLIGHT_KEY).
     #[arg(
         long,
         env = "INFLIGHT_KEY",
@@ -138,7 +138,7 @@ pub struct ProxySettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_header: Option<String>,
     /// A request whose keys cannot be formed (a header missing or empty, no bearer token): reject (400
-    /// missing_key) or pass (forwarded without a limit).
+    /// missing_key) or pass (forwarded without a limit). A duplicated header is always 400 invalid_key.
     #[arg(long, env = "INFLIGHT_ON_MISSING_KEY", value_name = "POLICY")]
     #[arg(default_value = "reject")]
     pub on_missing_key: String,
@@ -325,27 +325,20 @@ impl ProxySettings {
         Ok(uri)
     }
 
-    /// The key templates: --key-header's (the default one when neither is given), then --key's.
+    /// The key templates: --key-header's, then --key's; with neither, the X-Inflight-Key header's.
     pub fn keys(&self) -> Result<crate::proxy::KeyTemplates, ConfigError> {
-        use crate::proxy::KeyTemplates;
-        let header = match (&self.key_header, self.key.is_empty()) {
-            (None, false) => None,
-            (header, _) => Some(header.as_deref().unwrap_or("X-Inflight-Key")),
-        };
-        let header = header
-            .map(|name| {
-                http::HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| invalid("key_header", format!("{name:?} is not a header name")))
-            })
-            .transpose()?;
-        match header {
-            Some(name) if self.key.is_empty() => Ok(KeyTemplates::header(name)),
-            header => {
-                let shorthand = header.map(|name| format!("{{header:{name}}}"));
-                let all = shorthand.iter().chain(&self.key).map(String::as_str);
-                KeyTemplates::parse(all).map_err(|why| invalid("key", why))
-            }
+        let name = self.key_header.as_deref().unwrap_or("X-Inflight-Key");
+        let header = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| invalid("key_header", format!("{name:?} is not a header name")))?;
+        if self.key.is_empty() {
+            return Ok(crate::proxy::KeyTemplates::header(header));
         }
+        let shorthand = self
+            .key_header
+            .as_ref()
+            .map(|_| format!("{{header:{header}}}"));
+        let all = shorthand.iter().chain(&self.key).map(String::as_str);
+        crate::proxy::KeyTemplates::parse(all).map_err(|why| invalid("key", why))
     }
 
     /// What becomes of a request whose keys cannot be formed.
