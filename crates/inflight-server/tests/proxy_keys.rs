@@ -172,7 +172,7 @@ async fn missing_keys_are_rejected_or_passed_and_duplicates_always_refused<M: Ma
     drop((streams, keyed));
 }
 
-/// `--key-header` with no `--key` is one key from that header, refused when duplicated.
+/// `--key-header` with no `--key` is one key from that header, refused when duplicated; with `--key`, one more.
 async fn the_key_header_alone_is_one_key_and_a_duplicate_is_refused<M: Make>() {
     let (_redis, upstream, server) = proxied::<M>(limits(1, 0), |s| {
         s.key_header = Some("X-App".to_owned());
@@ -200,6 +200,27 @@ async fn the_key_header_alone_is_one_key_and_a_duplicate_is_refused<M: Make>() {
         (StatusCode::BAD_REQUEST, &"missing_key".into())
     );
     assert_eq!(upstream.hits(), 1);
+    drop(stream);
+
+    // With --key too, the header's key comes first and the templates' follow.
+    let (_redis, _upstream, server) = proxied::<M>(limits(1, 0), |s| {
+        s.key_header = Some("X-App".to_owned());
+        templates(s, &["global"]);
+    })
+    .await;
+    let stream = get(&http, server.url("/sse"), &[("x-app", "one")]).await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let (status, body) =
+        code_of(get(&http, server.url("/echo/x"), &[("x-app", "two")]).await).await;
+    assert_eq!(
+        (status, &body["key"]),
+        (StatusCode::TOO_MANY_REQUESTS, &"global".into())
+    );
+    let (status, body) = code_of(get(&http, server.url("/echo/x"), &[]).await).await;
+    assert_eq!(
+        (status, &body["code"]),
+        (StatusCode::BAD_REQUEST, &"missing_key".into())
+    );
     drop(stream);
 }
 
