@@ -171,10 +171,37 @@ pub struct ProxySettings {
     #[arg(long, env = "INFLIGHT_UPSTREAM", value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
-    /// The request header whose value is the key.
+    /// A key each request is admitted under (repeatable, up to 16, all taken at once or none): text with
+    /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token) or {path}, e.g.
+    /// 'tenant:{header:X-Tenant-Id}'. Commas separate templates (here and in INFLIGHT_KEY).
+    #[arg(
+        long,
+        env = "INFLIGHT_KEY",
+        value_name = "TEMPLATE",
+        value_delimiter = ','
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<String>,
+    /// Shorthand for --key '{header:NAME}' [default: X-Inflight-Key, when no --key is given].
     #[arg(long, env = "INFLIGHT_KEY_HEADER", value_name = "NAME")]
-    #[arg(default_value = "X-Inflight-Key")]
-    pub key_header: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_header: Option<String>,
+    /// A request whose keys cannot be formed (a header missing or empty, no bearer token): reject (400
+    /// missing_key) or pass (forwarded without a limit). A duplicated header is always 400 invalid_key.
+    #[arg(long, env = "INFLIGHT_ON_MISSING_KEY", value_name = "POLICY")]
+    #[arg(default_value = "reject")]
+    pub on_missing_key: String,
+    /// Limit only requests under this path prefix, by whole segments (repeatable; default: all requests).
+    /// Paths are matched decoded, case-insensitively, with `//` collapsed; ones with `.` or `..` segments
+    /// are refused (400).
+    #[arg(
+        long,
+        env = "INFLIGHT_LIMIT_PATH",
+        value_name = "PREFIX",
+        value_delimiter = ','
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limit_path: Vec<String>,
     /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
     #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "60s", value_parser = text::parse)]
@@ -336,7 +363,9 @@ impl Layered for ProxySettings {
     fn check(&self) -> Result<(), ConfigError> {
         self.serve.check()?;
         self.upstream()?;
-        self.key_header().map(drop)
+        self.keys()?;
+        self.on_missing_key()?;
+        self.limit_paths().map(drop)
     }
 }
 
@@ -358,12 +387,38 @@ impl ProxySettings {
         Ok(uri)
     }
 
-    /// The header whose value is the key.
-    pub fn key_header(&self) -> Result<http::HeaderName, ConfigError> {
-        http::HeaderName::from_bytes(self.key_header.as_bytes()).map_err(|_| {
-            let reason = format!("{:?} is not a header name", self.key_header);
-            invalid("key_header", reason)
-        })
+    /// The key templates: --key-header's, then --key's; with neither, the X-Inflight-Key header's.
+    pub fn keys(&self) -> Result<crate::proxy::KeyTemplates, ConfigError> {
+        let name = self.key_header.as_deref().unwrap_or("X-Inflight-Key");
+        let header = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| invalid("key_header", format!("{name:?} is not a header name")))?;
+        if self.key.is_empty() {
+            return Ok(crate::proxy::KeyTemplates::header(header));
+        }
+        let shorthand = self
+            .key_header
+            .as_ref()
+            .map(|_| format!("{{header:{header}}}"));
+        let all = shorthand.iter().chain(&self.key).map(String::as_str);
+        crate::proxy::KeyTemplates::parse(all).map_err(|why| invalid("key", why))
+    }
+
+    /// What becomes of a request whose keys cannot be formed.
+    pub fn on_missing_key(&self) -> Result<crate::proxy::OnMissingKey, ConfigError> {
+        match self.on_missing_key.as_str() {
+            "reject" => Ok(crate::proxy::OnMissingKey::Reject),
+            "pass" => Ok(crate::proxy::OnMissingKey::Pass),
+            other => Err(invalid(
+                "on_missing_key",
+                format!("{other:?}: use reject or pass"),
+            )),
+        }
+    }
+
+    /// The path prefixes whose requests are limited.
+    pub fn limit_paths(&self) -> Result<crate::proxy::LimitPaths, ConfigError> {
+        crate::proxy::LimitPaths::parse(self.limit_path.iter().map(String::as_str))
+            .map_err(|why| invalid("limit_path", why))
     }
 }
 

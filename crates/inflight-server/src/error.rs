@@ -1,9 +1,12 @@
-//! API errors: always `{"code": "...", "message": "...", "status": N}` with a stable code.
+//! API errors: always `{"code": "...", "message": "...", "status": N}` with a stable code, and `"key"` when
+//! one key of a multi-key admission refused it.
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::StatusCode;
-use inflight::{AcquireError, StoreError};
+use http_body_util::Full;
+use inflight::{AcquireError, KeyRefused, StoreError};
 use inflight_tower::rejection;
 
 /// An error answer of the API.
@@ -14,6 +17,8 @@ pub struct ApiError {
     message: String,
     /// The refused admission, when that is what this is (for `Retry-After`).
     acquire: Option<AcquireError>,
+    /// The key that refused the admission, when there was one to name.
+    key: Option<String>,
 }
 
 impl ApiError {
@@ -24,6 +29,7 @@ impl ApiError {
             code,
             message: message.into(),
             acquire: None,
+            key: None,
         }
     }
 
@@ -61,6 +67,18 @@ impl From<AcquireError> for ApiError {
             code,
             message,
             acquire: Some(error),
+            key: None,
+        }
+    }
+}
+
+/// A refusal of one of several keys names it (not for a store failure, which no key caused).
+impl From<KeyRefused> for ApiError {
+    fn from(refused: KeyRefused) -> Self {
+        let key = (!matches!(refused.error, AcquireError::Store(_))).then_some(refused.key);
+        Self {
+            key,
+            ..Self::from(refused.error)
         }
     }
 }
@@ -78,10 +96,19 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let response = match &self.acquire {
+        let mut response = match &self.acquire {
             Some(error) => rejection::rejection(error),
             None => rejection::error_response(self.status, self.code, &self.message),
         };
+        if let Some(key) = &self.key {
+            let body = serde_json::json!({
+                "code": self.code,
+                "message": self.message,
+                "status": self.status.as_u16(),
+                "key": key,
+            });
+            *response.body_mut() = Full::new(Bytes::from(body.to_string()));
+        }
         response.map(Body::new)
     }
 }

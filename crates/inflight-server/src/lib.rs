@@ -26,7 +26,9 @@ pub use config::{ConfigError, ProxySettings, Settings};
 pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError> {
     Ok(proxy::Upstream {
         base: settings.upstream()?,
-        key_header: settings.key_header()?,
+        keys: settings.keys()?,
+        on_missing_key: settings.on_missing_key()?,
+        limit_paths: settings.limit_paths()?,
         timeout: settings.upstream_timeout,
     })
 }

@@ -287,3 +287,120 @@ fn a_log_that_cannot_be_written_does_not_stop_the_server() {
     let exit = server.wait_for(Duration::from_secs(10));
     assert!(exit.success(), "{exit:?}");
 }
+
+fn proxy(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
+    let mut all = vec![
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        "http://127.0.0.1:9",
+    ];
+    all.extend_from_slice(args);
+    start(&all, env)
+}
+
+#[test]
+fn bad_key_templates_and_proxy_scoping_name_their_setting() {
+    let seventeen: Vec<&str> = ["--key", "k"].repeat(17);
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["--key", "t:{header:}"],
+            vec![],
+            "`key`",
+            "empty header name",
+        ),
+        (
+            vec!["--key", "t:{tenant}"],
+            vec![],
+            "`key`",
+            "unknown placeholder",
+        ),
+        (
+            vec!["--key", "t:{header:X-Tenant"],
+            vec![],
+            "`key`",
+            "without its `}`",
+        ),
+        (vec!["--key", "t:}"], vec![], "`key`", "without its `{`"),
+        (seventeen, vec![], "`key`", "at most 16"),
+        // In the variable, commas separate templates: the bad one is named alone.
+        (
+            vec![],
+            vec![("INFLIGHT_KEY", "global,t:{bogus}")],
+            "`key`",
+            "\"t:{bogus}\"",
+        ),
+        (
+            vec!["--key-header", "X Bad"],
+            vec![],
+            "`key_header`",
+            "not a header name",
+        ),
+        (
+            vec!["--on-missing-key", "shrug"],
+            vec![],
+            "`on_missing_key`",
+            "reject or pass",
+        ),
+        (
+            vec!["--limit-path", "v1/chat"],
+            vec![],
+            "`limit_path`",
+            "v1/chat",
+        ),
+        (
+            vec!["--limit-path", "/v1/../admin"],
+            vec![],
+            "`limit_path`",
+            "..",
+        ),
+    ];
+    for (args, env, setting, why) in cases {
+        let err = proxy(&args, &env).expect_err(setting);
+        assert!(
+            err.contains(setting) && err.contains(why),
+            "{args:?} {env:?}: {err}"
+        );
+    }
+    let toml = file("key = [\"tenant:{header:X-Tenant-Id}\", \"{nope}\"]\n");
+    let err = proxy(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
+    assert!(err.contains("`key`") && err.contains("{nope}"), "{err}");
+}
+
+#[test]
+fn key_templates_and_limit_paths_come_from_the_file_flags_or_environment() {
+    let toml = file(concat!(
+        "key = [\"tenant:{header:X-Tenant-Id}\", \"app:{header:X-App-Id}\", \"global\"]\n",
+        "limit_path = [\"/v1/chat-messages\", \"/v1/workflows/run\"]\n",
+        "on_missing_key = \"pass\"\n",
+    ));
+    let path = toml.path().to_str().unwrap();
+    proxy(&["--config", path], &[]).unwrap();
+    let env = [
+        ("INFLIGHT_KEY", "user:{bearer_hash},route:{path}"),
+        (
+            "INFLIGHT_LIMIT_PATH",
+            "/v1/chat-messages,/v1/completion-messages",
+        ),
+    ];
+    proxy(&[], &env).unwrap();
+    use inflight_server::config::Layered;
+    let flags = [
+        "inflight",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--key",
+        "a:{header:X-A},b",
+        "--key",
+        "c",
+    ];
+    let settings = inflight_server::ProxySettings::from_flags(flags).unwrap();
+    assert_eq!(
+        settings.key,
+        ["a:{header:X-A}", "b", "c"],
+        "commas separate templates"
+    );
+    assert_eq!(settings.on_missing_key, "reject", "the default");
+}

@@ -27,12 +27,12 @@ pin_project! {
 impl ProxyBody {
     pub(super) fn new(
         inner: hyper::body::Incoming,
-        permit: Permit,
+        permit: Option<Permit>,
         cut: watch::Receiver<bool>,
         held: Option<Held>,
     ) -> Self {
         Self {
-            inner: PermitBody::new(inner, Some(permit)),
+            inner: PermitBody::new(inner, permit),
             cut: Cut::Watching(cut),
             _held: held,
         }

@@ -1,9 +1,12 @@
-//! The reverse proxy: admits each request under the value of its key header, forwards it to the
-//! upstream, and holds the permit until the response body has been sent or the client has gone away.
-//! Bodies stream both ways unbuffered (server-sent events included). The API answers under `/_inflight/`.
+//! The reverse proxy: admits each request under the keys its templates form (all at once, or none),
+//! forwards it to the upstream, and holds the permit until the response body has been sent or the client
+//! has gone away. Bodies stream both ways unbuffered (server-sent events included). The API answers under
+//! `/_inflight/`.
 
 mod body;
 mod headers;
+mod keys;
+mod paths;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -12,11 +15,14 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
+use http::{HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
-use inflight::Store;
+use inflight::{Permit, Store};
 
-use crate::app::{check_name, App};
+pub use keys::{KeyTemplates, OnMissingKey, MAX_KEYS};
+pub use paths::LimitPaths;
+
+use crate::app::App;
 use crate::error::ApiError;
 
 /// Where and how to forward.
@@ -24,8 +30,12 @@ use crate::error::ApiError;
 pub struct Upstream {
     /// The upstream's base URL (`http://host:port[/base]`).
     pub base: Uri,
-    /// The header whose value is the key.
-    pub key_header: HeaderName,
+    /// The keys each limited request is admitted under.
+    pub keys: KeyTemplates,
+    /// What becomes of a request whose keys cannot be formed.
+    pub on_missing_key: OnMissingKey,
+    /// Which requests are limited (empty: all of them).
+    pub limit_paths: LimitPaths,
     /// How long a request may take upstream until its response headers (connecting and sending it included).
     pub timeout: Duration,
 }
@@ -92,19 +102,12 @@ async fn forward_checked<S: Store>(
     request: Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let app = &proxy.app;
-    let key = match request.headers().get(&proxy.upstream.key_header) {
-        None => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "missing_key",
-                format!("The request has no {} header.", proxy.upstream.key_header),
-            ))
-        }
-        Some(value) => key_of(value)?,
-    };
-    let permit = app.acquire(&key, inflight::AcquireOptions::new()).await?;
+    let permit = admit(proxy, &request).await?;
     // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
-    let held = permit.is_counted().then(|| app.metrics.hold());
+    let held = permit
+        .as_ref()
+        .is_some_and(Permit::is_counted)
+        .then(|| app.metrics.hold());
     let upstream_request = proxy.target.to_upstream(request, client)?;
     let sent = proxy.pool.send(upstream_request);
     // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
@@ -133,10 +136,40 @@ async fn forward_checked<S: Store>(
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
-fn key_of(value: &HeaderValue) -> Result<String, ApiError> {
-    let key = value
-        .to_str()
-        .map_err(|_| ApiError::invalid_key("The key header is not visible ASCII."))?;
-    check_name(key).map_err(ApiError::invalid_key)?;
-    Ok(key.to_owned())
+/// The permit `request` is forwarded under: None when it is not limited (outside `--limit-path`, or its
+/// keys unformable under `--on-missing-key pass`).
+async fn admit<S: Store>(
+    proxy: &Proxy<S>,
+    request: &Request<Incoming>,
+) -> Result<Option<Permit>, ApiError> {
+    let upstream = &proxy.upstream;
+    let canonical = if upstream.keys.uses_path() || !upstream.limit_paths.is_empty() {
+        paths::canonical(request.uri().path()).map_err(ApiError::invalid_request)?
+    } else {
+        String::new()
+    };
+    if !upstream.limit_paths.is_empty() && !upstream.limit_paths.covers(&canonical) {
+        return Ok(None);
+    }
+    let keys = match upstream.keys.form(request.headers(), &canonical) {
+        Ok(keys) => keys,
+        Err(keys::Unformed::Missing(_)) if upstream.on_missing_key == OnMissingKey::Pass => {
+            return Ok(None)
+        }
+        Err(keys::Unformed::Missing(why)) => {
+            return Err(ApiError::new(StatusCode::BAD_REQUEST, "missing_key", why))
+        }
+        Err(keys::Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
+    };
+    // The keys as the limiter takes them, without a second allocation (there are at most MAX_KEYS).
+    let mut names = [""; MAX_KEYS];
+    for (name, key) in names.iter_mut().zip(&keys) {
+        *name = key;
+    }
+    let names = &names[..keys.len()];
+    let permit = proxy
+        .app
+        .acquire_all(names, inflight::AcquireOptions::new())
+        .await?;
+    Ok(Some(permit))
 }

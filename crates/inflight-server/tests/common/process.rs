@@ -17,10 +17,16 @@ impl Running {
     /// `inflight ARGS` with an empty environment, once it has logged that it started; returns that line.
     /// Its log stays open (a server whose stderr is closed may behave otherwise).
     pub fn start(args: &[&str]) -> (Self, String) {
+        Self::start_with_env(args, &[])
+    }
+
+    /// As [`Running::start`], with only `env` in its environment.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> (Self, String) {
         let mut running = Self::spawn(
             Command::new(env!("CARGO_BIN_EXE_inflight"))
                 .args(args)
                 .env_clear()
+                .envs(env.iter().copied())
                 .stderr(Stdio::piped()),
         );
         let mut log = BufReader::new(running.child.stderr.take().expect("piped")).lines();

@@ -1,0 +1,337 @@
+//! The keys a proxied request is admitted under, formed from templates parsed once at start-up.
+//!
+//! A template mixes literal text with placeholders: `{header:NAME}` (the request header NAME's value),
+//! `{bearer_hash}` (the first 16 lower-case hex digits of the SHA-256 of the `Authorization: Bearer` token;
+//! the token itself goes nowhere) and `{path}` (the request's canonical path, see `paths`).
+
+use http::header::{self, HeaderMap, HeaderName};
+
+use crate::app::check_name;
+
+/// The most keys a request may be admitted under (the limiter's limit for one atomic admission).
+pub const MAX_KEYS: usize = 16;
+
+/// What to do with a request whose keys cannot be formed (a header missing or empty, no bearer token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnMissingKey {
+    /// 400 `missing_key`.
+    Reject,
+    /// Forwarded without a limit.
+    Pass,
+}
+
+/// The key templates of a proxy, parsed.
+#[derive(Clone, Debug)]
+pub struct KeyTemplates {
+    templates: Vec<Template>,
+    uses_path: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Template {
+    parts: Vec<Part>,
+    /// The bytes of its literal text, to size each key once.
+    literal_len: usize,
+}
+
+#[derive(Clone, Debug)]
+enum Part {
+    Text(String),
+    Header(HeaderName),
+    BearerHash,
+    Path,
+}
+
+/// Why a request's keys could not be formed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Unformed {
+    /// Something a template needs is absent or empty: `--on-missing-key` decides.
+    Missing(String),
+    /// Something is there but unusable (a duplicated header, a key `check_name` refuses): always a 400.
+    Invalid(String),
+}
+
+impl KeyTemplates {
+    /// The templates `texts`, parsed and checked; Err says why one is unusable.
+    pub fn parse<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        let templates = texts
+            .into_iter()
+            .map(|text| parse(text).map_err(|why| format!("{text:?}: {why}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        match templates.len() {
+            0 => Err("no key templates".to_owned()),
+            n if n > MAX_KEYS => Err(format!(
+                "{n} templates: at most {MAX_KEYS} keys per request"
+            )),
+            _ => Ok(Self {
+                uses_path: templates
+                    .iter()
+                    .any(|t| t.parts.iter().any(|p| matches!(p, Part::Path))),
+                templates,
+            }),
+        }
+    }
+
+    /// One key: the value of the header `name` (what `--key-header` gives).
+    pub fn header(name: HeaderName) -> Self {
+        Self {
+            templates: vec![Template {
+                parts: vec![Part::Header(name)],
+                literal_len: 0,
+            }],
+            uses_path: false,
+        }
+    }
+
+    /// True when a template has `{path}`.
+    pub(super) fn uses_path(&self) -> bool {
+        self.uses_path
+    }
+
+    /// The keys of a request with `headers`, whose canonical path is `path` (read only for `{path}`).
+    pub(super) fn form(&self, headers: &HeaderMap, path: &str) -> Result<Vec<String>, Unformed> {
+        let mut bearer: Option<[u8; 16]> = None;
+        let mut keys = Vec::with_capacity(self.templates.len());
+        for template in &self.templates {
+            let mut key = String::with_capacity(template.literal_len + 32);
+            for part in &template.parts {
+                match part {
+                    Part::Text(text) => key.push_str(text),
+                    Part::Header(name) => key.push_str(header_value(headers, name)?),
+                    Part::Path => key.push_str(path),
+                    Part::BearerHash => {
+                        let hash = match bearer {
+                            Some(hash) => hash,
+                            None => *bearer.insert(bearer_hash(headers)?),
+                        };
+                        key.extend(hash.iter().map(|&digit| char::from(digit)));
+                    }
+                }
+            }
+            check_name(&key).map_err(|why| Unformed::Invalid(why.to_owned()))?;
+            keys.push(key);
+        }
+        Ok(keys)
+    }
+}
+
+fn parse(text: &str) -> Result<Template, String> {
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(['{', '}']) {
+        if rest[at..].starts_with('}') {
+            return Err("a `}` without its `{`".to_owned());
+        }
+        parts.push(Part::Text(rest[..at].to_owned()));
+        let inner = &rest[at + 1..];
+        let end = inner
+            .find(['{', '}'])
+            .filter(|&end| inner[end..].starts_with('}'))
+            .ok_or("a `{` without its `}`")?;
+        parts.push(placeholder(&inner[..end])?);
+        rest = &inner[end + 1..];
+    }
+    parts.push(Part::Text(rest.to_owned()));
+    parts.retain(|part| !matches!(part, Part::Text(text) if text.is_empty()));
+    let mut literal_len = 0;
+    for part in &parts {
+        if let Part::Text(text) = part {
+            literal_len += text.len();
+            if text.chars().any(char::is_control) {
+                return Err("control characters in the text".to_owned());
+            }
+        }
+    }
+    if let [] | [Part::Text(_)] = parts.as_slice() {
+        check_name(text)?; // a fixed key (`global`): checked as any key is
+    }
+    Ok(Template { parts, literal_len })
+}
+
+fn placeholder(inner: &str) -> Result<Part, String> {
+    match inner {
+        "path" => Ok(Part::Path),
+        "bearer_hash" => Ok(Part::BearerHash),
+        _ => match inner.strip_prefix("header:") {
+            Some("") => Err("an empty header name in `{header:}`".to_owned()),
+            Some(name) => HeaderName::from_bytes(name.as_bytes())
+                .map(Part::Header)
+                .map_err(|_| format!("{name:?} is not a header name")),
+            None => Err(format!(
+                "unknown placeholder `{{{inner}}}`: use {{header:NAME}}, {{bearer_hash}} or {{path}}"
+            )),
+        },
+    }
+}
+
+/// The one value of the header `name`, non-empty and visible ASCII.
+fn header_value<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<&'h str, Unformed> {
+    let mut values = headers.get_all(name).iter();
+    let value = values
+        .next()
+        .ok_or_else(|| Unformed::Missing(format!("The request has no {name} header.")))?;
+    if values.next().is_some() {
+        // Which one would the upstream read? Neither is the key.
+        let why = format!("The request has more than one {name} header.");
+        return Err(Unformed::Invalid(why));
+    }
+    match value.to_str() {
+        Err(_) => Err(Unformed::Invalid(format!(
+            "The {name} header is not visible ASCII."
+        ))),
+        Ok("") => Err(Unformed::Missing(format!("The {name} header is empty."))),
+        Ok(text) => Ok(text),
+    }
+}
+
+/// The first 16 hex digits (lower-case) of the SHA-256 of the request's bearer token.
+fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
+    let no_token = || Unformed::Missing("The request has no bearer token.".to_owned());
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let value = values.next().ok_or_else(no_token)?;
+    if values.next().is_some() {
+        let why = "The request has more than one authorization header.";
+        return Err(Unformed::Invalid(why.to_owned()));
+    }
+    // `auth-scheme 1*SP token68`, the scheme in any case (RFC 9110 11.1, RFC 6750 2.1).
+    let (scheme, token) = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.split_once(' '))
+        .ok_or_else(no_token)?;
+    let token = token.trim_start_matches(' ');
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Err(no_token());
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut hex = [0u8; 16];
+    for (pair, byte) in hex.chunks_exact_mut(2).zip(digest.as_ref()) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0xf)];
+    }
+    Ok(hex)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn form(templates: &[&str], pairs: &[(&str, &str)]) -> Result<Vec<String>, Unformed> {
+        KeyTemplates::parse(templates.iter().copied())
+            .unwrap()
+            .form(&headers(pairs), "/v1/chat-messages")
+    }
+
+    #[test]
+    fn templates_mix_text_and_placeholders() {
+        let keys = form(
+            &[
+                "tenant:{header:X-Tenant-Id}",
+                "app:{header:x-tenant-id}/{header:X-App-Id}",
+                "route:{path}",
+                "global",
+            ],
+            &[("x-tenant-id", "acme"), ("X-App-Id", "chat")],
+        );
+        assert_eq!(
+            keys.unwrap(),
+            [
+                "tenant:acme",
+                "app:acme/chat",
+                "route:/v1/chat-messages",
+                "global"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_bearer_hash_is_16_hex_digits_of_the_tokens_sha256() {
+        // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad (FIPS 180-2).
+        let want = "ba7816bf8f01cfea";
+        for authorization in ["Bearer abc", "bearer abc", "BEARER   abc"] {
+            let keys = form(
+                &["user:{bearer_hash}", "{bearer_hash}"],
+                &[("authorization", authorization)],
+            );
+            assert_eq!(
+                keys.unwrap(),
+                [format!("user:{want}"), want.to_owned()],
+                "{authorization}"
+            );
+        }
+        for unusable in ["Basic YWJj", "Bearer", "Bearer ", "Bearerabc"] {
+            let keys = form(&["{bearer_hash}"], &[("authorization", unusable)]);
+            assert!(matches!(keys, Err(Unformed::Missing(_))), "{unusable}");
+        }
+        let missing = form(&["{bearer_hash}"], &[]);
+        assert!(matches!(missing, Err(Unformed::Missing(_))));
+        let twice = form(
+            &["{bearer_hash}"],
+            &[("authorization", "Bearer a"), ("authorization", "Bearer b")],
+        );
+        assert!(matches!(twice, Err(Unformed::Invalid(_))));
+    }
+
+    #[test]
+    fn missing_empty_and_duplicated_headers() {
+        let templates = ["t:{header:X-Tenant-Id}"];
+        assert_eq!(
+            form(&templates, &[]),
+            Err(Unformed::Missing(
+                "The request has no x-tenant-id header.".to_owned()
+            ))
+        );
+        assert!(matches!(
+            form(&templates, &[("x-tenant-id", "")]),
+            Err(Unformed::Missing(_))
+        ));
+        assert!(matches!(
+            form(&templates, &[("x-tenant-id", "a"), ("X-Tenant-Id", "b")]),
+            Err(Unformed::Invalid(_))
+        ));
+        assert!(matches!(
+            form(&templates, &[("x-tenant-id", "a\tb")]),
+            Err(Unformed::Invalid(_))
+        ));
+        let long = "x".repeat(300);
+        assert!(matches!(
+            form(&templates, &[("x-tenant-id", &long)]),
+            Err(Unformed::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn bad_templates_are_refused_at_start_up() {
+        for (bad, why) in [
+            ("t:{header:}", "empty header name"),
+            ("t:{tenant}", "unknown placeholder"),
+            ("t:{header:X", "without its `}`"),
+            ("t:{header:{X}}", "without its `}`"),
+            ("t:}", "without its `{`"),
+            ("t:{header:X Y}", "not a header name"),
+            ("", "empty"),
+            ("a\u{7}b", "control"),
+        ] {
+            let err = KeyTemplates::parse([bad]).unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+        let seventeen = vec!["k"; MAX_KEYS + 1];
+        assert!(KeyTemplates::parse(seventeen).is_err());
+        assert!(KeyTemplates::parse(vec!["k"; MAX_KEYS]).is_ok());
+        assert!(KeyTemplates::parse([]).is_err());
+    }
+}
