@@ -11,7 +11,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use inflight::{AcquireOptions, KeyRefused, Lease, Limit, PermitId, Renewal, Store};
+use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -213,10 +213,7 @@ async fn acquire_all<S: Store>(
     let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
     let options = options(request.id, request.weight, request.lease_ms)?;
     let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
-    let permit = match app.acquire_all(&names, options).await {
-        Ok(permit) => permit,
-        Err(refused) => return Ok(refusal(refused)),
-    };
+    let permit = app.acquire_all(&names, options).await?;
     let lent = app.lend_all(permit, &keys, lease).await?;
     let first = (lent.limit.get(), lent.in_flight);
     let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
@@ -230,25 +227,6 @@ async fn acquire_all<S: Store>(
     )
     .await;
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// A refusal of several keys: the single-key refusal's answer, with the key that refused.
-fn refusal(refused: KeyRefused) -> Response {
-    let (status, code, message) = inflight_tower::rejection::describe(&refused.error);
-    let body = serde_json::json!({
-        "code": code,
-        "message": message,
-        "status": status.as_u16(),
-        "key": refused.key,
-    });
-    let mut response = (status, Json(body)).into_response();
-    if let Some(after) = refused.error.retry_after() {
-        let secs = after.as_secs().max(1);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
-    }
-    response
 }
 
 /// The answer's figures: the first key's as the store gave them, the others' read now (for an

@@ -404,3 +404,75 @@ fn key_templates_and_limit_paths_come_from_the_file_flags_or_environment() {
     );
     assert_eq!(settings.on_missing_key, "reject", "the default");
 }
+
+#[test]
+fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
+    use inflight::Limit;
+    use inflight_server::config::{Layered, LimitRule};
+    use inflight_server::Settings;
+    assert_eq!(
+        LimitRule::parse("tenant:*=50,max=200"),
+        Ok(LimitRule {
+            keys: "tenant:*".into(),
+            default: 50,
+            max: 200
+        })
+    );
+    assert_eq!(
+        LimitRule::parse("app:*=max=9"),
+        Ok(LimitRule {
+            keys: "app:*".into(),
+            default: 0,
+            max: 9
+        })
+    );
+    for bad in ["tenant:*", "a=x", "a=1,min=2", "a=1,2"] {
+        assert!(LimitRule::parse(bad).is_err(), "{bad}");
+    }
+    let flags = [
+        "inflight",
+        "--limit",
+        "tenant:*=50,max=200",
+        "--limit",
+        "app:*=5",
+    ];
+    let policy = Settings::from_flags(flags).unwrap().policy().unwrap();
+    assert_eq!(policy.resolve("tenant:t1", Some(500)), Limit::Limited(200));
+    assert_eq!(policy.resolve("app:a1", None), Limit::Limited(5));
+    assert_eq!(policy.resolve("other", None), Limit::Unlimited);
+
+    let toml = file(
+        "default_limit = 0\nmax_limit = 0\n\
+         [[limits]]\nkeys = \"tenant:*\"\ndefault = 50\nmax = 200\n\
+         [[limits]]\nkeys = \"app:*\"\ndefault = 5\n\
+         [[limits]]\nkeys = \"global\"\ndefault = 1000\n",
+    );
+    let path = toml.path().to_str().unwrap();
+    let policy = Settings::from_flags(["inflight", "--config", path])
+        .unwrap()
+        .policy()
+        .unwrap();
+    assert_eq!(policy.rules().len(), 3);
+    assert_eq!(policy.resolve("global", None), Limit::Limited(1000));
+    assert_eq!(policy.resolve("tenant:t", None), Limit::Limited(50));
+    // Flags replace the file's rules.
+    let flags = ["inflight", "--config", path, "--limit", "app:*=7"];
+    let policy = Settings::from_flags(flags).unwrap().policy().unwrap();
+    assert_eq!(policy.rules().len(), 1);
+    assert_eq!(policy.resolve("app:a", None), Limit::Limited(7));
+
+    // The running server reports a class's limit, and the environment gives rules too.
+    let line = serve(&[], &[("INFLIGHT_LIMITS", "app:*=5;tenant:*=50,max=200")]).unwrap();
+    assert!(line.contains("rules=2"), "{line}");
+    // Bad rules name the setting.
+    let err = serve(&["--limit", "app:*"], &[]).unwrap_err();
+    assert!(err.contains("limit"), "{err}");
+    let twice = serve(&["--limit", "a=1", "--limit", "a=2"], &[]).unwrap_err();
+    assert!(
+        twice.contains("`limits`") && twice.contains("two rules"),
+        "{twice}"
+    );
+    let toml = file("[[limits]]\nkeys = \"app:*\"\ndefualt = 5\n");
+    let err = serve(&["--config", toml.path().to_str().unwrap()], &[]).unwrap_err();
+    assert!(err.contains("defualt"), "{err}");
+}
