@@ -77,6 +77,13 @@ for store in memory:// "$redis"; do
   done
 done
 
+say "unlimited keys and the view of overrides"
+# Keys no rule limits, with no override: admitted from the process's view, no round trip.
+for store in memory:// "$redis"; do
+  "$bin" bench --store "$store" --tasks 64 --limit 0 --duration 2s --redis-prefix "u:" >>"$out/unlimited.jsonl"
+done
+"$root/target/release/examples/override_spread" "$redis" >"$out/override_spread.json"
+
 say "Redis memory per held permit"
 # Real permits held through the library, on one key: one sorted set.
 "$root/target/release/examples/redis_memory" "$redis" 100 1000 10000 100000 >"$out/memory.txt"

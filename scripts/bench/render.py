@@ -202,6 +202,33 @@ for title, name, field, label in [
           f"{fmt(one['pairs_per_sec'])} → {fmt(many['pairs_per_sec'])} pairs/s at 10,000.")
         w("")
 
+# 4b. unlimited keys, and how soon an override reaches another process
+unlimited = jsonl("unlimited.jsonl") if (raw / "unlimited.jsonl").exists() else []
+if unlimited:
+    w("## Unlimited keys, and how soon an override applies everywhere")
+    w("")
+    w("A key that no rule limits and that has no override is admitted from the process's view of the overrides,")
+    w("with no round trip (`inflight bench --limit 0`, 64 tasks; Dify's default settings are all unlimited):")
+    w("")
+    w("| store | pairs/s | p50 µs | p99 µs |")
+    w("|---|---|---|---|")
+    for r in unlimited:
+        w(f"| {store_name(r['store'])} | {fmt(r['pairs_per_sec'])} | {r['p50_us']:.2f} | {r['p99_us']:.2f} |")
+    w("")
+spread_path = raw / "override_spread.json"
+if spread_path.exists():
+    spread = json.loads(spread_path.read_text())
+    a, u = spread["announced"], spread["unannounced"]
+    w("`examples/override_spread.rs`: two stores on one Redis (two views, as two processes have); one sets an")
+    w("override, and the time until the other's next admission of that key counts against it is measured. With")
+    w("its announcement lost (written straight into Redis), only the version poll, every 100 ms, catches it.")
+    w("")
+    w("| override | trials | p50 ms | p99 ms | max ms |")
+    w("|---|---|---|---|---|")
+    w(f"| announced (pub/sub) | {a['trials']} | {a['p50_ms']:.2f} | {a['p99_ms']:.2f} | {a['max_ms']:.2f} |")
+    w(f"| announcement lost (poll) | {u['trials']} | {u['p50_ms']:.1f} | {u['p99_ms']:.1f} | {u['max_ms']:.1f} |")
+    w("")
+
 # 5. memory per permit
 w("## Redis memory per held permit")
 w("")

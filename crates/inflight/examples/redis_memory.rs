@@ -35,7 +35,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         let mut bytes = 0u64;
         let mut counted = 0;
-        for name in names.iter().filter(|name| !name.ends_with(":limit")) {
+        // The override and the index of overrides are configuration, not the permits' cost.
+        let index = format!("{prefix}overrides");
+        for name in names
+            .iter()
+            .filter(|name| !name.ends_with(":limit") && !name.starts_with(&index))
+        {
             bytes += memory_usage(&mut conn, name).await?;
             counted += 1;
         }

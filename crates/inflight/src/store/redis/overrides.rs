@@ -6,7 +6,8 @@
 //! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides`. A task of the
 //! store subscribes, then reads the whole index, and applies each announcement as it comes. It also
 //! reads the version every [`POLL`]; a version it has not seen announced (a message lost while the
-//! subscription was being remade, say) makes it read the index again. So a new override applies to this
+//! subscription was being remade, say, or a version that went back because Redis lost its data) makes
+//! it read the index again. So a new override applies to this
 //! process's next admission within moments of being set, and within [`POLL`] when its announcement was
 //! lost. While Redis cannot be reached, the last view stays in force (no one can set an override in
 //! that Redis meanwhile). Until the first read completes, or when more than [`MAX_VIEW`] keys have an
@@ -111,10 +112,14 @@ pub(super) fn start(client: Client, conn: ConnectionManager, names: Names, view:
 async fn keep(client: Client, conn: ConnectionManager, names: Names, view: Weak<View>) {
     let mut backoff = Duration::from_millis(50);
     while view.strong_count() > 0 {
+        let started = tokio::time::Instant::now();
         match follow(&client, conn.clone(), &names, &view).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::debug!(%error, "the view of overrides lost its subscription; remaking it");
+                if started.elapsed() > Duration::from_secs(1) {
+                    backoff = Duration::from_millis(50); // it had worked for a while
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
@@ -150,19 +155,23 @@ async fn follow(
                 }
             }
             _ = poll.tick() => {
-                let Some(strong) = view.upgrade() else { return Ok(()) };
+                // What has been applied never passes Redis's version (each announcement follows its
+                // INCR), so read it first: a version below it means Redis lost its data (a restart
+                // without persistence, FLUSHALL).
+                let Some(applied) = view.upgrade().map(|v| v.version.load(Ordering::Acquire)) else {
+                    return Ok(());
+                };
                 let version: Option<u64> = conn.get(&names.version).await?;
-                if version.unwrap_or(0) > strong.version.load(Ordering::Acquire) {
-                    // Give an announcement on its way a moment to land before reading everything.
-                    drop(strong);
+                let version = version.unwrap_or(0);
+                let mut stale = version < applied;
+                if version > applied {
+                    // An announcement on its way gets a moment to land before everything is read.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     let Some(strong) = view.upgrade() else { return Ok(()) };
-                    if version.unwrap_or(0) > strong.version.load(Ordering::Acquire) {
-                        drop(strong);
-                        resync(&mut conn, names, view).await?;
-                        // The subscription missed something: make it anew.
-                        return Err(closed());
-                    }
+                    stale = strong.version.load(Ordering::Acquire) < version;
+                }
+                if stale {
+                    resync(&mut conn, names, view).await?;
                 }
             }
         }
