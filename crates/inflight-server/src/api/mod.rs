@@ -1,6 +1,5 @@
 //! The HTTP limiter API, for workers in any language. The interface is a contract: see `openapi.json`.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +18,10 @@ use crate::app::{check_name, App};
 use crate::config::MAX_LEASE;
 use crate::error::ApiError;
 
+mod permits;
+
 /// The OpenAPI document of this API.
-pub const OPENAPI: &str = include_str!("../openapi.json");
+pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// The API's routes over `app`.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
@@ -30,10 +31,10 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
             "/v1/keys/{key}/permits/{id}",
             put(renew::<S>).delete(release::<S>),
         )
-        .route("/v1/permits", post(acquire_all::<S>))
+        .route("/v1/permits", post(permits::acquire_all::<S>))
         .route(
             "/v1/permits/{id}",
-            put(renew_recorded::<S>).delete(release_recorded::<S>),
+            put(permits::renew_recorded::<S>).delete(permits::release_recorded::<S>),
         )
         .route("/v1/keys/{key}", get(status::<S>))
         .route(
@@ -52,15 +53,6 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AcquireBody {
-    id: Option<String>,
-    weight: Option<u32>,
-    lease_ms: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AcquireAllBody {
-    keys: Vec<String>,
     id: Option<String>,
     weight: Option<u32>,
     lease_ms: Option<u64>,
@@ -86,15 +78,6 @@ struct PermitJson {
     weight: u32,
     limit: Option<u32>,
     in_flight: u32,
-    lease_expires_at_ms: Option<u64>,
-}
-
-/// A permit on several keys, as `POST /v1/permits` and `PUT /v1/permits/{id}` answer it.
-#[derive(Debug, Serialize)]
-struct PermitAllJson {
-    id: String,
-    keys: Vec<KeyJson>,
-    weight: u32,
     lease_expires_at_ms: Option<u64>,
 }
 
@@ -180,120 +163,6 @@ fn options(
         options = options.lease(lease);
     }
     Ok(options)
-}
-
-/// The most keys one permit may have.
-const MAX_KEYS: usize = 16;
-
-async fn acquire_all<S: Store>(
-    State(app): State<Arc<App<S>>>,
-    bytes: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
-    let request: AcquireAllBody = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::invalid_request(format!("Expected {{\"keys\": [\"key\", ...]}}: {e}"))
-    })?;
-    // Repeated keys count once; the order given is kept (the first key's figures lead the answer).
-    let mut seen = HashSet::new();
-    let mut keys: Vec<Arc<str>> = Vec::new();
-    for key in &request.keys {
-        check_name(key).map_err(ApiError::invalid_key)?;
-        if seen.insert(key.as_str()) {
-            keys.push(Arc::from(key.as_str()));
-        }
-    }
-    if keys.is_empty() {
-        return Err(ApiError::invalid_request(
-            "keys must name at least one key.",
-        ));
-    }
-    if keys.len() > MAX_KEYS {
-        return Err(ApiError::invalid_request("keys may name at most 16 keys."));
-    }
-    let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
-    let options = options(request.id, request.weight, request.lease_ms)?;
-    let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
-    let permit = app.acquire_all(&names, options).await?;
-    let lent = app.lend_all(permit, &keys, lease).await?;
-    let first = (lent.limit.get(), lent.in_flight);
-    let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
-    let body = permit_all_json(
-        &app,
-        lent.id.to_string(),
-        &keys,
-        lent.weight,
-        first,
-        expires,
-    )
-    .await;
-    Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// The answer's figures: the first key's as the store gave them, the others' read now (for an
-/// unlimited key whose store is away: its class's limit, nothing in flight).
-async fn permit_all_json<S: Store>(
-    app: &App<S>,
-    id: String,
-    keys: &[Arc<str>],
-    weight: u32,
-    first: (Option<u32>, u32),
-    lease_expires_at_ms: Option<u64>,
-) -> PermitAllJson {
-    let others = futures_util::future::join_all(keys[1..].iter().map(|key| async move {
-        let status = app.timed("status", app.limiter.status(key)).await;
-        let (limit, in_flight) = match status {
-            Ok(status) => (status.limit.get(), status.in_flight),
-            Err(_) => (app.limiter.limits(key).resolve(None).get(), 0),
-        };
-        KeyJson {
-            key: key.to_string(),
-            limit,
-            in_flight,
-        }
-    }))
-    .await;
-    let first = KeyJson {
-        key: keys[0].to_string(),
-        limit: first.0,
-        in_flight: first.1,
-    };
-    PermitAllJson {
-        id,
-        keys: std::iter::once(first).chain(others).collect(),
-        weight,
-        lease_expires_at_ms,
-    }
-}
-
-async fn renew_recorded<S: Store>(
-    State(app): State<Arc<App<S>>>,
-    path: Result<Path<String>, PathRejection>,
-    bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<PermitAllJson>, ApiError> {
-    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
-    let request: RenewBody = body(bytes)?;
-    let lease = lease(request.lease_ms)?;
-    let id = PermitId::from(id);
-    match app.renew_recorded(&id, lease).await? {
-        Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
-            let first = (grant.limit.get(), grant.in_flight);
-            let expires = (grant.expires_at_ms > 0).then_some(grant.expires_at_ms);
-            let body = permit_all_json(&app, id.to_string(), &keys, grant.weight, first, expires);
-            Ok(Json(body.await))
-        }
-        Some((_, Renewal::Lost)) | None => Err(permit_not_found()),
-    }
-}
-
-async fn release_recorded<S: Store>(
-    State(app): State<Arc<App<S>>>,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<StatusCode, ApiError> {
-    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
-    app.release_recorded(&PermitId::from(id)).await?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 fn permit_not_found() -> ApiError {

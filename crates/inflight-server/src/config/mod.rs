@@ -19,6 +19,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub use inflight::MAX_LEASE;
+pub use proxy::ProxySettings;
+
+mod proxy;
 
 /// The most worker threads a server runs.
 const MAX_WORKERS: usize = 1024;
@@ -164,55 +167,6 @@ impl LimitRule {
     }
 }
 
-/// The settings of `inflight proxy`.
-#[derive(Clone, Debug, Args, Serialize, Deserialize)]
-pub struct ProxySettings {
-    /// The API to forward to, e.g. http://127.0.0.1:5001.
-    #[arg(long, env = "INFLIGHT_UPSTREAM", value_name = "URL")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<String>,
-    /// A key each request is admitted under (repeatable, up to 16, all taken at once or none): text with
-    /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token) or {path}, e.g.
-    /// 'tenant:{header:X-Tenant-Id}'. Commas separate templates (here and in INFLIGHT_KEY).
-    #[arg(
-        long,
-        env = "INFLIGHT_KEY",
-        value_name = "TEMPLATE",
-        value_delimiter = ','
-    )]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub key: Vec<String>,
-    /// Shorthand for --key '{header:NAME}' [default: X-Inflight-Key, when no --key is given].
-    #[arg(long, env = "INFLIGHT_KEY_HEADER", value_name = "NAME")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_header: Option<String>,
-    /// A request whose keys cannot be formed (a header missing or empty, no bearer token): reject (400
-    /// missing_key) or pass (forwarded without a limit). A duplicated header is always 400 invalid_key.
-    #[arg(long, env = "INFLIGHT_ON_MISSING_KEY", value_name = "POLICY")]
-    #[arg(default_value = "reject")]
-    pub on_missing_key: String,
-    /// Limit only requests under this path prefix, by whole segments (repeatable; default: all requests).
-    /// Paths are matched decoded, case-insensitively, with `//` collapsed; ones with `.` or `..` segments
-    /// are refused (400).
-    #[arg(
-        long,
-        env = "INFLIGHT_LIMIT_PATH",
-        value_name = "PREFIX",
-        value_delimiter = ','
-    )]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub limit_path: Vec<String>,
-    /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
-    #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
-    #[arg(default_value = "60s", value_parser = text::parse)]
-    #[serde(with = "text")]
-    pub upstream_timeout: Duration,
-    /// The settings `inflight serve` has.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub serve: Settings,
-}
-
 /// A setting that could not be used: names the setting and says why.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid setting `{setting}`: {reason}")]
@@ -351,74 +305,6 @@ impl Settings {
             }
             _ => self.store.clone(),
         }
-    }
-}
-
-/// An upstream is required.
-impl Layered for ProxySettings {
-    fn file(&self) -> Option<&Path> {
-        self.serve.config.as_deref()
-    }
-
-    fn check(&self) -> Result<(), ConfigError> {
-        self.serve.check()?;
-        self.upstream()?;
-        self.keys()?;
-        self.on_missing_key()?;
-        self.limit_paths().map(drop)
-    }
-}
-
-impl ProxySettings {
-    /// The upstream's base URL: `http://host[:port][/base]`.
-    pub fn upstream(&self) -> Result<http::Uri, ConfigError> {
-        let Some(url) = &self.upstream else {
-            let reason = "`inflight proxy` needs --upstream URL (or INFLIGHT_UPSTREAM)";
-            return Err(invalid("upstream", reason));
-        };
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|e| invalid("upstream", format!("{url:?}: {e}")))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-            let reason =
-                format!("{url:?}: use http://host:port (TLS to the upstream is not supported)");
-            return Err(invalid("upstream", reason));
-        }
-        Ok(uri)
-    }
-
-    /// The key templates: --key-header's, then --key's; with neither, the X-Inflight-Key header's.
-    pub fn keys(&self) -> Result<crate::proxy::KeyTemplates, ConfigError> {
-        let name = self.key_header.as_deref().unwrap_or("X-Inflight-Key");
-        let header = http::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| invalid("key_header", format!("{name:?} is not a header name")))?;
-        if self.key.is_empty() {
-            return Ok(crate::proxy::KeyTemplates::header(header));
-        }
-        let shorthand = self
-            .key_header
-            .as_ref()
-            .map(|_| format!("{{header:{header}}}"));
-        let all = shorthand.iter().chain(&self.key).map(String::as_str);
-        crate::proxy::KeyTemplates::parse(all).map_err(|why| invalid("key", why))
-    }
-
-    /// What becomes of a request whose keys cannot be formed.
-    pub fn on_missing_key(&self) -> Result<crate::proxy::OnMissingKey, ConfigError> {
-        match self.on_missing_key.as_str() {
-            "reject" => Ok(crate::proxy::OnMissingKey::Reject),
-            "pass" => Ok(crate::proxy::OnMissingKey::Pass),
-            other => Err(invalid(
-                "on_missing_key",
-                format!("{other:?}: use reject or pass"),
-            )),
-        }
-    }
-
-    /// The path prefixes whose requests are limited.
-    pub fn limit_paths(&self) -> Result<crate::proxy::LimitPaths, ConfigError> {
-        crate::proxy::LimitPaths::parse(self.limit_path.iter().map(String::as_str))
-            .map_err(|why| invalid("limit_path", why))
     }
 }
 

@@ -1,0 +1,149 @@
+//! Permits on several keys: `POST /v1/permits`, and `PUT|DELETE /v1/permits/{id}` by id alone.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use inflight::{PermitId, Renewal, Store};
+use serde::{Deserialize, Serialize};
+
+use super::{body, lease, options, permit_not_found, KeyJson, RenewBody};
+use crate::app::{check_name, App};
+use crate::error::ApiError;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireAllBody {
+    keys: Vec<String>,
+    id: Option<String>,
+    weight: Option<u32>,
+    lease_ms: Option<u64>,
+}
+
+/// A permit on several keys, as `POST /v1/permits` and `PUT /v1/permits/{id}` answer it.
+#[derive(Debug, Serialize)]
+pub(super) struct PermitAllJson {
+    id: String,
+    keys: Vec<KeyJson>,
+    weight: u32,
+    lease_expires_at_ms: Option<u64>,
+}
+
+/// The most keys one permit may have.
+const MAX_KEYS: usize = 16;
+
+pub(super) async fn acquire_all<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let request: AcquireAllBody = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::invalid_request(format!("Expected {{\"keys\": [\"key\", ...]}}: {e}"))
+    })?;
+    // Repeated keys count once; the order given is kept (the first key's figures lead the answer).
+    let mut seen = HashSet::new();
+    let mut keys: Vec<Arc<str>> = Vec::new();
+    for key in &request.keys {
+        check_name(key).map_err(ApiError::invalid_key)?;
+        if seen.insert(key.as_str()) {
+            keys.push(Arc::from(key.as_str()));
+        }
+    }
+    if keys.is_empty() {
+        return Err(ApiError::invalid_request(
+            "keys must name at least one key.",
+        ));
+    }
+    if keys.len() > MAX_KEYS {
+        return Err(ApiError::invalid_request("keys may name at most 16 keys."));
+    }
+    let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+    let options = options(request.id, request.weight, request.lease_ms)?;
+    let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
+    let permit = app.acquire_all(&names, options).await?;
+    let lent = app.lend_all(permit, &keys, lease).await?;
+    let first = (lent.limit.get(), lent.in_flight);
+    let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
+    let body = permit_all_json(
+        &app,
+        lent.id.to_string(),
+        &keys,
+        lent.weight,
+        first,
+        expires,
+    )
+    .await;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The answer's figures: the first key's as the store gave them, the others' read now (for an
+/// unlimited key whose store is away: its class's limit, nothing in flight).
+async fn permit_all_json<S: Store>(
+    app: &App<S>,
+    id: String,
+    keys: &[Arc<str>],
+    weight: u32,
+    first: (Option<u32>, u32),
+    lease_expires_at_ms: Option<u64>,
+) -> PermitAllJson {
+    let others = futures_util::future::join_all(keys[1..].iter().map(|key| async move {
+        let status = app.timed("status", app.limiter.status(key)).await;
+        let (limit, in_flight) = match status {
+            Ok(status) => (status.limit.get(), status.in_flight),
+            Err(_) => (app.limiter.limits(key).resolve(None).get(), 0),
+        };
+        KeyJson {
+            key: key.to_string(),
+            limit,
+            in_flight,
+        }
+    }))
+    .await;
+    let first = KeyJson {
+        key: keys[0].to_string(),
+        limit: first.0,
+        in_flight: first.1,
+    };
+    PermitAllJson {
+        id,
+        keys: std::iter::once(first).chain(others).collect(),
+        weight,
+        lease_expires_at_ms,
+    }
+}
+
+pub(super) async fn renew_recorded<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<PermitAllJson>, ApiError> {
+    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    let request: RenewBody = body(bytes)?;
+    let lease = lease(request.lease_ms)?;
+    let id = PermitId::from(id);
+    match app.renew_recorded(&id, lease).await? {
+        Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
+            let first = (grant.limit.get(), grant.in_flight);
+            let expires = (grant.expires_at_ms > 0).then_some(grant.expires_at_ms);
+            let body = permit_all_json(&app, id.to_string(), &keys, grant.weight, first, expires);
+            Ok(Json(body.await))
+        }
+        Some((_, Renewal::Lost)) | None => Err(permit_not_found()),
+    }
+}
+
+pub(super) async fn release_recorded<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    app.release_recorded(&PermitId::from(id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

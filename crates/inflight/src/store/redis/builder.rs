@@ -1,0 +1,120 @@
+//! [`RedisStoreBuilder`]: the URL, prefix, timeouts and pipeline of a [`RedisStore`], and opening it.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::io::tcp::TcpSettings;
+use redis::{Client, IntoConnectionInfo};
+
+use super::batch::Batcher;
+use super::{overrides, RedisStore};
+use crate::error::StoreError;
+
+/// Builds a [`RedisStore`].
+#[derive(Debug)]
+#[must_use]
+pub struct RedisStoreBuilder {
+    pub(super) url: String,
+    pub(super) prefix: String,
+    pub(super) response_timeout: Duration,
+    pub(super) connection_timeout: Duration,
+    pub(super) pipeline: usize,
+    #[cfg(feature = "tls")]
+    pub(super) root_cert: Option<Vec<u8>>,
+}
+
+impl RedisStoreBuilder {
+    /// The prefix of every Redis key (default `inflight:`): stores with different prefixes share nothing.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for an answer before the store counts as unavailable (default 1 s).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long one connection attempt may take (default 1 s).
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1). While
+    /// they are, new operations wait and leave together in the next batch: more keeps Redis busy while
+    /// answers travel, fewer makes batches larger and script calls fewer (BENCHMARKS.md compares them).
+    pub fn pipeline(mut self, batches: usize) -> Self {
+        self.pipeline = batches.max(1);
+        self
+    }
+
+    /// For `rediss://` URLs: trust this CA certificate (PEM) instead of the web's root certificates, as
+    /// for a Redis whose certificate a private CA signed.
+    #[cfg(feature = "tls")]
+    pub fn root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
+    /// Checks the URL and prepares the connection; it is made on first use and remade whenever it is
+    /// lost, so a store opened while Redis is down starts working when Redis comes up.
+    ///
+    /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, with the `tls` feature),
+    /// `unix:///path/to/redis.sock` or `redis+unix:///path`.
+    ///
+    /// Call it inside a Tokio runtime: the store's connection and its batcher run on that runtime, which
+    /// must keep running for as long as the store is used. Outside a runtime it is an error.
+    pub fn open(self) -> Result<RedisStore, StoreError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::Rejected(
+                "open a RedisStore inside a Tokio runtime".into(),
+            ));
+        }
+        let info = self
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        let target = info.addr().to_string();
+        let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        #[cfg(feature = "tls")]
+        let client = match self.root_cert {
+            Some(pem) => Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            ),
+            None => Client::open(info),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = Client::open(info);
+        let client = client.map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(StoreError::from)?;
+        let clock_offset_ms = Arc::new(AtomicI64::new(0));
+        let names = overrides::Names::new(&self.prefix);
+        let view = Arc::new(overrides::View::default());
+        overrides::start(client, conn.clone(), names.clone(), &view);
+        Ok(RedisStore {
+            batcher: Batcher::start(conn.clone(), clock_offset_ms.clone(), self.pipeline),
+            conn,
+            view,
+            names: Arc::new(names),
+            prefix: Arc::from(self.prefix),
+            target: Arc::from(target),
+            clock_offset_ms,
+        })
+    }
+}
