@@ -115,8 +115,9 @@ impl<S: Store> App<S> {
     }
 
     /// Hands a permit on several keys over to an HTTP client, recording its keys under its id so that
-    /// any process can renew or release it by id alone. A counted permit whose keys cannot be recorded
-    /// is released again: the client could not renew it.
+    /// any process can renew or release it by id alone. A permit that holds nothing (every key
+    /// unlimited) is not recorded: there is nothing to renew or release, and no store to ask. A counted
+    /// permit whose keys cannot be recorded is released again: the client could not renew it.
     pub async fn lend_all(
         &self,
         permit: Permit,
@@ -125,21 +126,17 @@ impl<S: Store> App<S> {
     ) -> Result<Lease, StoreError> {
         let counted = permit.is_counted();
         let lease_out = self.lend(permit);
+        if !counted {
+            return Ok(lease_out);
+        }
         let recorded = self
             .timed("record", self.limiter.record(keys, &lease_out.id, lease))
             .await;
-        match recorded {
-            Ok(()) => Ok(lease_out),
-            Err(error) if counted => {
-                self.release_all(keys, &lease_out.id).await.ok();
-                Err(error)
-            }
-            // Nothing is held (every key unlimited): the admission stands; renewing it will say 404.
-            Err(error) => {
-                tracing::warn!(%error, "a permit on unlimited keys could not be recorded");
-                Ok(lease_out)
-            }
+        if let Err(error) = recorded {
+            self.release_all(keys, &lease_out.id).await.ok();
+            return Err(error);
         }
+        Ok(lease_out)
     }
 
     /// Renews a lease on several keys handed out over HTTP, found by its id; `None` when it is gone.

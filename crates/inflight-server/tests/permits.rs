@@ -35,6 +35,11 @@ async fn post(http: &Client, url: &str, body: Value) -> (StatusCode, Value) {
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.unwrap().as_millis() as i64
+}
+
 /// (key, limit, in_flight) of each key of a permit's answer.
 fn figures(body: &Value) -> Vec<(String, Value, u64)> {
     body["keys"]
@@ -134,6 +139,45 @@ async fn several_keys_are_taken_together_or_not_at_all<M: Make>() {
         assert_eq!(server.in_flight(key).await, 0, "{key} released");
     }
     assert_eq!(server.in_flight("tenant:t1").await, 1, "app:a2's");
+
+    // A permit on keys that are all unlimited holds nothing: no lease, nothing recorded to renew.
+    let (status, free) = post(
+        &http,
+        &permits,
+        json!({"keys": ["user:a", "user:b"], "id": "free-1"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(free["lease_expires_at_ms"], Value::Null);
+    let free_url = server.url("/v1/permits/free-1");
+    assert_eq!(
+        http.put(&free_url).send().await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        http.delete(&free_url).send().await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+
+    // A renewal without a length keeps the permit's own, and so does its record.
+    let (status, _) = post(
+        &http,
+        &permits,
+        json!({"keys": ["tenant:t9", "app:a9"], "id": "long", "lease_ms": 600000}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let long = server.url("/v1/permits/long");
+    for _ in 0..2 {
+        let renewed: Value = http.put(&long).send().await.unwrap().json().await.unwrap();
+        let left = renewed["lease_expires_at_ms"].as_u64().unwrap() as i64 - now_ms();
+        assert!(left > 500_000, "{left} ms left: the lease's own 10 min");
+    }
+    assert_eq!(
+        http.delete(&long).send().await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(server.in_flight("app:a9").await, 0);
 
     // Repeated keys count once.
     let (status, twice) = post(&http, &permits, json!({"keys": ["app:x", "app:x"]})).await;

@@ -122,10 +122,11 @@ impl Rule {
         left.len() >= last.len() && left.ends_with(&**last)
     }
 
-    /// How specific the rule is: the length of its literal prefix, then of all its literal text.
-    fn specificity(&self) -> (usize, usize) {
+    /// How specific the rule is: the length of its literal prefix, then of all its literal text, then
+    /// whether it is exact (no `*`).
+    fn specificity(&self) -> (usize, usize, bool) {
         let literal = self.parts.iter().map(|part| part.len()).sum();
-        (self.parts[0].len(), literal)
+        (self.parts[0].len(), literal, !self.starred)
     }
 }
 
@@ -138,7 +139,8 @@ pub struct PolicyError(String);
 /// matches.
 ///
 /// A key's class is the most specific rule that matches it: the one with the longest literal prefix
-/// (the text before its first `*`), then the one with the most literal text, then the one added first.
+/// (the text before its first `*`), then the one with the most literal text, then an exact one (no `*`),
+/// then the one added first.
 /// The key's limit is then resolved by [`ClassLimits::resolve`] from the class's limits and the key's
 /// override, so an override is capped by its class's ceiling.
 ///

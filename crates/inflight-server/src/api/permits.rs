@@ -81,8 +81,8 @@ pub(super) async fn acquire_all<S: Store>(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// The answer's figures: the first key's as the store gave them, the others' read now (for an
-/// unlimited key whose store is away: its class's limit, nothing in flight).
+/// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
+/// that holds nothing, or a key whose store is away: its class's limit, nothing in flight).
 async fn permit_all_json<S: Store>(
     app: &App<S>,
     id: String,
@@ -91,11 +91,16 @@ async fn permit_all_json<S: Store>(
     first: (Option<u32>, u32),
     lease_expires_at_ms: Option<u64>,
 ) -> PermitAllJson {
+    // A permit that holds nothing (no lease) is on keys that are all unlimited: nothing to read.
+    let held = lease_expires_at_ms.is_some();
     let others = futures_util::future::join_all(keys[1..].iter().map(|key| async move {
-        let status = app.timed("status", app.limiter.status(key)).await;
+        let status = match held {
+            true => Some(app.timed("status", app.limiter.status(key)).await),
+            false => None,
+        };
         let (limit, in_flight) = match status {
-            Ok(status) => (status.limit.get(), status.in_flight),
-            Err(_) => (app.limiter.limits(key).resolve(None).get(), 0),
+            Some(Ok(status)) => (status.limit.get(), status.in_flight),
+            _ => (app.limiter.limits(key).resolve(None).get(), 0),
         };
         KeyJson {
             key: key.to_string(),

@@ -148,15 +148,27 @@ fn parse(text: &str) -> Result<Template, String> {
     Ok(Template { parts, literal_len })
 }
 
+/// Headers whose values are secrets: no template may put them in a key.
+const SECRET_HEADERS: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::COOKIE,
+];
+
 fn placeholder(inner: &str) -> Result<Part, String> {
     match inner {
         "path" => Ok(Part::Path),
         "bearer_hash" => Ok(Part::BearerHash),
         _ => match inner.strip_prefix("header:") {
             Some("") => Err("an empty header name in `{header:}`".to_owned()),
-            Some(name) => HeaderName::from_bytes(name.as_bytes())
-                .map(Part::Header)
-                .map_err(|_| format!("{name:?} is not a header name")),
+            Some(name) => match HeaderName::from_bytes(name.as_bytes()) {
+                // Their values are secrets, which keys (and so metrics and logs) must never hold.
+                Ok(name) if SECRET_HEADERS.contains(&name) => Err(format!(
+                    "{name} carries a secret, which a key would show: use {{bearer_hash}}"
+                )),
+                Ok(name) => Ok(Part::Header(name)),
+                Err(_) => Err(format!("{name:?} is not a header name")),
+            },
             None => Err(format!(
                 "unknown placeholder `{{{inner}}}`: use {{header:NAME}}, {{bearer_hash}} or {{path}}"
             )),
@@ -193,15 +205,22 @@ fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
         let why = "The request has more than one authorization header.";
         return Err(Unformed::Invalid(why.to_owned()));
     }
-    // `auth-scheme 1*SP token68`, the scheme in any case (RFC 9110 11.1, RFC 6750 2.1).
-    let (scheme, token) = value
-        .to_str()
-        .ok()
-        .and_then(|text| text.split_once(' '))
+    // `auth-scheme 1*SP token68`, the scheme in any case (RFC 9110 11.1, RFC 6750 2.1). Read as an
+    // upstream would (Dify splits on any whitespace): the scheme is the first run of non-whitespace,
+    // the token the rest, trimmed of spaces and tabs. A token with whitespace inside is refused, never
+    // passed: each spelling of it would be a key of its own.
+    let text = value.to_str().map_err(|_| no_token())?;
+    let text = text.trim_matches(|c| c == ' ' || c == '\t');
+    let (scheme, token) = text
+        .split_once(|c| c == ' ' || c == '\t')
         .ok_or_else(no_token)?;
-    let token = token.trim_start_matches(' ');
+    let token = token.trim_matches(|c| c == ' ' || c == '\t');
     if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
         return Err(no_token());
+    }
+    if token.contains(|c: char| c.is_ascii_whitespace()) {
+        let why = "The bearer token has whitespace in it.";
+        return Err(Unformed::Invalid(why.to_owned()));
     }
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     let mut hex = [0u8; 16];
@@ -262,7 +281,14 @@ mod tests {
     fn the_bearer_hash_is_16_hex_digits_of_the_tokens_sha256() {
         // SHA-256("abc") = ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad (FIPS 180-2).
         let want = "ba7816bf8f01cfea";
-        for authorization in ["Bearer abc", "bearer abc", "BEARER   abc"] {
+        for authorization in [
+            "Bearer abc",
+            "bearer abc",
+            "BEARER   abc",
+            "Bearer \tabc",
+            "Bearer\tabc",
+            "Bearer\t abc \t",
+        ] {
             let keys = form(
                 &["user:{bearer_hash}", "{bearer_hash}"],
                 &[("authorization", authorization)],
@@ -277,6 +303,11 @@ mod tests {
             let keys = form(&["{bearer_hash}"], &[("authorization", unusable)]);
             assert!(matches!(keys, Err(Unformed::Missing(_))), "{unusable}");
         }
+        let spaced = form(&["{bearer_hash}"], &[("authorization", "Bearer a b")]);
+        assert!(
+            matches!(spaced, Err(Unformed::Invalid(_))),
+            "refused, not passed"
+        );
         let missing = form(&["{bearer_hash}"], &[]);
         assert!(matches!(missing, Err(Unformed::Missing(_))));
         let twice = form(
@@ -325,6 +356,9 @@ mod tests {
             ("t:{header:X Y}", "not a header name"),
             ("", "empty"),
             ("a\u{7}b", "control"),
+            ("u:{header:Authorization}", "secret"),
+            ("u:{header:cookie}", "secret"),
+            ("u:{header:Proxy-Authorization}", "secret"),
         ] {
             let err = KeyTemplates::parse([bad]).unwrap_err();
             assert!(err.contains(why), "{bad:?}: {err}");

@@ -9,7 +9,7 @@ use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::options::MAX_LEASE;
-use crate::store::{IndexOp, Keys, RenewRequest, Renewal, Store};
+use crate::store::{IndexOp, Keys, Recorded, RenewRequest, Renewal, Store};
 
 impl<S: Store> Limiter<S> {
     /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease`, or by default for
@@ -83,8 +83,13 @@ impl<S: Store> Limiter<S> {
         id: &PermitId,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let ttl_ms = record_ttl_ms(lease);
-        let op = IndexOp::Put { keys, ttl_ms };
+        let lease_ms = millis(lease).clamp(1, millis(MAX_LEASE));
+        let ttl_ms = record_ttl_ms(lease_ms);
+        let op = IndexOp::Put {
+            keys,
+            lease_ms,
+            ttl_ms,
+        };
         self.core.store.index(id, op).await.map(drop)
     }
 
@@ -95,13 +100,26 @@ impl<S: Store> Limiter<S> {
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Option<(Keys, Renewal)>, StoreError> {
-        let ttl_ms = record_ttl_ms(lease.unwrap_or(self.lease()));
-        let Some(keys) = self.core.store.index(id, IndexOp::Get { ttl_ms }).await? else {
+        let Some(Recorded { keys, lease_ms }) = self.core.store.index(id, IndexOp::Get).await?
+        else {
             return Ok(None);
         };
-        let renewal = self.renew_all(&keys, id, lease).await?;
-        if renewal == Renewal::Lost {
-            self.core.store.index(id, IndexOp::Take).await?;
+        // Without a length asked for, the lease keeps the one it has, and so does its record.
+        let lease_ms = lease.map_or(lease_ms, |lease| millis(lease).clamp(1, millis(MAX_LEASE)));
+        let renewal = self
+            .renew_all(&keys, id, Some(Duration::from_millis(lease_ms)))
+            .await?;
+        match renewal {
+            Renewal::Renewed(_) | Renewal::Readded(_) => {
+                let ttl_ms = record_ttl_ms(lease_ms);
+                let op = IndexOp::Put {
+                    keys: &keys,
+                    lease_ms,
+                    ttl_ms,
+                };
+                self.core.store.index(id, op).await?;
+            }
+            Renewal::Lost => drop(self.core.store.index(id, IndexOp::Remove).await?),
         }
         Ok(Some((keys, renewal)))
     }
@@ -112,16 +130,18 @@ impl<S: Store> Limiter<S> {
         &self,
         id: &PermitId,
     ) -> Result<Option<(Keys, bool)>, StoreError> {
-        let Some(keys) = self.core.store.index(id, IndexOp::Take).await? else {
+        let Some(Recorded { keys, .. }) = self.core.store.index(id, IndexOp::Get).await? else {
             return Ok(None);
         };
+        // Released first: a release retried after a lost answer still finds the record.
         let held = self.release_all(&keys, id).await?;
+        self.core.store.index(id, IndexOp::Remove).await?;
         Ok(Some((keys, held)))
     }
 }
 
 /// How long the record of a lease handed out lasts: past the lease, so that a renewal a little late
 /// still finds it.
-fn record_ttl_ms(lease: Duration) -> u64 {
-    millis(lease).clamp(1, millis(MAX_LEASE)).saturating_mul(2) + 1000
+fn record_ttl_ms(lease_ms: u64) -> u64 {
+    lease_ms.saturating_mul(2) + 1000
 }

@@ -133,23 +133,32 @@ pub enum OverrideChange {
     Clear,
 }
 
+/// A permit as [`Store::index`] recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// Its keys.
+    pub keys: Keys,
+    /// The length of its lease, as last recorded.
+    pub lease_ms: u64,
+}
+
 /// What [`Store::index`] does.
 #[derive(Clone, Copy, Debug)]
 pub enum IndexOp<'a> {
-    /// Records `keys` under the id for `ttl_ms`, replacing what was there; answers `None`.
+    /// Records `keys` and `lease_ms` under the id for `ttl_ms`, replacing what was there; answers
+    /// `None`.
     Put {
         /// The permit's keys.
         keys: &'a [Arc<str>],
+        /// The length of its lease.
+        lease_ms: u64,
         /// How long the entry lasts.
         ttl_ms: u64,
     },
-    /// Finds the keys, and makes the entry last `ttl_ms` from now.
-    Get {
-        /// How long the entry lasts from now.
-        ttl_ms: u64,
-    },
-    /// Finds the keys and removes the entry.
-    Take,
+    /// Finds the keys.
+    Get,
+    /// Removes the entry; answers `None`.
+    Remove,
 }
 
 /// Slots held by a permit of this process in an in-process store, without a lease.
@@ -230,14 +239,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         None
     }
 
-    /// The index of permits handed to remote callers, by id: records a permit's keys, so that a caller
-    /// that knows only the id can renew or release it, and finds or removes them again. Entries end
+    /// The index of permits handed to remote callers, by id: records a permit's keys and lease length,
+    /// so that a caller that knows only the id can renew or release it, and finds or removes them again. Entries end
     /// by themselves after their `ttl_ms`.
     fn index(
         &self,
         id: &PermitId,
         op: IndexOp<'_>,
-    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send;
 
     /// Housekeeping, called by the limiter about once a second and by health checks: an in-process store
     /// reclaims expired leases and forgets idle keys; a remote one checks that it can be reached.

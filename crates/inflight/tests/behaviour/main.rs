@@ -44,6 +44,7 @@ macro_rules! behaviour_suite {
                 classes_of_keys_have_their_own_limits_and_cap_their_overrides,
                 a_new_policy_applies_to_the_next_admission_and_held_permits_stay,
                 a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id,
+                a_permit_stays_held_when_one_of_its_keys_becomes_limited,
             );
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inflight::store::{
-    AcquireRequest, Admission, IndexOp, KeyStatus, Keys, LocalAdmission, OverrideChange,
+    AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, OverrideChange, Recorded,
     RenewRequest, Renewal,
 };
 use inflight::{
@@ -83,7 +83,7 @@ impl Store for Double {
         &self,
         id: &PermitId,
         op: IndexOp<'_>,
-    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send {
         self.count();
         self.inner.index(id, op)
     }

@@ -935,3 +935,52 @@ pub async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment
         "nothing left on b"
     );
 }
+
+/// A key of a held permit that becomes limited (a new rule, a new override) does not end the permit: it
+/// is renewed on its other keys, and taken on that key too once there is room.
+pub async fn a_permit_stays_held_when_one_of_its_keys_becomes_limited<F: Fixture>(f: F) {
+    let limiter = f.limiter(classes());
+    let names: Vec<Arc<str>> = ["app:a", "user:u"].into_iter().map(Arc::from).collect();
+    let options = AcquireOptions::new().id("p1").lease(LEASE);
+    let lease = limiter
+        .try_acquire_all(&["app:a", "user:u"], options)
+        .await
+        .unwrap()
+        .detach();
+    limiter.set_limit("user:u", 1).await.unwrap();
+    let other = limiter.try_acquire("user:u").await.unwrap();
+    assert!(other.is_counted());
+    let renewal = limiter.renew_all(&names, &lease.id, None).await.unwrap();
+    assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
+    assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);
+    assert_eq!(
+        limiter.status("user:u").await.unwrap().in_flight,
+        1,
+        "no room: uncounted there"
+    );
+    other.release().await.unwrap();
+    let renewal = limiter.renew_all(&names, &lease.id, None).await.unwrap();
+    assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
+    assert_eq!(
+        limiter.status("user:u").await.unwrap().in_flight,
+        1,
+        "taken once it fits"
+    );
+    assert!(limiter.release_all(&names, &lease.id).await.unwrap());
+    // The same for a permit the limiter renews itself: a reload limits one of its keys, which is full.
+    let held = limiter
+        .try_acquire_all(&["app:b", "user:v"], AcquireOptions::new().id("p2"))
+        .await
+        .unwrap();
+    let tighter = classes().rule("user:*", ClassLimits::new(1, 0)).unwrap();
+    let _full = f
+        .limiter(tighter.clone())
+        .try_acquire("user:v")
+        .await
+        .unwrap();
+    limiter.set_policy(tighter);
+    f.advance(LEASE / 2);
+    limiter.renew_now().await;
+    assert!(!held.is_lost(), "held on app:b, so still held");
+    assert_eq!(limiter.status("app:b").await.unwrap().in_flight, 1);
+}

@@ -5,14 +5,14 @@ use dashmap::DashMap;
 use super::key::Hasher;
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::store::{IndexOp, Keys};
+use crate::store::{IndexOp, Recorded};
 
 /// The most entries the index holds: a bound on what remote callers can make it keep.
-pub(super) const MAX_ENTRIES: usize = 1 << 20;
+pub(super) const MAX_ENTRIES: usize = 1 << 18;
 
 #[derive(Default)]
 pub(super) struct Index {
-    entries: DashMap<PermitId, (Keys, u64), Hasher>,
+    entries: DashMap<PermitId, (Recorded, u64), Hasher>,
 }
 
 impl Index {
@@ -21,39 +21,37 @@ impl Index {
         id: &PermitId,
         op: IndexOp<'_>,
         now: u64,
-    ) -> Result<Option<Keys>, StoreError> {
-        let live = |entry: &(Keys, u64)| entry.1 > now;
+    ) -> Result<Option<Recorded>, StoreError> {
+        let live = |entry: &(Recorded, u64)| entry.1 > now;
         match op {
-            IndexOp::Put { keys, ttl_ms } => {
+            IndexOp::Put {
+                keys,
+                lease_ms,
+                ttl_ms,
+            } => {
+                // Maintenance forgets the entries whose time is up.
                 if self.entries.len() >= MAX_ENTRIES && !self.entries.contains_key(id) {
-                    self.sweep(now);
-                    if self.entries.len() >= MAX_ENTRIES {
-                        return Err(StoreError::Rejected(format!(
-                            "the index of permits is full ({MAX_ENTRIES} entries)"
-                        )));
-                    }
+                    return Err(StoreError::Rejected(format!(
+                        "the index of permits is full ({MAX_ENTRIES} entries)"
+                    )));
                 }
-                let entry = (Keys::from(keys), now.saturating_add(ttl_ms));
+                let recorded = Recorded {
+                    keys: keys.into(),
+                    lease_ms,
+                };
+                let entry = (recorded, now.saturating_add(ttl_ms));
                 self.entries.insert(id.clone(), entry);
                 Ok(None)
             }
-            IndexOp::Get { ttl_ms } => {
-                let Some(mut entry) = self.entries.get_mut(id) else {
-                    return Ok(None);
-                };
-                if !live(&entry) {
-                    drop(entry);
-                    self.entries.remove_if(id, |_, entry| !live(entry));
-                    return Ok(None);
-                }
-                entry.1 = now.saturating_add(ttl_ms);
-                Ok(Some(entry.0.clone()))
-            }
-            IndexOp::Take => Ok(self
+            IndexOp::Get => Ok(self
                 .entries
-                .remove(id)
-                .filter(|(_, entry)| live(entry))
-                .map(|(_, (keys, _))| keys)),
+                .get(id)
+                .filter(|entry| live(entry))
+                .map(|entry| entry.0.clone())),
+            IndexOp::Remove => {
+                self.entries.remove(id);
+                Ok(None)
+            }
         }
     }
 

@@ -22,8 +22,8 @@ use dashmap::DashMap;
 use self::cell::{admit, grant, Cell, Cells, Slot, Time};
 use self::key::{Hasher, KeyState, Lease};
 use super::{
-    AcquireRequest, Admission, IndexOp, KeyStatus, Keys, LocalAdmission, LocalHold, OverrideChange,
-    RenewRequest, Renewal, Store,
+    AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, LocalHold, OverrideChange,
+    Recorded, RenewRequest, Renewal, Store,
 };
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
@@ -242,10 +242,12 @@ impl<C: Clock> MemoryStore<C> {
                 .or(found.map(|lease| lease.lease_ms))
                 .unwrap_or(millis(DEFAULT_LEASE));
             let mut weight = found.map_or(1, |lease| lease.weight);
-            let readded = match (missing, req.readd_weight) {
-                (false, _) => false,
-                (true, None) => return Renewal::Lost,
-                (true, Some(readd)) => {
+            // Held on no key: gone, unless asked to re-add it and every limited key has room. Held, but
+            // not on a key that has become limited since: taken there where it fits (below).
+            let readded = match (found.is_some(), missing, req.readd_weight) {
+                (_, false, _) | (true, true, _) => false,
+                (false, true, None) => return Renewal::Lost,
+                (false, true, Some(readd)) => {
                     let room = slots.iter().all(|slot| {
                         slot.state.lease(&req.id).is_some()
                             || slot.state.check(limits(slot), None, readd).is_ok()
@@ -259,7 +261,10 @@ impl<C: Clock> MemoryStore<C> {
             };
             let expires_at_ms = now.saturating_add(lease_ms);
             for slot in slots.iter_mut() {
-                if slot.state.extend(&req.id, now, Some(lease_ms)).is_none() && limited(slot) {
+                if slot.state.extend(&req.id, now, Some(lease_ms)).is_none()
+                    && limited(slot)
+                    && (readded || slot.state.check(limits(slot), None, weight).is_ok())
+                {
                     let lease = Lease {
                         weight,
                         expires_at_ms,
@@ -425,7 +430,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         id: &PermitId,
         op: IndexOp<'_>,
-    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send {
         ready(self.inner.index.apply(id, op, self.inner.time.now_ms()))
     }
 

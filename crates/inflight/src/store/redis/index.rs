@@ -8,41 +8,34 @@ use super::keys::Member;
 use super::RedisStore;
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::store::{IndexOp, Keys};
+use crate::store::{IndexOp, Recorded};
 
 impl RedisStore {
     pub(super) async fn index_op(
         &self,
         id: &PermitId,
         op: IndexOp<'_>,
-    ) -> Result<Option<Keys>, StoreError> {
+    ) -> Result<Option<Recorded>, StoreError> {
         let mut name = format!("{}permit:", self.prefix).into_bytes();
         name.extend_from_slice(&Member(id).bytes());
         let mut pipe = redis::pipe();
         match op {
-            IndexOp::Put { keys, ttl_ms } => {
+            IndexOp::Put {
+                keys,
+                lease_ms,
+                ttl_ms,
+            } => {
                 pipe.cmd("SET")
                     .arg(&name)
-                    .arg(encode(keys))
+                    .arg(encode(keys, lease_ms))
                     .arg("PX")
                     .arg(ttl_ms.max(1));
             }
-            IndexOp::Get { ttl_ms } => {
-                pipe.atomic()
-                    .cmd("GET")
-                    .arg(&name)
-                    .cmd("PEXPIRE")
-                    .arg(&name)
-                    .arg(ttl_ms.max(1))
-                    .ignore();
+            IndexOp::Get => {
+                pipe.cmd("GET").arg(&name);
             }
-            IndexOp::Take => {
-                pipe.atomic()
-                    .cmd("GET")
-                    .arg(&name)
-                    .cmd("DEL")
-                    .arg(&name)
-                    .ignore();
+            IndexOp::Remove => {
+                pipe.cmd("DEL").arg(&name).ignore();
             }
         }
         let pipe = &pipe;
@@ -52,7 +45,9 @@ impl RedisStore {
         })
         .await?;
         match (op, found.into_iter().next()) {
-            (IndexOp::Put { .. }, _) | (_, None | Some(redis::Value::Nil)) => Ok(None),
+            (IndexOp::Put { .. } | IndexOp::Remove, _) | (_, None | Some(redis::Value::Nil)) => {
+                Ok(None)
+            }
             (_, Some(redis::Value::BulkString(bytes))) => decode(&bytes).map(Some),
             (_, Some(other)) => Err(StoreError::Protocol(format!(
                 "an index entry read as {other:?}"
@@ -61,9 +56,9 @@ impl RedisStore {
     }
 }
 
-/// Each key as its length in bytes, `:`, and the key.
-fn encode(keys: &[Arc<str>]) -> Vec<u8> {
-    let mut out = Vec::new();
+/// The lease length and `;`, then each key as its length in bytes, `:`, and the key.
+fn encode(keys: &[Arc<str>], lease_ms: u64) -> Vec<u8> {
+    let mut out = format!("{lease_ms};").into_bytes();
     for key in keys {
         out.extend_from_slice(format!("{}:", key.len()).as_bytes());
         out.extend_from_slice(key.as_bytes());
@@ -71,8 +66,14 @@ fn encode(keys: &[Arc<str>]) -> Vec<u8> {
     out
 }
 
-fn decode(mut bytes: &[u8]) -> Result<Keys, StoreError> {
+fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
     let bad = || StoreError::Protocol("a malformed index entry".into());
+    let semicolon = bytes.iter().position(|b| *b == b';').ok_or_else(bad)?;
+    let lease_ms: u64 = std::str::from_utf8(&bytes[..semicolon])
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(bad)?;
+    let mut bytes = &bytes[semicolon + 1..];
     let mut keys = Vec::new();
     while !bytes.is_empty() {
         let colon = bytes.iter().position(|b| *b == b':').ok_or_else(bad)?;
@@ -88,7 +89,10 @@ fn decode(mut bytes: &[u8]) -> Result<Keys, StoreError> {
     if keys.is_empty() {
         return Err(bad());
     }
-    Ok(keys.into())
+    Ok(Recorded {
+        keys: keys.into(),
+        lease_ms,
+    })
 }
 
 #[cfg(test)]
@@ -101,7 +105,12 @@ mod tests {
             .into_iter()
             .map(Arc::from)
             .collect();
-        assert_eq!(&*decode(&encode(&keys)).unwrap(), keys.as_slice());
+        let recorded = decode(&encode(&keys, 600_000)).unwrap();
+        assert_eq!(
+            (&*recorded.keys, recorded.lease_ms),
+            (keys.as_slice(), 600_000)
+        );
+        assert!(decode(b"1;5:abc").is_err());
         assert!(decode(b"5:abc").is_err());
         assert!(decode(b"").is_err());
     }

@@ -27,7 +27,7 @@ use self::batch::{Batcher, Op};
 use self::error::retried;
 use self::keys::{KeyNames, Member};
 use super::{
-    AcquireRequest, Admission, Grant, IndexOp, KeyStatus, Keys, LocalAdmission, OverrideChange,
+    AcquireRequest, Admission, Grant, IndexOp, KeyStatus, LocalAdmission, OverrideChange, Recorded,
     RenewRequest, Renewal, Store,
 };
 use crate::error::StoreError;
@@ -320,7 +320,7 @@ impl Store for RedisStore {
         &self,
         id: &PermitId,
         op: IndexOp<'_>,
-    ) -> impl Future<Output = Result<Option<Keys>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send {
         self.index_op(id, op)
     }
 

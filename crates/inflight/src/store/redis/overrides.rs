@@ -5,13 +5,14 @@
 //! `<prefix>overrides:version`, which counts its changes. `status.lua` changes both with the override
 //! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides`. A task of the
 //! store subscribes, then reads the whole index, and applies each announcement as it comes. It also
-//! reads the version every [`POLL`]; a version it has not seen announced (a message lost while the
-//! subscription was being remade, say, or a version that went back because Redis lost its data) makes
-//! it read the index again. So a new override applies to this
-//! process's next admission within moments of being set, and within [`POLL`] when its announcement was
-//! lost. While Redis cannot be reached, the last view stays in force (no one can set an override in
-//! that Redis meanwhile). Until the first read completes, or when more than [`MAX_VIEW`] keys have an
-//! override, every admission asks Redis.
+//! reads the version every [`POLL`]; an announcement still missing one poll after its version was read
+//! (lost while the subscription was being remade, say), or a version that went back (Redis lost its
+//! data), makes it read the index again. So a new override applies to this process's next admission
+//! within moments of being set, and within two [`POLL`]s when its announcement was lost. While Redis
+//! cannot be reached, the last view stays in force (no one can set an override in that Redis
+//! meanwhile); the subscription is remade every [`POLL`] until it can be. Until the first read
+//! completes, when more than [`MAX_VIEW`] keys have an override, or if the task keeping the view
+//! ends, every admission asks Redis.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,8 +23,8 @@ use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Client};
 
-/// How often the version of the index is read, to catch a lost announcement.
-pub(super) const POLL: Duration = Duration::from_millis(100);
+/// How often the version of the index is read, to catch a lost announcement (within two of these).
+pub(super) const POLL: Duration = Duration::from_millis(50);
 /// The most keys with an override the view holds; past that, every admission asks Redis.
 pub(super) const MAX_VIEW: usize = 1 << 20;
 /// How long connecting and subscribing may take.
@@ -80,27 +81,45 @@ impl View {
         }
     }
 
-    /// Applies one announcement; false when it is not one, or shows that one before it was missed.
+    /// Applies one announcement; false when it is not one, or shows that one before it was missed. One
+    /// no newer than what the view holds (read again after a resync) is skipped.
     fn apply(&self, message: &str) -> bool {
         let Some((version, change)) = message.split_once(' ') else {
             return false;
         };
-        let (Ok(version), Some(sign)) = (version.parse::<u64>(), change.chars().next()) else {
+        let Ok(version) = version.parse::<u64>() else {
             return false;
         };
-        let key = &change[1..];
-        {
-            let mut known = self.keys.write().unwrap_or_else(|e| e.into_inner());
-            match sign {
-                '+' if known.len() < MAX_VIEW => drop(known.insert(key.into())),
-                '+' => self.usable.store(false, Ordering::Release),
-                '-' => drop(known.remove(key)),
-                _ => return false,
-            }
+        let seen = self.version.load(Ordering::Acquire);
+        if version <= seen {
+            return true;
         }
-        // Announcements come in order; an older one (read again after a resync) changes nothing here.
-        let seen = self.version.fetch_max(version, Ordering::AcqRel);
-        version <= seen + 1
+        let mut known = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(key) = change.strip_prefix('+') {
+            if known.len() < MAX_VIEW {
+                known.insert(key.into());
+            } else {
+                self.usable.store(false, Ordering::Release);
+            }
+        } else if let Some(key) = change.strip_prefix('-') {
+            known.remove(key);
+        } else {
+            return false;
+        }
+        self.version.store(version, Ordering::Release);
+        version == seen + 1
+    }
+}
+
+/// Marks the view unusable when the task that keeps it ends other than because the view went (a panic,
+/// its runtime shut down): admissions then ask Redis rather than trust a view no one updates.
+struct Keeper(Weak<View>);
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        if let Some(view) = self.0.upgrade() {
+            view.usable.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -110,18 +129,20 @@ pub(super) fn start(client: Client, conn: ConnectionManager, names: Names, view:
 }
 
 async fn keep(client: Client, conn: ConnectionManager, names: Names, view: Weak<View>) {
-    let mut backoff = Duration::from_millis(50);
+    let _keeper = Keeper(view.clone());
+    let mut warned = false;
     while view.strong_count() > 0 {
-        let started = tokio::time::Instant::now();
         match follow(&client, conn.clone(), &names, &view).await {
             Ok(()) => return,
             Err(error) => {
-                tracing::debug!(%error, "the view of overrides lost its subscription; remaking it");
-                if started.elapsed() > Duration::from_secs(1) {
-                    backoff = Duration::from_millis(50); // it had worked for a while
+                // Once, then quietly: an outage says so elsewhere. (A user whose ACL has no access to
+                // the channel would see it here.)
+                if !warned {
+                    tracing::warn!(%error, "the view of overrides lost its subscription; remaking it");
+                    warned = true;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                // Soon: the view is in force meanwhile, and only a subscription keeps it fresh.
+                tokio::time::sleep(POLL).await;
             }
         }
     }
@@ -141,8 +162,11 @@ async fn follow(
     // Subscribed first: whatever changes while the index is read is announced after, and applied after.
     resync(&mut conn, names, view).await?;
     let mut poll = tokio::time::interval(POLL);
+    // The version one poll ago: every announcement up to it has had a whole poll to arrive.
+    let mut due = 0u64;
     loop {
         tokio::select! {
+            biased;
             message = messages.next() => {
                 let Some(message) = message else {
                     return Err(closed());
@@ -157,22 +181,16 @@ async fn follow(
             _ = poll.tick() => {
                 // What has been applied never passes Redis's version (each announcement follows its
                 // INCR), so read it first: a version below it means Redis lost its data (a restart
-                // without persistence, FLUSHALL).
+                // without persistence, FLUSHALL). One still behind what was due means one was lost.
                 let Some(applied) = view.upgrade().map(|v| v.version.load(Ordering::Acquire)) else {
                     return Ok(());
                 };
                 let version: Option<u64> = conn.get(&names.version).await?;
                 let version = version.unwrap_or(0);
-                let mut stale = version < applied;
-                if version > applied {
-                    // An announcement on its way gets a moment to land before everything is read.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    let Some(strong) = view.upgrade() else { return Ok(()) };
-                    stale = strong.version.load(Ordering::Acquire) < version;
-                }
-                if stale {
+                if version < applied || applied < due {
                     resync(&mut conn, names, view).await?;
                 }
+                due = version;
             }
         }
     }

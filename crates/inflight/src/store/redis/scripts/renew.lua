@@ -1,5 +1,6 @@
--- renew.lua: extends a permit's lease on each of its keys, or re-adds it where the store lost it, when
--- asked to and every such key has room.
+-- renew.lua: extends a permit's lease on each of its keys that holds it (and adds it where it fits on a
+-- key that has become limited since); a lease held on no limited key is re-added when asked to and every
+-- limited key has room, and is otherwise lost.
 -- KEYS: leases, permits, limit of each of the permit's keys (see common.lua)
 -- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] weight to re-add
 -- with (0: do not re-add), ARGV[4] clock offset ms, ARGV[4 + i] 'default max' of key i's class
@@ -20,15 +21,22 @@ for i = 1, #KEYS / 3 do
 end
 if lease_ms == 0 then lease_ms = own or DEFAULT_LEASE_MS end
 local outcome = 1
-if missing then
+-- Held on no key: gone, unless asked to re-add it and every limited key has room.
+if missing and not weight then
   if readd == 0 then return {0, 0, 0, 0, 0} end
   for i, key in ipairs(keys) do
-    if limits[i] > 0 and not has[i] and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0} end
+    if limits[i] > 0 and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0} end
   end
   outcome, weight = 2, readd
 end
 weight = weight or 1
+-- Held, but not on a key that has become limited since (a new rule, a new override): taken there too
+-- where it fits, and left uncounted there otherwise: a held permit stays held.
 for i, key in ipairs(keys) do
-  if has[i] then put(key, id, meta(key, id), lease_ms) elseif limits[i] > 0 then put(key, id, weight, lease_ms) end
+  if has[i] then
+    put(key, id, meta(key, id), lease_ms)
+  elseif limits[i] > 0 and (outcome == 2 or in_flight(key) + weight <= limits[i]) then
+    put(key, id, weight, lease_ms)
+  end
 end
 return {outcome, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, weight, now + lease_ms}

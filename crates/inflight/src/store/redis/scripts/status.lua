@@ -9,16 +9,17 @@
 -- keeps every process's view of the index fresh never disagree.
 set_now(tonumber(ARGV[4]))
 if ARGV[3] ~= '' then
-  local set = tonumber(ARGV[3]) > 0
-  local had = redis.call('EXISTS', KEYS[3]) == 1
+  local set, changed = tonumber(ARGV[3]) > 0, 0
   if set then
     redis.call('SET', KEYS[3], ARGV[3])
-    redis.call('HSET', KEYS[4], ARGV[5], ARGV[3])
+    changed = redis.call('HSET', KEYS[4], ARGV[5], ARGV[3])
   else
     redis.call('DEL', KEYS[3])
-    redis.call('HDEL', KEYS[4], ARGV[5])
+    changed = redis.call('HDEL', KEYS[4], ARGV[5])
   end
-  if set ~= had then -- the view holds which keys have an override, not their values
+  -- The view holds which keys have an override, not their values: announced when the index gains or
+  -- loses the key (so an override set before the index existed is announced when it is set again).
+  if changed == 1 then
     local version = redis.call('INCR', KEYS[5])
     redis.call('PUBLISH', ARGV[6], version .. ' ' .. (set and '+' or '-') .. ARGV[5])
   end
