@@ -210,11 +210,11 @@ fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
     // the token the rest, trimmed of spaces and tabs. A token with whitespace inside is refused, never
     // passed: each spelling of it would be a key of its own.
     let text = value.to_str().map_err(|_| no_token())?;
-    let text = text.trim_matches(|c| c == ' ' || c == '\t');
+    let text = text.trim_matches([' ', '\t']);
     let (scheme, token) = text
-        .split_once(|c| c == ' ' || c == '\t')
+        .split_once([' ', '\t'])
         .ok_or_else(no_token)?;
-    let token = token.trim_matches(|c| c == ' ' || c == '\t');
+    let token = token.trim_matches([' ', '\t']);
     if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
         return Err(no_token());
     }
