@@ -33,6 +33,11 @@ async fn acquire(
     store.acquire(req).await.unwrap()
 }
 
+async fn in_flight(store: &RedisStore, key: &str) -> u32 {
+    let status = store.status(key, POLICY, OverrideChange::Keep).await;
+    status.unwrap().in_flight
+}
+
 async fn release(store: &RedisStore, key: &str, id: &PermitId) -> bool {
     store.release(&[Arc::from(key)], id).await.unwrap()
 }
@@ -71,14 +76,7 @@ async fn a_held_permit_costs_a_bounded_number_of_bytes_however_many_a_key_holds(
     let store = redis.store();
     let mut c = redis.client();
     let ids = fill(&store, "k", 5_000, 30_000).await;
-    assert_eq!(
-        store
-            .status("k", POLICY, OverrideChange::Keep)
-            .await
-            .unwrap()
-            .in_flight,
-        5_000
-    );
+    assert_eq!(in_flight(&store, "k").await, 5_000);
     let usage: u64 = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg("inflight:{k}:leases")
@@ -94,14 +92,7 @@ async fn a_held_permit_costs_a_bounded_number_of_bytes_however_many_a_key_holds(
     let released = join_all(ids.iter().map(|id| release(&store, "k", id))).await;
     assert!(released.into_iter().all(|held| held));
     assert!(!release(&store, "k", &ids[0]).await);
-    assert_eq!(
-        store
-            .status("k", POLICY, OverrideChange::Keep)
-            .await
-            .unwrap()
-            .in_flight,
-        0
-    );
+    assert_eq!(in_flight(&store, "k").await, 0);
     assert_eq!(keys(&mut c), Vec::<String>::new());
 }
 
@@ -144,14 +135,7 @@ async fn a_keys_leases_and_permits_expire_together_even_when_emptied_and_refille
         );
     }));
     join_all(batch).await;
-    assert_eq!(
-        store
-            .status("k", POLICY, OverrideChange::Keep)
-            .await
-            .unwrap()
-            .in_flight,
-        3
-    );
+    assert_eq!(in_flight(&store, "k").await, 3);
     let leases = expires_at(&mut c, "inflight:{k}:leases");
     let permits = expires_at(&mut c, "inflight:{k}:permits");
     assert!((leases - permits).abs() <= 2, "{leases} and {permits}");
@@ -181,14 +165,7 @@ async fn a_keys_leases_and_permits_expire_together_even_when_emptied_and_refille
             "{admission:?}"
         );
     }
-    assert_eq!(
-        store
-            .status("j", POLICY, OverrideChange::Keep)
-            .await
-            .unwrap()
-            .in_flight,
-        4
-    );
+    assert_eq!(in_flight(&store, "j").await, 4);
     let leases = expires_at(&mut c, "inflight:{j}:leases");
     assert!((leases - expires_at(&mut c, "inflight:{j}:permits")).abs() <= 2);
 }

@@ -211,9 +211,7 @@ fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
     // passed: each spelling of it would be a key of its own.
     let text = value.to_str().map_err(|_| no_token())?;
     let text = text.trim_matches([' ', '\t']);
-    let (scheme, token) = text
-        .split_once([' ', '\t'])
-        .ok_or_else(no_token)?;
+    let (scheme, token) = text.split_once([' ', '\t']).ok_or_else(no_token)?;
     let token = token.trim_matches([' ', '\t']);
     if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
         return Err(no_token());
