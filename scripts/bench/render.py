@@ -221,7 +221,8 @@ if spread_path.exists():
     a, u = spread["announced"], spread["unannounced"]
     w("`examples/override_spread.rs`: two stores on one Redis (two views, as two processes have); one sets an")
     w("override, and the time until the other's next admission of that key counts against it is measured. With")
-    w("its announcement lost (written straight into Redis), only the version poll, every 100 ms, catches it.")
+    w("its announcement lost (written straight into Redis), only the version poll catches it: read every 50 ms, it")
+    w("reads the index again once the announcement is still missing one read later.")
     w("")
     w("| override | trials | p50 ms | p99 ms | max ms |")
     w("|---|---|---|---|---|")
