@@ -532,3 +532,64 @@ per_store!(
     shutdown_lets_running_streams_finish,
     shutdown_releases_what_outlives_the_grace_period,
 );
+
+/// An upstream that answers every request with both `Transfer-Encoding: chunked` and a wrong
+/// `Content-Length`: the encoding decides the length (RFC 9112 6.3), so the proxy must drop the other.
+async fn te_and_cl_upstream() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer =
+                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n\
+                              5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n";
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    base
+}
+
+#[tokio::test]
+async fn a_chunked_answer_loses_its_content_length_and_connect_is_refused() {
+    let upstream = te_and_cl_upstream().await;
+    let stores = common::Memory::stores(&None);
+    let server = start_proxy(&proxy_settings(&upstream, limits(2, 0)), stores).await;
+    let http = Client::new();
+    for _ in 0..2 {
+        let response = keyed(&http, server.url("/anything"), "k").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_ne!(
+            response
+                .headers()
+                .get("content-length")
+                .map(|v| v.as_bytes()),
+            Some(&b"3"[..]),
+            "the upstream's wrong length is not forwarded"
+        );
+        assert_eq!(response.text().await.unwrap(), "hello world");
+    }
+    // CONNECT and TRACE are not forwarded: raw, since a client library would make CONNECT a tunnel.
+    for method in ["CONNECT 127.0.0.1:1 HTTP/1.1", "TRACE / HTTP/1.1"] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let address = server.url("").trim_start_matches("http://").to_owned();
+        let mut socket = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let request =
+            format!("{method}\r\nHost: 127.0.0.1\r\n{KEY}: k\r\nConnection: close\r\n\r\n");
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        socket.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 405"), "{method}: {answer}");
+        assert!(answer.contains("method_not_allowed"), "{answer}");
+    }
+}

@@ -26,8 +26,13 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Removes hop-by-hop headers, including those the Connection header names.
+/// Removes hop-by-hop headers, including those the Connection header names. A message with
+/// `Transfer-Encoding` loses its `Content-Length` too (RFC 9112 6.3: the encoding decides the length, so
+/// the other would be a wrong one once the body is framed anew).
 pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     // The names present, looked up once each: most messages have none or one.
     let mut gone: Vec<HeaderName> = Vec::new();
     for name in headers.keys() {

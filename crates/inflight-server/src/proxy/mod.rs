@@ -102,6 +102,18 @@ async fn forward_checked<S: Store>(
     request: Request<Incoming>,
 ) -> Result<Response, ApiError> {
     let app = &proxy.app;
+    // A reverse proxy forwards requests for its upstream's resources: it opens no tunnels (CONNECT) and
+    // echoes nothing back along the way (TRACE).
+    if matches!(
+        *request.method(),
+        http::Method::CONNECT | http::Method::TRACE
+    ) {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "The proxy does not forward CONNECT or TRACE.",
+        ));
+    }
     let permit = admit(proxy, &request).await?;
     // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
     let held = permit
