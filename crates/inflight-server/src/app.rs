@@ -188,10 +188,12 @@ impl<S: Store> App<S> {
         let Some(token) = &self.admin_token else {
             return true;
         };
+        // `Bearer TOKEN`, the scheme in any case (RFC 9110 11.1), spaces or tabs between.
         let given = authorization
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
+            .and_then(|v| v.trim().split_once([' ', '\t']))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map_or("", |(_, token)| token.trim_matches([' ', '\t']));
         constant_time_eq(given.as_bytes(), token.as_bytes())
     }
 }

@@ -336,6 +336,27 @@ async fn the_admin_token_guards_limit_changes<M: Make>() {
         .await
         .unwrap();
     assert_eq!(right.status(), StatusCode::OK);
+    // The scheme in any case (RFC 9110), with any spaces after it.
+    for authorization in ["bearer s3cret", "BEARER   s3cret", "Bearer\ts3cret"] {
+        let lower = http
+            .put(&url)
+            .header("authorization", authorization)
+            .json(&json!({"limit": 5}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(lower.status(), StatusCode::OK, "{authorization}");
+    }
+    for wrong in ["Basic s3cret", "s3cret", "Bearer s3cret2", "Bearers3cret"] {
+        let refused = http
+            .put(&url)
+            .header("authorization", wrong)
+            .json(&json!({"limit": 5}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{wrong}");
+    }
     // Acquiring needs no token.
     assert_eq!(
         status_of(http.post(server.url("/v1/keys/app/permits"))).await,
