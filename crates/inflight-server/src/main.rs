@@ -148,7 +148,7 @@ async fn run<S: Store>(
         let settings = settings.clone();
         move || Ok(inflight_server::app(&settings, &shared, store()?)?)
     };
-    let workers = Workers::start(listeners, app, upstream, settings.shutdown_grace).await?;
+    let workers = Workers::start(listeners, app, upstream, (&settings).into()).await?;
     tracing::info!(
         command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,

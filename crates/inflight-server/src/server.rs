@@ -20,7 +20,7 @@ use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Store;
@@ -160,7 +160,7 @@ impl Workers {
         listeners: Vec<std::net::TcpListener>,
         app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
         upstream: Option<Upstream>,
-        grace: Duration,
+        timeouts: Timeouts,
     ) -> anyhow::Result<Self> {
         if listeners.is_empty() {
             anyhow::bail!("no listener to serve on");
@@ -179,7 +179,7 @@ impl Workers {
             let worker = Worker {
                 app: app.clone(),
                 upstream: upstream.clone(),
-                grace,
+                timeouts,
                 stopping: workers.stop.subscribe(),
                 ending: workers.end.subscribe(),
             };
@@ -228,11 +228,29 @@ impl Workers {
     }
 }
 
+/// The timeouts of a server's connections.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// How long, after a shutdown signal, running responses may finish.
+    pub grace: Duration,
+    /// How long a client may take to send a request's headers.
+    pub header: Duration,
+}
+
+impl From<&crate::Settings> for Timeouts {
+    fn from(settings: &crate::Settings) -> Self {
+        Self {
+            grace: settings.shutdown_grace,
+            header: settings.header_timeout,
+        }
+    }
+}
+
 /// What a worker thread gets.
 struct Worker<S: Store> {
     app: MakeApp<S>,
     upstream: Option<Arc<Upstream>>,
-    grace: Duration,
+    timeouts: Timeouts,
     stopping: watch::Receiver<bool>,
     ending: watch::Receiver<bool>,
 }
@@ -274,7 +292,7 @@ impl<S: Store> Worker<S> {
             };
             let routes = Routes::new(&app, self.upstream.as_deref());
             tokio::select! {
-                () = serve(listener, routes, self.stopping, self.grace, &app.cut) => {
+                () = serve(listener, routes, self.stopping, self.timeouts, &app.cut) => {
                     // What was dropped is being released in the background; this releases the rest and
                     // waits for those.
                     app.limiter.release_held().await;
@@ -297,11 +315,19 @@ async fn serve<S: Store>(
     mut listener: NoDelay,
     routes: Routes<S>,
     mut stopping: watch::Receiver<bool>,
-    grace: Duration,
+    timeouts: Timeouts,
     cut: &watch::Sender<bool>,
 ) {
     let connections = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that sends its request's headers slowly (or not at all) is closed after the timeout,
+    // rather than holding a connection, and a file descriptor, for as long as it likes.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeouts.header);
+    builder.http2().timer(TokioTimer::new());
+    let grace = timeouts.grace;
     loop {
         let (io, addr) = tokio::select! {
             accepted = listener.accept() => accepted,

@@ -102,6 +102,11 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL")]
     #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_per_key: bool,
+    /// How long a client may take to send a request's headers before its connection is closed.
+    #[arg(long, env = "INFLIGHT_HEADER_TIMEOUT", value_name = "DURATION")]
+    #[arg(default_value = "10s", value_parser = text::parse)]
+    #[serde(with = "text")]
+    pub header_timeout: Duration,
     /// How long, after SIGTERM or Ctrl-C, running responses may finish.
     #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
@@ -243,6 +248,9 @@ impl Layered for Settings {
         }
         if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
+        }
+        if self.header_timeout < Duration::from_millis(10) || self.header_timeout > MAX_LEASE {
+            return Err(invalid("header_timeout", "must be between 10ms and 24h"));
         }
         if !(1..=64).contains(&self.redis_pipeline) {
             return Err(invalid("redis_pipeline", "must be between 1 and 64"));

@@ -123,7 +123,7 @@ async fn start<S: Store>(
         let shared = inflight_server::Shared::new(&settings).expect("valid limits");
         move || Ok(inflight_server::app(&settings, &shared, stores())?)
     };
-    let workers = server::Workers::start(listeners, app, upstream, settings.shutdown_grace)
+    let workers = server::Workers::start(listeners, app, upstream, settings.into())
         .await
         .expect("the workers start");
     let (stop, stopped) = oneshot::channel::<()>();
