@@ -16,6 +16,8 @@ pub struct App<S: Store> {
     pub limiter: Limiter<S>,
     /// The bearer token that changing limits requires, if any.
     pub admin_token: Option<String>,
+    /// The bearer token that every /v1 route requires, if any (the admin token also passes).
+    pub api_token: Option<String>,
     /// The server's metrics, shared by its workers.
     pub metrics: Metrics,
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.
@@ -185,17 +187,37 @@ impl<S: Store> App<S> {
 
     /// True when `authorization` carries the admin token (or none is configured).
     pub fn is_admin(&self, authorization: Option<&http::HeaderValue>) -> bool {
-        let Some(token) = &self.admin_token else {
-            return true;
-        };
-        // `Bearer TOKEN`, the scheme in any case (RFC 9110 11.1), spaces or tabs between.
-        let given = authorization
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().split_once([' ', '\t']))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map_or("", |(_, token)| token.trim_matches([' ', '\t']));
-        constant_time_eq(given.as_bytes(), token.as_bytes())
+        match &self.admin_token {
+            None => true,
+            Some(token) => bears(authorization, token),
+        }
     }
+
+    /// True when `authorization` may use the /v1 routes: the API token or the admin token (or no API
+    /// token is configured).
+    pub fn is_api_user(&self, authorization: Option<&http::HeaderValue>) -> bool {
+        match &self.api_token {
+            None => true,
+            Some(token) => {
+                bears(authorization, token)
+                    || self
+                        .admin_token
+                        .as_ref()
+                        .is_some_and(|admin| bears(authorization, admin))
+            }
+        }
+    }
+}
+
+/// True when `authorization` is `Bearer TOKEN` with this token: the scheme in any case (RFC 9110 11.1),
+/// spaces or tabs between, the token compared in constant time.
+fn bears(authorization: Option<&http::HeaderValue>, token: &str) -> bool {
+    let given = authorization
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once([' ', '\t']))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim_matches([' ', '\t']));
+    constant_time_eq(given.as_bytes(), token.as_bytes())
 }
 
 /// Longest key and id, in bytes.

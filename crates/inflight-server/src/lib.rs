@@ -70,7 +70,8 @@ pub fn app<S: Store>(
         .build();
     Ok(Arc::new(App {
         limiter,
-        admin_token: settings.admin_token.clone().filter(|t| !t.is_empty()),
+        admin_token: settings.admin_token()?,
+        api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
     }))

@@ -74,3 +74,90 @@ async fn a_header_timeout_out_of_range_is_refused() {
     let fine = Settings::from_flags(["inflight"]).unwrap();
     assert_eq!(fine.header_timeout, Duration::from_secs(10), "the default");
 }
+
+/// `--api-token` guards every /v1 route (the admin token passes too); limits need the admin token; the
+/// health, readiness, metrics and OpenAPI routes stay open.
+#[tokio::test]
+async fn the_api_token_guards_the_permit_routes_and_the_admin_token_the_limits() {
+    let settings = Settings {
+        admin_token: Some("admin-s3cret".into()),
+        api_token: Some("api-s3cret".into()),
+        ..limits(5, 0)
+    };
+    let server = start_api(&settings, Memory::stores(&None)).await;
+    let http = reqwest::Client::new();
+    let acquire = server.url("/v1/keys/k/permits");
+    let status = |auth: Option<&'static str>, request: reqwest::RequestBuilder| async move {
+        let request = match auth {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        request.send().await.unwrap().status().as_u16()
+    };
+    assert_eq!(status(None, http.post(&acquire)).await, 401);
+    assert_eq!(status(Some("guess"), http.post(&acquire)).await, 401);
+    assert_eq!(status(Some("api-s3cret"), http.post(&acquire)).await, 201);
+    assert_eq!(status(Some("admin-s3cret"), http.post(&acquire)).await, 201);
+    let several = || {
+        http.post(server.url("/v1/permits"))
+            .json(&serde_json::json!({"keys": ["a"]}))
+    };
+    assert_eq!(status(None, several()).await, 401);
+    assert_eq!(status(Some("api-s3cret"), several()).await, 201);
+    assert_eq!(status(None, http.get(server.url("/v1/keys/k"))).await, 401);
+    let limit = || {
+        http.put(server.url("/v1/keys/k/limit"))
+            .json(&serde_json::json!({"limit": 9}))
+    };
+    assert_eq!(
+        status(Some("api-s3cret"), limit()).await,
+        401,
+        "the API token sets no limit"
+    );
+    assert_eq!(status(Some("admin-s3cret"), limit()).await, 200);
+    for open in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        assert_eq!(
+            status(None, http.get(server.url(open))).await,
+            200,
+            "{open}"
+        );
+    }
+}
+
+/// `--admin-token-file`: the token comes from a file, so it is not in the process's command line.
+#[tokio::test]
+async fn the_admin_token_can_come_from_a_file_and_stays_out_of_the_command_line() {
+    use common::process::{listen_of, Running};
+    let dir = std::env::temp_dir().join(format!("inflight-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("admin-token");
+    std::fs::write(&file, "from-a-file-7f3a\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let (server, started) = Running::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-token-file",
+        &path,
+    ]);
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.id())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains("from-a-file-7f3a"));
+    assert!(!started.contains("from-a-file-7f3a"), "{started}");
+    let base = format!("http://{}", listen_of(&started));
+    let http = reqwest::Client::new();
+    let limit = |token: &'static str| {
+        http.put(format!("{base}/v1/keys/k/limit"))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"limit": 3}))
+            .send()
+    };
+    assert_eq!(limit("wrong").await.unwrap().status(), 401);
+    assert_eq!(limit("from-a-file-7f3a").await.unwrap().status(), 200);
+    let both = Settings {
+        admin_token: Some("x".into()),
+        admin_token_file: Some(file.clone()),
+        ..limits(1, 0)
+    };
+    assert_eq!(both.admin_token().unwrap_err().setting, "admin_token_file");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -25,7 +25,7 @@ pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// The API's routes over `app`.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
-    Router::new()
+    let v1 = Router::new()
         .route("/v1/keys/{key}/permits", post(acquire::<S>))
         .route(
             "/v1/keys/{key}/permits/{id}",
@@ -41,6 +41,12 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
             "/v1/keys/{key}/limit",
             put(set_limit::<S>).delete(clear_limit::<S>),
         )
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            require_api_user::<S>,
+        ));
+    Router::new()
+        .merge(v1)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<S>))
         .route("/metrics", get(metrics::<S>))
@@ -240,6 +246,23 @@ async fn status<S: Store>(
     let key = checked_key(path)?;
     let status = app.timed("status", app.limiter.status(&key)).await?;
     Ok(key_json(key, status))
+}
+
+/// Every /v1 route, when an API token is set: 401 without it (or the admin token).
+async fn require_api_user<S: Store>(
+    State(app): State<Arc<App<S>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if app.is_api_user(request.headers().get(header::AUTHORIZATION)) {
+        return next.run(request).await;
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "This route needs the API token: Authorization: Bearer TOKEN.",
+    )
+    .into_response()
 }
 
 fn require_admin<S: Store>(app: &App<S>, headers: &HeaderMap) -> Result<(), ApiError> {

@@ -84,11 +84,22 @@ pub struct Settings {
     #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub lease: Duration,
-    /// Bearer token that changing limits requires (unset: no token needed).
+    /// Bearer token that changing limits requires (unset: no token needed). A flag shows in the process
+    /// list: prefer INFLIGHT_ADMIN_TOKEN or --admin-token-file.
     #[arg(long, env = "INFLIGHT_ADMIN_TOKEN", value_name = "TOKEN")]
     #[arg(hide_env_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<String>,
+    /// A file holding the admin token (its first line), instead of --admin-token.
+    #[arg(long, env = "INFLIGHT_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Bearer token that every /v1 route requires, permits included (unset: none); the admin token
+    /// also passes. A flag shows in the process list: prefer INFLIGHT_API_TOKEN.
+    #[arg(long, env = "INFLIGHT_API_TOKEN", value_name = "TOKEN")]
+    #[arg(hide_env_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_token: Option<String>,
     /// When the store is unreachable: fail_closed (503), fail_open (admit), fail_open_local (admit under a
     /// per-process cap).
     #[arg(long, env = "INFLIGHT_ON_STORE_FAILURE", value_name = "POLICY")]
@@ -256,6 +267,7 @@ impl Layered for Settings {
             return Err(invalid("redis_pipeline", "must be between 1 and 64"));
         }
         self.policy()?;
+        self.admin_token()?;
         self.failure_policy().map(drop)
     }
 }
@@ -265,6 +277,29 @@ impl Settings {
     pub fn workers(&self) -> usize {
         self.workers
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+
+    /// The admin token, from `admin_token` or the first line of `admin_token_file` (not both).
+    pub fn admin_token(&self) -> Result<Option<String>, ConfigError> {
+        let given = self.admin_token.clone().filter(|t| !t.is_empty());
+        let Some(path) = &self.admin_token_file else {
+            return Ok(given);
+        };
+        if given.is_some() {
+            return Err(invalid(
+                "admin_token_file",
+                "give the admin token or its file, not both",
+            ));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("admin_token_file", format!("{}: {e}", path.display())))?;
+        match text.lines().next().map(str::trim) {
+            Some(token) if !token.is_empty() => Ok(Some(token.to_owned())),
+            _ => Err(invalid(
+                "admin_token_file",
+                format!("{} is empty", path.display()),
+            )),
+        }
     }
 
     /// The limits: the rules of `limits` over the default and the ceiling.
