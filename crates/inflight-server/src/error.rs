@@ -85,6 +85,13 @@ impl From<KeyRefused> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
+        if let StoreError::TooManyOverrides { max } = error {
+            return Self::new(
+                StatusCode::CONFLICT,
+                "too_many_overrides",
+                format!("{max} keys have an override already, the most allowed: clear one first."),
+            );
+        }
         tracing::warn!(%error, "store error");
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -76,7 +76,7 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     reload_on_hangup(cli.command, matches, shared.clone());
     if settings.store.starts_with("memory://") {
         // Every worker's limiter over the one embedded store (clones share it).
-        let store = MemoryStore::new();
+        let store = MemoryStore::new().max_overrides(settings.max_overrides);
         run(settings, proxy, shared, move || Ok(store.clone())).await
     } else {
         let opened = settings.clone();
@@ -121,7 +121,8 @@ fn reload_on_hangup(command: Command, matches: clap::ArgMatches, shared: Shared)
 fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
     let builder = RedisStore::builder(settings.store.clone())
         .prefix(settings.redis_prefix.clone())
-        .pipeline(settings.redis_pipeline);
+        .pipeline(settings.redis_pipeline)
+        .max_overrides(settings.max_overrides);
     #[cfg(feature = "tls")]
     let builder = match settings.redis_ca_cert()? {
         Some(pem) => builder.root_cert(pem),

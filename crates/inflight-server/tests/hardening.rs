@@ -161,3 +161,47 @@ async fn the_admin_token_can_come_from_a_file_and_stays_out_of_the_command_line(
     assert_eq!(both.admin_token().unwrap_err().setting, "admin_token_file");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--max-overrides`: past the bound a new override is `409 too_many_overrides`; changing or clearing an
+/// existing one still works, and clearing one makes room. On both stores.
+async fn overrides_are_bounded<M: Make>(stores: common::Stores<M::S>) {
+    let server = start_api(&limits(1, 0), stores).await;
+    let http = reqwest::Client::new();
+    let set = |key: &'static str, limit: u32| {
+        http.put(server.url(&format!("/v1/keys/{key}/limit")))
+            .json(&serde_json::json!({ "limit": limit }))
+            .send()
+    };
+    assert_eq!(set("a", 5).await.unwrap().status(), 200);
+    assert_eq!(set("b", 5).await.unwrap().status(), 200);
+    let refused = set("c", 5).await.unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "too_many_overrides");
+    assert_eq!(
+        set("a", 7).await.unwrap().status(),
+        200,
+        "an existing one changes"
+    );
+    assert_eq!(set("a", 0).await.unwrap().status(), 200, "and clears");
+    assert_eq!(set("c", 5).await.unwrap().status(), 200, "which makes room");
+}
+
+#[tokio::test]
+async fn overrides_are_bounded_on_memory() {
+    let store = inflight::MemoryStore::new().max_overrides(2);
+    overrides_are_bounded::<Memory>(std::sync::Arc::new(move || store.clone())).await;
+}
+
+#[tokio::test]
+async fn overrides_are_bounded_on_redis() {
+    let redis = common::TestRedis::start();
+    let url = redis.url();
+    let stores: common::Stores<inflight::RedisStore> = std::sync::Arc::new(move || {
+        inflight::RedisStore::builder(url.clone())
+            .max_overrides(2)
+            .open()
+            .expect("a store")
+    });
+    overrides_are_bounded::<common::Redis>(stores).await;
+}

@@ -58,6 +58,12 @@ pub enum StoreError {
     /// The store refused the request as malformed.
     #[error("store rejected the request: {0}")]
     Rejected(String),
+    /// A new override would pass the store's bound on keys with an override.
+    #[error("too many keys have an override (at most {max})")]
+    TooManyOverrides {
+        /// The bound.
+        max: usize,
+    },
 }
 
 impl StoreError {

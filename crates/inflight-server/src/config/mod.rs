@@ -71,6 +71,11 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_MAX_LIMIT", value_name = "N")]
     #[arg(default_value_t = 0)]
     pub max_limit: u32,
+    /// The most keys that may have an override at once (0: no bound); one more is 409
+    /// too_many_overrides. Overrides never expire, so this bounds what setting them can fill.
+    #[arg(long, env = "INFLIGHT_MAX_OVERRIDES", value_name = "N")]
+    #[arg(default_value_t = 100_000)]
+    pub max_overrides: usize,
     /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'
     /// (`*` matches any run of characters; the rule with the longest literal prefix wins; keys matching
     /// none have --default-limit and --max-limit). In the file: [[limits]] keys = "tenant:*", default = 50,

@@ -68,6 +68,8 @@ struct Inner<C> {
     keys: DashMap<Arc<str>, Arc<Cell<C>>, Hasher>,
     time: Arc<Time<C>>,
     overrides: AtomicUsize,
+    /// The most keys with an override (0: no bound).
+    max_overrides: AtomicUsize,
     index: index::Index,
     idle_ttl_ms: AtomicU64,
     next_sweep_ms: AtomicU64,
@@ -97,6 +99,7 @@ impl<C: Clock> MemoryStore<C> {
             keys: DashMap::with_hasher(Hasher::default()),
             time: Arc::new(time),
             overrides: AtomicUsize::new(0),
+            max_overrides: AtomicUsize::new(0),
             index: index::Index::default(),
             idle_ttl_ms: AtomicU64::new(millis(DEFAULT_IDLE_TTL)),
             next_sweep_ms: AtomicU64::new(0),
@@ -110,6 +113,14 @@ impl<C: Clock> MemoryStore<C> {
     #[must_use]
     pub fn idle_ttl(self, ttl: Duration) -> Self {
         self.inner.idle_ttl_ms.store(millis(ttl), Ordering::Relaxed);
+        self
+    }
+
+    /// The most keys that may have an override at once (0, the default: no bound); setting one more is
+    /// [`StoreError::TooManyOverrides`].
+    #[must_use]
+    pub fn max_overrides(self, max: usize) -> Self {
+        self.inner.max_overrides.store(max, Ordering::Relaxed);
         self
     }
 
@@ -285,7 +296,12 @@ impl<C: Clock> MemoryStore<C> {
         })
     }
 
-    fn status_now(&self, key: &str, limits: ClassLimits, change: OverrideChange) -> KeyStatus {
+    fn status_now(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
         let limit = match change {
             OverrideChange::Keep => None,
             OverrideChange::Set(n) => Some(Some(n)),
@@ -294,22 +310,32 @@ impl<C: Clock> MemoryStore<C> {
         let create = matches!(limit, Some(Some(1..)));
         self.locked(&[key], create, false, |slots, _, _| {
             let Some(slot) = slots.first_mut() else {
-                return KeyStatus {
+                return Ok(KeyStatus {
                     limit: limits.resolve(None),
                     override_limit: None,
                     in_flight: 0,
-                };
+                });
             };
             if let Some(limit) = limit {
                 let limit = limit.filter(|n| *n > 0);
                 match (slot.state.override_limit.is_some(), limit.is_some()) {
-                    (false, true) => self.inner.overrides.fetch_add(1, Ordering::SeqCst),
-                    (true, false) => self.inner.overrides.fetch_sub(1, Ordering::SeqCst),
-                    _ => 0,
-                };
+                    (false, true) => {
+                        let max = self.inner.max_overrides.load(Ordering::Relaxed);
+                        let counted = self.inner.overrides.fetch_update(
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                            |n| (max == 0 || n < max).then_some(n + 1),
+                        );
+                        if counted.is_err() {
+                            return Err(StoreError::TooManyOverrides { max });
+                        }
+                    }
+                    (true, false) => drop(self.inner.overrides.fetch_sub(1, Ordering::SeqCst)),
+                    _ => {}
+                }
                 slot.state.override_limit = limit;
             }
-            slot.state.status(limits)
+            Ok(slot.state.status(limits))
         })
     }
 
@@ -381,7 +407,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        ready(Ok(self.status_now(key, limits, change)))
+        ready(self.status_now(key, limits, change))
     }
 
     #[inline]

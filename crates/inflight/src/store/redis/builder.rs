@@ -21,6 +21,7 @@ pub struct RedisStoreBuilder {
     pub(super) response_timeout: Duration,
     pub(super) connection_timeout: Duration,
     pub(super) pipeline: usize,
+    pub(super) max_overrides: usize,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
 }
@@ -49,6 +50,14 @@ impl RedisStoreBuilder {
     /// answers travel, fewer makes batches larger and script calls fewer (BENCHMARKS.md compares them).
     pub fn pipeline(mut self, batches: usize) -> Self {
         self.pipeline = batches.max(1);
+        self
+    }
+
+    /// The most keys that may have an override at once (0, the default: no bound); setting one more is
+    /// [`StoreError::TooManyOverrides`]. Overrides have no expiry: without a bound, whoever may set them
+    /// may fill Redis.
+    pub fn max_overrides(mut self, max: usize) -> Self {
+        self.max_overrides = max;
         self
     }
 
@@ -112,6 +121,7 @@ impl RedisStoreBuilder {
             conn,
             view,
             names: Arc::new(names),
+            max_overrides: self.max_overrides,
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
             clock_offset_ms,

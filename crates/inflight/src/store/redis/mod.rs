@@ -61,6 +61,8 @@ pub struct RedisStore {
     batcher: Batcher,
     view: Arc<overrides::View>,
     names: Arc<overrides::Names>,
+    /// The most keys with an override (0: no bound).
+    max_overrides: usize,
     prefix: Arc<str>,
     target: Arc<str>,
     /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
@@ -76,6 +78,7 @@ impl RedisStore {
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
             pipeline: 3,
+            max_overrides: 0,
             #[cfg(feature = "tls")]
             root_cert: None,
         }
@@ -186,7 +189,8 @@ impl RedisStore {
             .arg(arg)
             .arg(self.offset())
             .arg(key)
-            .arg(&self.names.channel);
+            .arg(&self.names.channel)
+            .arg(self.max_overrides);
         let invocation = &invocation;
         let out: Vec<i64> = retried(|| {
             let mut conn = self.conn.clone();
@@ -194,6 +198,10 @@ impl RedisStore {
         })
         .await?;
         let [limit, override_limit, in_flight] = fields(&out)?;
+        if limit == -1 {
+            let max = number(override_limit)?;
+            return Err(StoreError::TooManyOverrides { max });
+        }
         let override_limit: u32 = number(override_limit)?;
         if change != OverrideChange::Keep {
             self.view.note(key, override_limit > 0);
