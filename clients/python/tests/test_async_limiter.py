@@ -44,8 +44,8 @@ def test_admits_refuses_and_releases(redis_url: str) -> None:
         assert await count(limiter, "k") == 0
         with pytest.raises(TooManyRequests):
             await limiter.set_limit("k", 1)
-            await limiter.try_acquire_all(["j", "k"], id="x")
-            await limiter.try_acquire_all(["j", "k"], id="y")
+            _held1 = await limiter.try_acquire_all(["j", "k"], id="x")
+            _held2 = await limiter.try_acquire_all(["j", "k"], id="y")
         assert await count(limiter, "j") == 1
 
     run(redis_url, body, default_limit=2)

@@ -41,7 +41,9 @@ class TestRateLimit:
         assert rate_limit1 is rate_limit2
         assert rate_limit1.max_active_requests == 10
 
-    def test_should_create_different_instances_for_different_client_ids(self, configured: RedisLimiter) -> None:
+    def test_should_create_different_instances_for_different_client_ids(
+        self, configured: RedisLimiter
+    ) -> None:
         rate_limit1 = RateLimit("client1", 5)
         rate_limit2 = RateLimit("client2", 10)
         assert rate_limit1 is not rate_limit2

@@ -45,12 +45,12 @@ def test_admits_up_to_the_limit_and_refuses_at_it(limiter: RedisLimiter) -> None
 
 def test_release_frees_and_is_idempotent(limiter: RedisLimiter) -> None:
     a = limiter.try_acquire("k")
-    limiter.try_acquire("k")
+    _held2 = limiter.try_acquire("k")
     assert a.release() is True
     assert a.release() is False
     a.close()
     assert in_flight(limiter, "k") == 1
-    limiter.try_acquire("k")
+    _held3 = limiter.try_acquire("k")
     with pytest.raises(TooManyRequests):
         limiter.try_acquire("k")
 
@@ -70,11 +70,15 @@ def test_given_ids_are_kept_and_a_held_id_counts_once(limiter: RedisLimiter) -> 
     again = limiter.try_acquire("k", id="req-1")
     assert first.id == again.id == "req-1"
     assert again.in_flight == 1
-    limiter.try_acquire("k", id="req-2")
+    other = limiter.try_acquire("k", id="req-2")
     # Full, yet a held id is admitted again (a retry needs no new slot).
-    limiter.try_acquire("k", id="req-1")
+    retry = limiter.try_acquire("k", id="req-1")
     with pytest.raises(TooManyRequests):
         limiter.try_acquire("k", id="req-3")
+    # Every permit object of an id is that one lease: releasing any releases it.
+    retry.release()
+    assert in_flight(limiter, "k") == 1 and not retry.held and first.held
+    other.release()
 
 
 def test_generated_ids_are_uuids_stored_as_17_bytes(limiter: RedisLimiter, r: redis.Redis) -> None:
@@ -97,7 +101,7 @@ def test_weights(r: redis.Redis) -> None:
         with pytest.raises(TooManyRequests) as refused:
             limiter.try_acquire("k", weight=3)
         assert refused.value.in_flight == 3
-        limiter.try_acquire("k", weight=2)
+        _held4 = limiter.try_acquire("k", weight=2)
         with pytest.raises(WeightExceedsLimit):
             limiter.try_acquire("other", weight=6)
         heavy.release()
@@ -110,12 +114,12 @@ def test_overrides_are_set_cleared_and_capped_by_the_class_max(r: redis.Redis) -
     with RedisLimiter(r, default_limit=1, max_limit=3) as limiter:
         status = limiter.set_limit("k", 2)
         assert (status.limit, status.override) == (2, 2)
-        limiter.try_acquire("k")
-        limiter.try_acquire("k")
+        _held5 = limiter.try_acquire("k")
+        _held6 = limiter.try_acquire("k")
         with pytest.raises(TooManyRequests):
             limiter.try_acquire("k")
         assert limiter.set_limit("k", 10).limit == 3  # capped by the max
-        limiter.try_acquire("k")
+        _held7 = limiter.try_acquire("k")
         with pytest.raises(TooManyRequests):
             limiter.try_acquire("k")
         cleared = limiter.clear_limit("k")
@@ -132,7 +136,7 @@ def test_classes_of_keys(r: redis.Redis) -> None:
         assert limiter.status("tenant:a").limit == 2
         assert limiter.status("app:x").limit == 1
         assert limiter.status("user:1").limit is None
-        limiter.try_acquire("app:x")
+        _held8 = limiter.try_acquire("app:x")
         with pytest.raises(TooManyRequests):
             limiter.try_acquire("app:x")
         assert limiter.set_limit("tenant:a", 9).limit == 3
@@ -141,7 +145,7 @@ def test_classes_of_keys(r: redis.Redis) -> None:
         assert free.limit is None and not free.held
         assert r.exists("inflight:{user:1}:leases") == 0
         limiter.set_limit("user:1", 1)
-        limiter.try_acquire("user:1")
+        _held9 = limiter.try_acquire("user:1")
         with pytest.raises(TooManyRequests):
             limiter.try_acquire("user:1")
 
