@@ -37,7 +37,10 @@ def test_admits_refuses_and_releases(redis_url: str) -> None:
             assert b.in_flight == 2 and b.id == "req"
             with pytest.raises(TooManyRequests):
                 await limiter.try_acquire("k")
-            assert (await limiter.try_acquire("k", id="req")).in_flight == 2
+            retry = await limiter.try_acquire("k", id="req")
+            assert retry.in_flight == 2
+            await retry.release()  # b still holds "req"
+            assert await count(limiter, "k") == 2
         assert await count(limiter, "k") == 1
         assert await a.release() is True
         assert await a.release() is False

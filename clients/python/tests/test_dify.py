@@ -280,3 +280,24 @@ class TestRateLimitConcurrency:
         assert active_requests == []
         assert most[0] <= 10
         assert active(configured, "load_test_client") == 0
+
+
+def test_racing_enters_of_one_id_count_once_and_release_at_the_last_exit(configured: RedisLimiter) -> None:
+    rate_limit = RateLimit("race_client", 5)
+    barrier = threading.Barrier(8)
+
+    def enter() -> None:
+        barrier.wait()
+        rate_limit.enter("same")
+
+    threads = [threading.Thread(target=enter) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert active(configured, "race_client") == 1
+    for _ in range(7):
+        rate_limit.exit("same")
+    assert active(configured, "race_client") == 1
+    rate_limit.exit("same")
+    assert active(configured, "race_client") == 0

@@ -75,9 +75,12 @@ def test_given_ids_are_kept_and_a_held_id_counts_once(limiter: RedisLimiter) -> 
     retry = limiter.try_acquire("k", id="req-1")
     with pytest.raises(TooManyRequests):
         limiter.try_acquire("k", id="req-3")
-    # Every permit object of an id is that one lease: releasing any releases it.
+    # As in Rust: permits of one process under one id hold the slot until the last of them goes.
     retry.release()
-    assert in_flight(limiter, "k") == 1 and not retry.held and first.held
+    again.release()
+    assert in_flight(limiter, "k") == 2 and first.held
+    first.release()
+    assert in_flight(limiter, "k") == 1
     other.release()
 
 

@@ -17,7 +17,7 @@ import redis.asyncio
 
 from . import _core
 from ._errors import StoreError
-from ._permit import Held, PermitBase
+from ._permit import Held, Holders, PermitBase
 from ._policy import ClassLimits, Policy, RuleLike
 
 log = logging.getLogger("inflight_client")
@@ -236,6 +236,7 @@ class AsyncRedisLimiter:
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
         self._renew = redis_client.register_script(_core.script_text("renew.lua"))
         self._status = redis_client.register_script(_core.script_text("status.lua"))
+        self._holders = Holders()
         self._renewer = AsyncRenewer(self._renew_held, self._release_held)
 
     async def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
@@ -275,6 +276,7 @@ class AsyncRedisLimiter:
         if expires_at_ms is None:
             return AsyncPermit(keys, id, weight, None, 0, None, None, None)
         held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms)
+        self._holders.add(held)
         self._renewer.add(held)
         return AsyncPermit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
@@ -286,7 +288,8 @@ class AsyncRedisLimiter:
         return _core.ints(reply, 1)[0] == 1
 
     async def _release_held(self, held: Held) -> None:
-        await self.release(held.keys, held.id)
+        if self._holders.last(held):
+            await self.release(held.keys, held.id)
 
     async def _renew_held(self, held: Held) -> bool:
         reply = await self._call(

@@ -39,6 +39,31 @@ class Held:
         self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
 
 
+class Holders:
+    """How many permits of this process hold each (keys, id): as in the Rust library, two permits under one
+    id hold the slot until the last of them is released."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._counts: dict[tuple[tuple[str, ...], str], int] = {}
+
+    def add(self, held: Held) -> None:
+        with self._lock:
+            key = (held.keys, held.id)
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def last(self, held: Held) -> bool:
+        """Counts ``held`` out; True when it was the last holder (the store's lease must go)."""
+        with self._lock:
+            key = (held.keys, held.id)
+            left = self._counts.get(key, 1) - 1
+            if left > 0:
+                self._counts[key] = left
+                return False
+            self._counts.pop(key, None)
+            return True
+
+
 class Renewer:
     """One daemon thread per limiter: renews each held permit a third of the way through its lease and
     performs the releases that finalizers hand it (a finalizer never calls Redis itself: it may run in

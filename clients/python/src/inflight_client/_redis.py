@@ -10,7 +10,7 @@ import redis
 
 from . import _core
 from ._errors import StoreError
-from ._permit import GuardedStream, Held, Permit, Renewer
+from ._permit import GuardedStream, Held, Holders, Permit, Renewer
 from ._policy import ClassLimits, Policy, RuleLike
 
 T = TypeVar("T")
@@ -42,6 +42,7 @@ class RedisLimiter:
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
         self._renew = redis_client.register_script(_core.script_text("renew.lua"))
         self._status = redis_client.register_script(_core.script_text("status.lua"))
+        self._holders = Holders()
         self._renewer = Renewer(self._renew_held, self._release_held)
 
     def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
@@ -85,6 +86,7 @@ class RedisLimiter:
         if expires_at_ms is None:
             return Permit(keys, id, weight, None, 0, None, None, None)
         held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms)
+        self._holders.add(held)
         self._renewer.add(held)
         return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
@@ -98,7 +100,8 @@ class RedisLimiter:
         return _core.ints(reply, 1)[0] == 1
 
     def _release_held(self, held: Held) -> None:
-        self.release(held.keys, held.id)
+        if self._holders.last(held):
+            self.release(held.keys, held.id)
 
     def _renew_held(self, held: Held) -> bool:
         reply = self._call(

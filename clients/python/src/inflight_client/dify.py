@@ -167,14 +167,18 @@ class RateLimit:
                 "Too many requests. Please try again later. The current maximum concurrent requests allowed "
                 f"for {self.client_id} is {limit}."
             ) from None
+        duplicate = False
         with _lock:
             holding = _holders.get((key, request_id))
             if holding is not None and holding.permit.held:
-                # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit.
+                # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit
+                # (releasing the other only counts it out of the limiter: the first still holds the id).
                 holding.count += 1
-                permit._take()
+                duplicate = True
             elif permit.held:
                 _holders[(key, request_id)] = _Holding(permit, 1)
+        if duplicate:
+            permit.release()
         return request_id
 
     def exit(self, request_id: str) -> None:
