@@ -30,7 +30,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check ./clients/python pytest ruff
+"$venv/bin/pip" install -q --disable-pip-version-check ./clients/python pytest ruff gevent
 rm -rf clients/python/build
 "$venv/bin/ruff" check clients/python
 "$venv/bin/ruff" format --check clients/python
