@@ -16,8 +16,9 @@ fi
 cargo test --workspace --all-features "$@"
 
 # The Python client (clients/python), in a venv of its own, against real redis-server and inflight processes:
-# the cross-language tests use the binary cargo has just built.
-cargo build -q -p inflight-server --all-features
+# the cross-language tests use target/debug/inflight, which cargo test has just built for its own
+# integration tests (built here only when missing, e.g. after a filtered cargo test).
+[ -x target/debug/inflight ] || cargo build -q -p inflight-server
 venv=target/pyvenv
 if [ ! -x "$venv/bin/python" ]; then
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then

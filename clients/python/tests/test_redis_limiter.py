@@ -266,6 +266,8 @@ def test_close_stops_the_renewer_thread(r: redis.Redis) -> None:
     assert wait_for(lambda: not any(t.is_alive() for t in threads), 5)
     permit.release()
     assert in_flight(limiter, "k") == 0
+    with pytest.raises(RuntimeError):
+        limiter.try_acquire("k")  # refused before Redis is asked: no slot without a renewer
 
 
 def test_a_killed_holders_slot_comes_back_within_its_lease(r: redis.Redis, redis_url: str) -> None:

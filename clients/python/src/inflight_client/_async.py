@@ -42,6 +42,10 @@ class AsyncRenewer:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def add(self, held: Held) -> None:
         if self._closed:
             raise RuntimeError("the limiter is closed")
@@ -264,6 +268,8 @@ class AsyncRedisLimiter:
         lease: float | None,
         limits: Sequence[ClassLimits],
     ) -> AsyncPermit:
+        if self._renewer.closed:
+            raise RuntimeError("the limiter is closed")
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)

@@ -81,6 +81,10 @@ class Renewer:
         self._thread: threading.Thread | None = None
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def add(self, held: Held) -> None:
         with self._cond:
             if self._closed:

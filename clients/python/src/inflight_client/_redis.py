@@ -74,6 +74,8 @@ class RedisLimiter:
         lease: float | None,
         limits: Sequence[ClassLimits],
     ) -> Permit:
+        if self._renewer.closed:
+            raise RuntimeError("the limiter is closed")
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
