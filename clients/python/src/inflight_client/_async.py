@@ -1,0 +1,339 @@
+"""``AsyncRedisLimiter``: the asyncio twin of ``RedisLimiter``, on ``redis.asyncio``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import redis
+import redis.asyncio
+
+from . import _core
+from ._errors import StoreError
+from ._permit import Held, Holders, PermitBase
+from ._policy import ClassLimits, Policy, RuleLike
+
+log = logging.getLogger("inflight_client")
+
+T = TypeVar("T")
+
+
+class AsyncRenewer:
+    """One task per limiter (on the loop of its first permit): renews each permit at a third of its lease
+    and performs the releases that finalizers hand it."""
+
+    def __init__(
+        self, renew: Callable[[Held], Awaitable[bool]], release: Callable[[Held], Awaitable[None]]
+    ) -> None:
+        self._renew = renew
+        self._release = release
+        self._lock = threading.RLock()
+        self._held: set[Held] = set()
+        self._releases: deque[Held] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add(self, held: Held) -> None:
+        if self._closed:
+            raise RuntimeError("the limiter is closed")
+        held.schedule()
+        with self._lock:
+            self._held.add(held)
+        if self._task is None or self._task.done():
+            self._loop = asyncio.get_running_loop()
+            self._wake = asyncio.Event()
+            self._task = self._loop.create_task(self._run())
+        assert self._wake is not None
+        self._wake.set()
+
+    def take(self, held: Held) -> bool:
+        with self._lock:
+            if held.done:
+                return False
+            held.done = True
+            self._held.discard(held)
+            return True
+
+    def release_later(self, held: Held) -> None:
+        if not self.take(held):
+            return
+        loop = self._loop
+        if self._closed or loop is None or loop.is_closed():
+            return  # no loop to call Redis on: the lease ends on its own
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._queue, held)
+
+    def _queue(self, held: Held) -> None:
+        self._releases.append(held)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def safe_release(self, held: Held) -> None:
+        try:
+            await self._release(held)
+        except Exception:
+            log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while self._releases:
+            await self.safe_release(self._releases.popleft())
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while not self._closed:
+            now = time.monotonic()
+            with self._lock:
+                due = [h for h in self._held if h.due <= now]
+                next_due = min((h.due for h in self._held), default=now + 60.0)
+            if not due and not self._releases:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(next_due - now, 0.001))
+                continue
+            while self._releases:
+                await self.safe_release(self._releases.popleft())
+            for held in due:
+                if held.done:
+                    continue
+                try:
+                    kept = await self._renew(held)
+                except Exception:
+                    log.warning("inflight: renewing permit %s failed; retrying", held.id, exc_info=True)
+                    held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
+                    continue
+                with self._lock:
+                    if kept:
+                        held.schedule()
+                    else:
+                        held.lost = True
+                        self._held.discard(held)
+
+
+class AsyncPermit(PermitBase):
+    """A permit of :class:`AsyncRedisLimiter`: ``async with``, or ``await permit.release()``."""
+
+    def __init__(
+        self,
+        keys: tuple[str, ...],
+        id: str,
+        weight: int,
+        limit: int | None,
+        in_flight: int,
+        expires_at_ms: int | None,
+        held: Held | None,
+        renewer: AsyncRenewer | None,
+    ) -> None:
+        super().__init__(keys, id, weight, limit, in_flight, expires_at_ms, held, renewer)
+        self._renewer = renewer
+
+    async def release(self) -> bool:
+        """Releases the slot now; False when there was nothing (left) to release. Never raises."""
+        held = self._take()
+        if held is None or self._renewer is None:
+            return False
+        await self._renewer.safe_release(held)
+        return True
+
+    async def close(self) -> None:
+        await self.release()
+
+    async def __aenter__(self) -> AsyncPermit:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.release()
+
+
+class AsyncGuardedStream(Generic[T]):
+    """Yields every item of an (async) iterable; releases the permit when it ends, raises or is closed
+    (``aclose()``), also before its first item."""
+
+    def __init__(self, permit: AsyncPermit, iterable: AsyncIterable[T] | Iterable[T]) -> None:
+        self._permit = permit
+        self._source = iterable
+        self._iterator: AsyncIterator[T] | None = None
+        self._sync: Any = None
+        self._done = False
+
+    def __aiter__(self) -> AsyncGuardedStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if isinstance(self._source, AsyncIterable):
+                if self._iterator is None:
+                    self._iterator = aiter(self._source)
+                return await anext(self._iterator)
+            if self._sync is None:
+                self._sync = iter(self._source)
+            try:
+                item: T = next(self._sync)
+            except StopIteration:
+                raise StopAsyncIteration from None
+            return item
+        except BaseException:
+            await self._finish()
+            raise
+
+    async def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            await self._permit.release()
+
+    async def aclose(self) -> None:
+        try:
+            await self._finish()
+        finally:
+            source = self._iterator if self._iterator is not None else self._sync or self._source
+            aclose = getattr(source, "aclose", None)
+            close = getattr(source, "close", None)
+            if callable(aclose):
+                await aclose()
+            elif callable(close):
+                close()
+
+    async def __aenter__(self) -> AsyncGuardedStream[T]:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncRedisLimiter:
+    """The asyncio twin of :class:`RedisLimiter`: the same arguments and methods, as coroutines."""
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        default_limit: int = 0,
+        max_limit: int = 0,
+        limits: Iterable[RuleLike] = (),
+        lease: float = 30.0,
+        prefix: str = "inflight:",
+    ) -> None:
+        self.policy = Policy(default_limit, max_limit, limits)
+        self.prefix = prefix
+        self.lease_ms = _core.to_lease_ms(lease)
+        self._redis = redis_client
+        self._batch = redis_client.register_script(_core.script_text("batch.lua"))
+        self._renew = redis_client.register_script(_core.script_text("renew.lua"))
+        self._status = redis_client.register_script(_core.script_text("status.lua"))
+        self._holders = Holders()
+        self._renewer = AsyncRenewer(self._renew_held, self._release_held)
+
+    async def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
+        try:
+            return await script(keys=keys, args=args)
+        except redis.RedisError as error:
+            raise StoreError(str(error)) from error
+
+    async def try_acquire(
+        self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
+    ) -> AsyncPermit:
+        return await self.try_acquire_all([key], id=id, weight=weight, lease=lease)
+
+    async def try_acquire_all(
+        self, keys: Sequence[str], id: str | None = None, weight: int = 1, lease: float | None = None
+    ) -> AsyncPermit:
+        unique = _core.unique_keys(keys)
+        return await self._acquire(unique, id, weight, lease, [self.policy.limits(k) for k in unique])
+
+    async def _acquire(
+        self,
+        keys: tuple[str, ...],
+        id: str | None,
+        weight: int,
+        lease: float | None,
+        limits: Sequence[ClassLimits],
+    ) -> AsyncPermit:
+        if self._renewer.closed:
+            raise RuntimeError("the limiter is closed")
+        id = _core.check_id(id)
+        weight = _core.check_weight(weight)
+        lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
+        reply = await self._call(
+            self._batch,
+            _core.key_names(self.prefix, keys),
+            _core.acquire_args(keys, id, weight, lease_ms, limits),
+        )
+        limit, in_flight, expires_at_ms = _core.admission(reply, keys, weight)
+        if expires_at_ms is None:
+            return AsyncPermit(keys, id, weight, None, 0, None, None, None)
+        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms)
+        self._holders.add(held)
+        self._renewer.add(held)
+        return AsyncPermit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
+
+    async def release(self, keys: str | Sequence[str], id: str) -> bool:
+        unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
+        reply = await self._call(
+            self._batch, _core.key_names(self.prefix, unique), _core.release_args(unique, _core.check_id(id))
+        )
+        return _core.ints(reply, 1)[0] == 1
+
+    async def _release_held(self, held: Held) -> None:
+        if self._holders.last(held):
+            await self.release(held.keys, held.id)
+
+    async def _renew_held(self, held: Held) -> bool:
+        reply = await self._call(
+            self._renew,
+            _core.key_names(self.prefix, held.keys),
+            _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
+        )
+        outcome, _limit, _in_flight, _weight, expires_at_ms = _core.ints(reply, 5)
+        if outcome in (1, 2):
+            held.expires_at_ms = expires_at_ms
+            return True
+        return False
+
+    async def status(self, key: str) -> _core.KeyStatus:
+        return await self._status_with(key, "")
+
+    async def set_limit(self, key: str, limit: int) -> _core.KeyStatus:
+        return await self._status_with(key, _core.change_arg(limit))
+
+    async def clear_limit(self, key: str) -> _core.KeyStatus:
+        return await self._status_with(key, "0")
+
+    async def _status_with(self, key: str, change: str) -> _core.KeyStatus:
+        keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
+        return _core.status(await self._call(self._status, keys, args), key)
+
+    def guard_stream(
+        self, permit: AsyncPermit, iterable: AsyncIterable[T] | Iterable[T]
+    ) -> AsyncGuardedStream[T]:
+        return AsyncGuardedStream(permit, iterable)
+
+    async def close(self) -> None:
+        await self._renewer.close()
+
+    async def __aenter__(self) -> AsyncRedisLimiter:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,32 @@
+"""The errors of an admission."""
+
+from __future__ import annotations
+
+
+class InflightError(Exception):
+    """Any error of inflight's client (a refusal, an invalid request, a store that failed)."""
+
+
+class TooManyRequests(InflightError):
+    """The key is at its limit now: ``limit`` and ``in_flight`` are the key's figures (``None`` when the
+    HTTP API did not give them)."""
+
+    def __init__(self, limit: int | None, in_flight: int | None, key: str = "") -> None:
+        self.limit = limit
+        self.in_flight = in_flight
+        self.key = key
+        super().__init__(f"too many requests on {key!r}: {in_flight} in flight of a limit of {limit}")
+
+
+class WeightExceedsLimit(InflightError):
+    """The permit's weight is more than the key's whole limit: it could never be admitted."""
+
+    def __init__(self, limit: int | None, weight: int, key: str = "") -> None:
+        self.limit = limit
+        self.weight = weight
+        self.key = key
+        super().__init__(f"weight {weight} exceeds the limit {limit} of {key!r}")
+
+
+class StoreError(InflightError):
+    """The store (Redis, or the HTTP server) failed or answered something unexpected."""

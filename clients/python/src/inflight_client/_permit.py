@@ -1,0 +1,334 @@
+"""Permits, their renewal by one background thread per limiter, and streams that hold a permit."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+from ._policy import ClassLimits
+
+log = logging.getLogger("inflight_client")
+
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Held:
+    """What a limiter must know to renew and release one permit. The renewer keeps these, never the
+    permit itself, so that an unreleased permit can still be garbage-collected (and its finalizer run)."""
+
+    keys: tuple[str, ...]
+    id: str
+    weight: int
+    lease_ms: int
+    limits: tuple[ClassLimits, ...]
+    due: float = 0.0  # time.monotonic() of the next renewal
+    done: bool = False  # released (or being released)
+    lost: bool = False  # the store no longer holds it and could not re-add it
+    expires_at_ms: int = 0
+    extra: Any = field(default=None)  # backend data (the HTTP path)
+
+    def schedule(self) -> None:
+        self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
+
+
+class Holders:
+    """How many permits of this process hold each (keys, id): as in the Rust library, two permits under one
+    id hold the slot until the last of them is released."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._counts: dict[tuple[tuple[str, ...], str], int] = {}
+
+    def add(self, held: Held) -> None:
+        with self._lock:
+            key = (held.keys, held.id)
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def last(self, held: Held) -> bool:
+        """Counts ``held`` out; True when it was the last holder (the store's lease must go)."""
+        with self._lock:
+            key = (held.keys, held.id)
+            left = self._counts.get(key, 1) - 1
+            if left > 0:
+                self._counts[key] = left
+                return False
+            self._counts.pop(key, None)
+            return True
+
+
+class Renewer:
+    """One daemon thread per limiter: renews each held permit a third of the way through its lease and
+    performs the releases that finalizers hand it (a finalizer never calls Redis itself: it may run in
+    the middle of another Redis call of the same thread). Under gevent the thread is a greenlet."""
+
+    def __init__(
+        self, renew: Callable[[Held], bool], release: Callable[[Held], None], name: str = "inflight-renewer"
+    ) -> None:
+        self._renew = renew
+        self._release = release
+        self._name = name
+        self._cond = threading.Condition()  # an RLock: a finalizer may run while this thread holds it
+        self._held: set[Held] = set()
+        self._releases: deque[Held] = deque()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add(self, held: Held) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the limiter is closed")
+            held.schedule()
+            self._held.add(held)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def take(self, held: Held) -> bool:
+        """Marks ``held`` released; False when it already was."""
+        with self._cond:
+            if held.done:
+                return False
+            held.done = True
+            self._held.discard(held)
+            return True
+
+    def release_later(self, held: Held) -> None:
+        """For finalizers: releases ``held`` from the thread (at once when the limiter is closed)."""
+        if self.take(held):
+            self.queue_release(held)
+
+    def queue_release(self, held: Held) -> None:
+        """Releases ``held``, already taken, from the thread (at once when the limiter is closed)."""
+        with self._cond:
+            if not self._closed and self._thread is not None:
+                self._releases.append(held)
+                self._cond.notify()
+                return
+        self._safe_release(held)
+
+    def _safe_release(self, held: Held) -> None:
+        try:
+            self._release(held)
+        except Exception:  # the lease ends on its own
+            log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        with self._cond:
+            pending = list(self._releases)
+            self._releases.clear()
+        for held in pending:
+            self._safe_release(held)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    if self._releases:
+                        break
+                    now = time.monotonic()
+                    if any(h.due <= now for h in self._held):
+                        break
+                    timeout = min((h.due for h in self._held), default=now + 60.0) - now
+                    self._cond.wait(timeout)
+                if self._closed:
+                    return
+                releases = list(self._releases)
+                self._releases.clear()
+                now = time.monotonic()
+                due = [h for h in self._held if h.due <= now]
+            for held in releases:
+                self._safe_release(held)
+            for held in due:
+                self._renew_one(held)
+
+    def _renew_one(self, held: Held) -> None:
+        if held.done:
+            return
+        try:
+            kept = self._renew(held)
+        except Exception:
+            log.warning("inflight: renewing permit %s failed; retrying", held.id, exc_info=True)
+            held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
+            return
+        with self._cond:
+            if kept:
+                held.schedule()
+            else:
+                log.warning("inflight: permit %s was lost (its lease ended in the store)", held.id)
+                held.lost = True
+                self._held.discard(held)
+
+
+class _Keeper(Protocol):
+    def take(self, held: Held) -> bool: ...
+    def release_later(self, held: Held) -> None: ...
+
+
+class PermitBase:
+    """What :class:`Permit` and ``AsyncPermit`` share."""
+
+    def __init__(
+        self,
+        keys: tuple[str, ...],
+        id: str,
+        weight: int,
+        limit: int | None,
+        in_flight: int,
+        expires_at_ms: int | None,
+        held: Held | None,
+        keeper: _Keeper | None,
+    ) -> None:
+        self.keys = keys
+        self.id = id
+        self.weight = weight
+        self.limit = limit
+        self.in_flight = in_flight
+        self._expires_at_ms = expires_at_ms
+        self._held = held
+        self._keeper = keeper
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        if held is not None and keeper is not None:
+            # The backstop: a permit collected unreleased is released (by the limiter's thread or task).
+            self._finalizer = weakref.finalize(self, keeper.release_later, held)
+
+    @property
+    def key(self) -> str:
+        return self.keys[0]
+
+    @property
+    def expires_at_ms(self) -> int | None:
+        """When the lease ends unless renewed (ms since the epoch, Redis clock); ``None``: nothing held."""
+        if self._held is not None and self._held.expires_at_ms:
+            return self._held.expires_at_ms
+        return self._expires_at_ms
+
+    @property
+    def held(self) -> bool:
+        """True while the permit holds its slot (not released, not lost)."""
+        return self._held is not None and not self._held.done and not self._held.lost
+
+    @property
+    def lost(self) -> bool:
+        """True when the store lost the lease and could not re-add it."""
+        return self._held is not None and self._held.lost
+
+    def _take(self) -> Held | None:
+        if self._held is None or self._keeper is None:
+            return None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        return self._held if self._keeper.take(self._held) else None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(keys={self.keys!r}, id={self.id!r}, limit={self.limit}, "
+            f"in_flight={self.in_flight})"
+        )
+
+
+class Permit(PermitBase):
+    """A slot on one key (or on each of several keys), held until released.
+
+    Use it as a context manager, or call :meth:`release` (also :meth:`close`); both are idempotent. A permit
+    garbage-collected unreleased is released by a finalizer. ``limit`` is ``None`` for an unlimited key
+    (nothing is held then); ``key``, ``limit`` and ``in_flight`` are those of the first key.
+    """
+
+    def __init__(
+        self,
+        keys: tuple[str, ...],
+        id: str,
+        weight: int,
+        limit: int | None,
+        in_flight: int,
+        expires_at_ms: int | None,
+        held: Held | None,
+        renewer: Renewer | None,
+    ) -> None:
+        super().__init__(keys, id, weight, limit, in_flight, expires_at_ms, held, renewer)
+        self._renewer = renewer
+
+    def release(self) -> bool:
+        """Releases the slot now; False when there was nothing (left) to release. Never raises: a release
+        that fails leaves a lease that ends on its own."""
+        held = self._take()
+        if held is None or self._renewer is None:
+            return False
+        self._renewer._safe_release(held)
+        return True
+
+    def close(self) -> None:
+        """The same as :meth:`release`."""
+        self.release()
+
+    def __enter__(self) -> Permit:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class GuardedStream(Generic[T]):
+    """Yields every item of ``iterable`` and releases ``permit`` when the stream ends, raises, or is closed
+    (also when closed before its first item: a class, not a generator, so ``close()`` always runs)."""
+
+    def __init__(self, permit: Permit, iterable: Iterable[T]) -> None:
+        self._permit = permit
+        self._source = iterable
+        self._iterator: Iterator[T] | None = None
+        self._done = False
+
+    def __iter__(self) -> GuardedStream[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        try:
+            if self._iterator is None:
+                self._iterator = iter(self._source)
+            return next(self._iterator)
+        except BaseException:  # StopIteration, an error, GeneratorExit thrown in
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._permit.release()
+
+    def close(self) -> None:
+        """Releases the permit and closes the source."""
+        try:
+            self._finish()
+        finally:
+            close = getattr(self._iterator if self._iterator is not None else self._source, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> GuardedStream[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

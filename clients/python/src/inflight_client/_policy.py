@@ -1,0 +1,117 @@
+"""Classes of keys and their limits: the same rules as inflight's ``Policy`` (``policy.rs``).
+
+A rule's pattern is a glob where ``*`` matches any run of characters. The most specific matching rule wins:
+the longest literal prefix, then the most literal text, then an exact pattern over a starred one, then
+the rule given first. Keys that match no rule have the default limits. An override of a key is capped by
+its class's max.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_RULES = 1024
+
+
+@dataclass(frozen=True)
+class ClassLimits:
+    """The limits of a class of keys: ``default`` (a key without an override; 0: unlimited) and ``max``
+    (the ceiling over the default and every override; 0: none)."""
+
+    default: int = 0
+    max: int = 0
+
+    def resolve(self, override: int | None = None) -> int | None:
+        """The effective limit (``None``: unlimited), as ``ClassLimits::resolve`` and ``common.lua``."""
+        own = override if override is not None and override > 0 else self.default
+        limit = self.max if own == 0 or (self.max > 0 and own > self.max) else own
+        return limit or None
+
+    @property
+    def unlimited(self) -> bool:
+        return self.default == 0 and self.max == 0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The limits of the keys matching ``keys`` (a glob with ``*``)."""
+
+    keys: str
+    default: int = 0
+    max: int = 0
+    _parts: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.keys or len(self.keys.encode()) > 256:
+            raise ValueError(f"a rule's pattern must be 1 to 256 bytes, not {self.keys!r}")
+        if self.default < 0 or self.max < 0:
+            raise ValueError("limits must not be negative")
+        object.__setattr__(self, "_parts", tuple(self.keys.split("*")))
+
+    @property
+    def limits(self) -> ClassLimits:
+        return ClassLimits(self.default, self.max)
+
+    @property
+    def starred(self) -> bool:
+        return len(self._parts) > 1
+
+    def matches(self, key: str) -> bool:
+        first, *rest = self._parts
+        if not rest:
+            return key == first
+        if not key.startswith(first):
+            return False
+        left = key[len(first) :]
+        *middle, last = rest
+        for part in middle:
+            at = left.find(part)
+            if at < 0:
+                return False
+            left = left[at + len(part) :]
+        return len(left) >= len(last) and left.endswith(last)
+
+    def specificity(self) -> tuple[int, int, bool]:
+        literal = sum(len(part.encode()) for part in self._parts)
+        return len(self._parts[0].encode()), literal, not self.starred
+
+
+RuleLike = Rule | Mapping[str, Any]
+
+
+def _rule(rule: RuleLike) -> Rule:
+    if isinstance(rule, Rule):
+        return rule
+    return Rule(str(rule["keys"]), int(rule.get("default", 0)), int(rule.get("max", 0)))
+
+
+class Policy:
+    """The default limits and the rules of classes of keys."""
+
+    def __init__(self, default_limit: int = 0, max_limit: int = 0, rules: Iterable[RuleLike] = ()) -> None:
+        if default_limit < 0 or max_limit < 0:
+            raise ValueError("limits must not be negative")
+        self.default = ClassLimits(default_limit, max_limit)
+        given = [_rule(rule) for rule in rules]
+        if len(given) > MAX_RULES:
+            raise ValueError(f"at most {MAX_RULES} rules")
+        seen: set[str] = set()
+        for rule in given:
+            if rule.keys in seen:
+                raise ValueError(f"two rules for the keys {rule.keys!r}")
+            seen.add(rule.keys)
+        # Stable: among equally specific rules the first given stays first.
+        self.rules: list[Rule] = sorted(given, key=Rule.specificity, reverse=True)
+
+    def limits(self, key: str) -> ClassLimits:
+        """The limits of the key's class."""
+        for rule in self.rules:
+            if rule.matches(key):
+                return rule.limits
+        return self.default
+
+    def resolve(self, key: str, override: int | None = None) -> int | None:
+        """The key's effective limit given its override (``None``: unlimited)."""
+        return self.limits(key).resolve(override)

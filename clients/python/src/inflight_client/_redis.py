@@ -1,0 +1,150 @@
+"""``RedisLimiter``: inflight's own Lua scripts run from Python on the same Redis as the Rust processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import redis
+
+from . import _core
+from ._errors import StoreError
+from ._permit import GuardedStream, Held, Holders, Permit, Renewer
+from ._policy import ClassLimits, Policy, RuleLike
+
+T = TypeVar("T")
+
+
+class RedisLimiter:
+    """Per-key in-flight limits in Redis, shared with every inflight process (Rust or Python) that uses the
+    same Redis and prefix: the same scripts, key names, ids, classes and overrides.
+
+    ``default_limit`` and ``max_limit`` are the limits of keys that match no rule of ``limits`` (each rule
+    ``{"keys": "tenant:*", "default": 50, "max": 200}`` or a :class:`Rule`); 0 is unlimited / no ceiling.
+    ``lease`` is the default lease in seconds. Thread-safe, and safe under gevent (redis-py and
+    ``threading`` only); one background thread renews every permit this limiter hands out.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.Redis,
+        default_limit: int = 0,
+        max_limit: int = 0,
+        limits: Iterable[RuleLike] = (),
+        lease: float = 30.0,
+        prefix: str = "inflight:",
+    ) -> None:
+        self.policy = Policy(default_limit, max_limit, limits)
+        self.prefix = prefix
+        self.lease_ms = _core.to_lease_ms(lease)
+        self._redis = redis_client
+        self._batch = redis_client.register_script(_core.script_text("batch.lua"))
+        self._renew = redis_client.register_script(_core.script_text("renew.lua"))
+        self._status = redis_client.register_script(_core.script_text("status.lua"))
+        self._holders = Holders()
+        self._renewer = Renewer(self._renew_held, self._release_held)
+
+    def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
+        try:
+            return script(keys=keys, args=args)
+        except redis.RedisError as error:
+            raise StoreError(str(error)) from error
+
+    def try_acquire(
+        self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
+    ) -> Permit:
+        """A permit on ``key`` now, or :class:`TooManyRequests` when it is at its limit. An ``id`` the key
+        already holds counts once (and refreshes its lease)."""
+        return self.try_acquire_all([key], id=id, weight=weight, lease=lease)
+
+    def try_acquire_all(
+        self, keys: Sequence[str], id: str | None = None, weight: int = 1, lease: float | None = None
+    ) -> Permit:
+        """A permit on every key at once (one atomic script call), or on none: the refusal names the key
+        that refused. Repeated keys count once; at most 16 keys."""
+        unique = _core.unique_keys(keys)
+        return self._acquire(unique, id, weight, lease, [self.policy.limits(k) for k in unique])
+
+    def _acquire(
+        self,
+        keys: tuple[str, ...],
+        id: str | None,
+        weight: int,
+        lease: float | None,
+        limits: Sequence[ClassLimits],
+    ) -> Permit:
+        if self._renewer.closed:
+            raise RuntimeError("the limiter is closed")
+        id = _core.check_id(id)
+        weight = _core.check_weight(weight)
+        lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
+        reply = self._call(
+            self._batch,
+            _core.key_names(self.prefix, keys),
+            _core.acquire_args(keys, id, weight, lease_ms, limits),
+        )
+        limit, in_flight, expires_at_ms = _core.admission(reply, keys, weight)
+        if expires_at_ms is None:
+            return Permit(keys, id, weight, None, 0, None, None, None)
+        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms)
+        self._holders.add(held)
+        self._renewer.add(held)
+        return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
+
+    def release(self, keys: str | Sequence[str], id: str) -> bool:
+        """Releases the permit ``id`` from ``keys`` (a key or its keys), wherever it was acquired (another
+        process, Rust or Python); False when none held it."""
+        unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
+        reply = self._call(
+            self._batch, _core.key_names(self.prefix, unique), _core.release_args(unique, _core.check_id(id))
+        )
+        return _core.ints(reply, 1)[0] == 1
+
+    def _release_held(self, held: Held) -> None:
+        if self._holders.last(held):
+            self.release(held.keys, held.id)
+
+    def _renew_held(self, held: Held) -> bool:
+        reply = self._call(
+            self._renew,
+            _core.key_names(self.prefix, held.keys),
+            _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
+        )
+        outcome, _limit, _in_flight, _weight, expires_at_ms = _core.ints(reply, 5)
+        if outcome in (1, 2):
+            held.expires_at_ms = expires_at_ms
+            return True
+        return False
+
+    def status(self, key: str) -> _core.KeyStatus:
+        """The key's limit, override and in-flight count, read in one atomic step."""
+        return self._status_with(key, "")
+
+    def set_limit(self, key: str, limit: int) -> _core.KeyStatus:
+        """Sets the key's own limit (an override, capped by its class's max); 0 clears it."""
+        return self._status_with(key, _core.change_arg(limit))
+
+    def clear_limit(self, key: str) -> _core.KeyStatus:
+        """Clears the key's override."""
+        return self._status_with(key, "0")
+
+    def _status_with(self, key: str, change: str) -> _core.KeyStatus:
+        keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
+        return _core.status(self._call(self._status, keys, args), key)
+
+    def guard_stream(self, permit: Permit, iterable: Iterable[T]) -> GuardedStream[T]:
+        """Yields every item of ``iterable``; releases ``permit`` when it ends, raises or is closed."""
+        return GuardedStream(permit, iterable)
+
+    def close(self) -> None:
+        """Stops the renewals (held permits then keep their slots until their leases end)."""
+        self._renewer.close()
+
+    def __enter__(self) -> RedisLimiter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

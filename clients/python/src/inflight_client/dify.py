@@ -1,0 +1,266 @@
+"""A drop-in for Dify's ``core.app.features.rate_limiting.rate_limit.RateLimit``, on inflight's scripts.
+
+Configure once, at start-up (``app_factory`` or an extension's ``init_app``)::
+
+    from extensions.ext_redis import redis_client
+    from core.errors.error import AppInvokeQuotaExceededError
+    import inflight_client.dify
+
+    inflight_client.dify.configure(redis_client, error=AppInvokeQuotaExceededError)
+
+then import ``RateLimit`` (and ``RateLimitGenerator``) from ``inflight_client.dify`` where Dify imports them
+from ``core.app.features.rate_limiting``. Each app's requests are admitted on the key ``app:<app id>``
+(``key_format``) with the app's ``max_active_requests`` as its limit (capped by ``max_limit``, and by an
+override set through inflight), atomically and shared with every inflight process on the same Redis; a
+request's slot is renewed while it runs, so a stream of an hour keeps it, and a crashed worker's slots come
+back within one lease. ``error`` is the exception raised at the limit: pass Dify's
+``AppInvokeQuotaExceededError`` so that its handlers (HTTP 429) apply unchanged; by default it is this
+module's :class:`AppInvokeQuotaExceededError`, a :class:`~inflight_client.TooManyRequests`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+
+from ._errors import TooManyRequests
+from ._permit import Permit
+from ._policy import ClassLimits
+from ._redis import RedisLimiter
+
+__all__ = [
+    "AppInvokeQuotaExceededError",
+    "RateLimit",
+    "RateLimitGenerator",
+    "configure",
+]
+
+T = TypeVar("T")
+
+
+class AppInvokeQuotaExceededError(TooManyRequests):
+    """Raised at an app's limit, with Dify's message (Dify's own class is ``core.errors.error``'s; pass it
+    to :func:`configure` as ``error`` to raise that one instead)."""
+
+    def __init__(
+        self, message: str, limit: int | None = None, in_flight: int | None = None, key: str = ""
+    ) -> None:
+        super().__init__(limit, in_flight, key)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class _Config:
+    limiter: RedisLimiter
+    key_format: str
+    max_limit: int
+    error: Callable[[str], BaseException]
+
+
+@dataclass
+class _Holding:
+    permit: Permit
+    count: int
+
+
+_config: _Config | None = None
+_holders: dict[tuple[str, str], _Holding] = {}
+_lock = threading.Lock()
+
+
+def configure(
+    redis_client: redis.Redis,
+    *,
+    key_format: str = "app:{}",
+    prefix: str = "inflight:",
+    lease: float = 30.0,
+    max_limit: int = 0,
+    error: Callable[[str], BaseException] | None = None,
+) -> RedisLimiter:
+    """Sets the Redis client and settings every :class:`RateLimit` uses; returns the limiter (for
+    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter)."""
+    global _config
+    limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix)
+    with _lock:
+        previous, _config = (
+            _config,
+            _Config(limiter, key_format, max_limit, error or AppInvokeQuotaExceededError),
+        )
+        _holders.clear()
+    if previous is not None:
+        previous.limiter.close()
+    return limiter
+
+
+def _configured() -> _Config:
+    if _config is None:
+        raise RuntimeError("inflight_client.dify.configure(redis_client) has not been called")
+    return _config
+
+
+class RateLimit:
+    """Dify's per-app limit of active requests: ``enter`` takes a slot, ``exit`` gives it back, ``generate``
+    wraps a streamed answer so that its end gives it back. One instance per ``client_id`` (as Dify's); the
+    latest ``max_active_requests`` given applies. An id entered twice in this process counts once, and its
+    slot stays until its last holder exits."""
+
+    _UNLIMITED_REQUEST_ID = "unlimited_request_id"
+    _instance_dict: dict[str, RateLimit] = {}
+    _instance_lock = threading.Lock()
+
+    client_id: str
+    max_active_requests: int
+
+    def __new__(cls, client_id: str, max_active_requests: int) -> RateLimit:
+        with cls._instance_lock:
+            if client_id not in cls._instance_dict:
+                cls._instance_dict[client_id] = super().__new__(cls)
+            return cls._instance_dict[client_id]
+
+    def __init__(self, client_id: str, max_active_requests: int) -> None:
+        self.max_active_requests = max_active_requests
+        self.client_id = client_id
+        if self.disabled():
+            return
+        if hasattr(self, "initialized"):
+            return
+        self.initialized = True
+
+    @property
+    def key(self) -> str:
+        """The inflight key of this app."""
+        return _configured().key_format.format(self.client_id)
+
+    def flush_cache(self, use_local_value: bool = False) -> None:
+        """Kept for compatibility: inflight reads the limit and the count in the same atomic step as the
+        admission, so there is no cache to flush."""
+
+    def enter(self, request_id: str | None = None) -> str:
+        """Takes a slot for ``request_id`` (a new UUID when none); raises the configured error at the
+        limit."""
+        if self.disabled():
+            return RateLimit._UNLIMITED_REQUEST_ID
+        if not request_id:
+            request_id = RateLimit.gen_request_key()
+        config = _configured()
+        key = config.key_format.format(self.client_id)
+        with _lock:
+            holding = _holders.get((key, request_id))
+            if holding is not None and holding.permit.held:
+                holding.count += 1
+                return request_id
+        limits = ClassLimits(self.max_active_requests, config.max_limit)
+        try:
+            permit = config.limiter._acquire((key,), request_id, 1, None, [limits])
+        except TooManyRequests as refused:
+            limit = refused.limit if refused.limit is not None else self.max_active_requests
+            raise config.error(
+                "Too many requests. Please try again later. The current maximum concurrent requests allowed "
+                f"for {self.client_id} is {limit}."
+            ) from None
+        duplicate = False
+        with _lock:
+            holding = _holders.get((key, request_id))
+            if holding is not None and holding.permit.held:
+                # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit
+                # (releasing the other only counts it out of the limiter: the first still holds the id).
+                holding.count += 1
+                duplicate = True
+            elif permit.held:
+                _holders[(key, request_id)] = _Holding(permit, 1)
+        if duplicate:
+            permit.release()
+        return request_id
+
+    def exit(self, request_id: str) -> None:
+        """Gives back ``request_id``'s slot when its last holder in this process exits (an id this process
+        does not hold is released from Redis, as Dify's HDEL would)."""
+        self._exit(request_id, now=True)
+
+    def _exit(self, request_id: str, now: bool) -> None:
+        if request_id == RateLimit._UNLIMITED_REQUEST_ID:
+            return
+        config = _configured()
+        key = config.key_format.format(self.client_id)
+        with _lock:
+            holding = _holders.get((key, request_id))
+            if holding is not None:
+                holding.count -= 1
+                if holding.count > 0:
+                    return
+                del _holders[(key, request_id)]
+        if holding is None:
+            if now:
+                config.limiter.release(key, request_id)
+        elif now:
+            holding.permit.release()
+        else:
+            held = holding.permit._take()
+            if held is not None:
+                config.limiter._renewer.queue_release(held)
+
+    def disabled(self) -> bool:
+        return self.max_active_requests <= 0
+
+    @staticmethod
+    def gen_request_key() -> str:
+        return str(uuid.uuid4())
+
+    def generate(self, generator: Any, request_id: str) -> Any:
+        """A mapping (a blocking answer) as it is; a generator wrapped so that its end exits
+        ``request_id``."""
+        if isinstance(generator, Mapping):
+            return generator
+        return RateLimitGenerator(rate_limit=self, generator=generator, request_id=request_id)
+
+
+class RateLimitGenerator(Iterator[T]):
+    """Dify's wrapper: yields the generator's items and exits the request when it ends, raises or is
+    closed (also before its first item), and when it is garbage-collected unclosed."""
+
+    def __init__(
+        self,
+        rate_limit: RateLimit,
+        generator: Generator[T, None, None] | Iterator[T] | Callable[[], Iterator[T]],
+        request_id: str,
+    ) -> None:
+        self.rate_limit = rate_limit
+        self.generator: Iterator[T] = generator() if callable(generator) else generator
+        self.request_id = request_id
+        self.closed = False
+
+    def __iter__(self) -> RateLimitGenerator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self.closed:
+            raise StopIteration
+        try:
+            return next(self.generator)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.rate_limit.exit(self.request_id)
+            close = getattr(self.generator, "close", None)
+            if self.generator is not None and callable(close):
+                close()
+
+    def __del__(self) -> None:
+        # Never a Redis call from the garbage collector: the limiter's thread releases it.
+        if not getattr(self, "closed", True):
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.rate_limit._exit(self.request_id, now=False)

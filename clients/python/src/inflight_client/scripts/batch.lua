@@ -1,0 +1,79 @@
+-- batch.lua: the admissions and releases waiting to be sent, in one call.
+-- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
+-- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key) or 'r' (a
+-- release from one key), or 'A' or 'R' and n (on n keys); the places of its keys among the KEYS (1 for
+-- the first three, ...); the permit id; and for an admission its terms 'weight lease_ms d1 m1 d2 m2 ...'
+-- (the default and max limits of each key's class, in the operation's order).
+-- Returns the replies in one flat array: 6 numbers an admission, 1 a release.
+-- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
+-- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
+-- call per operation.
+
+-- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
+-- 3 weight over the limit), the refusing key's index (0-based; -1), limit and in_flight (of that key,
+-- or of the first), expires_at_ms, reclaimed. Unlimited keys record nothing.
+local limits = {} -- of the operation's keys, by place: reused, each operation writing its own
+local function acquire(keys, n, id, t)
+  local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
+  for i = 1, n do
+    local key = keys[i]
+    reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
+    local limit, count = resolve(override(key), t[2 * i + 1], t[2 * i + 2]), key.n + key.extra
+    limits[i] = limit
+    if limit > 0 then
+      any = true
+      if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed end
+      -- No room for a new lease: a retry of a held id never needs more than it has.
+      if count + weight > limit then
+        local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
+        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed end
+      end
+    end
+  end
+  if not any then return 2, -1, 0, 0, 0, reclaimed end
+  for i = 1, n do
+    if limits[i] > 0 then put(keys[i], id, weight, lease_ms) end
+  end
+  return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed
+end
+
+-- A release from every key: 1 when any held a live lease, 0 when all were gone.
+local function release(keys, n, id)
+  local released = 0
+  for i = 1, n do
+    local key = keys[i]
+    if redis.call('ZREM', key.leases, id) == 1 then
+      released, key.n = 1, key.n - 1
+      if key.hashed then forget(key, id) end
+      if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
+    end
+  end
+  return released
+end
+
+set_now(tonumber(ARGV[1]))
+local replies, r, a, terms, keys = {}, 0, 2, {}, {}
+while a <= #ARGV do
+  local kind, n = ARGV[a], 1
+  if kind == 'A' or kind == 'R' then a, n = a + 1, tonumber(ARGV[a + 1]) end
+  for j = 1, n do
+    local k = tonumber(ARGV[a + j]) * 3
+    keys[j] = view(KEYS[k - 2], KEYS[k - 1], KEYS[k])
+  end
+  local id = ARGV[a + n + 1]
+  if kind == 'a' or kind == 'A' then
+    local t = terms[ARGV[a + n + 2]] -- the operations of a batch mostly share their terms: read once
+    if not t then
+      t = {}
+      for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
+      terms[ARGV[a + n + 2]] = t
+    end
+    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5], replies[r + 6] =
+      acquire(keys, n, id, t)
+    r, a = r + 6, a + n + 3
+  else
+    replies[r + 1] = release(keys, n, id)
+    r, a = r + 1, a + n + 2
+  end
+end
+return replies

@@ -1,0 +1,119 @@
+-- common.lua: prepended to every inflight script, so the rules below exist once.
+-- Data model of one user key K (E = K escaped, so that its names share the hash tag {E}: one slot):
+--   <prefix>{E}:leases   sorted set: permit id -> lease deadline (ms, Redis clock). A generated (UUID)
+--                        id is the byte 0xFF and its 16 bytes; a given id is its text.
+--   <prefix>{E}:permits  hash: permit id -> 'weight lease_ms', for leases other than weight 1 of
+--                        DEFAULT_LEASE_MS; '' -> the sum of (weight - 1) over the leases (always there).
+--   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.
+-- in_flight = the number of leases + permits['']. Leases and permits expire together, a while after
+-- the latest deadline, so that idle keys leave nothing behind.
+local DEFAULT_LEASE_MS = 30000
+local clock_ms, now = 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
+local function set_now(offset_ms)
+  local t = redis.call('TIME')
+  clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  now = clock_ms + offset_ms
+end
+
+-- The effective limit: the override if > 0, else the default; capped by the ceiling if > 0; 0: unlimited.
+local function resolve(override, default_limit, max_limit)
+  local own = override > 0 and override or default_limit
+  if own == 0 or (max_limit > 0 and own > max_limit) then return max_limit end
+  return own
+end
+
+local function meta(key, id) -- a lease's weight and length
+  local m = key.hashed and redis.call('HGET', key.permits, id)
+  if not m then return 1, DEFAULT_LEASE_MS end
+  local weight, lease_ms = string.match(m, '^(%d+) (%d+)$')
+  return tonumber(weight), tonumber(lease_ms)
+end
+
+local function hashed(key) -- the hash is written (perhaps made anew): keep() gives it its expiry again
+  key.hashed, key.kept = true, 0
+end
+
+local function add_extra(key, delta)
+  if delta == 0 then return end
+  hashed(key)
+  key.extra = redis.call('HINCRBY', key.permits, '', delta)
+end
+
+-- Records `id`'s lease as `weight` of `lease_ms`, where it was `held` (0: new) of `old_ms`.
+local function record(key, id, held, old_ms, weight, lease_ms)
+  add_extra(key, (weight - 1) - math.max(held - 1, 0))
+  if weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
+    if held ~= weight or old_ms ~= lease_ms then
+      redis.call('HSET', key.permits, id, weight .. ' ' .. lease_ms, '', key.extra)
+      hashed(key)
+    end
+  elseif held > 1 or old_ms ~= DEFAULT_LEASE_MS then
+    redis.call('HDEL', key.permits, id)
+  end
+end
+
+local function forget(key, id) -- after `id`'s lease left the set
+  if not key.hashed then return end
+  add_extra(key, 1 - meta(key, id))
+  redis.call('HDEL', key.permits, id)
+end
+
+-- The script's view of a key, made once: its expired leases reclaimed (a hash left without leases, its
+-- set evicted alone, dropped), its number of leases n and its extra weight read.
+local seen = {}
+local function view(leases, permits, limit)
+  if seen[leases] then return seen[leases] end
+  local key = {leases = leases, permits = permits, limit = limit, kept = 0}
+  seen[leases] = key
+  local extra = redis.call('HGET', permits, '')
+  key.hashed, key.extra = extra ~= false, tonumber(extra or '0')
+  local upto = string.format('%.0f', now)
+  if key.hashed then
+    local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', upto)
+    for _, id in ipairs(expired) do forget(key, id) end
+  end
+  key.reclaimed = redis.call('ZREMRANGEBYSCORE', leases, '-inf', upto)
+  key.n = redis.call('ZCARD', leases)
+  if key.n == 0 and key.hashed then
+    redis.call('DEL', permits)
+    key.hashed, key.extra = false, 0
+  end
+  return key
+end
+
+local function override(key)
+  key.override = key.override or tonumber(redis.call('GET', key.limit) or '0') or 0
+  return key.override
+end
+
+local function in_flight(key) return key.n + key.extra end
+
+-- Keeps the key's leases and permits past `lease_ms` from now (past every deadline, so that whoever
+-- touches the key next reclaims and counts expired leases, and an untouched key still goes away), both
+-- to the same instant, so that the hash never outlives the set.
+local function keep(key, lease_ms, fresh)
+  if lease_ms <= key.kept then return end
+  local ttl = fresh and -1 or redis.call('PTTL', key.leases) -- a set made just now has no expiry
+  if ttl < lease_ms + 1000 then
+    ttl = lease_ms * 2 + 1000
+    redis.call('PEXPIREAT', key.leases, clock_ms + ttl)
+  end
+  if key.hashed then redis.call('PEXPIREAT', key.permits, clock_ms + ttl) end
+  key.kept = lease_ms
+end
+
+local deadlines = {} -- as ZADD takes them, by lease length: formatted once a script
+local function put(key, id, weight, lease_ms) -- adds (or refreshes) `id`'s lease
+  deadlines[lease_ms] = deadlines[lease_ms] or string.format('%.0f', now + lease_ms)
+  local held, old_ms, fresh = 0, DEFAULT_LEASE_MS, key.n == 0
+  if redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1 then
+    key.n = key.n + 1
+  else
+    held, old_ms = meta(key, id)
+  end
+  -- (Most leases are new ones of weight 1 and the default length: nothing to record.)
+  if held > 0 or weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
+    record(key, id, held, old_ms, weight, lease_ms)
+  end
+  if lease_ms > key.kept then keep(key, lease_ms, fresh) end
+end

@@ -1,0 +1,32 @@
+-- status.lua: reads a key, after setting or clearing its override when asked to.
+-- KEYS[1] leases, KEYS[2] permits, KEYS[3] limit; KEYS[4] <prefix>overrides (hash: user key -> its
+-- override, for every key that has one), KEYS[5] <prefix>overrides:version (counts the changes)
+-- ARGV[1] default limit, ARGV[2] max limit, ARGV[3] override ('' leave, '0' clear, 'n' set), ARGV[4]
+-- clock offset ms, ARGV[5] the user key, ARGV[6] the channel that announces changes of overrides,
+-- ARGV[7] the most keys with an override (0: no bound).
+-- Returns {limit, override (0: none), in_flight}, or {-1, the bound, 0} when a new override would pass it.
+-- Atomic so that the answer describes one moment: the override and the count as they were together; and
+-- so that the override, its entry in the index and the announcement 'version +key' (or '-key') that
+-- keeps every process's view of the index fresh never disagree.
+set_now(tonumber(ARGV[4]))
+if ARGV[3] ~= '' then
+  local set, changed, max = tonumber(ARGV[3]) > 0, 0, tonumber(ARGV[7] or '0')
+  if set and max > 0 and redis.call('HEXISTS', KEYS[4], ARGV[5]) == 0 and redis.call('HLEN', KEYS[4]) >= max then
+    return {-1, max, 0}
+  end
+  if set then
+    redis.call('SET', KEYS[3], ARGV[3])
+    changed = redis.call('HSET', KEYS[4], ARGV[5], ARGV[3])
+  else
+    redis.call('DEL', KEYS[3])
+    changed = redis.call('HDEL', KEYS[4], ARGV[5])
+  end
+  -- The view holds which keys have an override, not their values: announced when the index gains or
+  -- loses the key (so an override set before the index existed is announced when it is set again).
+  if changed == 1 then
+    local version = redis.call('INCR', KEYS[5])
+    redis.call('PUBLISH', ARGV[6], version .. ' ' .. (set and '+' or '-') .. ARGV[5])
+  end
+end
+local key = view(KEYS[1], KEYS[2], KEYS[3])
+return {resolve(override(key), tonumber(ARGV[1]), tonumber(ARGV[2])), override(key), in_flight(key)}

@@ -1,0 +1,136 @@
+"""Fixtures: a real redis-server on a free port, the inflight binary, and ``inflight serve``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from inflight_client import RedisLimiter, dify
+
+ROOT = Path(__file__).resolve().parent.parent  # clients/python
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("redis-server did not start")
+    client.close()
+    yield f"redis://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def limiter(r: redis.Redis) -> Iterator[RedisLimiter]:
+    lim = RedisLimiter(r, default_limit=2)
+    yield lim
+    lim.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dify() -> Iterator[None]:
+    dify.RateLimit._instance_dict.clear()
+    yield
+    dify.RateLimit._instance_dict.clear()
+
+
+def inflight_bin() -> Path | None:
+    env = os.environ.get("INFLIGHT_BIN")
+    candidates = [Path(env)] if env else []
+    candidates.append(ROOT.parent.parent / "target" / "debug" / "inflight")
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+@pytest.fixture(scope="session")
+def inflight() -> Path:
+    path = inflight_bin()
+    if path is None:
+        pytest.skip("the inflight binary was not found (set INFLIGHT_BIN or cargo build -p inflight-server)")
+    return path
+
+
+class Serve:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
+        self.proc = proc
+        self.url = url
+
+
+def start_serve(binary: Path, *args: str) -> Serve:
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--listen", "127.0.0.1:0", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline().decode(errors="replace")
+        if not line and proc.poll() is not None:
+            break
+        found = re.search(r"listen=(\S+)", line)
+        if found:
+            # Keep draining stderr so that the server never blocks on a full pipe.
+            import threading
+
+            threading.Thread(target=lambda: [None for _ in proc.stderr or []], daemon=True).start()
+            return Serve(proc, f"http://{found.group(1)}")
+    proc.kill()
+    raise RuntimeError("inflight serve did not report its listen address")
+
+
+@pytest.fixture
+def serve_factory(inflight: Path) -> Iterator[object]:
+    started: list[Serve] = []
+
+    def start(*args: str) -> Serve:
+        serve = start_serve(inflight, *args)
+        started.append(serve)
+        return serve
+
+    yield start
+    for serve in started:
+        serve.proc.kill()
+        serve.proc.wait()
