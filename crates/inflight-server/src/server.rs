@@ -296,6 +296,11 @@ impl<S: Store> Worker<S> {
                     // What was dropped is being released in the background; this releases the rest and
                     // waits for those.
                     app.limiter.release_held().await;
+                    if *app.cut.borrow() {
+                        return Err(std::io::Error::other(
+                            "responses still running at the end of the grace period were cut",
+                        ));
+                    }
                 }
                 _ = self.ending.wait_for(|end| *end) => {}
             }
@@ -352,8 +357,9 @@ async fn serve<S: Store>(
     }
 }
 
-/// Completes on Ctrl-C or SIGTERM. The handlers are installed when this is called (not when first
-/// polled), so a signal that arrives right after start-up is not missed.
+/// Completes on Ctrl-C or SIGTERM; a second one, while the server drains, ends the process at once (exit
+/// code 130). The handlers are installed when this is called (not when first polled), so a signal that
+/// arrives right after start-up is not missed.
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     let signals = {
@@ -367,32 +373,45 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
         #[cfg(unix)]
         {
             let (mut term, mut int) = signals;
-            let term = async {
-                match term.as_mut() {
-                    Some(term) => {
-                        term.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            let int = async {
-                match int.as_mut() {
-                    Some(int) => {
-                        int.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = term => {}
-                () = int => {}
-            }
+            next_signal(&mut term, &mut int).await;
+            tracing::info!("shutting down (a second signal ends the process at once)");
+            tokio::spawn(async move {
+                next_signal(&mut term, &mut int).await;
+                tracing::warn!(
+                    "a second signal: exiting now, without waiting for running responses"
+                );
+                std::process::exit(130);
+            });
         }
         #[cfg(not(unix))]
         {
             let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("shutting down");
         }
-        tracing::info!("shutting down");
+    }
+}
+
+/// The next SIGTERM or SIGINT (never, for one whose handler could not be installed).
+#[cfg(unix)]
+async fn next_signal(
+    term: &mut Option<tokio::signal::unix::Signal>,
+    int: &mut Option<tokio::signal::unix::Signal>,
+) {
+    let term = async {
+        match term.as_mut() {
+            Some(term) => drop(term.recv().await),
+            None => std::future::pending().await,
+        }
+    };
+    let int = async {
+        match int.as_mut() {
+            Some(int) => drop(int.recv().await),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        () = int => {}
     }
 }
 

@@ -298,7 +298,8 @@ async fn shutdown_releases_what_outlives_the_grace_period<M: Make>() {
     let mut stream = keyed(&http, server.url("/forever"), "k").await;
     assert!(stream.chunk().await.unwrap().is_some());
     server.signal();
-    server.finished().await.unwrap();
+    let finished = server.finished().await;
+    assert!(finished.is_err(), "a cut response makes the end an error");
     // Released by the time the server has finished, not some time after.
     assert_eq!(
         server.in_flight("k").await,
@@ -508,7 +509,8 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
     })
     .await
     .unwrap();
-    assert!(exit.success(), "{exit:?}: {:?}", server.rest_of_log());
+    // Streams were cut: the exit says so, with its code, once every release is done.
+    assert_eq!(exit.code(), Some(1), "{exit:?}: {:?}", server.rest_of_log());
     tokio::time::sleep_until(paused_until).await; // what Redis held back has been done by now
     assert_eq!(
         store.status("k", policy, keep).await.unwrap().in_flight,
@@ -592,4 +594,34 @@ async fn a_chunked_answer_loses_its_content_length_and_connect_is_refused() {
         assert!(answer.starts_with("HTTP/1.1 405"), "{method}: {answer}");
         assert!(answer.contains("method_not_allowed"), "{answer}");
     }
+}
+
+/// A second SIGTERM while the server waits for its streams ends it at once (exit code 130), instead of
+/// after the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_exits_at_once() {
+    let upstream = Upstream::start().await;
+    let (mut server, started) = Running::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.base,
+        "--default-limit",
+        "10",
+        "--shutdown-grace",
+        "60s",
+    ]);
+    let listen = listen_of(&started);
+    let mut stream = keyed(&Client::new(), format!("http://{listen}/forever"), "k").await;
+    assert!(stream.chunk().await.unwrap().is_some());
+    server.signal("-TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(server.is_running(), "still waiting for the stream");
+    server.signal("-TERM");
+    let exit = tokio::task::spawn_blocking(move || server.wait_for(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(130), "{exit:?}");
+    drop(stream);
 }
