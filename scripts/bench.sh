@@ -97,17 +97,17 @@ write_nginx_proxy "$out" "$ng" "$up"
 start_upstream "$out" "$up"
 nginx -c "$out/proxy.conf" -p "$out" -e "$out/nginx-error.log"
 wait_port "$up"; wait_port "$ng"
-INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 &
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pm" --admin-listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" --default-limit 100000 &
 pids+=($!); memory_pid=$!
-INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr" --admin-listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy: &
 pids+=($!); redis_proxy_pid=$!
 # The Redis proxy once more with the library's pipeline of three batches instead of the servers' one.
 pr3=$(port)
-INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr3" --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy3: --redis-pipeline 3 &
+INFLIGHT_LOG=warn "$bin" proxy --listen "127.0.0.1:$pr3" --admin-listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" --default-limit 100000 --store "$redis" --redis-prefix proxy3: --redis-pipeline 3 &
 pids+=($!); redis_p3_pid=$!
 # The memory proxy once more under Linux's SCHED_BATCH policy, as the README suggests beside a busy upstream.
 pb=$(port)
-INFLIGHT_LOG=warn chrt --batch 0 "$bin" proxy --listen "127.0.0.1:$pb" --upstream "http://127.0.0.1:$up" --default-limit 100000 &
+INFLIGHT_LOG=warn chrt --batch 0 "$bin" proxy --listen "127.0.0.1:$pb" --admin-listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" --default-limit 100000 &
 pids+=($!); batch_pid=$!
 # The floor: hyper's server and client on the same runtime layout, forwarding and nothing else.
 pf=$(port)

@@ -60,7 +60,7 @@ measure() {
 
 pm=$(port); pf=$(port)
 INFLIGHT_LOG=warn measure inflight-memory "$pm" "$root/target/release/inflight" proxy \
-  --listen "127.0.0.1:$pm" --upstream "http://127.0.0.1:$up" --default-limit 100000 --workers 1
+  --listen "127.0.0.1:$pm" --admin-listen 127.0.0.1:0 --upstream "http://127.0.0.1:$up" --default-limit 100000 --workers 1
 measure hyper-floor "$pf" "$root/target/release/examples/hyper_floor" "127.0.0.1:$pf" "127.0.0.1:$up" 1
 # nginx in the foreground, one process (no master), so that callgrind follows the one doing the work.
 pn=$(port)

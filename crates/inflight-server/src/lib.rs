@@ -30,6 +30,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         on_missing_key: settings.on_missing_key()?,
         limit_paths: settings.limit_paths()?,
         timeout: settings.upstream_timeout,
+        api_on_proxy_port: settings.admin_on_proxy_port,
     })
 }
 

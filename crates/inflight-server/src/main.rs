@@ -149,10 +149,29 @@ async fn run<S: Store>(
         let settings = settings.clone();
         move || Ok(inflight_server::app(&settings, &shared, store()?)?)
     };
-    let workers = Workers::start(listeners, app, upstream, (&settings).into()).await?;
+    // The proxy's API answers on a listener of its own, which proxied clients do not reach.
+    let admin = match &proxy {
+        Some(proxy) if !proxy.admin_on_proxy_port => {
+            let bound = server::bind(proxy.admin_listen, 1).with_context(|| {
+                format!("cannot listen on {} (--admin-listen)", proxy.admin_listen)
+            })?;
+            bound.into_iter().next()
+        }
+        Some(_) => {
+            tracing::warn!(
+                "--admin-on-proxy-port: the API answers under /_inflight/ on the proxied port, so any \
+                 proxied client can take permits on any key and, without an admin token, change limits"
+            );
+            None
+        }
+        None => None,
+    };
+    let admin_listen = admin.as_ref().map(|admin| admin.local_addr()).transpose()?;
+    let workers = Workers::start(listeners, app, upstream, (&settings).into(), admin).await?;
     tracing::info!(
         command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,
+        admin = admin_listen.map(|admin| admin.to_string()),
         workers = settings.workers(),
         store = %settings.store_for_logs(),
         default_limit = settings.default_limit,

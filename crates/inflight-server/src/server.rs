@@ -56,10 +56,18 @@ impl<S: Store> Routes<S> {
                 api: api::router(app.clone()),
                 proxy: None,
             },
-            Some(upstream) => Self {
-                api: Router::new().nest_service(API_PREFIX, api::router(app.clone())),
-                proxy: Some(Arc::new(Proxy::new(app.clone(), upstream.clone()))),
-            },
+            Some(upstream) => {
+                let api = match upstream.api_on_proxy_port {
+                    true => Router::new().nest_service(API_PREFIX, api::router(app.clone())),
+                    false => {
+                        Router::new().nest_service(API_PREFIX, Router::new().fallback(elsewhere))
+                    }
+                };
+                Self {
+                    api,
+                    proxy: Some(Arc::new(Proxy::new(app.clone(), upstream.clone()))),
+                }
+            }
         }
     }
 
@@ -75,6 +83,15 @@ impl<S: Store> Routes<S> {
             _ => Either::Right(self.api.clone().call(request)),
         }
     }
+}
+
+/// `/_inflight` on the proxied port, when the API answers on the admin listener only.
+async fn elsewhere() -> crate::error::ApiError {
+    crate::error::ApiError::new(
+        http::StatusCode::NOT_FOUND,
+        "not_found",
+        "The API is not served on this port (see --admin-listen).",
+    )
 }
 
 /// Where a proxy answers with its API (as `Router::nest_service` matches it: the prefix itself, or the
@@ -161,6 +178,7 @@ impl Workers {
         app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
         upstream: Option<Upstream>,
         timeouts: Timeouts,
+        admin: Option<std::net::TcpListener>,
     ) -> anyhow::Result<Self> {
         if listeners.is_empty() {
             anyhow::bail!("no listener to serve on");
@@ -173,6 +191,7 @@ impl Workers {
             ended: FuturesUnordered::new(),
         };
         let mut started = Vec::new();
+        let mut admin = admin;
         for (n, listener) in listeners.into_iter().enumerate() {
             let (ready, is_ready) = oneshot::channel();
             let (done, ended) = oneshot::channel();
@@ -180,6 +199,7 @@ impl Workers {
                 app: app.clone(),
                 upstream: upstream.clone(),
                 timeouts,
+                admin: admin.take(),
                 stopping: workers.stop.subscribe(),
                 ending: workers.end.subscribe(),
             };
@@ -251,6 +271,8 @@ struct Worker<S: Store> {
     app: MakeApp<S>,
     upstream: Option<Arc<Upstream>>,
     timeouts: Timeouts,
+    /// The admin listener (the first worker serves it, with the plain API).
+    admin: Option<std::net::TcpListener>,
     stopping: watch::Receiver<bool>,
     ending: watch::Receiver<bool>,
 }
@@ -277,10 +299,14 @@ impl<S: Store> Worker<S> {
             }
         };
         let served = runtime.block_on(async move {
+            let admin = self.admin.map(TcpListener::from_std).transpose();
             let started = TcpListener::from_std(listener)
+                .and_then(|listener| Ok((listener, admin?)))
                 .map_err(anyhow::Error::from)
-                .and_then(|listener| Ok((NoDelay(listener), (self.app)()?)));
-            let (listener, app) = match started {
+                .and_then(|(listener, admin)| {
+                    Ok((NoDelay(listener), admin.map(NoDelay), (self.app)()?))
+                });
+            let (listener, admin, app) = match started {
                 Ok(started) => {
                     let _ = ready.send(Ok(()));
                     started
@@ -291,8 +317,28 @@ impl<S: Store> Worker<S> {
                 }
             };
             let routes = Routes::new(&app, self.upstream.as_deref());
+            let admin = async {
+                if let Some(admin) = admin {
+                    let routes = Routes::new(&app, None);
+                    serve(
+                        admin,
+                        routes,
+                        self.stopping.clone(),
+                        self.timeouts,
+                        &app.cut,
+                    )
+                    .await;
+                }
+            };
+            let proxied = serve(
+                listener,
+                routes,
+                self.stopping.clone(),
+                self.timeouts,
+                &app.cut,
+            );
             tokio::select! {
-                () = serve(listener, routes, self.stopping, self.timeouts, &app.cut) => {
+                ((), ()) = async { tokio::join!(proxied, admin) } => {
                     // What was dropped is being released in the background; this releases the rest and
                     // waits for those.
                     app.limiter.release_held().await;

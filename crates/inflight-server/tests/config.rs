@@ -168,6 +168,8 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
     let err = start(
         &[
             "proxy",
+            "--admin-listen",
+            "127.0.0.1:0",
             "--upstream",
             "http://127.0.0.1:9",
             "--config",
@@ -292,6 +294,8 @@ fn proxy(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
     let mut all = vec![
         "proxy",
         "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
         "127.0.0.1:0",
         "--upstream",
         "http://127.0.0.1:9",

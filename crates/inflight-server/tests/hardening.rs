@@ -205,3 +205,100 @@ async fn overrides_are_bounded_on_redis() {
     });
     overrides_are_bounded::<common::Redis>(stores).await;
 }
+
+/// The proxy serves its API on its own listener: a proxied client cannot reach it, so it cannot fill a
+/// victim's key with day-long permits or change limits; `--admin-on-proxy-port` puts it back, with a
+/// warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_api_is_not_on_the_proxied_port() {
+    use common::process::{admin_of, listen_of, Running};
+    let upstream = common::Upstream::start().await;
+    let (mut server, started) = Running::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.base,
+        "--default-limit",
+        "8",
+    ]);
+    let (base, admin) = (
+        format!("http://{}", listen_of(&started)),
+        admin_of(&started),
+    );
+    let admin = format!("http://{admin}");
+    assert_ne!(base, admin);
+    let http = reqwest::Client::new();
+    let fill = http
+        .post(format!("{base}/_inflight/v1/keys/victim/permits"))
+        .json(&serde_json::json!({"lease_ms": 86_400_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fill.status(), 404);
+    let body: serde_json::Value = fill.json().await.unwrap();
+    assert_eq!(body["code"], "not_found");
+    let limit = http
+        .put(format!("{base}/_inflight/v1/keys/victim/limit"))
+        .json(&serde_json::json!({"limit": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(limit.status(), 404);
+    let victim: serde_json::Value = http
+        .get(format!("{admin}/v1/keys/victim"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (victim["limit"].as_u64(), victim["in_flight"].as_u64()),
+        (Some(8), Some(0))
+    );
+    for open in ["/healthz", "/metrics"] {
+        let status = http
+            .get(format!("{admin}{open}"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 200, "{open} on the admin listener");
+    }
+    server.signal("-TERM");
+    let exit = tokio::task::spawn_blocking(move || {
+        let exit = server.wait_for(Duration::from_secs(10));
+        (exit, server.rest_of_log())
+    });
+    assert!(exit.await.unwrap().0.success());
+
+    let (mut exposed, started) = Running::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.base,
+        "--admin-on-proxy-port",
+    ]);
+    assert!(!started.contains("admin="), "{started}");
+    let base = format!("http://{}", listen_of(&started));
+    let status = http
+        .get(format!("{base}/_inflight/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(
+        status, 200,
+        "the API under /_inflight on the proxied port, when asked for"
+    );
+    exposed.signal("-TERM");
+    let log = tokio::task::spawn_blocking(move || {
+        exposed.wait_for(Duration::from_secs(10));
+        exposed.rest_of_log().join("\n")
+    });
+    let _ = log.await.unwrap();
+}

@@ -472,6 +472,8 @@ async fn a_clean_exit_leaves_no_lease_in_redis() {
         "proxy",
         "--listen",
         "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
         "--workers",
         "2",
         "--upstream",
@@ -604,6 +606,8 @@ async fn a_second_sigterm_exits_at_once() {
     let (mut server, started) = Running::start(&[
         "proxy",
         "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
         "127.0.0.1:0",
         "--upstream",
         &upstream.base,

@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{Read, Write};
 
-use common::process::{listen_of, Running};
+use common::process::{admin_of, listen_of, Running};
 use common::{
     get_json, get_text, limits, metric, proxy_settings, start_proxy, wait_in_flight, Make,
     TestRedis, Upstream,
@@ -335,15 +335,18 @@ async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
             "true",
             "--key",
             "user:{bearer_hash}",
+            "--admin-listen",
+            "127.0.0.1:0",
         ],
         &[("INFLIGHT_LOG", "trace")],
     );
     let base = format!("http://{}", listen_of(&started));
+    let admin = format!("http://{}", admin_of(&started));
     let http = Client::new();
     let (bearer, shouted) = (format!("Bearer {TOKEN}"), format!("bEaReR {TOKEN}"));
     let stream = get(&http, format!("{base}/sse"), &[("authorization", &bearer)]).await;
     assert_eq!(stream.status(), StatusCode::OK);
-    let status: Value = get_json(&http, format!("{base}/_inflight/v1/keys/{key}")).await;
+    let status: Value = get_json(&http, format!("{admin}/v1/keys/{key}")).await;
     assert_eq!(status["in_flight"], 1, "{status}");
     let refused = get(
         &http,
@@ -381,7 +384,7 @@ async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
         (status, &body["code"]),
         (StatusCode::BAD_REQUEST, &"missing_key".into())
     );
-    let metrics = get_text(&http, format!("{base}/_inflight/metrics")).await;
+    let metrics = get_text(&http, format!("{admin}/metrics")).await;
     assert!(
         metrics.contains(&hash),
         "the per-key metrics name the hash: {metrics}"

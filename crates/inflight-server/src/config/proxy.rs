@@ -1,6 +1,7 @@
 //! The settings of `inflight proxy`: the upstream, how a request's keys are formed, which paths are
 //! limited; and `serve`'s settings.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -47,6 +48,16 @@ pub struct ProxySettings {
     )]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_path: Vec<String>,
+    /// Where the API (permits, limits, metrics) answers, apart from the proxied port, so that proxied
+    /// clients cannot reach it.
+    #[arg(long, env = "INFLIGHT_ADMIN_LISTEN", value_name = "ADDR")]
+    #[arg(default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+    /// Answer the API on the proxied port too, under /_inflight/, instead of on --admin-listen: any
+    /// proxied client can then use it (a warning says so at start).
+    #[arg(long, env = "INFLIGHT_ADMIN_ON_PROXY_PORT")]
+    #[arg(action = clap::ArgAction::SetTrue)]
+    pub admin_on_proxy_port: bool,
     /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
     #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "60s", value_parser = text::parse)]

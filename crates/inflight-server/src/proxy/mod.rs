@@ -38,6 +38,9 @@ pub struct Upstream {
     pub limit_paths: LimitPaths,
     /// How long a request may take upstream until its response headers (connecting and sending it included).
     pub timeout: Duration,
+    /// Whether the API answers under `/_inflight` on the proxied port (else it answers only on the admin
+    /// listener, and `/_inflight` here is 404).
+    pub api_on_proxy_port: bool,
 }
 
 /// The client at the other end of a connection: its address, and its IP address written out once per

@@ -108,6 +108,9 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
     ];
     let mut settings = ProxySettings::from_flags(flags).expect("valid test settings");
     settings.serve = serve;
+    // In-process test servers serve the API under /_inflight on the proxied port, as they always did;
+    // the admin listener is tested with the binary.
+    settings.admin_on_proxy_port = true;
     settings
 }
 
@@ -123,7 +126,7 @@ async fn start<S: Store>(
         let shared = inflight_server::Shared::new(&settings).expect("valid limits");
         move || Ok(inflight_server::app(&settings, &shared, stores())?)
     };
-    let workers = server::Workers::start(listeners, app, upstream, settings.into())
+    let workers = server::Workers::start(listeners, app, upstream, settings.into(), None)
         .await
         .expect("the workers start");
     let (stop, stopped) = oneshot::channel::<()>();

@@ -107,3 +107,17 @@ pub fn listen_of(started: &str) -> String {
         .unwrap_or_else(|| panic!("no listen= in {started}"))
         .to_owned()
 }
+
+/// The address in a start line's `admin=` field (the proxy's admin listener).
+#[allow(dead_code)] // not every test binary that includes this module asks
+pub fn admin_of(started: &str) -> String {
+    started
+        .split_whitespace()
+        .find_map(|field| {
+            field
+                .strip_prefix("admin=\"")
+                .or_else(|| field.strip_prefix("admin="))
+        })
+        .map(|addr| addr.trim_end_matches('"').to_owned())
+        .unwrap_or_else(|| panic!("no admin= in {started}"))
+}
