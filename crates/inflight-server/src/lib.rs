@@ -31,6 +31,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         limit_paths: settings.limit_paths()?,
         timeout: settings.upstream_timeout,
         api_on_proxy_port: settings.admin_on_proxy_port,
+        trust_forwarded: settings.trust_forwarded,
     })
 }
 

@@ -302,3 +302,34 @@ async fn the_proxys_api_is_not_on_the_proxied_port() {
     });
     let _ = log.await.unwrap();
 }
+
+/// A client's claims about its address (X-Forwarded-For, X-Real-IP, Forwarded) do not reach the upstream
+/// unless `--trust-forwarded`: it sees the address the proxy saw.
+#[tokio::test]
+async fn a_clients_forwarding_headers_are_replaced_unless_trusted() {
+    let upstream = common::Upstream::start().await;
+    for trust in [false, true] {
+        let mut settings = common::proxy_settings(&upstream.base, limits(5, 0));
+        settings.trust_forwarded = trust;
+        let server = common::start_proxy(&settings, Memory::stores(&None)).await;
+        let echo: serde_json::Value = reqwest::Client::new()
+            .get(server.url("/echo/x"))
+            .header("x-inflight-key", "k")
+            .header("x-forwarded-for", "203.0.113.9")
+            .header("x-real-ip", "203.0.113.9")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let headers = &echo["headers"];
+        if trust {
+            assert_eq!(headers["x-forwarded-for"], "203.0.113.9, 127.0.0.1");
+            assert_eq!(headers["x-real-ip"], "203.0.113.9");
+        } else {
+            assert_eq!(headers["x-forwarded-for"], "127.0.0.1", "{headers}");
+            assert!(headers.get("x-real-ip").is_none(), "{headers}");
+        }
+    }
+}

@@ -48,6 +48,11 @@ pub struct ProxySettings {
     )]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_path: Vec<String>,
+    /// Keep the clients' X-Forwarded-For, Forwarded and X-Real-IP and append to X-Forwarded-For, as
+    /// behind a load balancer of one's own; by default they are replaced by the address the proxy saw.
+    #[arg(long, env = "INFLIGHT_TRUST_FORWARDED")]
+    #[arg(action = clap::ArgAction::SetTrue)]
+    pub trust_forwarded: bool,
     /// Where the API (permits, limits, metrics) answers, apart from the proxied port, so that proxied
     /// clients cannot reach it.
     #[arg(long, env = "INFLIGHT_ADMIN_LISTEN", value_name = "ADDR")]

@@ -25,6 +25,7 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// Removes hop-by-hop headers, including those the Connection header names. A message with
 /// `Transfer-Encoding` loses its `Content-Length` too (RFC 9112 6.3: the encoding decides the length, so
@@ -57,12 +58,16 @@ pub(super) struct Target {
     base_path: String,
     /// The upstream's authority, as the Host header sent to it.
     host: Option<HeaderValue>,
+    /// Whether the client's `X-Forwarded-For` (and `Forwarded`, `X-Real-IP`) are kept and appended to,
+    /// as behind a proxy of one's own; otherwise they are replaced by what this proxy saw.
+    trust_forwarded: bool,
 }
 
 impl Target {
     /// The target of `base` (`http://host[:port][/base]`).
-    pub(super) fn new(base: &Uri) -> Self {
+    pub(super) fn new(base: &Uri, trust_forwarded: bool) -> Self {
         Self {
+            trust_forwarded,
             base_path: base.path().trim_end_matches('/').to_owned(),
             host: base
                 .authority()
@@ -103,6 +108,13 @@ impl Target {
         .or_else(|| HeaderValue::from_str(authority?.as_str()).ok());
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
+        }
+        if !self.trust_forwarded {
+            // A client on the public edge says what it likes about where it comes from: none of it goes
+            // on, so that the upstream's logs and limits by address see the address this proxy saw.
+            for name in [&X_FORWARDED_FOR, &X_REAL_IP, &header::FORWARDED] {
+                parts.headers.remove(name);
+            }
         }
         let forwarded_for = match parts
             .headers
@@ -155,7 +167,7 @@ mod tests {
         ];
         for (base, path, expected) in cases {
             let base: Uri = base.parse().unwrap();
-            let sent = Target::new(&base)
+            let sent = Target::new(&base, false)
                 .to_upstream(request(path, &[("host", "front")]), &client())
                 .unwrap();
             assert_eq!(sent.uri().to_string(), expected, "{base} {path}");
@@ -167,7 +179,7 @@ mod tests {
     #[test]
     fn without_a_host_header_the_forwarded_host_is_the_authority() {
         let base: Uri = "http://up:81".parse().unwrap();
-        let sent = Target::new(&base)
+        let sent = Target::new(&base, false)
             .to_upstream(request("http://front:8080/v1/chat", &[]), &client())
             .unwrap();
         assert_eq!(sent.uri().to_string(), "/v1/chat");
@@ -178,7 +190,7 @@ mod tests {
     #[test]
     fn forwarded_for_is_appended_and_hop_by_hop_headers_go() {
         let base: Uri = "http://up".parse().unwrap();
-        let sent = Target::new(&base)
+        let sent = Target::new(&base, true)
             .to_upstream(
                 request(
                     "/",
@@ -201,6 +213,34 @@ mod tests {
         for gone in ["connection", "x-drop-me", "keep-alive", "te"] {
             assert!(!headers.contains_key(gone), "{gone} was forwarded");
         }
+    }
+
+    #[test]
+    fn an_untrusted_clients_forwarding_headers_are_replaced() {
+        let base: Uri = "http://up".parse().unwrap();
+        let claimed = [
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-real-ip", "203.0.113.9"),
+            ("forwarded", "for=203.0.113.9"),
+        ];
+        let sent = Target::new(&base, false)
+            .to_upstream(request("/", &claimed), &client())
+            .unwrap();
+        let headers = sent.headers();
+        assert_eq!(
+            headers["x-forwarded-for"], "10.0.0.7",
+            "replaced, not appended to"
+        );
+        assert!(!headers.contains_key("x-real-ip"));
+        assert!(!headers.contains_key("forwarded"));
+        let trusted = Target::new(&base, true)
+            .to_upstream(request("/", &claimed), &client())
+            .unwrap();
+        assert_eq!(
+            trusted.headers()["x-forwarded-for"],
+            "203.0.113.9, 10.0.0.7"
+        );
+        assert_eq!(trusted.headers()["x-real-ip"], "203.0.113.9");
     }
 
     /// The names of `headers` (appended in order) that stripping leaves.

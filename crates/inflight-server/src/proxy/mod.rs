@@ -38,6 +38,8 @@ pub struct Upstream {
     pub limit_paths: LimitPaths,
     /// How long a request may take upstream until its response headers (connecting and sending it included).
     pub timeout: Duration,
+    /// Whether the client's forwarding headers are trusted (appended to) or replaced.
+    pub trust_forwarded: bool,
     /// Whether the API answers under `/_inflight` on the proxied port (else it answers only on the admin
     /// listener, and `/_inflight` here is 404).
     pub api_on_proxy_port: bool,
@@ -84,7 +86,7 @@ impl<S: Store> Proxy<S> {
         let address = Uri::from_parts(address).expect("an http URI with an authority");
         Self {
             app,
-            target: headers::Target::new(&upstream.base),
+            target: headers::Target::new(&upstream.base, upstream.trust_forwarded),
             pool: upstream::Pool::new(address, CONNECT_TIMEOUT),
             upstream,
         }
