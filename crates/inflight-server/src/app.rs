@@ -47,13 +47,17 @@ impl<S: Store> App<S> {
         let outcome = self
             .timed("acquire", self.limiter.try_acquire_with(key, options))
             .await;
-        let result = match &outcome {
-            Ok(_) => AdmissionResult::Admitted,
-            Err(AcquireError::Store(_)) => AdmissionResult::Error,
-            Err(_) => AdmissionResult::Rejected,
+        self.count_admission(key, outcome.as_ref().err());
+        outcome
+    }
+
+    fn count_admission(&self, key: &str, refused: Option<&AcquireError>) {
+        let result = match refused {
+            None => AdmissionResult::Admitted,
+            Some(AcquireError::Store(_)) => AdmissionResult::Error,
+            Some(_) => AdmissionResult::Rejected,
         };
         self.metrics.admission(key, result);
-        outcome
     }
 
     /// Admits a request under every key of `keys` at once, or under none: counted once, under the first
@@ -66,15 +70,8 @@ impl<S: Store> App<S> {
         let outcome = self
             .timed("acquire", self.limiter.try_acquire_all(keys, options))
             .await;
-        let result = match &outcome {
-            Ok(_) => AdmissionResult::Admitted,
-            Err(refused) if matches!(refused.error, AcquireError::Store(_)) => {
-                AdmissionResult::Error
-            }
-            Err(_) => AdmissionResult::Rejected,
-        };
-        self.metrics
-            .admission(keys.first().copied().unwrap_or_default(), result);
+        let first = keys.first().copied().unwrap_or_default();
+        self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));
         outcome
     }
 
@@ -96,23 +93,33 @@ impl<S: Store> App<S> {
         let renewal = self
             .timed("renew", self.limiter.renew(key, id, lease))
             .await?;
-        match &renewal {
-            Renewal::Renewed(grant) | Renewal::Readded(grant) => {
-                self.metrics
-                    .renewed(key, &id.to_string(), grant.expires_at_ms);
-            }
-            Renewal::Lost => self.metrics.returned(key, &id.to_string()),
-        }
+        self.count_renewal(key, id, &renewal);
         Ok(renewal)
+    }
+
+    /// A lent lease renewed (its new deadline) or found gone (no longer in flight).
+    fn count_renewal(&self, key: &str, id: &PermitId, renewal: &Renewal) {
+        let id = id.to_string();
+        match renewal {
+            Renewal::Renewed(grant) | Renewal::Readded(grant) => {
+                self.metrics.renewed(key, &id, grant.expires_at_ms);
+            }
+            Renewal::Lost => self.metrics.returned(key, &id),
+        }
+    }
+
+    /// A lent lease given back; a release counted when it was held.
+    fn count_release(&self, key: &str, id: &PermitId, held: bool) {
+        self.metrics.returned(key, &id.to_string());
+        if held {
+            self.metrics.release();
+        }
     }
 
     /// Releases a lease handed out over HTTP; returns whether it was held (and then counts the release).
     pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
         let held = self.timed("release", self.limiter.release(key, id)).await?;
-        self.metrics.returned(key, &id.to_string());
-        if held {
-            self.metrics.release();
-        }
+        self.count_release(key, id, held);
         Ok(held)
     }
 
@@ -135,7 +142,9 @@ impl<S: Store> App<S> {
             .timed("record", self.limiter.record(keys, &lease_out.id, lease))
             .await;
         if let Err(error) = recorded {
-            self.release_all(keys, &lease_out.id).await.ok();
+            if let Ok(held) = self.limiter.release_all(keys, &lease_out.id).await {
+                self.count_release(&keys[0], &lease_out.id, held);
+            }
             return Err(error);
         }
         Ok(lease_out)
@@ -151,13 +160,7 @@ impl<S: Store> App<S> {
             .timed("renew", self.limiter.renew_recorded(id, lease))
             .await?;
         if let Some((keys, renewal)) = &found {
-            let id = id.to_string();
-            match renewal {
-                Renewal::Renewed(grant) | Renewal::Readded(grant) => {
-                    self.metrics.renewed(&keys[0], &id, grant.expires_at_ms);
-                }
-                Renewal::Lost => self.metrics.returned(&keys[0], &id),
-            }
+            self.count_renewal(&keys[0], id, renewal);
         }
         Ok(found)
     }
@@ -168,21 +171,9 @@ impl<S: Store> App<S> {
             .timed("release", self.limiter.release_recorded(id))
             .await?;
         if let Some((keys, held)) = found {
-            self.metrics.returned(&keys[0], &id.to_string());
-            if held {
-                self.metrics.release();
-            }
+            self.count_release(&keys[0], id, held);
         }
         Ok(())
-    }
-
-    async fn release_all(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
-        let held = self.limiter.release_all(keys, id).await?;
-        self.metrics.returned(&keys[0], &id.to_string());
-        if held {
-            self.metrics.release();
-        }
-        Ok(held)
     }
 
     /// True when `authorization` carries the admin token (or none is configured).
@@ -214,10 +205,18 @@ impl<S: Store> App<S> {
 fn bears(authorization: Option<&http::HeaderValue>, token: &str) -> bool {
     let given = authorization
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().split_once([' ', '\t']))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map_or("", |(_, token)| token.trim_matches([' ', '\t']));
+        .and_then(bearer_token)
+        .unwrap_or_default();
     constant_time_eq(given.as_bytes(), token.as_bytes())
+}
+
+/// The token of an `Authorization` value `Bearer TOKEN` (RFC 9110 11.1, RFC 6750 2.1), read as an
+/// upstream would (Dify splits on any whitespace): the scheme, in any case, is the first run of
+/// non-whitespace; the token the rest, trimmed of spaces and tabs. `None` for another scheme or no token.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_matches([' ', '\t']).split_once([' ', '\t'])?;
+    let token = token.trim_matches([' ', '\t']);
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// Longest key and id, in bytes.

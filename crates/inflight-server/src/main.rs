@@ -157,14 +157,7 @@ async fn run<S: Store>(
             })?;
             bound.into_iter().next()
         }
-        Some(_) => {
-            tracing::warn!(
-                "--admin-on-proxy-port: the API answers under /_inflight/ on the proxied port, so any \
-                 proxied client can take permits on any key and, without an admin token, change limits"
-            );
-            None
-        }
-        None => None,
+        Some(_) | None => None,
     };
     let admin_listen = admin.as_ref().map(|admin| admin.local_addr()).transpose()?;
     let workers = Workers::start(listeners, app, upstream, (&settings).into(), admin).await?;
@@ -181,6 +174,15 @@ async fn run<S: Store>(
         upstream = proxy.as_ref().and_then(|p| p.upstream.clone()),
         "inflight started"
     );
+    if proxy
+        .as_ref()
+        .is_some_and(|proxy| proxy.admin_on_proxy_port)
+    {
+        tracing::warn!(
+            "--admin-on-proxy-port: the API answers under /_inflight/ on the proxied port, so any \
+             proxied client can take permits on any key and, without an admin token, change limits"
+        );
+    }
     workers.run(shutdown).await?;
     Ok(())
 }

@@ -300,7 +300,11 @@ async fn the_proxys_api_is_not_on_the_proxied_port() {
         exposed.wait_for(Duration::from_secs(10));
         exposed.rest_of_log().join("\n")
     });
-    let _ = log.await.unwrap();
+    let log = log.await.unwrap();
+    assert!(
+        log.contains("--admin-on-proxy-port"),
+        "warned at start: {log}"
+    );
 }
 
 /// A client's claims about its address (X-Forwarded-For, X-Real-IP, Forwarded) do not reach the upstream

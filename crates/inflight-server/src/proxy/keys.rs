@@ -205,17 +205,10 @@ fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
         let why = "The request has more than one authorization header.";
         return Err(Unformed::Invalid(why.to_owned()));
     }
-    // `auth-scheme 1*SP token68`, the scheme in any case (RFC 9110 11.1, RFC 6750 2.1). Read as an
-    // upstream would (Dify splits on any whitespace): the scheme is the first run of non-whitespace,
-    // the token the rest, trimmed of spaces and tabs. A token with whitespace inside is refused, never
-    // passed: each spelling of it would be a key of its own.
+    // A token with whitespace inside is refused, never passed: each spelling of it would be a key of
+    // its own.
     let text = value.to_str().map_err(|_| no_token())?;
-    let text = text.trim_matches([' ', '\t']);
-    let (scheme, token) = text.split_once([' ', '\t']).ok_or_else(no_token)?;
-    let token = token.trim_matches([' ', '\t']);
-    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
-        return Err(no_token());
-    }
+    let token = crate::app::bearer_token(text).ok_or_else(no_token)?;
     if token.contains(|c: char| c.is_ascii_whitespace()) {
         let why = "The bearer token has whitespace in it.";
         return Err(Unformed::Invalid(why.to_owned()));
