@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
-use inflight::AcquireError;
+use inflight::{AcquireError, StoreError};
 
 /// The status, stable code and message for a refused admission.
 pub fn describe(error: &AcquireError) -> (StatusCode, &'static str, String) {
@@ -23,6 +23,11 @@ pub fn describe(error: &AcquireError) -> (StatusCode, &'static str, String) {
             StatusCode::BAD_REQUEST,
             "invalid_request",
             (*why).to_owned(),
+        ),
+        AcquireError::Store(StoreError::Unsupported(why)) => (
+            StatusCode::BAD_REQUEST,
+            "unsupported",
+            format!("The store cannot do this: {why}."),
         ),
         AcquireError::Store(_) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -86,4 +86,4 @@ pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use store::{KeyStatus, Keys, MemoryStore, Renewal, Store};
 #[cfg(feature = "redis")]
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::{Layout, RedisStore, RedisStoreBuilder};

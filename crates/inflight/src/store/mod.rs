@@ -9,7 +9,7 @@ mod memory;
 mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use self::redis::{Layout, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use memory::MemoryStore;
 
 use std::future::Future;

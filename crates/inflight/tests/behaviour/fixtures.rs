@@ -66,6 +66,19 @@ impl RedisFixture {
             _server: server,
         }
     }
+
+    /// A store of Dify's key layout.
+    pub fn dify() -> Self {
+        let server = TestRedis::start();
+        Self {
+            store: server
+                .store_builder()
+                .layout(inflight::Layout::Dify)
+                .open()
+                .unwrap(),
+            _server: server,
+        }
+    }
 }
 
 impl Fixture for RedisFixture {

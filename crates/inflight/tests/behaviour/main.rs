@@ -14,48 +14,54 @@ macro_rules! behaviour_suite {
             use super::*;
 
             behaviour_suite!(@tests $fixture;
-                admits_up_to_the_limit_and_rejects_exactly_at_it,
-                dropping_or_releasing_a_permit_frees_its_slot,
-                generated_ids_are_uuids_and_given_ids_are_kept,
                 reacquiring_a_held_id_counts_once_and_refreshes_its_lease,
-                two_permits_for_one_id_hold_the_slot_until_the_last_goes,
-                a_renewal_without_a_length_keeps_the_leases_own,
-                a_retry_under_the_same_id_right_after_a_release_keeps_its_slot,
-                a_limit_change_applies_to_the_next_admission_in_every_process,
-                the_ceiling_caps_every_override,
-                an_override_limits_a_key_that_is_unlimited_by_default,
                 weights_count_and_a_weight_over_the_limit_can_never_fit,
-                an_expired_lease_is_reclaimed_at_the_next_admission,
-                a_held_permit_keeps_its_slot_across_many_leases,
-                a_renewal_readds_a_lease_the_store_lost,
-                a_renewal_marks_the_permit_lost_when_the_key_filled_up,
-                remote_renewal_of_a_gone_lease_says_lost,
-                a_stream_holds_its_permit_until_it_ends,
-                a_stream_dropped_midway_or_before_its_first_item_releases,
-                a_stream_that_errors_releases_when_it_ends,
-                a_scope_holds_its_permit_until_the_future_completes_or_is_cancelled,
-                a_panic_while_holding_a_permit_releases_it,
-                one_permit_is_handed_from_phase_to_phase,
-                status_of_an_unknown_key_is_empty,
-                several_limits_are_taken_together_or_not_at_all,
-                an_empty_id_is_refused_and_never_matches,
                 weights_as_large_as_the_limit_never_overflow,
                 keys_are_opaque,
-                classes_of_keys_have_their_own_limits_and_cap_their_overrides,
-                a_new_policy_applies_to_the_next_admission_and_held_permits_stay,
-                a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id,
-                a_permit_stays_held_when_one_of_its_keys_becomes_limited,
+                an_empty_id_is_refused_and_never_matches,
             );
+            behaviour_suite!(@unweighted $fixture);
+        }
+    };
+    // The scenarios that need neither weights nor keys with braces (what Dify's layout leaves out).
+    (@unweighted $fixture:expr) => {
+        behaviour_suite!(@tests $fixture;
+            admits_up_to_the_limit_and_rejects_exactly_at_it,
+            dropping_or_releasing_a_permit_frees_its_slot,
+            generated_ids_are_uuids_and_given_ids_are_kept,
+            two_permits_for_one_id_hold_the_slot_until_the_last_goes,
+            a_renewal_without_a_length_keeps_the_leases_own,
+            a_retry_under_the_same_id_right_after_a_release_keeps_its_slot,
+            a_limit_change_applies_to_the_next_admission_in_every_process,
+            the_ceiling_caps_every_override,
+            an_override_limits_a_key_that_is_unlimited_by_default,
+            an_expired_lease_is_reclaimed_at_the_next_admission,
+            a_held_permit_keeps_its_slot_across_many_leases,
+            a_renewal_readds_a_lease_the_store_lost,
+            a_renewal_marks_the_permit_lost_when_the_key_filled_up,
+            remote_renewal_of_a_gone_lease_says_lost,
+            a_stream_holds_its_permit_until_it_ends,
+            a_stream_dropped_midway_or_before_its_first_item_releases,
+            a_stream_that_errors_releases_when_it_ends,
+            a_scope_holds_its_permit_until_the_future_completes_or_is_cancelled,
+            a_panic_while_holding_a_permit_releases_it,
+            one_permit_is_handed_from_phase_to_phase,
+            status_of_an_unknown_key_is_empty,
+            several_limits_are_taken_together_or_not_at_all,
+            classes_of_keys_have_their_own_limits_and_cap_their_overrides,
+            a_new_policy_applies_to_the_next_admission_and_held_permits_stay,
+            a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id,
+            a_permit_stays_held_when_one_of_its_keys_becomes_limited,
+        );
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn many_tasks_never_exceed_the_limit_and_end_at_zero() {
-                crate::scenarios::many_tasks_never_exceed_the_limit_and_end_at_zero($fixture).await;
-            }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn many_tasks_never_exceed_the_limit_and_end_at_zero() {
+            crate::scenarios::many_tasks_never_exceed_the_limit_and_end_at_zero($fixture).await;
+        }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment() {
-                crate::scenarios::a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment($fixture).await;
-            }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment() {
+            crate::scenarios::a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment($fixture).await;
         }
     };
     (@tests $fixture:expr; $($name:ident),* $(,)?) => {
@@ -70,5 +76,13 @@ macro_rules! behaviour_suite {
 
 behaviour_suite!(memory, crate::fixtures::MemoryFixture::new());
 behaviour_suite!(redis, crate::fixtures::RedisFixture::new());
+
+/// Dify's key layout: every scenario but those of weights and of keys with braces, which it refuses.
+mod redis_dify {
+    #[allow(unused_imports)]
+    use super::*;
+
+    behaviour_suite!(@unweighted crate::fixtures::RedisFixture::dify());
+}
 
 mod memory_only;

@@ -9,7 +9,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo};
 
 use super::batch::Batcher;
-use super::{overrides, RedisStore};
+use super::{overrides, Layout, RedisStore};
 use crate::error::StoreError;
 
 /// Builds a [`RedisStore`].
@@ -22,6 +22,8 @@ pub struct RedisStoreBuilder {
     pub(super) connection_timeout: Duration,
     pub(super) pipeline: usize,
     pub(super) max_overrides: usize,
+    pub(super) layout: Layout,
+    pub(super) stale_after: Duration,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
 }
@@ -58,6 +60,20 @@ impl RedisStoreBuilder {
     /// may fill Redis.
     pub fn max_overrides(mut self, max: usize) -> Self {
         self.max_overrides = max;
+        self
+    }
+
+    /// The key layout (default [`Layout::Inflight`]); [`Layout::Dify`] shares Dify's own keys with its
+    /// workers during a migration.
+    pub fn layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Under [`Layout::Dify`]: how old a Dify worker's entry must be before an admission that needs its
+    /// slot evicts it (default 600 s, Dify's own age).
+    pub fn dify_stale_after(mut self, age: Duration) -> Self {
+        self.stale_after = age;
         self
     }
 
@@ -115,7 +131,9 @@ impl RedisStoreBuilder {
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
         let names = overrides::Names::new(&self.prefix);
         let view = Arc::new(overrides::View::default());
-        overrides::start(client, conn.clone(), names.clone(), &view);
+        if self.layout == Layout::Inflight {
+            overrides::start(client, conn.clone(), names.clone(), &view);
+        }
         Ok(RedisStore {
             batcher: Batcher::start(conn.clone(), clock_offset_ms.clone(), self.pipeline),
             conn,
@@ -124,6 +142,8 @@ impl RedisStoreBuilder {
             max_overrides: self.max_overrides,
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
+            layout: self.layout,
+            stale_ms: u64::try_from(self.stale_after.as_millis()).unwrap_or(u64::MAX),
             clock_offset_ms,
         })
     }

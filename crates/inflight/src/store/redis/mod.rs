@@ -7,6 +7,7 @@
 
 mod batch;
 mod builder;
+mod dify;
 mod error;
 mod index;
 mod keys;
@@ -22,6 +23,7 @@ use redis::aio::ConnectionManager;
 use redis::Script;
 
 pub use self::builder::RedisStoreBuilder;
+pub use self::dify::Layout;
 
 use self::batch::{Batcher, Op};
 use self::error::retried;
@@ -65,6 +67,9 @@ pub struct RedisStore {
     max_overrides: usize,
     prefix: Arc<str>,
     target: Arc<str>,
+    layout: Layout,
+    /// How old a Dify worker's entry must be to be stale ([`Layout::Dify`]), ms.
+    stale_ms: u64,
     /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
     clock_offset_ms: Arc<AtomicI64>,
 }
@@ -79,6 +84,8 @@ impl RedisStore {
             connection_timeout: Duration::from_secs(1),
             pipeline: 3,
             max_overrides: 0,
+            layout: Layout::Inflight,
+            stale_after: dify::DEFAULT_STALE_AFTER,
             #[cfg(feature = "tls")]
             root_cert: None,
         }
@@ -148,9 +155,15 @@ impl RedisStore {
             req.readd_weight.unwrap_or(0),
             self.offset(),
         );
-        let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
-        args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
-        let out = self.run(&scripts::RENEW, &req.keys, &args).await?;
+        let out = if self.layout == Layout::Dify {
+            let readd = if readd > 0 { "1" } else { "0" };
+            let call = self.dify_call("n", &req.keys, &req.id, lease_ms, readd, &req.limits)?;
+            self.dify_run(call).await?
+        } else {
+            let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
+            args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
+            self.run(&scripts::RENEW, &req.keys, &args).await?
+        };
         let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
         let grant = Grant {
             limit: Limit::from_u32(number(limit)?),
@@ -179,6 +192,16 @@ impl RedisStore {
             OverrideChange::Set(n) => n.to_string(),
             OverrideChange::Clear => "0".to_owned(),
         };
+        if self.layout == Layout::Dify {
+            let id = PermitId::from("");
+            let mut call = self.dify_call("s", &[key], &id, 0, &arg, &[limits])?;
+            call.invocation
+                .key(&self.names.index)
+                .arg(self.max_overrides)
+                .arg(key);
+            let out = self.dify_run(call).await?;
+            return status_of(&out);
+        }
         let mut invocation = scripts::STATUS.prepare_invoke();
         KeyNames::new(&self.prefix, key).declare(&mut invocation);
         invocation
@@ -197,20 +220,50 @@ impl RedisStore {
             async move { invocation.invoke_async(&mut conn).await }
         })
         .await?;
-        let [limit, override_limit, in_flight] = fields(&out)?;
-        if limit == -1 {
-            let max = number(override_limit)?;
-            return Err(StoreError::TooManyOverrides { max });
-        }
-        let override_limit: u32 = number(override_limit)?;
+        let status = status_of(&out)?;
         if change != OverrideChange::Keep {
-            self.view.note(key, override_limit > 0);
+            self.view.note(key, status.override_limit.is_some());
         }
-        Ok(KeyStatus {
-            limit: Limit::from_u32(number(limit)?),
-            override_limit: (override_limit > 0).then_some(override_limit),
-            in_flight: number(in_flight)?,
-        })
+        Ok(status)
+    }
+}
+
+/// status.lua's (or dify.lua's) answer.
+fn status_of(out: &[i64]) -> Result<KeyStatus, StoreError> {
+    let [limit, override_limit, in_flight] = fields(out)?;
+    if limit == -1 {
+        let max = number(override_limit)?;
+        return Err(StoreError::TooManyOverrides { max });
+    }
+    let override_limit: u32 = number(override_limit)?;
+    Ok(KeyStatus {
+        limit: Limit::from_u32(number(limit)?),
+        override_limit: (override_limit > 0).then_some(override_limit),
+        in_flight: number(in_flight)?,
+    })
+}
+
+/// Where an admission or a release goes: into a batch, or (Dify's layout) a call of its own.
+enum Route {
+    Batch(Op),
+    Dify(Result<dify::Call, StoreError>),
+}
+
+impl RedisStore {
+    /// Sends an admission or a release; its answer as the batch's (a release's in the first place).
+    async fn send(&self, route: Route) -> Result<batch::Reply, StoreError> {
+        match route {
+            Route::Batch(op) => self.batcher.run(op).await,
+            Route::Dify(call) => {
+                let mut reply = [0; 6];
+                let out = self.dify_run(call?).await?;
+                if out.len() > reply.len() {
+                    return Err(StoreError::Protocol(format!("dify.lua answered {out:?}")));
+                }
+                reply[..out.len()].copy_from_slice(&out);
+                Ok(reply)
+            }
+        }
     }
 }
 
@@ -240,15 +293,23 @@ impl Store for RedisStore {
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        let op = Op::Acquire {
-            names: self.names(req.keys),
-            id: req.id.clone(),
-            terms: (req.weight, req.lease_ms, req.limits.to_vec()),
+        let route = match self.layout {
+            Layout::Dify if req.weight != 1 => Route::Dify(Err(StoreError::Unsupported(
+                "the Dify layout counts every permit as one: weights must be 1".into(),
+            ))),
+            Layout::Dify => {
+                Route::Dify(self.dify_call("a", req.keys, req.id, req.lease_ms, "", req.limits))
+            }
+            Layout::Inflight => Route::Batch(Op::Acquire {
+                names: self.names(req.keys),
+                id: req.id.clone(),
+                terms: (req.weight, req.lease_ms, req.limits.to_vec()),
+            }),
         };
         let weight = req.weight;
         async move {
             let [decision, index, limit, in_flight, expires_at_ms, reclaimed] =
-                self.batcher.run(op).await?;
+                self.send(route).await?;
             let reclaimed = number(reclaimed)?;
             match decision {
                 1 => Ok(Admission::Admitted {
@@ -283,12 +344,15 @@ impl Store for RedisStore {
         keys: &[Arc<str>],
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let op = Op::Release {
-            names: self.names(keys),
-            id: id.clone(),
+        let route = match self.layout {
+            Layout::Dify => Route::Dify(self.dify_call("r", keys, id, 0, "", &[])),
+            Layout::Inflight => Route::Batch(Op::Release {
+                names: self.names(keys),
+                id: id.clone(),
+            }),
         };
         async move {
-            let [released, ..] = self.batcher.run(op).await?;
+            let [released, ..] = self.send(route).await?;
             Ok(released == 1)
         }
     }
@@ -320,7 +384,10 @@ impl Store for RedisStore {
         _weight: u32,
         _given_id: bool,
     ) -> Option<LocalAdmission> {
-        let unlimited = limits.iter().all(ClassLimits::is_unlimited) && self.view.none_of(keys);
+        // (Dify's workers write limits the view never hears of: every admission asks Redis.)
+        let unlimited = self.layout == Layout::Inflight
+            && limits.iter().all(ClassLimits::is_unlimited)
+            && self.view.none_of(keys);
         unlimited.then_some(LocalAdmission::Decided(Admission::Unlimited))
     }
 

@@ -14,3 +14,4 @@ macro_rules! script {
 pub(super) static BATCH: LazyLock<Script> = script!("scripts/batch.lua");
 pub(super) static RENEW: LazyLock<Script> = script!("scripts/renew.lua");
 pub(super) static STATUS: LazyLock<Script> = script!("scripts/status.lua");
+pub(super) static DIFY: LazyLock<Script> = script!("scripts/dify.lua");

@@ -1,0 +1,228 @@
+//! `Layout::Dify` beside a worker that does exactly what Dify's `RateLimit` does (HLEN, then HSET of the
+//! request id to `time.time()` as a float's text; HDEL on exit; entries older than 600 s evicted).
+#![allow(missing_docs)]
+
+mod support;
+
+use std::time::Duration;
+
+use inflight::{AcquireError, AcquireOptions, Layout, Limiter, Policy, RedisStore, Renewal};
+use redis::Commands;
+use support::TestRedis;
+
+const HASH: &str = "dify:rate_limit:app-1:active_requests";
+const MAX: &str = "dify:rate_limit:app-1:max_active_requests";
+
+fn store(redis: &TestRedis) -> RedisStore {
+    redis.store_builder().layout(Layout::Dify).open().unwrap()
+}
+
+fn limiter(store: RedisStore, default_limit: u32) -> Limiter<RedisStore> {
+    Limiter::builder(store)
+        .policy(Policy::new(default_limit, 0))
+        .build()
+}
+
+/// The Redis clock, in seconds (what Dify's workers' clocks are assumed to agree with).
+fn redis_seconds(conn: &mut redis::Connection) -> f64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(conn).unwrap();
+    secs as f64 + micros as f64 / 1e6
+}
+
+/// Dify's `enter`: HLEN, then HSET if below the limit (two round trips, as Dify does).
+fn dify_enter(conn: &mut redis::Connection, id: &str, limit: usize, at: f64) -> bool {
+    let n: usize = conn.hlen(HASH).unwrap();
+    if n >= limit {
+        return false;
+    }
+    let _: () = conn.hset(HASH, id, at.to_string()).unwrap();
+    true
+}
+
+/// Dify's `flush_cache` eviction: entries older than 600 s by the worker's clock.
+fn dify_flush(conn: &mut redis::Connection, now: f64) -> Vec<String> {
+    let entries: Vec<(String, String)> = conn.hgetall(HASH).unwrap();
+    let stale: Vec<String> = entries
+        .into_iter()
+        .filter(|(_, at)| now - at.parse::<f64>().unwrap() > 600.0)
+        .map(|(id, _)| id)
+        .collect();
+    for id in &stale {
+        let _: () = conn.hdel(HASH, id).unwrap();
+    }
+    stale
+}
+
+#[tokio::test]
+async fn dify_workers_and_inflight_share_one_cap() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let limiter = limiter(store(&redis), 4);
+    let now = redis_seconds(&mut conn);
+    assert!(dify_enter(&mut conn, "d1", 4, now));
+    assert!(dify_enter(&mut conn, "d2", 4, now));
+    let a = limiter.try_acquire("app-1").await.unwrap();
+    let b = limiter.try_acquire("app-1").await.unwrap();
+    assert_eq!(b.in_flight(), 4, "Dify's entries count");
+    let full = limiter.try_acquire("app-1").await.unwrap_err();
+    assert!(
+        matches!(
+            full,
+            AcquireError::Full {
+                limit: 4,
+                in_flight: 4
+            }
+        ),
+        "{full:?}"
+    );
+    // Dify's workers see inflight's entries too.
+    assert!(!dify_enter(&mut conn, "d3", 4, now));
+    let len: usize = conn.hlen(HASH).unwrap();
+    assert_eq!(len, 4);
+    // Dify's exit frees a slot for inflight, inflight's release one for Dify.
+    let _: () = conn.hdel(HASH, "d1").unwrap();
+    let c = limiter.try_acquire("app-1").await.unwrap();
+    drop(a);
+    support_settle(&limiter, 3).await;
+    assert!(dify_enter(&mut conn, "d4", 4, now));
+    drop((b, c));
+    support_settle(&limiter, 2).await;
+    let left: Vec<String> = conn.hkeys(HASH).unwrap();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.iter().all(|id| id.starts_with('d')), "{left:?}");
+}
+
+async fn support_settle(limiter: &Limiter<RedisStore>, want: u32) {
+    for _ in 0..200 {
+        if limiter.status("app-1").await.unwrap().in_flight == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("in_flight did not settle at {want}");
+}
+
+#[tokio::test]
+async fn the_max_active_requests_key_is_the_apps_limit_and_setting_one_writes_it() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let limiter = limiter(store(&redis), 10);
+    // As a Dify worker writes it (SETEX, one day).
+    let _: () = conn.set_ex(MAX, "2", 86_400).unwrap();
+    let _one = limiter.try_acquire("app-1").await.unwrap();
+    let two = limiter.try_acquire("app-1").await.unwrap();
+    assert_eq!(two.limit().get(), Some(2));
+    assert!(limiter.try_acquire("app-1").await.is_err());
+    // Set through inflight: written where Dify's workers read it, without expiry.
+    let status = limiter.set_limit("app-1", 3).await.unwrap();
+    assert_eq!((status.override_limit, status.in_flight), (Some(3), 2));
+    let written: String = conn.get(MAX).unwrap();
+    assert_eq!(written, "3");
+    let ttl: i64 = conn.ttl(MAX).unwrap();
+    assert_eq!(ttl, -1);
+    let _three = limiter.try_acquire("app-1").await.unwrap();
+    // Cleared: the class default again.
+    limiter.clear_limit("app-1").await.unwrap();
+    let exists: bool = conn.exists(MAX).unwrap();
+    assert!(!exists);
+    assert_eq!(limiter.status("app-1").await.unwrap().limit.get(), Some(10));
+}
+
+#[tokio::test]
+async fn inflights_entries_carry_the_redis_clock_and_renewals_keep_them_from_difys_eviction() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let store = store(&redis);
+    let limiter = limiter(store.clone(), 4);
+    let permit = limiter.try_acquire("app-1").await.unwrap();
+    let id = permit.id().to_string();
+    let written: f64 = conn
+        .hget::<_, _, String>(HASH, &id)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let now = redis_seconds(&mut conn);
+    assert!((now - written).abs() < 5.0, "{written} vs {now}");
+    // A stream of 20 minutes: renewed every 20 s of its (moved) clock, never evicted by Dify's flush.
+    let lease = permit.detach();
+    for step in 1..=60u32 {
+        store.advance_clock(Duration::from_secs(20));
+        let renewal = limiter.renew("app-1", &lease.id, None).await.unwrap();
+        assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
+        let dify_now = now + f64::from(step) * 20.0;
+        assert!(dify_flush(&mut conn, dify_now).is_empty(), "step {step}");
+    }
+    let refreshed: f64 = conn
+        .hget::<_, _, String>(HASH, &id)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(refreshed - written > 1_100.0, "{refreshed} vs {written}");
+    assert!(limiter.release("app-1", &lease.id).await.unwrap());
+    let left: usize = conn.hlen(HASH).unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn an_expired_lease_takes_its_entry_with_it() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let store = store(&redis);
+    let limiter = limiter(store.clone(), 1);
+    let lost = limiter.try_acquire("app-1").await.unwrap().detach();
+    store.advance_clock(Duration::from_secs(31));
+    let next = limiter.try_acquire("app-1").await.unwrap();
+    assert_ne!(next.id(), &lost.id);
+    let ids: Vec<String> = conn.hkeys(HASH).unwrap();
+    assert_eq!(ids, vec![next.id().to_string()]);
+}
+
+#[tokio::test]
+async fn stale_dify_entries_are_evicted_only_when_they_stand_in_the_way() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let now = redis_seconds(&mut conn);
+    // Two entries of crashed Dify workers (11 minutes old), one of a live one (10 s old).
+    assert!(dify_enter(&mut conn, "crashed-1", 3, now - 660.0));
+    assert!(dify_enter(&mut conn, "crashed-2", 3, now - 660.0));
+    assert!(dify_enter(&mut conn, "live", 3, now - 10.0));
+    let limiter = limiter(store(&redis), 4);
+    // Room for one: nothing evicted.
+    let _a = limiter.try_acquire("app-1").await.unwrap();
+    assert_eq!(conn.hlen::<_, usize>(HASH).unwrap(), 4);
+    // Full: the stale ones go, the live one stays.
+    let b = limiter.try_acquire("app-1").await.unwrap();
+    assert_eq!(b.in_flight(), 3);
+    let mut ids: Vec<String> = conn.hkeys(HASH).unwrap();
+    ids.sort();
+    assert!(!ids.iter().any(|id| id.starts_with("crashed")), "{ids:?}");
+    assert!(ids.contains(&"live".to_owned()));
+
+    // The age is configurable.
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let now = redis_seconds(&mut conn);
+    assert!(dify_enter(&mut conn, "old", 1, now - 100.0));
+    let strict = redis
+        .store_builder()
+        .layout(Layout::Dify)
+        .dify_stale_after(Duration::from_secs(60))
+        .open()
+        .unwrap();
+    let _c = self::limiter(strict, 1).try_acquire("app-1").await.unwrap();
+    assert!(!conn.hexists::<_, _, bool>(HASH, "old").unwrap());
+}
+
+#[tokio::test]
+async fn weights_and_keys_with_braces_are_refused_clearly() {
+    let redis = TestRedis::start();
+    let limiter = limiter(store(&redis), 4);
+    let err = limiter
+        .try_acquire_with("app-1", AcquireOptions::new().weight(2))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("weights must be 1"), "{err}");
+    let err = limiter.try_acquire("{app}").await.unwrap_err();
+    assert!(err.to_string().contains("braces"), "{err}");
+    assert_eq!(limiter.status("app-1").await.unwrap().in_flight, 0);
+}
