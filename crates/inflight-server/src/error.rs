@@ -92,6 +92,10 @@ impl From<StoreError> for ApiError {
                 format!("{max} keys have an override already, the most allowed: clear one first."),
             );
         }
+        if let StoreError::Unsupported(why) = error {
+            let message = format!("The store cannot do this: {why}.");
+            return Self::new(StatusCode::BAD_REQUEST, "unsupported", message);
+        }
         tracing::warn!(%error, "store error");
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

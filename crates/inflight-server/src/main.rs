@@ -120,11 +120,13 @@ fn reload_on_hangup(command: Command, matches: clap::ArgMatches, shared: Shared)
 /// A worker's own Redis store (its connection and its batches on the worker's runtime).
 fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
     let builder = RedisStore::builder(settings.store.clone())
-        .prefix(settings.redis_prefix.clone())
-        .pipeline(settings.redis_pipeline)
-        .max_overrides(settings.max_overrides);
+        .prefix(settings.redis.redis_prefix.clone())
+        .pipeline(settings.redis.redis_pipeline)
+        .max_overrides(settings.max_overrides)
+        .layout(settings.redis.layout.into())
+        .dify_stale_after(settings.redis.dify_stale_after);
     #[cfg(feature = "tls")]
-    let builder = match settings.redis_ca_cert()? {
+    let builder = match settings.redis.redis_ca_cert()? {
         Some(pem) => builder.root_cert(pem),
         None => builder,
     };
@@ -167,6 +169,8 @@ async fn run<S: Store>(
         admin = admin_listen.map(|admin| admin.to_string()),
         workers = settings.workers(),
         store = %settings.store_for_logs(),
+        store_from = settings.store_source(),
+        layout = ?settings.redis.layout,
         default_limit = settings.default_limit,
         max_limit = settings.max_limit,
         rules = settings.limits.len(),

@@ -20,8 +20,10 @@ use serde::{Deserialize, Serialize};
 
 pub use inflight::MAX_LEASE;
 pub use proxy::ProxySettings;
+pub use store::{Layout, RedisSettings};
 
 mod proxy;
+mod store;
 
 /// The most worker threads a server runs.
 const MAX_WORKERS: usize = 1024;
@@ -60,6 +62,8 @@ pub struct Settings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
     /// Where leases live: memory:// (embedded), redis://host:port[/db], rediss://..., unix:///path.
+    /// Unset, Dify's REDIS_HOST, REDIS_PORT, ... variables (REDIS_USE_SENTINEL, REDIS_USE_CLUSTERS) name
+    /// the store when they are set.
     #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
     #[arg(default_value = "memory://")]
     pub store: String,
@@ -128,19 +132,10 @@ pub struct Settings {
     #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub shutdown_grace: Duration,
-    /// Prefix of every Redis key.
-    #[arg(long, env = "INFLIGHT_REDIS_PREFIX", value_name = "PREFIX")]
-    #[arg(default_value = inflight::store::DEFAULT_PREFIX)]
-    pub redis_prefix: String,
-    /// For rediss:// stores signed by a private CA: its certificate (PEM file). Needs the `tls` feature.
-    #[arg(long, env = "INFLIGHT_REDIS_CA_CERT", value_name = "FILE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_ca_cert: Option<PathBuf>,
-    /// Batches of admissions and releases out to Redis at once from each worker, 1 to 64: fewer makes
-    /// batches larger and Redis calls fewer.
-    #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
-    #[arg(default_value_t = 1)]
-    pub redis_pipeline: usize,
+    /// The Redis store's own settings.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub redis: RedisSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -258,19 +253,13 @@ impl Layered for Settings {
             let reason = "rediss:// needs a build with TLS (--features tls)";
             return Err(invalid("store", reason));
         }
-        if self.redis_ca_cert.is_some() && !cfg!(feature = "tls") {
-            let reason = "this build has no TLS (build with --features tls)";
-            return Err(invalid("redis_ca_cert", reason));
-        }
         if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
         }
         if self.header_timeout < Duration::from_millis(10) || self.header_timeout > MAX_LEASE {
             return Err(invalid("header_timeout", "must be between 10ms and 24h"));
         }
-        if !(1..=64).contains(&self.redis_pipeline) {
-            return Err(invalid("redis_pipeline", "must be between 1 and 64"));
-        }
+        self.redis.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)
@@ -335,14 +324,14 @@ impl Settings {
         }
     }
 
-    /// The CA certificate (PEM) that a rediss:// store's certificate is checked against, if not the web's.
-    pub fn redis_ca_cert(&self) -> Result<Option<Vec<u8>>, ConfigError> {
-        let Some(path) = &self.redis_ca_cert else {
-            return Ok(None);
-        };
-        std::fs::read(path)
-            .map(Some)
-            .map_err(|e| invalid("redis_ca_cert", format!("{}: {e}", path.display())))
+    /// Where the store URL came from, for the start-up line.
+    pub fn store_source(&self) -> &'static str {
+        let dify = store::dify_store_url(|name| std::env::var(name).ok());
+        if dify.ok().flatten().as_deref() == Some(self.store.as_str()) {
+            "Dify's REDIS_* variables"
+        } else {
+            "store"
+        }
     }
 
     /// The store URL with any password masked, for logs.
@@ -384,6 +373,13 @@ fn layer<A: Serialize + DeserializeOwned>(
             if let Some(limit) = dify_alias(var)? {
                 explicit.insert(id.to_owned(), limit.into());
             }
+        }
+    }
+    // So do Dify's REDIS_* variables for an unset store, below the file.
+    let mut parsed = parsed;
+    if !explicit.contains_key("store") {
+        if let Some(url) = store::dify_store_url(|name| std::env::var(name).ok())? {
+            parsed.insert("store".to_owned(), url.into());
         }
     }
     let mut figment = Figment::from(Serialized::defaults(parsed));

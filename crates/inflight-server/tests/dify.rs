@@ -1,0 +1,138 @@
+//! `inflight` in a Dify deployment: the store from Dify's own `REDIS_*` variables, and `--layout dify`
+//! beside a worker that does what Dify's `RateLimit` does. Runs the real binary on a real redis-server.
+#![allow(missing_docs)]
+
+mod common;
+
+use common::process::{listen_of, Running};
+use common::TestRedis;
+use redis::Commands;
+use serde_json::json;
+
+const HASH: &str = "dify:rate_limit:app-1:active_requests";
+
+#[tokio::test]
+async fn difys_redis_variables_name_the_store_and_the_password_stays_out_of_the_log() {
+    let redis = TestRedis::start();
+    let port = redis.port().to_string();
+    let env = [
+        ("REDIS_HOST", "127.0.0.1"),
+        ("REDIS_PORT", port.as_str()),
+        ("REDIS_DB", "3"),
+        ("INFLIGHT_DEFAULT_LIMIT", "2"),
+    ];
+    let (server, started) = Running::start_with_env(&["serve", "--listen", "127.0.0.1:0"], &env);
+    assert!(
+        started.contains(&format!("store=redis://127.0.0.1:{port}/3"))
+            && started.contains("store_from=\"Dify's REDIS_* variables\""),
+        "{started}"
+    );
+    // Admissions go to that Redis, database 3.
+    let base = format!("http://{}", listen_of(&started));
+    let client = reqwest::Client::new();
+    let permit = client
+        .post(format!("{base}/v1/keys/app-1/permits"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(permit.status(), 201);
+    let mut conn = redis.client();
+    let _: () = redis::cmd("SELECT").arg(3).query(&mut conn).unwrap();
+    let keys: Vec<String> = conn.keys("inflight:*").unwrap();
+    assert!(!keys.is_empty(), "nothing in database 3");
+    server.signal("-TERM");
+
+    // A password is masked; --store (or INFLIGHT_STORE) wins over the variables.
+    let secret = [
+        ("REDIS_HOST", "127.0.0.1"),
+        ("REDIS_PASSWORD", "hunter2-secret"),
+    ];
+    let (_masked, started) =
+        Running::start_with_env(&["serve", "--listen", "127.0.0.1:0"], &secret);
+    assert!(
+        started.contains("store=redis://***@127.0.0.1:6379/0") && !started.contains("hunter2"),
+        "{started}"
+    );
+    let (_explicit, started) = Running::start_with_env(
+        &["serve", "--listen", "127.0.0.1:0", "--store", "memory://"],
+        &secret,
+    );
+    assert!(
+        started.contains("store=memory://") && started.contains("store_from=\"store\""),
+        "{started}"
+    );
+}
+
+#[tokio::test]
+async fn layout_dify_shares_one_cap_with_difys_workers_over_http() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let (_server, started) = Running::start_with_env(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            &url,
+            "--layout",
+            "dify",
+            "--default-limit",
+            "3",
+        ],
+        &[],
+    );
+    assert!(started.contains("layout=Dify"), "{started}");
+    let base = format!("http://{}", listen_of(&started));
+    let client = reqwest::Client::new();
+    // A Dify worker holds one (HLEN, then HSET of time.time()).
+    let mut conn = redis.client();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now = secs as f64 + micros as f64 / 1e6;
+    let _: () = conn.hset(HASH, "dify-req", now.to_string()).unwrap();
+    let acquire = || {
+        client
+            .post(format!("{base}/v1/keys/app-1/permits"))
+            .json(&json!({}))
+            .send()
+    };
+    assert_eq!(acquire().await.unwrap().status(), 201);
+    let second: serde_json::Value = acquire().await.unwrap().json().await.unwrap();
+    assert_eq!(second["in_flight"], 3, "{second}");
+    assert_eq!(acquire().await.unwrap().status(), 429);
+    let len: usize = conn.hlen(HASH).unwrap();
+    assert_eq!(len, 3);
+    // Setting the app's limit writes Dify's key; Dify's exit frees a slot for inflight.
+    let set = client
+        .put(format!("{base}/v1/keys/app-1/limit"))
+        .json(&json!({"limit": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    let written: String = conn
+        .get("dify:rate_limit:app-1:max_active_requests")
+        .unwrap();
+    assert_eq!(written, "5");
+    let _: () = conn.hdel(HASH, "dify-req").unwrap();
+    let status: serde_json::Value = client
+        .get(format!("{base}/v1/keys/app-1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (status["limit"].clone(), status["in_flight"].clone()),
+        (json!(5), json!(2))
+    );
+    // Weights are refused clearly, not with a 5xx.
+    let heavy = client
+        .post(format!("{base}/v1/keys/app-1/permits"))
+        .json(&json!({"weight": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert!(heavy.status().is_client_error(), "{}", heavy.status());
+}
