@@ -121,6 +121,17 @@ class TestRateLimitEnterExit:
         rate_limit.exit("req")
         assert active(configured, "test_client") == 1
 
+    def test_rate_limit_context_exits_also_when_its_block_raises(self, configured: RedisLimiter) -> None:
+        # Dify's pattern: enter, then rate_limit_context enters the same id again; the block fails and
+        # the caller exits once. Dify's own context (no finally) would leave one holder: the slot stuck.
+        rate_limit = RateLimit("test_client", 2)
+        request_id = rate_limit.enter()
+        with pytest.raises(ValueError), dify.rate_limit_context(rate_limit, request_id):
+            assert active(configured, "test_client") == 1
+            raise ValueError("the workflow failed to start")
+        rate_limit.exit(request_id)
+        assert active(configured, "test_client") == 0
+
     def test_exit_of_an_id_held_elsewhere_releases_it(self, configured: RedisLimiter) -> None:
         configured.try_acquire("app:test_client", id="elsewhere")._take()  # as if another process held it
         RateLimit("test_client", 5).exit("elsewhere")

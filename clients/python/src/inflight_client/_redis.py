@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from . import _core
+from . import _core, _dify_layout
 from ._errors import StoreError
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer
 from ._policy import ClassLimits, Policy, RuleLike
@@ -24,6 +24,11 @@ class RedisLimiter:
     ``{"keys": "tenant:*", "default": 50, "max": 200}`` or a :class:`Rule`); 0 is unlimited / no ceiling.
     ``lease`` is the default lease in seconds. Thread-safe, and safe under gevent (redis-py and
     ``threading`` only); one background thread renews every permit this limiter hands out.
+
+    ``layout="dify"`` keeps Dify's own keys (as ``inflight --layout dify`` does): a key is an app id, its
+    count is the length of ``dify:rate_limit:{app}:active_requests``, which unmodified Dify workers share,
+    and ``dify:rate_limit:{app}:max_active_requests`` is its override; weights must be 1, and Dify's
+    entries older than ``dify_stale_after`` seconds give way when they stand in the way.
     """
 
     def __init__(
@@ -34,14 +39,21 @@ class RedisLimiter:
         limits: Iterable[RuleLike] = (),
         lease: float = 30.0,
         prefix: str = "inflight:",
+        layout: str = "inflight",
+        dify_stale_after: float = _dify_layout.STALE_AFTER,
     ) -> None:
+        if layout not in ("inflight", "dify"):
+            raise ValueError(f"layout must be 'inflight' or 'dify', not {layout!r}")
         self.policy = Policy(default_limit, max_limit, limits)
         self.prefix = prefix
+        self.layout = layout
+        self._stale_ms = _core.to_lease_ms(dify_stale_after) if layout == "dify" else 0
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
         self._renew = redis_client.register_script(_core.script_text("renew.lua"))
         self._status = redis_client.register_script(_core.script_text("status.lua"))
+        self._dify = redis_client.register_script(_core.script_text("dify.lua"))
         self._holders = Holders()
         self._renewer = Renewer(self._renew_held, self._release_held)
 
@@ -79,11 +91,16 @@ class RedisLimiter:
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
-        reply = self._call(
-            self._batch,
-            _core.key_names(self.prefix, keys),
-            _core.acquire_args(keys, id, weight, lease_ms, limits),
-        )
+        if self.layout == "dify":
+            if weight != 1:
+                raise ValueError("the Dify layout counts every permit as one: weights must be 1")
+            reply = self._call_dify("a", keys, id, lease_ms, "", limits)
+        else:
+            reply = self._call(
+                self._batch,
+                _core.key_names(self.prefix, keys),
+                _core.acquire_args(keys, id, weight, lease_ms, limits),
+            )
         limit, in_flight, expires_at_ms = _core.admission(reply, keys, weight)
         if expires_at_ms is None:
             return Permit(keys, id, weight, None, 0, None, None, None)
@@ -96,6 +113,8 @@ class RedisLimiter:
         """Releases the permit ``id`` from ``keys`` (a key or its keys), wherever it was acquired (another
         process, Rust or Python); False when none held it."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
+        if self.layout == "dify":
+            return _core.ints(self._call_dify("r", unique, _core.check_id(id), 0, "", []), 1)[0] == 1
         reply = self._call(
             self._batch, _core.key_names(self.prefix, unique), _core.release_args(unique, _core.check_id(id))
         )
@@ -105,12 +124,23 @@ class RedisLimiter:
         if self._holders.last(held):
             self.release(held.keys, held.id)
 
-    def _renew_held(self, held: Held) -> bool:
-        reply = self._call(
-            self._renew,
-            _core.key_names(self.prefix, held.keys),
-            _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
+    def _call_dify(
+        self, op: str, keys: Sequence[str], id: str, lease_ms: int, extra: str, limits: Sequence[ClassLimits]
+    ) -> Any:
+        names = _dify_layout.key_names(keys)
+        return self._call(
+            self._dify, names, _dify_layout.args(op, id, lease_ms, self._stale_ms, extra, limits)
         )
+
+    def _renew_held(self, held: Held) -> bool:
+        if self.layout == "dify":
+            reply = self._call_dify("n", held.keys, held.id, held.lease_ms, "1", held.limits)
+        else:
+            reply = self._call(
+                self._renew,
+                _core.key_names(self.prefix, held.keys),
+                _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
+            )
         outcome, _limit, _in_flight, _weight, expires_at_ms = _core.ints(reply, 5)
         if outcome in (1, 2):
             held.expires_at_ms = expires_at_ms
@@ -130,6 +160,10 @@ class RedisLimiter:
         return self._status_with(key, "0")
 
     def _status_with(self, key: str, change: str) -> _core.KeyStatus:
+        if self.layout == "dify":
+            names = [*_dify_layout.key_names([key]), f"{self.prefix}overrides"]
+            args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])
+            return _core.status(self._call(self._dify, names, [*args, 0, key]), key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
         return _core.status(self._call(self._status, keys, args), key)
 

@@ -8,14 +8,15 @@ Configure once, at start-up (``app_factory`` or an extension's ``init_app``)::
 
     inflight_client.dify.configure(redis_client, error=AppInvokeQuotaExceededError)
 
-then import ``RateLimit`` (and ``RateLimitGenerator``) from ``inflight_client.dify`` where Dify imports them
-from ``core.app.features.rate_limiting``. Each app's requests are admitted on the key ``app:<app id>``
-(``key_format``) with the app's ``max_active_requests`` as its limit (capped by ``max_limit``, and by an
-override set through inflight), atomically and shared with every inflight process on the same Redis; a
-request's slot is renewed while it runs, so a stream of an hour keeps it, and a crashed worker's slots come
-back within one lease. ``error`` is the exception raised at the limit: pass Dify's
-``AppInvokeQuotaExceededError`` so that its handlers (HTTP 429) apply unchanged; by default it is this
-module's :class:`AppInvokeQuotaExceededError`, a :class:`~inflight_client.TooManyRequests`.
+then import ``RateLimit``, ``RateLimitGenerator`` and ``rate_limit_context`` from ``inflight_client.dify``
+where Dify imports them from ``core.app.features.rate_limiting`` (its ``rate_limit_context`` must come from
+here too: Dify's exits only when its block succeeds, which leaves a re-entered id held). Each app's
+requests are admitted on the key ``app:<app id>`` (``key_format``) with the app's ``max_active_requests``
+as its limit (capped by ``max_limit``, and by an override set through inflight), atomically and shared
+with every inflight process on the same Redis; a request's slot is renewed while it runs, so a stream of
+an hour keeps it, and a crashed worker's slots come back within one lease. ``error`` is the exception
+raised at the limit: pass Dify's ``AppInvokeQuotaExceededError`` so that its handlers apply unchanged; by
+default it is this module's :class:`AppInvokeQuotaExceededError`, a :class:`~inflight_client.TooManyRequests`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "RateLimit",
     "RateLimitGenerator",
     "configure",
+    "rate_limit_context",
 ]
 
 T = TypeVar("T")
@@ -80,16 +82,22 @@ _lock = threading.Lock()
 def configure(
     redis_client: redis.Redis,
     *,
-    key_format: str = "app:{}",
+    key_format: str | None = None,
     prefix: str = "inflight:",
     lease: float = 30.0,
     max_limit: int = 0,
     error: Callable[[str], BaseException] | None = None,
+    layout: str = "inflight",
 ) -> RedisLimiter:
     """Sets the Redis client and settings every :class:`RateLimit` uses; returns the limiter (for
-    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter)."""
+    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter).
+
+    ``layout="dify"`` counts in Dify's own keys, shared with Dify workers not yet patched (a migration:
+    docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``)."""
     global _config
-    limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix)
+    if key_format is None:
+        key_format = "{}" if layout == "dify" else "app:{}"
+    limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix, layout=layout)
     with _lock:
         previous, _config = (
             _config,
@@ -264,3 +272,15 @@ class RateLimitGenerator(Iterator[T]):
             self.closed = True
             with contextlib.suppress(Exception):
                 self.rate_limit._exit(self.request_id, now=False)
+
+
+@contextlib.contextmanager
+def rate_limit_context(rate_limit: RateLimit, request_id: str | None) -> Iterator[None]:
+    """Dify's ``rate_limit_context``: holds ``request_id`` (entered once more) for the block, and exits it
+    when the block ends, also when it raises (Dify's own exits only on success, so that an id it
+    re-entered stayed held after an error)."""
+    request_id = rate_limit.enter(request_id)
+    try:
+        yield
+    finally:
+        rate_limit.exit(request_id)

@@ -1,0 +1,137 @@
+-- dify.lua: Dify's key layout (`Layout::Dify`), shared with unmodified Dify workers during a migration.
+-- KEYS, four for each user key K (H = dify:rate_limit:K:active_requests):
+--   H                   hash: request id -> epoch seconds as text (Dify's own; HLEN is the count)
+--   {H}:leases          sorted set: inflight's request ids -> lease deadline (ms); same slot as H
+--   {H}:lease_ms        hash: inflight's request ids -> lease length, for lengths other than the default
+--   dify:rate_limit:K:max_active_requests  string: the app's limit (Dify's), here its override
+-- ARGV[1] 'a' acquire, 'r' release, 'n' renew, 's' status; ARGV[2] request id; ARGV[3] clock offset ms;
+-- ARGV[4] lease ms (renew: 0 keeps the lease's own); ARGV[5] age after which an entry without a lease
+-- (a Dify worker's) is stale, ms; ARGV[6] renew: re-add (1) or not (0); status: '' leave the override,
+-- '0' clear it, 'n' set it; ARGV[6 + i] 'default max' of key i's class. Status only: KEYS[5]
+-- <prefix>overrides (hash: user key -> override, to bound them), ARGV[8] the bound (0: none), ARGV[9] K.
+-- Returns as batch.lua's admission (6 numbers), {released}, renew.lua's 5 numbers, status.lua's 3
+-- ({-1, bound, 0} when a new override would pass the bound).
+-- Atomic for the reason Dify's HLEN-then-HSET is not: counting and adding must be one step.
+-- Every entry counts one (weight 1). inflight's entries carry the Redis clock's seconds, refreshed by
+-- every renewal, so Dify's workers (which evict entries older than 600 s) never evict a live one.
+local op, id, lease_ms, stale_ms = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
+set_now(tonumber(ARGV[3]))
+local seconds = string.format('%.3f', now / 1000)
+
+local keys, reclaimed = {}, 0
+for i = 1, math.floor(#KEYS / 4) do
+  local key = {hash = KEYS[i * 4 - 3], leases = KEYS[i * 4 - 2], lengths = KEYS[i * 4 - 1], limit = KEYS[i * 4]}
+  -- inflight's expired leases go with their entries.
+  local upto = string.format('%.0f', now)
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', key.leases, '-inf', upto)) do
+    redis.call('HDEL', key.hash, gone)
+    redis.call('HDEL', key.lengths, gone)
+    reclaimed = reclaimed + 1
+  end
+  redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
+  key.n = redis.call('HLEN', key.hash)
+  key.override = tonumber(redis.call('GET', key.limit) or '0') or 0
+  local default_limit, max_limit = string.match(ARGV[6 + i] or '0 0', '^(%d+) (%d+)$') -- (a release: none)
+  key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
+  keys[i] = key
+end
+
+local function held(key) return redis.call('HEXISTS', key.hash, id) == 1 end
+
+-- Entries without a lease (Dify's) older than the stale age: evicted, as Dify's own flush would, but
+-- only when they stand in the way (the key is full), so an admission never scans a key with room.
+local function evict_stale(key)
+  local entries = redis.call('HGETALL', key.hash)
+  for j = 1, #entries, 2 do
+    local at = tonumber(entries[j + 1])
+    if (not at or now - at * 1000 > stale_ms) and not redis.call('ZSCORE', key.leases, entries[j]) then
+      redis.call('HDEL', key.hash, entries[j])
+      key.n, reclaimed = key.n - 1, reclaimed + 1
+    end
+  end
+end
+
+local function room(key) -- whether one more entry fits
+  if key.n + 1 <= key.limit_now then return true end
+  evict_stale(key)
+  return key.n + 1 <= key.limit_now
+end
+
+local function own_length(key) return tonumber(redis.call('HGET', key.lengths, id) or DEFAULT_LEASE_MS) end
+
+local function put(key, ms) -- adds or refreshes id's entry and lease
+  if redis.call('HSET', key.hash, id, seconds) == 1 then key.n = key.n + 1 end
+  redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
+  if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
+  -- The side keys outlive every lease (so a holder's crash is reclaimed); H is Dify's, left without expiry.
+  local keep = math.max(ms * 2, stale_ms) + 1000
+  redis.call('PEXPIRE', key.leases, keep)
+  redis.call('PEXPIRE', key.lengths, keep)
+end
+
+if op == 'a' then
+  local any = false
+  for i, key in ipairs(keys) do
+    if key.limit_now > 0 then
+      any = true
+      if not held(key) and not room(key) then return {0, i - 1, key.limit_now, key.n, 0, reclaimed} end
+    end
+  end
+  if not any then return {2, -1, 0, 0, 0, reclaimed} end
+  for _, key in ipairs(keys) do
+    if key.limit_now > 0 then put(key, lease_ms) end
+  end
+  local first = keys[1]
+  return {1, -1, first.limit_now, first.limit_now > 0 and first.n or 0, now + lease_ms, reclaimed}
+elseif op == 'r' then
+  local released = 0
+  for _, key in ipairs(keys) do
+    if redis.call('ZREM', key.leases, id) == 1 then released = 1 end
+    redis.call('HDEL', key.hash, id)
+    redis.call('HDEL', key.lengths, id)
+  end
+  return {released}
+elseif op == 'n' then
+  -- As renew.lua: extended where held, taken where it fits on a key limited since; held nowhere: re-added
+  -- when asked to and every limited key has room, else lost.
+  local has, any_held, missing, length = {}, false, false, nil
+  for i, key in ipairs(keys) do
+    has[i] = redis.call('ZSCORE', key.leases, id) ~= false
+    if has[i] and not length then length = own_length(key) end
+    any_held = any_held or has[i]
+    missing = missing or (key.limit_now > 0 and not has[i])
+  end
+  if lease_ms == 0 then lease_ms = length or DEFAULT_LEASE_MS end
+  local outcome = 1
+  if missing and not any_held then
+    if ARGV[6] ~= '1' then return {0, 0, 0, 0, 0} end
+    for _, key in ipairs(keys) do
+      if key.limit_now > 0 and not held(key) and not room(key) then return {0, 0, 0, 0, 0} end
+    end
+    outcome = 2
+  end
+  for i, key in ipairs(keys) do
+    if has[i] or (key.limit_now > 0 and (outcome == 2 or held(key) or room(key))) then put(key, lease_ms) end
+  end
+  local first = keys[1]
+  return {outcome, first.limit_now, first.limit_now > 0 and first.n or 0, 1, now + lease_ms}
+else
+  local key = keys[1]
+  if ARGV[6] ~= '' then
+    local max = tonumber(ARGV[8])
+    if tonumber(ARGV[6]) > 0 then
+      if max > 0 and redis.call('HEXISTS', KEYS[5], ARGV[9]) == 0 and redis.call('HLEN', KEYS[5]) >= max then
+        return {-1, max, 0}
+      end
+      redis.call('SET', key.limit, ARGV[6])
+      redis.call('HSET', KEYS[5], ARGV[9], ARGV[6])
+    else
+      redis.call('DEL', key.limit)
+      redis.call('HDEL', KEYS[5], ARGV[9])
+    end
+    key.override = tonumber(ARGV[6])
+    local default_limit, max_limit = string.match(ARGV[7], '^(%d+) (%d+)$')
+    key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
+  end
+  return {key.limit_now, key.override, key.n}
+end
