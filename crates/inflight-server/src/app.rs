@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use inflight::{
     AcquireError, AcquireOptions, KeyRefused, Keys, Lease, Limiter, Permit, PermitId, Renewal,
-    Store, StoreError,
+    StoreError, Wakeups,
 };
 
 use crate::metrics::{AdmissionResult, Metrics};
 
 /// The state of one worker of a server.
-pub struct App<S: Store> {
+pub struct App<S: Wakeups> {
     /// The worker's limiter, which every request it serves goes through.
     pub limiter: Limiter<S>,
     /// The bearer token that changing limits requires, if any.
@@ -24,7 +24,7 @@ pub struct App<S: Store> {
     pub cut: tokio::sync::watch::Sender<bool>,
 }
 
-impl<S: Store> App<S> {
+impl<S: Wakeups> App<S> {
     /// Runs a store operation and records its latency under `op`.
     pub async fn timed<T>(
         &self,
@@ -37,17 +37,41 @@ impl<S: Store> App<S> {
         out
     }
 
-    /// Admits a request under `key`: where every admission, the API's and the proxy's, is timed and
-    /// counted.
+    /// Admits a request under `key`, waiting up to `wait` for a slot: where every admission, the API's
+    /// and the proxy's, is timed and counted.
     pub async fn acquire(
         &self,
         key: &str,
         options: AcquireOptions,
+        wait: Duration,
     ) -> Result<Permit, AcquireError> {
-        let outcome = self
-            .timed("acquire", self.limiter.try_acquire_with(key, options))
-            .await;
+        let outcome = if wait.is_zero() {
+            let admission = self.limiter.try_acquire_with(key, options);
+            self.timed("acquire", admission).await
+        } else {
+            let admission = self.limiter.acquire(key, options.max_wait(wait));
+            self.waited(key, admission).await
+        };
         self.count_admission(key, outcome.as_ref().err());
+        outcome
+    }
+
+    /// Runs an admission that may wait, counted in the waiting gauge of `key`'s class meanwhile.
+    async fn waited<T, E>(
+        &self,
+        key: &str,
+        admission: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let policy = self.limiter.policy();
+        let class = policy
+            .rules()
+            .iter()
+            .find(|rule| rule.matches(key))
+            .map_or("default", |rule| rule.pattern());
+        let waiting = self.metrics.waiting(class);
+        let started = Instant::now();
+        let outcome = admission.await;
+        waiting.done(started.elapsed(), outcome.is_err());
         outcome
     }
 
@@ -66,10 +90,16 @@ impl<S: Store> App<S> {
         &self,
         keys: &[&str],
         options: AcquireOptions,
+        wait: Duration,
     ) -> Result<Permit, KeyRefused> {
-        let outcome = self
-            .timed("acquire", self.limiter.try_acquire_all(keys, options))
-            .await;
+        let outcome = if wait.is_zero() {
+            let admission = self.limiter.try_acquire_all(keys, options);
+            self.timed("acquire", admission).await
+        } else {
+            let admission = self.limiter.acquire_all(keys, options.max_wait(wait));
+            let first = keys.first().copied().unwrap_or_default();
+            self.waited(first, admission).await
+        };
         let first = keys.first().copied().unwrap_or_default();
         self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));
         outcome

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use inflight::{AcquireError, Limiter, Policy, Store};
+use inflight::{AcquireError, Limiter, Policy, Wakeups};
 use serde::Serialize;
 
 /// Options of `inflight bench`.
@@ -81,7 +81,7 @@ pub struct Report {
 }
 
 /// Runs the load on `store`.
-pub async fn run<S: Store>(args: &BenchArgs, store: S) -> Result<Report, AcquireError> {
+pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, AcquireError> {
     let limiter = Limiter::builder(store)
         .policy(Policy::new(args.limit, 0))
         .build();

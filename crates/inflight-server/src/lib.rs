@@ -17,7 +17,7 @@ pub mod server;
 
 use std::sync::Arc;
 
-use inflight::{Limiter, MemoryStore, SharedPolicy, Store};
+use inflight::{Limiter, MemoryStore, SharedPolicy, Wakeups};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -30,6 +30,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         on_missing_key: settings.on_missing_key()?,
         limit_paths: settings.limit_paths()?,
         timeout: settings.upstream_timeout,
+        max_wait: settings.max_wait,
         api_on_proxy_port: settings.admin_on_proxy_port,
         trust_forwarded: settings.trust_forwarded,
     })
@@ -59,7 +60,7 @@ impl Shared {
 }
 
 /// The limiter and app state that `settings` describe, over `store`, with what the workers `shared`.
-pub fn app<S: Store>(
+pub fn app<S: Wakeups>(
     settings: &Settings,
     shared: &Shared,
     store: S,
@@ -69,6 +70,7 @@ pub fn app<S: Store>(
         .lease(settings.lease)
         .on_store_failure(settings.failure_policy()?)
         .fallback(shared.fallback.clone())
+        .max_waiters(settings.max_waiters)
         .build();
     Ok(Arc::new(App {
         limiter,

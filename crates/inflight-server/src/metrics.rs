@@ -8,6 +8,9 @@
 //! | `inflight_leases_reclaimed_total` | counter | expired leases reclaimed: a sign of crashed holders |
 //! | `inflight_leases_lost_total` | counter | held permits whose lease was gone and could not come back |
 //! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit |
+//! | `inflight_waiting` | gauge | `class` = the key's `[[limits]]` pattern, or `default`: admissions waiting for a slot |
+//! | `inflight_wait_duration_seconds` | histogram | how long admissions that could wait waited |
+//! | `inflight_wait_timeouts_total` | counter | waits that ended without a slot |
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,6 +20,10 @@ use std::time::{Duration, SystemTime};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 const STORE_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -83,6 +90,12 @@ impl Metrics {
                         Matcher::Full("inflight_store_duration_seconds".into()),
                         STORE_BUCKETS,
                     )
+                    .and_then(|builder| {
+                        builder.set_buckets_for_metric(
+                            Matcher::Full("inflight_wait_duration_seconds".into()),
+                            WAIT_BUCKETS,
+                        )
+                    })
                     .unwrap_or_else(|_| PrometheusBuilder::new());
                 let recorder = builder.build_recorder();
                 let handle = recorder.handle();
@@ -133,6 +146,13 @@ impl Metrics {
         if let Some((_, histogram)) = self.store.iter().find(|(name, _)| *name == op) {
             histogram.record(took.as_secs_f64());
         }
+    }
+
+    /// An admission of `class` that may wait: counted as waiting until [`Waiting::done`].
+    pub fn waiting(&self, class: &str) -> Waiting {
+        let gauge = metrics::gauge!("inflight_waiting", "class" => class.to_owned());
+        gauge.increment(1.0);
+        Waiting { gauge }
     }
 
     /// One more permit held by a proxied response: in flight until the guard is dropped, which counts its
@@ -199,6 +219,27 @@ impl Metrics {
             "# TYPE inflight_in_flight gauge\ninflight_in_flight {in_flight}\n"
         ));
         text
+    }
+}
+
+/// An admission waiting for a slot, in `inflight_waiting` until done or dropped (its client went away).
+pub struct Waiting {
+    gauge: metrics::Gauge,
+}
+
+impl Waiting {
+    /// The wait ended after `waited`, without a slot when `timed_out`.
+    pub fn done(self, waited: Duration, timed_out: bool) {
+        metrics::histogram!("inflight_wait_duration_seconds").record(waited.as_secs_f64());
+        if timed_out {
+            metrics::counter!("inflight_wait_timeouts_total").increment(1);
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.gauge.decrement(1.0);
     }
 }
 

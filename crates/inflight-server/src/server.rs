@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use inflight::Store;
+use inflight::Wakeups;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tower_service::Service;
@@ -34,12 +34,12 @@ use crate::proxy::{Peer, Proxy, Upstream};
 
 /// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
 /// forwarded (straight to the proxy, past axum's router).
-struct Routes<S: Store> {
+struct Routes<S: Wakeups> {
     api: Router,
     proxy: Option<Arc<Proxy<S>>>,
 }
 
-impl<S: Store> Clone for Routes<S> {
+impl<S: Wakeups> Clone for Routes<S> {
     fn clone(&self) -> Self {
         Self {
             api: self.api.clone(),
@@ -48,7 +48,7 @@ impl<S: Store> Clone for Routes<S> {
     }
 }
 
-impl<S: Store> Routes<S> {
+impl<S: Wakeups> Routes<S> {
     /// The API at the root; or with an upstream, the API under `/_inflight` and everything else forwarded.
     fn new(app: &Arc<App<S>>, upstream: Option<&Upstream>) -> Self {
         match upstream {
@@ -173,7 +173,7 @@ impl Workers {
     /// Starts a worker on each of `listeners`: it builds its app with `app` (inside its own runtime), and
     /// serves the API, or with `upstream` the proxy. Returns once every worker has built its app, or with
     /// the first one's error. Dropping the workers ends them at once.
-    pub async fn start<S: Store>(
+    pub async fn start<S: Wakeups>(
         listeners: Vec<std::net::TcpListener>,
         app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
         upstream: Option<Upstream>,
@@ -267,7 +267,7 @@ impl From<&crate::Settings> for Timeouts {
 }
 
 /// What a worker thread gets.
-struct Worker<S: Store> {
+struct Worker<S: Wakeups> {
     app: MakeApp<S>,
     upstream: Option<Arc<Upstream>>,
     timeouts: Timeouts,
@@ -277,7 +277,7 @@ struct Worker<S: Store> {
     ending: watch::Receiver<bool>,
 }
 
-impl<S: Store> Worker<S> {
+impl<S: Wakeups> Worker<S> {
     /// Builds the worker's app on a runtime of its own (and says so on `ready`), then serves `listener`
     /// until told to stop (and its connections have closed) or to end. Its runtime, with any connection
     /// still open, is gone when this returns.
@@ -362,7 +362,7 @@ impl<S: Store> Worker<S> {
 /// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop;
 /// then closes each once its current exchange is over (an idle one at once), and returns when all have
 /// closed. Responses still running after `grace` are cut.
-async fn serve<S: Store>(
+async fn serve<S: Wakeups>(
     mut listener: NoDelay,
     routes: Routes<S>,
     mut stopping: watch::Receiver<bool>,

@@ -80,10 +80,12 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
 pub use id::PermitId;
-pub use limiter::{Limiter, LimiterBuilder, LimiterStats, TryAcquire, SHUTDOWN_DRAIN};
+pub use limiter::{
+    Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_MAX_WAITERS, RECHECK, SHUTDOWN_DRAIN,
+};
 pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
-pub use store::{KeyStatus, Keys, MemoryStore, Renewal, Store};
+pub use store::{Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
 #[cfg(feature = "redis")]
 pub use store::{Layout, RedisStore, RedisStoreBuilder};

@@ -29,6 +29,7 @@ pub struct AcquireOptions {
     pub(crate) id: Option<PermitId>,
     pub(crate) weight: Option<u32>,
     pub(crate) lease: Option<Duration>,
+    pub(crate) max_wait: Option<Duration>,
 }
 
 impl AcquireOptions {
@@ -54,6 +55,13 @@ impl AcquireOptions {
     /// default: the limiter's).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// How long [`crate::Limiter::acquire`] may wait for a slot (default: not at all). `try_acquire`
+    /// never waits.
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.max_wait = Some(wait);
         self
     }
 }

@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
+use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Wakeups};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +24,7 @@ mod permits;
 pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// The API's routes over `app`.
-pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
+pub fn router<S: Wakeups>(app: Arc<App<S>>) -> Router {
     let v1 = Router::new()
         .route("/v1/keys/{key}/permits", post(acquire::<S>))
         .route(
@@ -62,6 +62,7 @@ struct AcquireBody {
     id: Option<String>,
     weight: Option<u32>,
     lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -124,6 +125,20 @@ fn lease(lease_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
     }
 }
 
+/// The longest an acquire body may ask to wait for a slot (`wait_ms`), as `--max-wait` at most.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// How long an acquire may wait (`wait_ms`; none: not at all).
+fn wait(wait_ms: Option<u64>) -> Result<Duration, ApiError> {
+    let wait = Duration::from_millis(wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
+        return Err(ApiError::invalid_request(
+            "wait_ms must be between 0 and 300000.",
+        ));
+    }
+    Ok(wait)
+}
+
 fn permit_json(lease: Lease) -> PermitJson {
     PermitJson {
         id: lease.id.to_string(),
@@ -135,7 +150,7 @@ fn permit_json(lease: Lease) -> PermitJson {
     }
 }
 
-async fn acquire<S: Store>(
+async fn acquire<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
@@ -143,7 +158,7 @@ async fn acquire<S: Store>(
     let key = checked_key(path)?;
     let request: AcquireBody = body(bytes)?;
     let options = options(request.id, request.weight, request.lease_ms)?;
-    let permit = app.acquire(&key, options).await?;
+    let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
     // The caller holds the lease from here: it renews or releases it over HTTP.
     Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response())
 }
@@ -179,7 +194,7 @@ fn permit_not_found() -> ApiError {
     )
 }
 
-async fn renew<S: Store>(
+async fn renew<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
@@ -218,7 +233,7 @@ async fn renew<S: Store>(
     }
 }
 
-async fn release<S: Store>(
+async fn release<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
@@ -239,7 +254,7 @@ fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {
     })
 }
 
-async fn status<S: Store>(
+async fn status<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
@@ -249,7 +264,7 @@ async fn status<S: Store>(
 }
 
 /// Every /v1 route, when an API token is set: 401 without it (or the admin token).
-async fn require_api_user<S: Store>(
+async fn require_api_user<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -265,7 +280,7 @@ async fn require_api_user<S: Store>(
     .into_response()
 }
 
-fn require_admin<S: Store>(app: &App<S>, headers: &HeaderMap) -> Result<(), ApiError> {
+fn require_admin<S: Wakeups>(app: &App<S>, headers: &HeaderMap) -> Result<(), ApiError> {
     if app.is_admin(headers.get(header::AUTHORIZATION)) {
         Ok(())
     } else {
@@ -277,7 +292,7 @@ fn require_admin<S: Store>(app: &App<S>, headers: &HeaderMap) -> Result<(), ApiE
     }
 }
 
-async fn set_limit<S: Store>(
+async fn set_limit<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
@@ -295,7 +310,7 @@ async fn set_limit<S: Store>(
     Ok(key_json(key, status))
 }
 
-async fn clear_limit<S: Store>(
+async fn clear_limit<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
@@ -312,7 +327,7 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
-async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
+async fn readyz<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
     match app.limiter.store().maintain().await {
         Ok(()) => Json(serde_json::json!({ "status": "ready" })).into_response(),
         Err(_) => ApiError::new(
@@ -324,7 +339,7 @@ async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
     }
 }
 
-async fn metrics<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
+async fn metrics<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
     let text = app.metrics.render(app.limiter.stats());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -9,10 +9,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inflight::{PermitId, Renewal, Store};
+use inflight::{PermitId, Renewal, Wakeups};
 use serde::{Deserialize, Serialize};
 
-use super::{body, lease, options, permit_not_found, KeyJson, RenewBody};
+use super::{body, lease, options, permit_not_found, wait, KeyJson, RenewBody};
 use crate::app::{check_name, App};
 use crate::error::ApiError;
 
@@ -23,6 +23,7 @@ struct AcquireAllBody {
     id: Option<String>,
     weight: Option<u32>,
     lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
 }
 
 /// A permit on several keys, as `POST /v1/permits` and `PUT /v1/permits/{id}` answer it.
@@ -37,7 +38,7 @@ pub(super) struct PermitAllJson {
 /// The most keys one permit may have.
 const MAX_KEYS: usize = 16;
 
-pub(super) async fn acquire_all<S: Store>(
+pub(super) async fn acquire_all<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -65,7 +66,9 @@ pub(super) async fn acquire_all<S: Store>(
     let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
     let options = options(request.id, request.weight, request.lease_ms)?;
     let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
-    let permit = app.acquire_all(&names, options).await?;
+    let permit = app
+        .acquire_all(&names, options, wait(request.wait_ms)?)
+        .await?;
     let lent = app.lend_all(permit, &keys, lease).await?;
     let first = (lent.limit.get(), lent.in_flight);
     let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
@@ -83,7 +86,7 @@ pub(super) async fn acquire_all<S: Store>(
 
 /// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
 /// that holds nothing, or a key whose store is away: its class's limit, nothing in flight).
-async fn permit_all_json<S: Store>(
+async fn permit_all_json<S: Wakeups>(
     app: &App<S>,
     id: String,
     keys: &[Arc<str>],
@@ -122,7 +125,7 @@ async fn permit_all_json<S: Store>(
     }
 }
 
-pub(super) async fn renew_recorded<S: Store>(
+pub(super) async fn renew_recorded<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
@@ -143,7 +146,7 @@ pub(super) async fn renew_recorded<S: Store>(
     }
 }
 
-pub(super) async fn release_recorded<S: Store>(
+pub(super) async fn release_recorded<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {

@@ -88,6 +88,11 @@ pub struct Settings {
     #[arg(value_parser = LimitRule::parse, value_delimiter = ';')]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<LimitRule>,
+    /// The most admissions that may wait for a slot on one key at once, per worker (`wait_ms`, the
+    /// proxy's --max-wait); one more is refused at once.
+    #[arg(long, env = "INFLIGHT_MAX_WAITERS", value_name = "N")]
+    #[arg(default_value_t = inflight::DEFAULT_MAX_WAITERS)]
+    pub max_waiters: usize,
     /// Lease of a permit unless its request asks for another, e.g. 30s, 500ms.
     #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]

@@ -68,6 +68,12 @@ pub struct ProxySettings {
     #[arg(default_value = "60s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub upstream_timeout: Duration,
+    /// How long a limited request may wait for a slot before it is refused with 429 (0s: at once, as
+    /// without waiting; at most 5m). A client that goes away while waiting leaves the queue.
+    #[arg(long, env = "INFLIGHT_MAX_WAIT", value_name = "DURATION")]
+    #[arg(default_value = "0s", value_parser = text::parse)]
+    #[serde(with = "text")]
+    pub max_wait: Duration,
     /// The settings `inflight serve` has.
     #[command(flatten)]
     #[serde(flatten)]
@@ -82,6 +88,9 @@ impl Layered for ProxySettings {
 
     fn check(&self) -> Result<(), ConfigError> {
         self.serve.check()?;
+        if self.max_wait > crate::api::MAX_WAIT {
+            return Err(invalid("max_wait", "must be at most 5m"));
+        }
         self.upstream()?;
         self.keys()?;
         self.on_missing_key()?;

@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode, Uri};
 use hyper::body::Incoming;
-use inflight::{Permit, Store};
+use inflight::{Permit, Wakeups};
 
 pub use keys::{KeyTemplates, OnMissingKey, MAX_KEYS};
 pub use paths::LimitPaths;
@@ -38,6 +38,8 @@ pub struct Upstream {
     pub limit_paths: LimitPaths,
     /// How long a request may take upstream until its response headers (connecting and sending it included).
     pub timeout: Duration,
+    /// How long a limited request may wait for a slot before it is refused (zero: not at all).
+    pub max_wait: Duration,
     /// Whether the client's forwarding headers are trusted (appended to) or replaced.
     pub trust_forwarded: bool,
     /// Whether the API answers under `/_inflight` on the proxied port (else it answers only on the admin
@@ -68,14 +70,14 @@ impl Peer {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
-pub struct Proxy<S: Store> {
+pub struct Proxy<S: Wakeups> {
     app: Arc<App<S>>,
     upstream: Upstream,
     target: headers::Target,
     pool: upstream::Pool,
 }
 
-impl<S: Store> Proxy<S> {
+impl<S: Wakeups> Proxy<S> {
     /// A proxy to `upstream` over `app`, with a pool of upstream connections of its own.
     pub fn new(app: Arc<App<S>>, upstream: Upstream) -> Self {
         let mut address = http::uri::Parts::default();
@@ -101,7 +103,7 @@ impl<S: Store> Proxy<S> {
     }
 }
 
-async fn forward_checked<S: Store>(
+async fn forward_checked<S: Wakeups>(
     proxy: &Proxy<S>,
     client: &Peer,
     request: Request<Incoming>,
@@ -155,7 +157,7 @@ async fn forward_checked<S: Store>(
 
 /// The permit `request` is forwarded under: None when it is not limited (outside `--limit-path`, or its
 /// keys unformable under `--on-missing-key pass`).
-async fn admit<S: Store>(
+async fn admit<S: Wakeups>(
     proxy: &Proxy<S>,
     request: &Request<Incoming>,
 ) -> Result<Option<Permit>, ApiError> {
@@ -186,7 +188,7 @@ async fn admit<S: Store>(
     let names = &names[..keys.len()];
     let permit = proxy
         .app
-        .acquire_all(names, inflight::AcquireOptions::new())
+        .acquire_all(names, inflight::AcquireOptions::new(), upstream.max_wait)
         .await?;
     Ok(Some(permit))
 }

@@ -14,7 +14,7 @@ use axum::routing::{any, get};
 use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
-use inflight::Store;
+use inflight::Wakeups;
 use inflight_server::config::Layered;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
@@ -28,7 +28,7 @@ use inflight::{MemoryStore, RedisStore};
 pub type Stores<S> = Arc<dyn Fn() -> S + Send + Sync>;
 
 /// A running server.
-pub struct Server<S: Store> {
+pub struct Server<S: Wakeups> {
     pub base: String,
     stores: Stores<S>,
     policy: inflight::Policy,
@@ -36,7 +36,7 @@ pub struct Server<S: Store> {
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
-impl<S: Store> Server<S> {
+impl<S: Wakeups> Server<S> {
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -71,7 +71,7 @@ impl<S: Store> Server<S> {
     }
 }
 
-impl<S: Store> Drop for Server<S> {
+impl<S: Wakeups> Drop for Server<S> {
     fn drop(&mut self) {
         if let Some(task) = &self.task {
             task.abort();
@@ -114,7 +114,7 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
     settings
 }
 
-async fn start<S: Store>(
+async fn start<S: Wakeups>(
     settings: &Settings,
     stores: Stores<S>,
     upstream: Option<proxy::Upstream>,
@@ -142,11 +142,11 @@ async fn start<S: Store>(
     }
 }
 
-pub async fn start_api<S: Store>(settings: &Settings, stores: Stores<S>) -> Server<S> {
+pub async fn start_api<S: Wakeups>(settings: &Settings, stores: Stores<S>) -> Server<S> {
     start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Store>(settings: &ProxySettings, stores: Stores<S>) -> Server<S> {
+pub async fn start_proxy<S: Wakeups>(settings: &ProxySettings, stores: Stores<S>) -> Server<S> {
     let upstream = inflight_server::upstream(settings).expect("valid test settings");
     start(&settings.serve, stores, Some(upstream)).await
 }
@@ -357,7 +357,7 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
-    type S: Store;
+    type S: Wakeups;
     fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }

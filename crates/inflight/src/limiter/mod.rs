@@ -9,8 +9,10 @@ mod admission;
 mod releaser;
 mod remote;
 mod renewer;
+mod wait;
 
 pub use acquire::TryAcquire;
+pub use wait::{DEFAULT_MAX_WAITERS, RECHECK};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -78,6 +80,7 @@ pub struct LimiterBuilder<S> {
     lease: Duration,
     on_store_failure: FailurePolicy,
     fallback: Option<MemoryStore>,
+    max_waiters: usize,
 }
 
 /// Counters of what the limiter has seen, for metrics.
@@ -89,6 +92,10 @@ pub struct LimiterStats {
     pub lost: AtomicU64,
     /// Held permits whose lease was gone at renewal and was re-added (the store had lost it).
     pub readded: AtomicU64,
+    /// Admissions waiting for a slot now ([`Limiter::acquire`]).
+    pub waiting: AtomicU64,
+    /// Waits that ended without a slot.
+    pub wait_timeouts: AtomicU64,
 }
 
 /// What the limiter's handles, its permits and its background tasks share.
@@ -103,6 +110,7 @@ struct Core<S> {
     breaker: Breaker,
     /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
     fallback: Option<MemoryStore>,
+    waiters: wait::Waiters,
 }
 
 impl<S: Store> LimiterBuilder<S> {
@@ -134,6 +142,13 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
+    /// The most admissions of this limiter that may wait on one key at once (default
+    /// [`DEFAULT_MAX_WAITERS`]; at least 1); one more is refused at once.
+    pub fn max_waiters(mut self, max: usize) -> Self {
+        self.max_waiters = max.max(1);
+        self
+    }
+
     /// Builds the limiter and starts its background tasks on the current Tokio runtime.
     ///
     /// # Panics
@@ -153,6 +168,7 @@ impl<S: Store> LimiterBuilder<S> {
             on_store_failure: self.on_store_failure,
             breaker: Breaker::default(),
             fallback,
+            waiters: wait::Waiters::new(self.max_waiters),
         });
         tokio::spawn(renewer::run(Arc::downgrade(&core)));
         Limiter { core }
@@ -168,6 +184,7 @@ impl<S: Store> Limiter<S> {
             lease: DEFAULT_LEASE,
             on_store_failure: FailurePolicy::default(),
             fallback: None,
+            max_waiters: DEFAULT_MAX_WAITERS,
         }
     }
 

@@ -7,10 +7,12 @@
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+pub(crate) mod wake;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Layout, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use memory::MemoryStore;
+pub use wake::{Interest, Wakeups};
 
 use std::future::Future;
 use std::sync::Arc;

@@ -8,6 +8,7 @@ use super::key::{KeyState, Lease, Refusal};
 use crate::clock::Clock;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
+use crate::store::wake::Wakes;
 use crate::store::{Admission, Grant, LocalHold};
 
 /// The store's clock, and its last reading for the paths that need only a rough time.
@@ -33,6 +34,8 @@ pub(super) struct Cell<C> {
     pub(super) key: Arc<str>,
     pub(super) state: Mutex<KeyState>,
     pub(super) time: Arc<Time<C>>,
+    /// Told of every slot given back, for waiters.
+    pub(super) wakes: Arc<Wakes>,
 }
 
 impl<C> Cell<C> {
@@ -44,9 +47,12 @@ impl<C> Cell<C> {
 
 impl<C: Clock> Cell<C> {
     fn unhold(&self, weight: u32) {
-        let mut state = self.lock();
-        state.in_flight -= weight;
-        state.last_used_ms = self.time.coarse_ms();
+        {
+            let mut state = self.lock();
+            state.in_flight -= weight;
+            state.last_used_ms = self.time.coarse_ms();
+        }
+        self.wakes.wake(&self.key);
     }
 
     /// Turns `weight` held slots into a lease; the in-flight count does not change.

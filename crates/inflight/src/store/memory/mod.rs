@@ -21,6 +21,7 @@ use dashmap::DashMap;
 
 use self::cell::{admit, grant, Cell, Cells, Slot, Time};
 use self::key::{Hasher, KeyState, Lease};
+use super::wake::{Interest, Wakes, Wakeups};
 use super::{
     AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, LocalHold, OverrideChange,
     Recorded, RenewRequest, Renewal, Store,
@@ -73,6 +74,7 @@ struct Inner<C> {
     index: index::Index,
     idle_ttl_ms: AtomicU64,
     next_sweep_ms: AtomicU64,
+    wakes: Arc<Wakes>,
 }
 
 impl MemoryStore<SystemClock> {
@@ -103,6 +105,7 @@ impl<C: Clock> MemoryStore<C> {
             index: index::Index::default(),
             idle_ttl_ms: AtomicU64::new(millis(DEFAULT_IDLE_TTL)),
             next_sweep_ms: AtomicU64::new(0),
+            wakes: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -143,6 +146,7 @@ impl<C: Clock> MemoryStore<C> {
                 key,
                 state: Mutex::new(KeyState::default()),
                 time: self.inner.time.clone(),
+                wakes: self.inner.wakes.clone(),
             })
         });
         Some(cell.clone())
@@ -391,6 +395,9 @@ impl<C: Clock> Store for MemoryStore<C> {
             }
             released
         });
+        if released {
+            keys.iter().for_each(|key| self.inner.wakes.wake(key));
+        }
         ready(Ok(released))
     }
 
@@ -463,6 +470,13 @@ impl<C: Clock> Store for MemoryStore<C> {
     fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.maintain_now();
         ready(Ok(()))
+    }
+}
+
+impl<C: Clock> Wakeups for MemoryStore<C> {
+    /// Woken by every slot given back through this store or its clones.
+    fn interest(&self, key: &str) -> Interest {
+        self.inner.wakes.interest(key)
     }
 }
 

@@ -9,7 +9,7 @@ use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo};
 
 use super::batch::Batcher;
-use super::{overrides, Layout, RedisStore};
+use super::{overrides, wakeups, Layout, RedisStore};
 use crate::error::StoreError;
 
 /// Builds a [`RedisStore`].
@@ -131,6 +131,7 @@ impl RedisStoreBuilder {
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
         let names = overrides::Names::new(&self.prefix);
         let view = Arc::new(overrides::View::default());
+        let wakes = wakeups::start(client.clone(), self.layout, &self.prefix);
         if self.layout == Layout::Inflight {
             overrides::start(client, conn.clone(), names.clone(), &view);
         }
@@ -143,6 +144,7 @@ impl RedisStoreBuilder {
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
             layout: self.layout,
+            wakes,
             stale_ms: u64::try_from(self.stale_after.as_millis()).unwrap_or(u64::MAX),
             clock_offset_ms,
         })

@@ -13,6 +13,7 @@ mod index;
 mod keys;
 mod overrides;
 mod scripts;
+mod wakeups;
 
 use std::future::Future;
 use std::sync::atomic::AtomicI64;
@@ -35,6 +36,7 @@ use super::{
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
+use crate::store::wake::{Interest, Wakes, Wakeups};
 
 /// The prefix of every Redis key inflight writes unless [`RedisStoreBuilder::prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "inflight:";
@@ -68,6 +70,7 @@ pub struct RedisStore {
     prefix: Arc<str>,
     target: Arc<str>,
     layout: Layout,
+    wakes: Arc<Wakes>,
     /// How old a Dify worker's entry must be to be stale ([`Layout::Dify`]), ms.
     stale_ms: u64,
     /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
@@ -353,6 +356,10 @@ impl Store for RedisStore {
         };
         async move {
             let [released, ..] = self.send(route).await?;
+            // Heard here at once; other processes hear it through the key's channel.
+            if released == 1 {
+                keys.iter().for_each(|key| self.wakes.wake(key));
+            }
             Ok(released == 1)
         }
     }
@@ -405,6 +412,14 @@ impl Store for RedisStore {
             let mut conn = self.conn.clone();
             async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
         })
+    }
+}
+
+impl Wakeups for RedisStore {
+    /// Woken by releases of this handle at once, and by those of every other process through the key's
+    /// channel (subscribed while the interest lives).
+    fn interest(&self, key: &str) -> Interest {
+        self.wakes.interest(key)
     }
 }
 

@@ -242,7 +242,7 @@ async fn resync(
     Ok(())
 }
 
-async fn within<T>(
+pub(super) async fn within<T>(
     work: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> redis::RedisResult<T> {
     match tokio::time::timeout(CONNECT_TIMEOUT, work).await {

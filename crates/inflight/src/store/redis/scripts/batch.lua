@@ -37,7 +37,8 @@ local function acquire(keys, n, id, t)
   return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed
 end
 
--- A release from every key: 1 when any held a live lease, 0 when all were gone.
+-- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
+-- went is announced on '<prefix>{E}:released', which processes with waiters on the key subscribe to.
 local function release(keys, n, id)
   local released = 0
   for i = 1, n do
@@ -46,6 +47,7 @@ local function release(keys, n, id)
       released, key.n = 1, key.n - 1
       if key.hashed then forget(key, id) end
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
+      redis.call('PUBLISH', string.sub(key.leases, 1, -8) .. ':released', '')
     end
   end
   return released

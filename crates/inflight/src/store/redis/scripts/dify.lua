@@ -87,7 +87,9 @@ elseif op == 'r' then
   local released = 0
   for _, key in ipairs(keys) do
     if redis.call('ZREM', key.leases, id) == 1 then released = 1 end
-    redis.call('HDEL', key.hash, id)
+    if redis.call('HDEL', key.hash, id) == 1 then
+      redis.call('PUBLISH', '{' .. key.hash .. '}:released', '') -- for waiters (see batch.lua)
+    end
     redis.call('HDEL', key.lengths, id)
   end
   return {released}

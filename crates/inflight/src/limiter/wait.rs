@@ -1,0 +1,234 @@
+//! Waiting for a slot: [`Limiter::acquire`] and [`Limiter::acquire_all`]. A process's waiters on a key
+//! queue in arrival order; only the head of a queue asks the store, when a release on the key wakes it
+//! (from this process or, through the store, any other) or, in case a wake-up was lost, after
+//! [`RECHECK`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Limiter;
+use crate::error::{AcquireError, KeyRefused};
+use crate::options::AcquireOptions;
+use crate::permit::Permit;
+use crate::store::Wakeups;
+
+/// How long the head of a queue waits at most before asking the store again, in case the wake-up of a
+/// release was lost (a subscription that broke) or a lease expired (which no one announces).
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says
+/// otherwise.
+pub const DEFAULT_MAX_WAITERS: usize = 1024;
+
+/// A key's queue: each waiter's turn, in arrival order.
+type Queue = VecDeque<Arc<Notify>>;
+
+/// The queues of this process's waiters, one per key that has any.
+pub(super) struct Waiters {
+    queues: Mutex<HashMap<Arc<str>, Queue>>,
+    pub(super) max_per_key: usize,
+}
+
+impl Waiters {
+    pub(super) fn new(max_per_key: usize) -> Self {
+        Self {
+            queues: Mutex::new(HashMap::new()),
+            max_per_key,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Queue>> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True when no waiter of this process waits on any of `keys`.
+    fn idle(&self, keys: &[&str]) -> bool {
+        let queues = self.lock();
+        keys.iter().all(|key| !queues.contains_key(*key))
+    }
+
+    /// A place at the end of `key`'s queue, counted in `waiting` while it lasts, or `None` when the queue
+    /// is full.
+    fn join<'a>(&'a self, key: &str, waiting: &'a AtomicU64) -> Option<Place<'a>> {
+        let mut queues = self.lock();
+        let turn = Arc::new(Notify::new());
+        let queue = queues.entry(Arc::from(key)).or_default();
+        if queue.len() >= self.max_per_key {
+            if queue.is_empty() {
+                queues.remove(key);
+            }
+            return None;
+        }
+        queue.push_back(turn.clone());
+        if queue.len() == 1 {
+            turn.notify_one();
+        }
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Some(Place {
+            waiters: self,
+            key: Arc::from(key),
+            turn,
+            waiting,
+        })
+    }
+}
+
+/// A waiter's place in a queue; leaving it (dropped: admitted, timed out, or cancelled) lets the next
+/// waiter be the head.
+struct Place<'a> {
+    waiters: &'a Waiters,
+    key: Arc<str>,
+    /// Notified (one stored permit) when this place becomes the head.
+    turn: Arc<Notify>,
+    waiting: &'a AtomicU64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        let mut queues = self.waiters.lock();
+        let Some(queue) = queues.get_mut(&self.key) else {
+            return;
+        };
+        let was_head = queue
+            .front()
+            .is_some_and(|head| Arc::ptr_eq(head, &self.turn));
+        queue.retain(|turn| !Arc::ptr_eq(turn, &self.turn));
+        match queue.front() {
+            None => {
+                queues.remove(&self.key);
+            }
+            Some(next) if was_head => next.notify_one(),
+            Some(_) => {}
+        }
+    }
+}
+
+impl<S: Wakeups> Limiter<S> {
+    /// Admits one request under `key`, waiting up to the options' [`AcquireOptions::max_wait`] for a
+    /// slot; without one, as [`Limiter::try_acquire_with`]. On timeout, the refusal `try_acquire` gives.
+    /// Waiting holds no slot.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use inflight::{AcquireOptions, Limiter, MemoryStore, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(1, 0)).build();
+    /// let first = limiter.try_acquire("model").await.unwrap();
+    /// tokio::spawn(async move {
+    ///     tokio::time::sleep(Duration::from_millis(20)).await;
+    ///     drop(first); // its release wakes the waiter at once
+    /// });
+    /// let wait = AcquireOptions::new().max_wait(Duration::from_secs(5));
+    /// let second = limiter.acquire("model", wait).await.unwrap();
+    /// # drop(second);
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the queue at once and holds nothing (as [`Limiter::try_acquire_with`]).
+    pub async fn acquire(
+        &self,
+        key: &str,
+        options: AcquireOptions,
+    ) -> Result<Permit, AcquireError> {
+        self.acquire_all(&[key], options)
+            .await
+            .map_err(|refused| refused.error)
+    }
+
+    /// [`Limiter::try_acquire_all`], waiting as [`Limiter::acquire`] does. The waiter queues on the key
+    /// that refused it first; when at the head, it tries every key again.
+    pub async fn acquire_all(
+        &self,
+        keys: &[&str],
+        options: AcquireOptions,
+    ) -> Result<Permit, KeyRefused> {
+        let max_wait = options.max_wait.unwrap_or(Duration::ZERO);
+        if max_wait.is_zero() {
+            return self.try_acquire_all(keys, options).await;
+        }
+        let deadline = Instant::now() + max_wait;
+        let waiters = &self.core.waiters;
+        // Nobody of this process waits here: try at once; else queue behind those who do.
+        let mut refused = None;
+        if waiters.idle(keys) {
+            match self.try_acquire_all(keys, options.clone()).await {
+                Err(full) if is_full(&full) => refused = Some(full),
+                decided => return decided,
+            }
+        }
+        let queue_key = refused
+            .as_ref()
+            .map_or(keys[0], |r| r.key.as_str())
+            .to_owned();
+        let Some(place) = waiters.join(&queue_key, &self.core.stats.waiting) else {
+            return match refused {
+                Some(refused) => Err(refused),
+                None => self.try_acquire_all(keys, options).await,
+            };
+        };
+        // (The place is left when this future ends or is dropped.)
+        self.wait_in_line(keys, options, &place, queue_key, deadline)
+            .await
+    }
+
+    async fn wait_in_line(
+        &self,
+        keys: &[&str],
+        options: AcquireOptions,
+        place: &Place<'_>,
+        mut watched: String,
+        deadline: Instant,
+    ) -> Result<Permit, KeyRefused> {
+        let timed_out = || {
+            self.core
+                .stats
+                .wait_timeouts
+                .fetch_add(1, Ordering::Relaxed);
+        };
+        // Until this waiter is the head of its queue.
+        if tokio::time::timeout_at(deadline, place.turn.notified())
+            .await
+            .is_err()
+        {
+            timed_out();
+            return self.try_acquire_all(keys, options).await;
+        }
+        loop {
+            let interest = self.core.store.interest(&watched);
+            let notified = interest.notified();
+            tokio::pin!(notified);
+            // Enabled before asking: a release while the store decides wakes this waiter all the same.
+            notified.as_mut().enable();
+            let refused = match self.try_acquire_all(keys, options.clone()).await {
+                Err(full) if is_full(&full) => full,
+                decided => return decided,
+            };
+            if Instant::now() >= deadline {
+                timed_out();
+                return Err(refused);
+            }
+            let recheck = (Instant::now() + RECHECK).min(deadline);
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(recheck) => {}
+            }
+            if refused.key != watched {
+                watched = refused.key;
+            }
+        }
+    }
+}
+
+fn is_full(refused: &KeyRefused) -> bool {
+    matches!(refused.error, AcquireError::Full { .. })
+}

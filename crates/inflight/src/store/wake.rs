@@ -1,0 +1,141 @@
+//! Wake-ups for waiting admissions: a store that says when a key's slots are freed (by a release in this
+//! process or, on Redis, in any other) lets a waiter try again at once instead of polling.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+
+use super::Store;
+
+/// A store that tells waiters when a key's slots are freed: what [`crate::Limiter::acquire`] needs
+/// beyond [`Store`].
+pub trait Wakeups: Store {
+    /// Hears of releases on `key` for as long as the returned interest lives. A wake-up may be lost (a
+    /// dropped subscription), so a waiter also checks again now and then.
+    fn interest(&self, key: &str) -> Interest;
+}
+
+/// Subscribes to or unsubscribes from a key's releases (Redis): called with `true` for the first
+/// interest in a key, `false` when its last interest goes.
+pub(crate) type Hook = Box<dyn Fn(&Arc<str>, bool) + Send + Sync>;
+
+/// A key's wake-up, and how many interests it has.
+type Watched = (Arc<Notify>, usize);
+
+/// The interests of one store in the keys that waiters wait on: a wake-up per key, counted.
+#[derive(Default)]
+pub(crate) struct Wakes {
+    keys: Mutex<HashMap<Arc<str>, Watched>>,
+    /// How many keys have an interest: a release checks this before taking the lock.
+    watched: AtomicUsize,
+    hook: Option<Hook>,
+}
+
+impl Wakes {
+    /// Wakes told of the first and last interest in each key.
+    pub(crate) fn with_hook(hook: Hook) -> Self {
+        Self {
+            hook: Some(hook),
+            ..Self::default()
+        }
+    }
+
+    /// An interest in `key`.
+    pub(crate) fn interest(self: &Arc<Self>, key: &str) -> Interest {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let known = keys.get_mut(key).map(|(notify, count)| {
+            *count += 1;
+            notify.clone()
+        });
+        let (key, notify) = match known {
+            Some(notify) => {
+                let known = keys.get_key_value(key).map(|(known, _)| known.clone());
+                (known.unwrap_or_else(|| Arc::from(key)), notify)
+            }
+            None => {
+                let key: Arc<str> = Arc::from(key);
+                let notify = Arc::new(Notify::new());
+                keys.insert(key.clone(), (notify.clone(), 1));
+                self.watched.fetch_add(1, Ordering::Relaxed);
+                if let Some(hook) = &self.hook {
+                    hook(&key, true);
+                }
+                (key, notify)
+            }
+        };
+        Interest {
+            wakes: self.clone(),
+            key,
+            notify,
+        }
+    }
+
+    /// Wakes every waiter on `key` (those that have enabled their wait; see [`Interest::notified`]).
+    #[inline]
+    pub(crate) fn wake(&self, key: &str) {
+        if self.watched.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((notify, _)) = keys.get(key) {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Wakes every waiter on every key (a subscription was remade: a release may have gone unheard).
+    pub(crate) fn wake_all(&self) {
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        for (notify, _) in keys.values() {
+            notify.notify_waiters();
+        }
+    }
+
+    fn drop_interest(&self, key: &Arc<str>) {
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, count)) = keys.get_mut(key) {
+            *count -= 1;
+            if *count == 0 {
+                keys.remove(key);
+                self.watched.fetch_sub(1, Ordering::Relaxed);
+                if let Some(hook) = &self.hook {
+                    hook(key, false);
+                }
+            }
+        }
+    }
+}
+
+/// An interest in one key's releases; dropping it ends the interest.
+pub struct Interest {
+    wakes: Arc<Wakes>,
+    key: Arc<str>,
+    notify: Arc<Notify>,
+}
+
+impl Interest {
+    /// Completes at the next release on the key after it is enabled (`Notified::enable`) or first polled:
+    /// enable it before checking for room, and no release in between goes unheard.
+    pub fn notified(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        self.wakes.drop_interest(&self.key);
+    }
+}
+
+impl std::fmt::Debug for Interest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interest").field("key", &self.key).finish()
+    }
+}
