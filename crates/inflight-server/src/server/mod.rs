@@ -7,101 +7,29 @@
 //! sends everything over one connection (HTTP/2, or a load balancer keeping few connections open) is
 //! served by one worker.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::Response;
 use axum::serve::Listener;
-use axum::Router;
-use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Store;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
-use tower_service::Service;
 
-use crate::api;
 use crate::app::App;
-use crate::proxy::{Peer, Proxy, Upstream};
+use crate::proxy::{Peer, Upstream};
 
-/// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
-/// forwarded (straight to the proxy, past axum's router).
-struct Routes<S: Store> {
-    api: Router,
-    proxy: Option<Arc<Proxy<S>>>,
-}
+pub use signal::shutdown_signal;
 
-impl<S: Store> Clone for Routes<S> {
-    fn clone(&self) -> Self {
-        Self {
-            api: self.api.clone(),
-            proxy: self.proxy.clone(),
-        }
-    }
-}
+use routes::Routes;
 
-impl<S: Store> Routes<S> {
-    /// The API at the root; or with an upstream, the API under `/_inflight` and everything else forwarded.
-    fn new(app: &Arc<App<S>>, upstream: Option<&Upstream>) -> Self {
-        match upstream {
-            None => Self {
-                api: api::router(app.clone()),
-                proxy: None,
-            },
-            Some(upstream) => {
-                let api = match upstream.api_on_proxy_port {
-                    true => Router::new().nest_service(API_PREFIX, api::router(app.clone())),
-                    false => {
-                        Router::new().nest_service(API_PREFIX, Router::new().fallback(elsewhere))
-                    }
-                };
-                Self {
-                    api,
-                    proxy: Some(Arc::new(Proxy::new(app.clone(), upstream.clone()))),
-                }
-            }
-        }
-    }
-
-    fn respond(
-        &self,
-        request: http::Request<Incoming>,
-        client: &Peer,
-    ) -> impl Future<Output = Result<Response, Infallible>> + Send + 'static {
-        match &self.proxy {
-            Some(proxy) if !is_api(request.uri().path()) => {
-                Either::Left(proxy.clone().forward(request, client.clone()).map(Ok))
-            }
-            _ => Either::Right(self.api.clone().call(request)),
-        }
-    }
-}
-
-/// `/_inflight` on the proxied port, when the API answers on the admin listener only.
-async fn elsewhere() -> crate::error::ApiError {
-    crate::error::ApiError::new(
-        http::StatusCode::NOT_FOUND,
-        "not_found",
-        "The API is not served on this port (see --admin-listen).",
-    )
-}
-
-/// Where a proxy answers with its API (as `Router::nest_service` matches it: the prefix itself, or the
-/// prefix and a `/`).
-const API_PREFIX: &str = "/_inflight";
-
-fn is_api(path: &str) -> bool {
-    path.strip_prefix(API_PREFIX)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
+mod routes;
+mod signal;
 
 /// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
 /// Nagle delay on the accepted connections, since answers are small and latency matters.
@@ -400,84 +328,5 @@ async fn serve<S: Store>(
         );
         cut.send_replace(true);
         let _ = tokio::time::timeout(CUT_WAIT, closed).await;
-    }
-}
-
-/// Completes on Ctrl-C or SIGTERM; a second one, while the server drains, ends the process at once (exit
-/// code 130). The handlers are installed when this is called (not when first polled), so a signal that
-/// arrives right after start-up is not missed.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let signals = {
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::terminate()).ok(),
-            signal(SignalKind::interrupt()).ok(),
-        )
-    };
-    async move {
-        #[cfg(unix)]
-        {
-            let (mut term, mut int) = signals;
-            next_signal(&mut term, &mut int).await;
-            tracing::info!("shutting down (a second signal ends the process at once)");
-            tokio::spawn(async move {
-                next_signal(&mut term, &mut int).await;
-                tracing::warn!(
-                    "a second signal: exiting now, without waiting for running responses"
-                );
-                std::process::exit(130);
-            });
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        }
-    }
-}
-
-/// The next SIGTERM or SIGINT (never, for one whose handler could not be installed).
-#[cfg(unix)]
-async fn next_signal(
-    term: &mut Option<tokio::signal::unix::Signal>,
-    int: &mut Option<tokio::signal::unix::Signal>,
-) {
-    let term = async {
-        match term.as_mut() {
-            Some(term) => drop(term.recv().await),
-            None => std::future::pending().await,
-        }
-    };
-    let int = async {
-        match int.as_mut() {
-            Some(int) => drop(int.recv().await),
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        () = int => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_api;
-
-    #[test]
-    fn the_api_prefix_is_a_whole_path_segment() {
-        for path in ["/_inflight", "/_inflight/", "/_inflight/v1/keys/k"] {
-            assert!(is_api(path), "{path}");
-        }
-        for path in [
-            "/",
-            "/_inflightx",
-            "/_inflight_v1",
-            "/v1/_inflight",
-            "/_INFLIGHT/metrics",
-        ] {
-            assert!(!is_api(path), "{path}");
-        }
     }
 }
