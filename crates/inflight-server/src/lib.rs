@@ -11,6 +11,7 @@ pub mod app;
 pub mod bench;
 pub mod config;
 pub mod error;
+pub mod incoming;
 pub mod metrics;
 pub mod proxy;
 pub mod server;

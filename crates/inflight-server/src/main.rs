@@ -166,6 +166,7 @@ async fn run<S: Store>(
         %listen,
         admin = admin_listen.map(|admin| admin.to_string()),
         workers = settings.workers(),
+        max_connections = workers.max_connections(),
         store = %settings.store_for_logs(),
         default_limit = settings.default_limit,
         max_limit = settings.max_limit,

@@ -13,10 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// that sends them at once is answered.
 #[tokio::test]
 async fn a_slow_header_sender_is_closed_after_the_header_timeout() {
-    let settings = Settings {
-        header_timeout: Duration::from_millis(300),
-        ..limits(1, 0)
-    };
+    let mut settings = limits(1, 0);
+    settings.connections.header_timeout = Duration::from_millis(300);
     let server = start_api(&settings, Memory::stores(&None)).await;
     let address = server.url("").trim_start_matches("http://").to_owned();
 
@@ -72,7 +70,11 @@ async fn a_header_timeout_out_of_range_is_refused() {
     let err = Settings::from_flags(flags).unwrap_err();
     assert_eq!(err.setting, "header_timeout");
     let fine = Settings::from_flags(["inflight"]).unwrap();
-    assert_eq!(fine.header_timeout, Duration::from_secs(10), "the default");
+    assert_eq!(
+        fine.connections.header_timeout,
+        Duration::from_secs(10),
+        "the default"
+    );
 }
 
 /// `--api-token` guards every /v1 route (the admin token passes too); limits need the admin token; the

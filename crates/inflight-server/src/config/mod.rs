@@ -18,10 +18,15 @@ use inflight::{ClassLimits, FailurePolicy, Policy};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use connections::Connections;
 pub use inflight::MAX_LEASE;
 pub use proxy::ProxySettings;
+pub use rules::LimitRule;
 
+mod connections;
 mod proxy;
+mod rules;
+mod text;
 
 /// The most worker threads a server runs.
 const MAX_WORKERS: usize = 1024;
@@ -118,11 +123,6 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL")]
     #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_per_key: bool,
-    /// How long a client may take to send a request's headers before its connection is closed.
-    #[arg(long, env = "INFLIGHT_HEADER_TIMEOUT", value_name = "DURATION")]
-    #[arg(default_value = "10s", value_parser = text::parse)]
-    #[serde(with = "text")]
-    pub header_timeout: Duration,
     /// How long, after SIGTERM or Ctrl-C, running responses may finish.
     #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
@@ -141,51 +141,19 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
     #[arg(default_value_t = 1)]
     pub redis_pipeline: usize,
+    /// Refuse (409 override_not_allowed) an override of a key that matches no --limit class, so that
+    /// overrides are set only on the classes of keys that the operator has named.
+    #[arg(long, env = "INFLIGHT_OVERRIDES_FOR_CLASSES_ONLY")]
+    #[arg(action = clap::ArgAction::SetTrue)]
+    pub overrides_for_classes_only: bool,
+    /// How long clients may take, and how many connections they may hold.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub connections: Connections,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-}
-
-/// The limits of one class of keys: `[[limits]]` in the file, `--limit` as a flag.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitRule {
-    /// The keys of the class: a glob pattern, `*` matching any run of characters.
-    pub keys: String,
-    /// The limit of a key of the class without an override; 0 = unlimited.
-    #[serde(default)]
-    pub default: u32,
-    /// The ceiling over every key of the class, overrides included; 0 = none.
-    #[serde(default)]
-    pub max: u32,
-}
-
-impl LimitRule {
-    /// `PATTERN=DEFAULT[,max=N]` (also `PATTERN=default=N,max=N`, or `PATTERN=max=N`).
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let usage = || format!("{text:?}: use PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'");
-        let (keys, terms) = text.split_once('=').ok_or_else(usage)?;
-        let mut rule = LimitRule {
-            keys: keys.trim().to_owned(),
-            default: 0,
-            max: 0,
-        };
-        for (i, term) in terms.split(',').enumerate() {
-            let (name, value) = match term.split_once('=') {
-                Some((name, value)) => (name.trim(), value),
-                None if i == 0 => ("default", term),
-                None => return Err(usage()),
-            };
-            let value = value.trim().parse().map_err(|_| usage())?;
-            match name {
-                "default" => rule.default = value,
-                "max" => rule.max = value,
-                _ => return Err(usage()),
-            }
-        }
-        Ok(rule)
-    }
 }
 
 /// A setting that could not be used: names the setting and says why.
@@ -265,9 +233,7 @@ impl Layered for Settings {
         if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
         }
-        if self.header_timeout < Duration::from_millis(10) || self.header_timeout > MAX_LEASE {
-            return Err(invalid("header_timeout", "must be between 10ms and 24h"));
-        }
+        self.connections.check()?;
         if !(1..=64).contains(&self.redis_pipeline) {
             return Err(invalid("redis_pipeline", "must be between 1 and 64"));
         }
@@ -399,9 +365,13 @@ fn layer<A: Serialize + DeserializeOwned>(
     }
     let figment = figment.merge(Serialized::defaults(explicit));
     figment.extract().map_err(|e| {
-        // The proxy's settings flatten serve's, whose errors then come without their path: ask again
-        // for serve's alone, which names the setting.
+        // The proxy's settings flatten serve's, which flatten the connections', whose errors then come
+        // without their path: ask again for each alone, which names the setting.
         let e = match (e.path.is_empty(), figment.extract::<Settings>()) {
+            (true, Err(named)) => named,
+            _ => e,
+        };
+        let e = match (e.path.is_empty(), figment.extract::<Connections>()) {
             (true, Err(named)) => named,
             _ => e,
         };
@@ -438,26 +408,5 @@ fn dify_alias(var: &str) -> Result<Option<u32>, ConfigError> {
             .parse()
             .map(Some)
             .map_err(|_| invalid(var, format!("{text:?} is not a whole number >= 0"))),
-    }
-}
-
-/// Durations as text (`30s`, `500ms`), as flags, variables and the file give them.
-mod text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(value: &Duration, to: S) -> Result<S::Ok, S::Error> {
-        to.collect_str(&humantime::format_duration(*value))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Duration, D::Error> {
-        parse(&String::deserialize(from)?).map_err(serde::de::Error::custom)
-    }
-
-    /// A duration like 30s or 500ms.
-    pub(super) fn parse(text: &str) -> Result<Duration, String> {
-        humantime::parse_duration(text)
-            .map_err(|e| format!("{text:?} is not a duration like 30s or 500ms ({e})"))
     }
 }

@@ -12,43 +12,29 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::Listener;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Store;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 
 use crate::app::App;
-use crate::proxy::{Peer, Upstream};
+use crate::config::Connections;
+use crate::proxy::Upstream;
 
+pub use gate::{ADMIN_CONNECTIONS, HEALTH_RESERVE};
 pub use signal::shutdown_signal;
 
+use gate::Gate;
+use listen::{NoDelay, Served};
 use routes::Routes;
 
+mod exchange;
+mod gate;
+mod guarded;
+mod listen;
+mod refusal;
 mod routes;
 mod signal;
-
-/// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
-/// Nagle delay on the accepted connections, since answers are small and latency matters.
-struct NoDelay(TcpListener);
-
-impl Listener for NoDelay {
-    type Io = tokio::net::TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (io, addr) = Listener::accept(&mut self.0).await;
-        let _ = io.set_nodelay(true);
-        (io, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.0.local_addr()
-    }
-}
 
 /// How long, after the grace period, the cut streams get to close before the worker stops waiting.
 const CUT_WAIT: Duration = Duration::from_secs(1);
@@ -95,6 +81,8 @@ pub struct Workers {
     /// End at once; dropped with this, which ends the workers too.
     end: watch::Sender<bool>,
     ended: FuturesUnordered<oneshot::Receiver<std::io::Result<()>>>,
+    /// The cap on the served port's connections, as lowered to the limit of open files.
+    max_connections: usize,
 }
 
 impl Workers {
@@ -105,18 +93,26 @@ impl Workers {
         listeners: Vec<std::net::TcpListener>,
         app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
         upstream: Option<Upstream>,
-        timeouts: Timeouts,
+        bounds: Bounds,
         admin: Option<std::net::TcpListener>,
     ) -> anyhow::Result<Self> {
         if listeners.is_empty() {
             anyhow::bail!("no listener to serve on");
         }
         let app: MakeApp<S> = Arc::new(app);
+        let (gates, max_connections) = gates(
+            &bounds,
+            listeners.len(),
+            upstream.is_some(),
+            admin.is_some(),
+        );
         let upstream = upstream.map(Arc::new);
+        let bounds = Arc::new(bounds);
         let workers = Self {
             stop: watch::Sender::new(false),
             end: watch::Sender::new(false),
             ended: FuturesUnordered::new(),
+            max_connections,
         };
         let mut started = Vec::new();
         let mut admin = admin;
@@ -126,7 +122,8 @@ impl Workers {
             let worker = Worker {
                 app: app.clone(),
                 upstream: upstream.clone(),
-                timeouts,
+                bounds: bounds.clone(),
+                gates: gates.clone(),
                 admin: admin.take(),
                 stopping: workers.stop.subscribe(),
                 ending: workers.end.subscribe(),
@@ -145,6 +142,12 @@ impl Workers {
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread ended at start")))?;
         }
         Ok(workers)
+    }
+
+    /// The cap on the served port's open connections (`--max-connections`, as lowered to what the limit of
+    /// open files leaves room for).
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses
@@ -176,20 +179,20 @@ impl Workers {
     }
 }
 
-/// The timeouts of a server's connections.
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
+/// The bounds of a server's connections, and its grace period.
+#[derive(Clone, Debug)]
+pub struct Bounds {
     /// How long, after a shutdown signal, running responses may finish.
     pub grace: Duration,
-    /// How long a client may take to send a request's headers.
-    pub header: Duration,
+    /// The timeouts and caps of its connections.
+    pub connections: Connections,
 }
 
-impl From<&crate::Settings> for Timeouts {
+impl From<&crate::Settings> for Bounds {
     fn from(settings: &crate::Settings) -> Self {
         Self {
             grace: settings.shutdown_grace,
-            header: settings.header_timeout,
+            connections: settings.connections.clone(),
         }
     }
 }
@@ -198,7 +201,8 @@ impl From<&crate::Settings> for Timeouts {
 struct Worker<S: Store> {
     app: MakeApp<S>,
     upstream: Option<Arc<Upstream>>,
-    timeouts: Timeouts,
+    bounds: Arc<Bounds>,
+    gates: Gates,
     /// The admin listener (the first worker serves it, with the plain API).
     admin: Option<std::net::TcpListener>,
     stopping: watch::Receiver<bool>,
@@ -244,27 +248,24 @@ impl<S: Store> Worker<S> {
                     return Ok(());
                 }
             };
-            let routes = Routes::new(&app, self.upstream.as_deref());
+            let served = Served {
+                listener,
+                routes: Routes::new(&app, self.upstream.as_deref()),
+                health: Routes::health(&app),
+                gate: self.gates.served,
+            };
             let admin = async {
                 if let Some(admin) = admin {
-                    let routes = Routes::new(&app, None);
-                    serve(
-                        admin,
-                        routes,
-                        self.stopping.clone(),
-                        self.timeouts,
-                        &app.cut,
-                    )
-                    .await;
+                    let served = Served {
+                        listener: admin,
+                        routes: Routes::new(&app, None),
+                        health: Routes::health(&app),
+                        gate: self.gates.admin,
+                    };
+                    listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut).await;
                 }
             };
-            let proxied = serve(
-                listener,
-                routes,
-                self.stopping.clone(),
-                self.timeouts,
-                &app.cut,
-            );
+            let proxied = listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut);
             tokio::select! {
                 ((), ()) = async { tokio::join!(proxied, admin) } => {
                     // What was dropped is being released in the background; this releases the rest and
@@ -287,46 +288,37 @@ impl<S: Store> Worker<S> {
     }
 }
 
-/// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop;
-/// then closes each once its current exchange is over (an idle one at once), and returns when all have
-/// closed. Responses still running after `grace` are cut.
-async fn serve<S: Store>(
-    mut listener: NoDelay,
-    routes: Routes<S>,
-    mut stopping: watch::Receiver<bool>,
-    timeouts: Timeouts,
-    cut: &watch::Sender<bool>,
-) {
-    let connections = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that sends its request's headers slowly (or not at all) is closed after the timeout,
-    // rather than holding a connection, and a file descriptor, for as long as it likes.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header);
-    builder.http2().timer(TokioTimer::new());
-    let grace = timeouts.grace;
-    loop {
-        let (io, addr) = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stopping.wait_for(|stop| *stop) => break,
-        };
-        let (routes, client) = (routes.clone(), Peer::new(addr));
-        let service = hyper::service::service_fn(move |request| routes.respond(request, &client));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
-        tokio::spawn(connections.watch(connection));
-    }
-    drop(listener);
-    let mut closed = std::pin::pin!(connections.shutdown());
-    if tokio::time::timeout(grace, &mut closed).await.is_err() {
+/// The connection caps of a server's process: one over every worker's listener of the served port, one
+/// for the proxy's admin listener.
+#[derive(Clone)]
+struct Gates {
+    served: Gate,
+    admin: Gate,
+}
+
+/// The caps of a server with `workers` listeners, a proxy when `proxy`, with an admin listener when
+/// `admin`, and the cap on the served port, lowered (with a warning) to what the limit of open files leaves
+/// room for.
+fn gates(bounds: &Bounds, workers: usize, proxy: bool, admin: bool) -> (Gates, usize) {
+    let wanted = bounds.connections.max_connections;
+    let (files_each, others) = match (proxy, admin) {
+        (true, true) => (2, ADMIN_CONNECTIONS),
+        (true, false) => (2, 0),
+        (false, _) => (1, HEALTH_RESERVE),
+    };
+    let (cap, lowered_by) = gate::cap(wanted, files_each, others + workers);
+    if let Some(limit) = lowered_by {
         tracing::warn!(
-            ?grace,
-            "grace period over: ending the responses still running"
+            max_connections = wanted,
+            open_files_limit = limit,
+            lowered_to = cap,
+            "--max-connections lowered to what the limit of open files (ulimit -n) leaves room for"
         );
-        cut.send_replace(true);
-        let _ = tokio::time::timeout(CUT_WAIT, closed).await;
     }
+    let gates = Gates {
+        // The proxied port has no reserve: /healthz answers on the admin listener.
+        served: Gate::new(cap, if proxy { 0 } else { HEALTH_RESERVE }),
+        admin: Gate::new(ADMIN_CONNECTIONS, 0),
+    };
+    (gates, cap)
 }

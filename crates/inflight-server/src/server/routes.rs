@@ -8,12 +8,12 @@ use axum::response::Response;
 use axum::Router;
 use futures_util::future::Either;
 use futures_util::FutureExt;
-use hyper::body::Incoming;
 use inflight::Store;
 use tower_service::Service;
 
 use crate::api;
 use crate::app::App;
+use crate::incoming::RequestBody;
 use crate::proxy::{Peer, Proxy, Upstream};
 
 /// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
@@ -55,9 +55,17 @@ impl<S: Store> Routes<S> {
         }
     }
 
+    /// What a connection past the cap is answered: health checks only.
+    pub(super) fn health(app: &Arc<App<S>>) -> Self {
+        Self {
+            api: api::health_router(app.clone()),
+            proxy: None,
+        }
+    }
+
     pub(super) fn respond(
         &self,
-        request: http::Request<Incoming>,
+        request: http::Request<RequestBody>,
         client: &Peer,
     ) -> impl Future<Output = Result<Response, Infallible>> + Send + 'static {
         match &self.proxy {
