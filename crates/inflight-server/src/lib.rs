@@ -75,6 +75,7 @@ pub fn app<S: Store>(
         limiter,
         admin_token: settings.admin_token()?,
         api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
+        overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
     }))

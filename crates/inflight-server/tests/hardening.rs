@@ -339,3 +339,33 @@ async fn a_clients_forwarding_headers_are_replaced_unless_trusted() {
         }
     }
 }
+
+/// `--overrides-for-classes-only`: an override of a key that matches no `--limit` class is `409
+/// override_not_allowed`; a key of a class takes one; clearing is always allowed.
+#[tokio::test]
+async fn overrides_of_keys_outside_every_class_can_be_refused() {
+    use inflight_server::config::LimitRule;
+    let mut settings = limits(1, 0);
+    settings.limits = vec![LimitRule::parse("tenant:*=5").unwrap()];
+    settings.overrides_for_classes_only = true;
+    let server = start_api(&settings, Memory::stores(&None)).await;
+    let http = reqwest::Client::new();
+    let set = |key: &'static str, limit: u32| {
+        http.put(server.url(&format!("/v1/keys/{key}/limit")))
+            .json(&serde_json::json!({ "limit": limit }))
+            .send()
+    };
+    let refused = set("victim", 50).await.unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "override_not_allowed", "{body}");
+    assert_eq!(set("tenant:t1", 9).await.unwrap().status(), 200);
+    assert_eq!(set("victim", 0).await.unwrap().status(), 200, "clearing");
+    let cleared = http.delete(server.url("/v1/keys/victim/limit")).send();
+    assert_eq!(cleared.await.unwrap().status(), 200);
+    let victim: serde_json::Value = common::get_json(&http, server.url("/v1/keys/victim")).await;
+    assert_eq!(victim["limit"], 1, "the default, no override: {victim}");
+    let flags = ["inflight", "--overrides-for-classes-only"];
+    let parsed = <Settings as inflight_server::config::Layered>::from_flags(flags).unwrap();
+    assert!(parsed.overrides_for_classes_only);
+}

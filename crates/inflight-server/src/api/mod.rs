@@ -308,6 +308,18 @@ async fn set_limit<S: Store>(
     let request: LimitBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid_request(format!("Expected {{\"limit\": N}} with N >= 0: {e}"))
     })?;
+    // Clearing (0) is always allowed, so that overrides set before the setting can go.
+    if request.limit > 0
+        && app.overrides_for_classes_only
+        && app.limiter.policy().rule_for(&key).is_none()
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "override_not_allowed",
+            "This key matches no --limit class, and overrides are allowed on those only \
+             (--overrides-for-classes-only).",
+        ));
+    }
     let status = app
         .timed("set_limit", app.limiter.set_limit(&key, request.limit))
         .await?;
