@@ -19,7 +19,7 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // `serve` and `proxy` answer on worker threads of their own (server.rs), each with its limiter and
+    // `serve` and `proxy` answer on worker threads of their own (server/), each with its limiter and
     // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
     // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
     let runtime = match &cli.command {
