@@ -156,8 +156,8 @@ async fn at_the_connection_cap_serve_answers_health_checks_from_its_reserve() {
     }
 }
 
-/// At `--max-connections` the proxy stops accepting: a new connection waits (in the listen queue) until
-/// one closes, and `/healthz` on the admin listener answers meanwhile.
+/// At `--max-connections` (counted over both workers' listeners) the proxy stops accepting: a new
+/// connection waits until one closes, and `/healthz` on the admin listener answers meanwhile.
 #[tokio::test]
 async fn at_the_connection_cap_the_proxy_waits_and_its_admin_listener_answers() {
     let upstream = common::Upstream::start().await;
@@ -170,7 +170,7 @@ async fn at_the_connection_cap_the_proxy_waits_and_its_admin_listener_answers() 
         "--upstream",
         &upstream.base,
         "--workers",
-        "1",
+        "2",
         "--max-connections",
         "2",
         "--on-missing-key",
@@ -216,7 +216,7 @@ async fn under_a_low_open_files_limit_the_admin_listener_still_answers() {
             .args(["--upstream", &upstream.base, "--workers", "1"])
             .env_clear(),
     );
-    // 256 files, less the admin listener's 64 connections, a worker and 64 spare, at 2 files each.
+    // 256 files, less the admin listener's 64 connections, a worker's 2 and 64 spare, at 2 files each.
     assert!(started.contains("max_connections=63"), "{started}");
     let (base, admin) = (listen_of(&started), admin_of(&started));
     let mut idle = Vec::new();

@@ -95,13 +95,15 @@ pub(super) async fn serve<S: Store>(
     let (open, reserve) = (builder(bounds, true), builder(bounds, false));
     let limits = &bounds.connections;
     loop {
-        // At the cap, nothing is accepted: connections wait in the listen queue.
-        let slot = tokio::select! {
-            slot = gate.enter() => slot,
-            _ = stopping.wait_for(|stop| *stop) => break,
-        };
         let (io, addr) = tokio::select! {
             accepted = listener.accept() => accepted,
+            _ = stopping.wait_for(|stop| *stop) => break,
+        };
+        // At the cap this connection waits for a place, and meanwhile this worker accepts no other: they
+        // wait in the listen queue. (Waiting before accepting instead could leave a place held by a
+        // worker whose own queue is empty while another's waits.)
+        let slot = tokio::select! {
+            slot = gate.enter() => slot,
             _ = stopping.wait_for(|stop| *stop) => break,
         };
         let (routes, builder) = match slot.reserve {

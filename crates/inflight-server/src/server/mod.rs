@@ -306,7 +306,8 @@ fn gates(bounds: &Bounds, workers: usize, proxy: bool, admin: bool) -> (Gates, u
         (true, false) => (2, 0),
         (false, _) => (1, HEALTH_RESERVE),
     };
-    let (cap, lowered_by) = gate::cap(wanted, files_each, others + workers);
+    // Each worker has its listener, and may hold a connection it accepted that waits for a place.
+    let (cap, lowered_by) = gate::cap(wanted, files_each, others + 2 * workers);
     if let Some(limit) = lowered_by {
         tracing::warn!(
             max_connections = wanted,
