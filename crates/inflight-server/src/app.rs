@@ -18,6 +18,8 @@ pub struct App<S: Wakeups> {
     pub admin_token: Option<String>,
     /// The bearer token that every /v1 route requires, if any (the admin token also passes).
     pub api_token: Option<String>,
+    /// Whether an override may be set only on a key of a `--limit` class (not on one with the defaults).
+    pub overrides_for_classes_only: bool,
     /// The server's metrics, shared by its workers.
     pub metrics: Metrics,
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.

@@ -43,6 +43,19 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", why)
     }
 
+    /// A body that could not be read: 408 `body_timeout` when the client stopped sending it, else 400
+    /// `invalid_request`.
+    pub fn unreadable_body(error: &(dyn std::error::Error + 'static)) -> Self {
+        match crate::incoming::body_timeout(error) {
+            Some(timeout) => Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                timeout.to_string(),
+            ),
+            None => Self::invalid_request(format!("Unreadable body: {error}")),
+        }
+    }
+
     /// 404 `not_found`.
     pub fn not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "No such resource.")

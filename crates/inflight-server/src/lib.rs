@@ -11,6 +11,7 @@ pub mod app;
 pub mod bench;
 pub mod config;
 pub mod error;
+pub mod incoming;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
@@ -76,6 +77,7 @@ pub fn app<S: Wakeups>(
         limiter,
         admin_token: settings.admin_token()?,
         api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
+        overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
     }))

@@ -19,7 +19,7 @@ fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // `serve` and `proxy` answer on worker threads of their own (server.rs), each with its limiter and
+    // `serve` and `proxy` answer on worker threads of their own (server/), each with its limiter and
     // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
     // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
     let runtime = match &cli.command {
@@ -168,6 +168,7 @@ async fn run<S: Wakeups>(
         %listen,
         admin = admin_listen.map(|admin| admin.to_string()),
         workers = settings.workers(),
+        max_connections = workers.max_connections(),
         store = %settings.store_for_logs(),
         store_from = settings.store_source(),
         layout = ?settings.redis.layout,

@@ -13,10 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// that sends them at once is answered.
 #[tokio::test]
 async fn a_slow_header_sender_is_closed_after_the_header_timeout() {
-    let settings = Settings {
-        header_timeout: Duration::from_millis(300),
-        ..limits(1, 0)
-    };
+    let mut settings = limits(1, 0);
+    settings.connections.header_timeout = Duration::from_millis(300);
     let server = start_api(&settings, Memory::stores(&None)).await;
     let address = server.url("").trim_start_matches("http://").to_owned();
 
@@ -72,7 +70,11 @@ async fn a_header_timeout_out_of_range_is_refused() {
     let err = Settings::from_flags(flags).unwrap_err();
     assert_eq!(err.setting, "header_timeout");
     let fine = Settings::from_flags(["inflight"]).unwrap();
-    assert_eq!(fine.header_timeout, Duration::from_secs(10), "the default");
+    assert_eq!(
+        fine.connections.header_timeout,
+        Duration::from_secs(10),
+        "the default"
+    );
 }
 
 /// `--api-token` guards every /v1 route (the admin token passes too); limits need the admin token; the
@@ -336,4 +338,34 @@ async fn a_clients_forwarding_headers_are_replaced_unless_trusted() {
             assert!(headers.get("x-real-ip").is_none(), "{headers}");
         }
     }
+}
+
+/// `--overrides-for-classes-only`: an override of a key that matches no `--limit` class is `409
+/// override_not_allowed`; a key of a class takes one; clearing is always allowed.
+#[tokio::test]
+async fn overrides_of_keys_outside_every_class_can_be_refused() {
+    use inflight_server::config::LimitRule;
+    let mut settings = limits(1, 0);
+    settings.limits = vec![LimitRule::parse("tenant:*=5").unwrap()];
+    settings.overrides_for_classes_only = true;
+    let server = start_api(&settings, Memory::stores(&None)).await;
+    let http = reqwest::Client::new();
+    let set = |key: &'static str, limit: u32| {
+        http.put(server.url(&format!("/v1/keys/{key}/limit")))
+            .json(&serde_json::json!({ "limit": limit }))
+            .send()
+    };
+    let refused = set("victim", 50).await.unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "override_not_allowed", "{body}");
+    assert_eq!(set("tenant:t1", 9).await.unwrap().status(), 200);
+    assert_eq!(set("victim", 0).await.unwrap().status(), 200, "clearing");
+    let cleared = http.delete(server.url("/v1/keys/victim/limit")).send();
+    assert_eq!(cleared.await.unwrap().status(), 200);
+    let victim: serde_json::Value = common::get_json(&http, server.url("/v1/keys/victim")).await;
+    assert_eq!(victim["limit"], 1, "the default, no override: {victim}");
+    let flags = ["inflight", "--overrides-for-classes-only"];
+    let parsed = <Settings as inflight_server::config::Layered>::from_flags(flags).unwrap();
+    assert!(parsed.overrides_for_classes_only);
 }

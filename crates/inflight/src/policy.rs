@@ -157,6 +157,8 @@ pub struct PolicyError(String);
 /// assert_eq!(policy.resolve("tenant:t1", Some(500)), Limit::Limited(200), "capped by its class");
 /// assert_eq!(policy.resolve("global", None), Limit::Limited(1000));
 /// assert_eq!(policy.resolve("user:7", None), Limit::Unlimited);
+/// assert_eq!(policy.rule_for("app:premium-chat").map(|rule| rule.pattern()), Some("app:premium-*"));
+/// assert!(policy.rule_for("user:7").is_none(), "no class: the defaults");
 /// # Ok::<(), inflight::PolicyError>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -205,13 +207,13 @@ impl Policy {
     /// The limits of `key`'s class.
     #[inline]
     pub fn limits(&self, key: &str) -> ClassLimits {
-        if self.rules.is_empty() {
-            return self.default;
-        }
-        self.rules
-            .iter()
-            .find(|rule| rule.matches(key))
-            .map_or(self.default, |rule| rule.limits)
+        self.rule_for(key).map_or(self.default, |rule| rule.limits)
+    }
+
+    /// The rule of `key`'s class; `None` when no rule matches it (it has the defaults).
+    #[inline]
+    pub fn rule_for(&self, key: &str) -> Option<&Rule> {
+        self.rules.iter().find(|rule| rule.matches(key))
     }
 
     /// The effective limit of `key` with the override `override_limit`.

@@ -56,6 +56,25 @@ pub fn router<S: Wakeups>(app: Arc<App<S>>) -> Router {
         .with_state(app)
 }
 
+/// What a connection past `serve`'s connection cap is answered (see `--max-connections`): health,
+/// readiness and metrics; anything else `503 too_many_connections`.
+pub fn health_router<S: Wakeups>(app: Arc<App<S>>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .fallback(too_many_connections)
+        .with_state(app)
+}
+
+async fn too_many_connections() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_connections",
+        "The server holds as many connections as it may (--max-connections): retry shortly.",
+    )
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AcquireBody {
@@ -107,7 +126,7 @@ fn checked_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
 fn body<T: DeserializeOwned + Default>(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -300,10 +319,22 @@ async fn set_limit<S: Wakeups>(
 ) -> Result<Json<KeyJson>, ApiError> {
     require_admin(&app, &headers)?;
     let key = checked_key(path)?;
-    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
     let request: LimitBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid_request(format!("Expected {{\"limit\": N}} with N >= 0: {e}"))
     })?;
+    // Clearing (0) is always allowed, so that overrides set before the setting can go.
+    if request.limit > 0
+        && app.overrides_for_classes_only
+        && app.limiter.policy().rule_for(&key).is_none()
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "override_not_allowed",
+            "This key matches no --limit class, and overrides are allowed on those only \
+             (--overrides-for-classes-only).",
+        ));
+    }
     let status = app
         .timed("set_limit", app.limiter.set_limit(&key, request.limit))
         .await?;

@@ -42,7 +42,7 @@ pub(super) async fn acquire_all<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
     let request: AcquireAllBody = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::invalid_request(format!("Expected {{\"keys\": [\"key\", ...]}}: {e}"))
     })?;

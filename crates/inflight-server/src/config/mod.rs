@@ -9,21 +9,25 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand};
-use figment::providers::{Format, Serialized, Toml};
-use figment::value::{Dict, Value};
-use figment::Figment;
 use inflight::{ClassLimits, FailurePolicy, Policy};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use connections::Connections;
 pub use inflight::MAX_LEASE;
 pub use proxy::ProxySettings;
+pub use rules::LimitRule;
 pub use store::{Layout, RedisSettings};
 
+mod connections;
+mod layer;
 mod proxy;
+mod rules;
 mod store;
+mod text;
+
+use layer::layer;
 
 /// The most worker threads a server runs.
 const MAX_WORKERS: usize = 1024;
@@ -127,11 +131,6 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL")]
     #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_per_key: bool,
-    /// How long a client may take to send a request's headers before its connection is closed.
-    #[arg(long, env = "INFLIGHT_HEADER_TIMEOUT", value_name = "DURATION")]
-    #[arg(default_value = "10s", value_parser = text::parse)]
-    #[serde(with = "text")]
-    pub header_timeout: Duration,
     /// How long, after SIGTERM or Ctrl-C, running responses may finish.
     #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
@@ -141,51 +140,19 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub redis: RedisSettings,
+    /// Refuse (409 override_not_allowed) an override of a key that matches no --limit class, so that
+    /// overrides are set only on the classes of keys that the operator has named.
+    #[arg(long, env = "INFLIGHT_OVERRIDES_FOR_CLASSES_ONLY")]
+    #[arg(action = clap::ArgAction::SetTrue)]
+    pub overrides_for_classes_only: bool,
+    /// How long clients may take, and how many connections they may hold.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub connections: Connections,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
-}
-
-/// The limits of one class of keys: `[[limits]]` in the file, `--limit` as a flag.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitRule {
-    /// The keys of the class: a glob pattern, `*` matching any run of characters.
-    pub keys: String,
-    /// The limit of a key of the class without an override; 0 = unlimited.
-    #[serde(default)]
-    pub default: u32,
-    /// The ceiling over every key of the class, overrides included; 0 = none.
-    #[serde(default)]
-    pub max: u32,
-}
-
-impl LimitRule {
-    /// `PATTERN=DEFAULT[,max=N]` (also `PATTERN=default=N,max=N`, or `PATTERN=max=N`).
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let usage = || format!("{text:?}: use PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'");
-        let (keys, terms) = text.split_once('=').ok_or_else(usage)?;
-        let mut rule = LimitRule {
-            keys: keys.trim().to_owned(),
-            default: 0,
-            max: 0,
-        };
-        for (i, term) in terms.split(',').enumerate() {
-            let (name, value) = match term.split_once('=') {
-                Some((name, value)) => (name.trim(), value),
-                None if i == 0 => ("default", term),
-                None => return Err(usage()),
-            };
-            let value = value.trim().parse().map_err(|_| usage())?;
-            match name {
-                "default" => rule.default = value,
-                "max" => rule.max = value,
-                _ => return Err(usage()),
-            }
-        }
-        Ok(rule)
-    }
 }
 
 /// A setting that could not be used: names the setting and says why.
@@ -261,9 +228,7 @@ impl Layered for Settings {
         if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
         }
-        if self.header_timeout < Duration::from_millis(10) || self.header_timeout > MAX_LEASE {
-            return Err(invalid("header_timeout", "must be between 10ms and 24h"));
-        }
+        self.connections.check()?;
         self.redis.check()?;
         self.policy()?;
         self.admin_token()?;
@@ -347,118 +312,5 @@ impl Settings {
             }
             _ => self.store.clone(),
         }
-    }
-}
-
-/// `args` as parsed, with the file (if any) over the defaults and under the flags and the environment.
-fn layer<A: Serialize + DeserializeOwned>(
-    args: &A,
-    matches: &ArgMatches,
-    file: Option<&Path>,
-) -> Result<A, ConfigError> {
-    let Ok(Value::Dict(_, parsed)) = Value::serialize(args) else {
-        unreachable!("settings serialize to a dictionary");
-    };
-    let mut explicit: Dict = parsed
-        .iter()
-        .filter(|(id, _)| {
-            matches!(
-                matches.value_source(id),
-                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-            )
-        })
-        .map(|(id, value)| (id.clone(), value.clone()))
-        .collect();
-    // The reference system's variables stand in for unset `INFLIGHT_*` ones, at the environment's rank.
-    for (id, var) in [
-        ("default_limit", "APP_DEFAULT_ACTIVE_REQUESTS"),
-        ("max_limit", "APP_MAX_ACTIVE_REQUESTS"),
-    ] {
-        if !explicit.contains_key(id) {
-            if let Some(limit) = dify_alias(var)? {
-                explicit.insert(id.to_owned(), limit.into());
-            }
-        }
-    }
-    // So do Dify's REDIS_* variables for an unset store, below the file.
-    let mut parsed = parsed;
-    if !explicit.contains_key("store") {
-        if let Some(url) = store::dify_store_url(|name| std::env::var(name).ok())? {
-            parsed.insert("store".to_owned(), url.into());
-        }
-    }
-    let mut figment = Figment::from(Serialized::defaults(parsed));
-    if let Some(path) = file {
-        if !path.exists() {
-            return Err(invalid(
-                "config",
-                format!("{} does not exist", path.display()),
-            ));
-        }
-        check_keys(path)?;
-        figment = figment.merge(Toml::file(path));
-    }
-    let figment = figment.merge(Serialized::defaults(explicit));
-    figment.extract().map_err(|e| {
-        // The proxy's settings flatten serve's, whose errors then come without their path: ask again
-        // for serve's alone, which names the setting.
-        let e = match (e.path.is_empty(), figment.extract::<Settings>()) {
-            (true, Err(named)) => named,
-            _ => e,
-        };
-        let setting = e.path.last().map_or("config", String::as_str);
-        invalid(setting, e.kind)
-    })
-}
-
-/// Refuses a key of the file that is no setting of any command (a misspelt one, say).
-fn check_keys(path: &Path) -> Result<(), ConfigError> {
-    let keys: Dict = Figment::from(Toml::file(path))
-        .extract()
-        .map_err(|e| invalid("config", e))?;
-    let command = ProxySettings::augment_args(clap::Command::new("inflight"));
-    let known: Vec<&str> = command
-        .get_arguments()
-        .map(|a| a.get_id().as_str())
-        .collect();
-    match keys
-        .keys()
-        .find(|key| key.as_str() == "config" || !known.contains(&key.as_str()))
-    {
-        Some(key) => Err(invalid(key, "no such setting")),
-        None => Ok(()),
-    }
-}
-
-fn dify_alias(var: &str) -> Result<Option<u32>, ConfigError> {
-    match std::env::var(var) {
-        Err(_) => Ok(None),
-        Ok(text) if text.trim().is_empty() => Ok(None),
-        Ok(text) => text
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| invalid(var, format!("{text:?} is not a whole number >= 0"))),
-    }
-}
-
-/// Durations as text (`30s`, `500ms`), as flags, variables and the file give them.
-mod text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(value: &Duration, to: S) -> Result<S::Ok, S::Error> {
-        to.collect_str(&humantime::format_duration(*value))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Duration, D::Error> {
-        parse(&String::deserialize(from)?).map_err(serde::de::Error::custom)
-    }
-
-    /// A duration like 30s or 500ms.
-    pub(super) fn parse(text: &str) -> Result<Duration, String> {
-        humantime::parse_duration(text)
-            .map_err(|e| format!("{text:?} is not a duration like 30s or 500ms ({e})"))
     }
 }

@@ -16,7 +16,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode, Uri};
-use hyper::body::Incoming;
 use inflight::{Permit, Wakeups};
 
 pub use keys::{KeyTemplates, OnMissingKey, MAX_KEYS};
@@ -24,6 +23,7 @@ pub use paths::LimitPaths;
 
 use crate::app::App;
 use crate::error::ApiError;
+use crate::incoming::RequestBody;
 
 /// Where and how to forward.
 #[derive(Clone, Debug)]
@@ -95,7 +95,7 @@ impl<S: Wakeups> Proxy<S> {
     }
 
     /// The response to `request`, which came from `client`.
-    pub async fn forward(self: Arc<Self>, request: Request<Incoming>, client: Peer) -> Response {
+    pub async fn forward(self: Arc<Self>, request: Request<RequestBody>, client: Peer) -> Response {
         match forward_checked(&self, &client, request).await {
             Ok(response) => response,
             Err(error) => error.into_response(),
@@ -106,7 +106,7 @@ impl<S: Wakeups> Proxy<S> {
 async fn forward_checked<S: Wakeups>(
     proxy: &Proxy<S>,
     client: &Peer,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
 ) -> Result<Response, ApiError> {
     let app = &proxy.app;
     // A reverse proxy forwards requests for its upstream's resources: it opens no tunnels (CONNECT) and
@@ -138,6 +138,10 @@ async fn forward_checked<S: Wakeups>(
                 "The upstream did not answer in time.",
             ))
         }
+        // The client stopped sending the body being forwarded: the client's fault, not the upstream's.
+        Ok(Err(error)) if crate::incoming::body_timeout(&error).is_some() => {
+            return Err(ApiError::unreadable_body(&error));
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "upstream request failed");
             return Err(ApiError::new(
@@ -159,7 +163,7 @@ async fn forward_checked<S: Wakeups>(
 /// keys unformable under `--on-missing-key pass`).
 async fn admit<S: Wakeups>(
     proxy: &Proxy<S>,
-    request: &Request<Incoming>,
+    request: &Request<RequestBody>,
 ) -> Result<Option<Permit>, ApiError> {
     let upstream = &proxy.upstream;
     let canonical = if upstream.keys.uses_path() || !upstream.limit_paths.is_empty() {

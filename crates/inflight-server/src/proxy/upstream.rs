@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
+
+use crate::incoming::RequestBody;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower_service::Service;
@@ -37,7 +39,7 @@ pub(super) struct Pool {
     address: Uri,
     connector: HttpConnector,
     /// Most recently parked last.
-    parked: Mutex<VecDeque<(SendRequest<Incoming>, Instant)>>,
+    parked: Mutex<VecDeque<(SendRequest<RequestBody>, Instant)>>,
 }
 
 impl Pool {
@@ -58,7 +60,7 @@ impl Pool {
     /// more, on a new connection.
     pub(super) async fn send(
         &self,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let mut sender = match self.checkout() {
             Some(sender) => sender,
@@ -83,7 +85,7 @@ impl Pool {
     }
 
     /// The most recently parked connection that can take a request now, if any.
-    fn checkout(&self) -> Option<SendRequest<Incoming>> {
+    fn checkout(&self) -> Option<SendRequest<RequestBody>> {
         let mut parked = self.lock();
         while parked
             .front()
@@ -100,7 +102,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
+    async fn connect(&self) -> Result<SendRequest<RequestBody>, UpstreamError> {
         let io = self
             .connector
             .clone()
@@ -117,7 +119,7 @@ impl Pool {
         Ok(sender)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(SendRequest<Incoming>, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(SendRequest<RequestBody>, Instant)>> {
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

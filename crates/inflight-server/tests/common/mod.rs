@@ -2,6 +2,7 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 pub mod process;
+pub mod raw;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

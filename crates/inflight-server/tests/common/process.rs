@@ -22,13 +22,17 @@ impl Running {
 
     /// As [`Running::start`], with only `env` in its environment.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> (Self, String) {
-        let mut running = Self::spawn(
+        Self::start_command(
             Command::new(env!("CARGO_BIN_EXE_inflight"))
                 .args(args)
                 .env_clear()
-                .envs(env.iter().copied())
-                .stderr(Stdio::piped()),
-        );
+                .envs(env.iter().copied()),
+        )
+    }
+
+    /// As [`Running::start`], the process `command` starts (`inflight` under a shell, say).
+    pub fn start_command(command: &mut Command) -> (Self, String) {
+        let mut running = Self::spawn(command.stderr(Stdio::piped()));
         let mut log = BufReader::new(running.child.stderr.take().expect("piped")).lines();
         let started = log
             .by_ref()

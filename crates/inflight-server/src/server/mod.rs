@@ -7,120 +7,34 @@
 //! sends everything over one connection (HTTP/2, or a load balancer keeping few connections open) is
 //! served by one worker.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::response::Response;
-use axum::serve::Listener;
-use axum::Router;
-use futures_util::future::Either;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use inflight::Wakeups;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
-use tower_service::Service;
 
-use crate::api;
 use crate::app::App;
-use crate::proxy::{Peer, Proxy, Upstream};
+use crate::config::Connections;
+use crate::proxy::Upstream;
 
-/// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
-/// forwarded (straight to the proxy, past axum's router).
-struct Routes<S: Wakeups> {
-    api: Router,
-    proxy: Option<Arc<Proxy<S>>>,
-}
+pub use gate::{ADMIN_CONNECTIONS, HEALTH_RESERVE};
+pub use signal::shutdown_signal;
 
-impl<S: Wakeups> Clone for Routes<S> {
-    fn clone(&self) -> Self {
-        Self {
-            api: self.api.clone(),
-            proxy: self.proxy.clone(),
-        }
-    }
-}
+use gate::Gate;
+use listen::{NoDelay, Served};
+use routes::Routes;
 
-impl<S: Wakeups> Routes<S> {
-    /// The API at the root; or with an upstream, the API under `/_inflight` and everything else forwarded.
-    fn new(app: &Arc<App<S>>, upstream: Option<&Upstream>) -> Self {
-        match upstream {
-            None => Self {
-                api: api::router(app.clone()),
-                proxy: None,
-            },
-            Some(upstream) => {
-                let api = match upstream.api_on_proxy_port {
-                    true => Router::new().nest_service(API_PREFIX, api::router(app.clone())),
-                    false => {
-                        Router::new().nest_service(API_PREFIX, Router::new().fallback(elsewhere))
-                    }
-                };
-                Self {
-                    api,
-                    proxy: Some(Arc::new(Proxy::new(app.clone(), upstream.clone()))),
-                }
-            }
-        }
-    }
-
-    fn respond(
-        &self,
-        request: http::Request<Incoming>,
-        client: &Peer,
-    ) -> impl Future<Output = Result<Response, Infallible>> + Send + 'static {
-        match &self.proxy {
-            Some(proxy) if !is_api(request.uri().path()) => {
-                Either::Left(proxy.clone().forward(request, client.clone()).map(Ok))
-            }
-            _ => Either::Right(self.api.clone().call(request)),
-        }
-    }
-}
-
-/// `/_inflight` on the proxied port, when the API answers on the admin listener only.
-async fn elsewhere() -> crate::error::ApiError {
-    crate::error::ApiError::new(
-        http::StatusCode::NOT_FOUND,
-        "not_found",
-        "The API is not served on this port (see --admin-listen).",
-    )
-}
-
-/// Where a proxy answers with its API (as `Router::nest_service` matches it: the prefix itself, or the
-/// prefix and a `/`).
-const API_PREFIX: &str = "/_inflight";
-
-fn is_api(path: &str) -> bool {
-    path.strip_prefix(API_PREFIX)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
-
-/// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
-/// Nagle delay on the accepted connections, since answers are small and latency matters.
-struct NoDelay(TcpListener);
-
-impl Listener for NoDelay {
-    type Io = tokio::net::TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (io, addr) = Listener::accept(&mut self.0).await;
-        let _ = io.set_nodelay(true);
-        (io, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.0.local_addr()
-    }
-}
+mod exchange;
+mod gate;
+mod guarded;
+mod listen;
+mod refusal;
+mod routes;
+mod signal;
 
 /// How long, after the grace period, the cut streams get to close before the worker stops waiting.
 const CUT_WAIT: Duration = Duration::from_secs(1);
@@ -167,6 +81,8 @@ pub struct Workers {
     /// End at once; dropped with this, which ends the workers too.
     end: watch::Sender<bool>,
     ended: FuturesUnordered<oneshot::Receiver<std::io::Result<()>>>,
+    /// The cap on the served port's connections, as lowered to the limit of open files.
+    max_connections: usize,
 }
 
 impl Workers {
@@ -177,18 +93,26 @@ impl Workers {
         listeners: Vec<std::net::TcpListener>,
         app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
         upstream: Option<Upstream>,
-        timeouts: Timeouts,
+        bounds: Bounds,
         admin: Option<std::net::TcpListener>,
     ) -> anyhow::Result<Self> {
         if listeners.is_empty() {
             anyhow::bail!("no listener to serve on");
         }
         let app: MakeApp<S> = Arc::new(app);
+        let (gates, max_connections) = gates(
+            &bounds,
+            listeners.len(),
+            upstream.is_some(),
+            admin.is_some(),
+        );
         let upstream = upstream.map(Arc::new);
+        let bounds = Arc::new(bounds);
         let workers = Self {
             stop: watch::Sender::new(false),
             end: watch::Sender::new(false),
             ended: FuturesUnordered::new(),
+            max_connections,
         };
         let mut started = Vec::new();
         let mut admin = admin;
@@ -198,7 +122,8 @@ impl Workers {
             let worker = Worker {
                 app: app.clone(),
                 upstream: upstream.clone(),
-                timeouts,
+                bounds: bounds.clone(),
+                gates: gates.clone(),
                 admin: admin.take(),
                 stopping: workers.stop.subscribe(),
                 ending: workers.end.subscribe(),
@@ -217,6 +142,12 @@ impl Workers {
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread ended at start")))?;
         }
         Ok(workers)
+    }
+
+    /// The cap on the served port's open connections (`--max-connections`, as lowered to what the limit of
+    /// open files leaves room for).
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 
     /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses
@@ -248,20 +179,20 @@ impl Workers {
     }
 }
 
-/// The timeouts of a server's connections.
-#[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
+/// The bounds of a server's connections, and its grace period.
+#[derive(Clone, Debug)]
+pub struct Bounds {
     /// How long, after a shutdown signal, running responses may finish.
     pub grace: Duration,
-    /// How long a client may take to send a request's headers.
-    pub header: Duration,
+    /// The timeouts and caps of its connections.
+    pub connections: Connections,
 }
 
-impl From<&crate::Settings> for Timeouts {
+impl From<&crate::Settings> for Bounds {
     fn from(settings: &crate::Settings) -> Self {
         Self {
             grace: settings.shutdown_grace,
-            header: settings.header_timeout,
+            connections: settings.connections.clone(),
         }
     }
 }
@@ -270,7 +201,8 @@ impl From<&crate::Settings> for Timeouts {
 struct Worker<S: Wakeups> {
     app: MakeApp<S>,
     upstream: Option<Arc<Upstream>>,
-    timeouts: Timeouts,
+    bounds: Arc<Bounds>,
+    gates: Gates,
     /// The admin listener (the first worker serves it, with the plain API).
     admin: Option<std::net::TcpListener>,
     stopping: watch::Receiver<bool>,
@@ -316,27 +248,24 @@ impl<S: Wakeups> Worker<S> {
                     return Ok(());
                 }
             };
-            let routes = Routes::new(&app, self.upstream.as_deref());
+            let served = Served {
+                listener,
+                routes: Routes::new(&app, self.upstream.as_deref()),
+                health: Routes::health(&app),
+                gate: self.gates.served,
+            };
             let admin = async {
                 if let Some(admin) = admin {
-                    let routes = Routes::new(&app, None);
-                    serve(
-                        admin,
-                        routes,
-                        self.stopping.clone(),
-                        self.timeouts,
-                        &app.cut,
-                    )
-                    .await;
+                    let served = Served {
+                        listener: admin,
+                        routes: Routes::new(&app, None),
+                        health: Routes::health(&app),
+                        gate: self.gates.admin,
+                    };
+                    listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut).await;
                 }
             };
-            let proxied = serve(
-                listener,
-                routes,
-                self.stopping.clone(),
-                self.timeouts,
-                &app.cut,
-            );
+            let proxied = listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut);
             tokio::select! {
                 ((), ()) = async { tokio::join!(proxied, admin) } => {
                     // What was dropped is being released in the background; this releases the rest and
@@ -359,125 +288,38 @@ impl<S: Wakeups> Worker<S> {
     }
 }
 
-/// Serves the connections `listener` accepts (HTTP/1.1, or HTTP/2 with prior knowledge) until told to stop;
-/// then closes each once its current exchange is over (an idle one at once), and returns when all have
-/// closed. Responses still running after `grace` are cut.
-async fn serve<S: Wakeups>(
-    mut listener: NoDelay,
-    routes: Routes<S>,
-    mut stopping: watch::Receiver<bool>,
-    timeouts: Timeouts,
-    cut: &watch::Sender<bool>,
-) {
-    let connections = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A client that sends its request's headers slowly (or not at all) is closed after the timeout,
-    // rather than holding a connection, and a file descriptor, for as long as it likes.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header);
-    builder.http2().timer(TokioTimer::new());
-    let grace = timeouts.grace;
-    loop {
-        let (io, addr) = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stopping.wait_for(|stop| *stop) => break,
-        };
-        let (routes, client) = (routes.clone(), Peer::new(addr));
-        let service = hyper::service::service_fn(move |request| routes.respond(request, &client));
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
-        tokio::spawn(connections.watch(connection));
-    }
-    drop(listener);
-    let mut closed = std::pin::pin!(connections.shutdown());
-    if tokio::time::timeout(grace, &mut closed).await.is_err() {
+/// The connection caps of a server's process: one over every worker's listener of the served port, one
+/// for the proxy's admin listener.
+#[derive(Clone)]
+struct Gates {
+    served: Gate,
+    admin: Gate,
+}
+
+/// The caps of a server with `workers` listeners, a proxy when `proxy`, with an admin listener when
+/// `admin`, and the cap on the served port, lowered (with a warning) to what the limit of open files leaves
+/// room for.
+fn gates(bounds: &Bounds, workers: usize, proxy: bool, admin: bool) -> (Gates, usize) {
+    let wanted = bounds.connections.max_connections;
+    let (files_each, others) = match (proxy, admin) {
+        (true, true) => (2, ADMIN_CONNECTIONS),
+        (true, false) => (2, 0),
+        (false, _) => (1, HEALTH_RESERVE),
+    };
+    // Each worker has its listener, and may hold a connection it accepted that waits for a place.
+    let (cap, lowered_by) = gate::cap(wanted, files_each, others + 2 * workers);
+    if let Some(limit) = lowered_by {
         tracing::warn!(
-            ?grace,
-            "grace period over: ending the responses still running"
+            max_connections = wanted,
+            open_files_limit = limit,
+            lowered_to = cap,
+            "--max-connections lowered to what the limit of open files (ulimit -n) leaves room for"
         );
-        cut.send_replace(true);
-        let _ = tokio::time::timeout(CUT_WAIT, closed).await;
     }
-}
-
-/// Completes on Ctrl-C or SIGTERM; a second one, while the server drains, ends the process at once (exit
-/// code 130). The handlers are installed when this is called (not when first polled), so a signal that
-/// arrives right after start-up is not missed.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    let signals = {
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::terminate()).ok(),
-            signal(SignalKind::interrupt()).ok(),
-        )
+    let gates = Gates {
+        // The proxied port has no reserve: /healthz answers on the admin listener.
+        served: Gate::new(cap, if proxy { 0 } else { HEALTH_RESERVE }),
+        admin: Gate::new(ADMIN_CONNECTIONS, 0),
     };
-    async move {
-        #[cfg(unix)]
-        {
-            let (mut term, mut int) = signals;
-            next_signal(&mut term, &mut int).await;
-            tracing::info!("shutting down (a second signal ends the process at once)");
-            tokio::spawn(async move {
-                next_signal(&mut term, &mut int).await;
-                tracing::warn!(
-                    "a second signal: exiting now, without waiting for running responses"
-                );
-                std::process::exit(130);
-            });
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("shutting down");
-        }
-    }
-}
-
-/// The next SIGTERM or SIGINT (never, for one whose handler could not be installed).
-#[cfg(unix)]
-async fn next_signal(
-    term: &mut Option<tokio::signal::unix::Signal>,
-    int: &mut Option<tokio::signal::unix::Signal>,
-) {
-    let term = async {
-        match term.as_mut() {
-            Some(term) => drop(term.recv().await),
-            None => std::future::pending().await,
-        }
-    };
-    let int = async {
-        match int.as_mut() {
-            Some(int) => drop(int.recv().await),
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        () = int => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_api;
-
-    #[test]
-    fn the_api_prefix_is_a_whole_path_segment() {
-        for path in ["/_inflight", "/_inflight/", "/_inflight/v1/keys/k"] {
-            assert!(is_api(path), "{path}");
-        }
-        for path in [
-            "/",
-            "/_inflightx",
-            "/_inflight_v1",
-            "/v1/_inflight",
-            "/_INFLIGHT/metrics",
-        ] {
-            assert!(!is_api(path), "{path}");
-        }
-    }
+    (gates, cap)
 }

@@ -1,0 +1,114 @@
+//! Layering the settings' sources: the flags and the environment over the TOML file over the defaults, and
+//! the reference system's variables standing in for unset `INFLIGHT_*` ones.
+
+use std::path::Path;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args};
+use figment::providers::{Format, Serialized, Toml};
+use figment::value::{Dict, Value};
+use figment::Figment;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{invalid, ConfigError, Connections, ProxySettings, RedisSettings, Settings};
+
+/// `args` as parsed, with the file (if any) over the defaults and under the flags and the environment.
+pub(super) fn layer<A: Serialize + DeserializeOwned>(
+    args: &A,
+    matches: &ArgMatches,
+    file: Option<&Path>,
+) -> Result<A, ConfigError> {
+    let Ok(Value::Dict(_, parsed)) = Value::serialize(args) else {
+        unreachable!("settings serialize to a dictionary");
+    };
+    let mut explicit: Dict = parsed
+        .iter()
+        .filter(|(id, _)| {
+            matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            )
+        })
+        .map(|(id, value)| (id.clone(), value.clone()))
+        .collect();
+    // The reference system's variables stand in for unset `INFLIGHT_*` ones, at the environment's rank.
+    for (id, var) in [
+        ("default_limit", "APP_DEFAULT_ACTIVE_REQUESTS"),
+        ("max_limit", "APP_MAX_ACTIVE_REQUESTS"),
+    ] {
+        if !explicit.contains_key(id) {
+            if let Some(limit) = dify_alias(var)? {
+                explicit.insert(id.to_owned(), limit.into());
+            }
+        }
+    }
+    // So do Dify's REDIS_* variables for an unset store, below the file.
+    let mut parsed = parsed;
+    if !explicit.contains_key("store") {
+        if let Some(url) = super::store::dify_store_url(|name| std::env::var(name).ok())? {
+            parsed.insert("store".to_owned(), url.into());
+        }
+    }
+    let mut figment = Figment::from(Serialized::defaults(parsed));
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(invalid(
+                "config",
+                format!("{} does not exist", path.display()),
+            ));
+        }
+        check_keys(path)?;
+        figment = figment.merge(Toml::file(path));
+    }
+    let figment = figment.merge(Serialized::defaults(explicit));
+    figment.extract().map_err(|e| {
+        // The proxy's settings flatten serve's, which flatten the connections', whose errors then come
+        // without their path: ask again for each alone, which names the setting.
+        let e = match (e.path.is_empty(), figment.extract::<Settings>()) {
+            (true, Err(named)) => named,
+            _ => e,
+        };
+        let e = match (e.path.is_empty(), figment.extract::<Connections>()) {
+            (true, Err(named)) => named,
+            _ => e,
+        };
+        let e = match (e.path.is_empty(), figment.extract::<RedisSettings>()) {
+            (true, Err(named)) => named,
+            _ => e,
+        };
+        let setting = e.path.last().map_or("config", String::as_str);
+        invalid(setting, e.kind)
+    })
+}
+
+/// Refuses a key of the file that is no setting of any command (a misspelt one, say).
+fn check_keys(path: &Path) -> Result<(), ConfigError> {
+    let keys: Dict = Figment::from(Toml::file(path))
+        .extract()
+        .map_err(|e| invalid("config", e))?;
+    let command = ProxySettings::augment_args(clap::Command::new("inflight"));
+    let known: Vec<&str> = command
+        .get_arguments()
+        .map(|a| a.get_id().as_str())
+        .collect();
+    match keys
+        .keys()
+        .find(|key| key.as_str() == "config" || !known.contains(&key.as_str()))
+    {
+        Some(key) => Err(invalid(key, "no such setting")),
+        None => Ok(()),
+    }
+}
+
+fn dify_alias(var: &str) -> Result<Option<u32>, ConfigError> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| invalid(var, format!("{text:?} is not a whole number >= 0"))),
+    }
+}

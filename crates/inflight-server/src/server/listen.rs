@@ -1,0 +1,144 @@
+//! Serving one listener: accepting under the connection cap, and each connection with its bounds (its
+//! deadlines, its request bodies' timeout, HTTP/2's limits) and hyper's refusals in JSON.
+
+use std::time::Duration;
+
+use axum::serve::Listener;
+use futures_util::FutureExt;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use inflight::Wakeups;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::exchange::{Exchanges, ResponseBody};
+use super::gate::Gate;
+use super::guarded::Guarded;
+use super::routes::Routes;
+use super::{Bounds, CUT_WAIT};
+use crate::incoming::RequestBody;
+use crate::proxy::Peer;
+
+/// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
+/// Nagle delay on the accepted connections, since answers are small and latency matters.
+pub(super) struct NoDelay(pub(super) TcpListener);
+
+impl Listener for NoDelay {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, addr) = Listener::accept(&mut self.0).await;
+        let _ = io.set_nodelay(true);
+        (io, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.0.local_addr()
+    }
+}
+
+/// What one listener serves, and under which cap.
+pub(super) struct Served<S: Wakeups> {
+    pub(super) listener: NoDelay,
+    pub(super) routes: Routes<S>,
+    /// What a connection in the gate's reserve is answered (health checks only).
+    pub(super) health: Routes<S>,
+    pub(super) gate: Gate,
+}
+
+/// hyper's connection settings: HTTP/1.1, or HTTP/2 with prior knowledge, with the HTTP/2 limits; with
+/// `keep_alive` off an HTTP/1 connection closes after one answer. The deadlines of a connection are its
+/// [`Exchanges`]'s, not hyper's header timer, which would also run while a kept-alive connection waits.
+fn builder(bounds: &Bounds, keep_alive: bool) -> auto::Builder<TokioExecutor> {
+    let limits = &bounds.connections;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None)
+        .keep_alive(keep_alive);
+    let interval = limits.http2_keep_alive_interval;
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .initial_stream_window_size(limits.http2_stream_window)
+        .initial_connection_window_size(limits.http2_connection_window)
+        .max_header_list_size(limits.http2_max_header_list_size)
+        .keep_alive_interval((!interval.is_zero()).then_some(interval))
+        .keep_alive_timeout(HTTP2_PING_TIMEOUT);
+    builder
+}
+
+/// How long an HTTP/2 client may take to answer the server's ping.
+const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Serves the connections the listener accepts until told to stop; then closes each once its current
+/// exchange is over (an idle one at once), and returns when all have closed. Responses still running
+/// after the grace period are cut.
+pub(super) async fn serve<S: Wakeups>(
+    served: Served<S>,
+    mut stopping: watch::Receiver<bool>,
+    bounds: &Bounds,
+    cut: &watch::Sender<bool>,
+) {
+    let Served {
+        mut listener,
+        routes,
+        health,
+        gate,
+    } = served;
+    let connections = GracefulShutdown::new();
+    let (open, reserve) = (builder(bounds, true), builder(bounds, false));
+    let limits = &bounds.connections;
+    loop {
+        let (io, addr) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopping.wait_for(|stop| *stop) => break,
+        };
+        // At the cap this connection waits for a place, and meanwhile this worker accepts no other: they
+        // wait in the listen queue. (Waiting before accepting instead could leave a place held by a
+        // worker whose own queue is empty while another's waits.)
+        let slot = tokio::select! {
+            slot = gate.enter() => slot,
+            _ = stopping.wait_for(|stop| *stop) => break,
+        };
+        let (routes, builder) = match slot.reserve {
+            false => (routes.clone(), &open),
+            true => (health.clone(), &reserve),
+        };
+        let client = Peer::new(addr);
+        let exchanges = Exchanges::new(limits.header_timeout, limits.idle_timeout);
+        let io = TokioIo::new(Guarded::new(io, exchanges.clone()));
+        let body_timeout = limits.body_timeout;
+        let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+            let ongoing = exchanges.begin(request.version());
+            let request = request.map(|body| RequestBody::new(body, body_timeout));
+            routes.respond(request, &client).map(move |answered| {
+                answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
+            })
+        });
+        let connection = builder
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        let connection = connections.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    let grace = bounds.grace;
+    let mut closed = std::pin::pin!(connections.shutdown());
+    if tokio::time::timeout(grace, &mut closed).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "grace period over: ending the responses still running"
+        );
+        cut.send_replace(true);
+        let _ = tokio::time::timeout(CUT_WAIT, closed).await;
+    }
+}
