@@ -73,8 +73,9 @@ async fn a_waiter_is_admitted_by_a_release_in_another_process_or_times_out<S: Wa
             (permit, started.elapsed())
         })
     };
+    // Released as soon as it waits, maybe before its subscription is in force: it asks the store only
+    // once releases are heard, so it sees this one either way.
     waiting(&two, 1).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
     drop(held);
     let (permit, waited) = waiter.await.unwrap();
     let permit = permit.unwrap();

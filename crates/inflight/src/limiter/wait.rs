@@ -203,27 +203,34 @@ impl<S: Wakeups> Limiter<S> {
             timed_out();
             return self.try_acquire_all(keys, options).await;
         }
+        let mut interest = self.core.store.interest(&watched);
         loop {
-            let interest = self.core.store.interest(&watched);
-            let notified = interest.notified();
-            tokio::pin!(notified);
-            // Enabled before asking: a release while the store decides wakes this waiter all the same.
-            notified.as_mut().enable();
-            let refused = match self.try_acquire_all(keys, options.clone()).await {
-                Err(full) if is_full(&full) => full,
-                decided => return decided,
+            let refused = {
+                // Heard before asking (bounded: a subscription that cannot be made leaves the re-check).
+                let heard_by = (Instant::now() + RECHECK).min(deadline);
+                let _ = tokio::time::timeout_at(heard_by, interest.heard()).await;
+                let notified = interest.notified();
+                tokio::pin!(notified);
+                // Enabled before asking: a release while the store decides wakes this waiter all the same.
+                notified.as_mut().enable();
+                let refused = match self.try_acquire_all(keys, options.clone()).await {
+                    Err(full) if is_full(&full) => full,
+                    decided => return decided,
+                };
+                if Instant::now() >= deadline {
+                    timed_out();
+                    return Err(refused);
+                }
+                let recheck = (Instant::now() + RECHECK).min(deadline);
+                tokio::select! {
+                    () = &mut notified => {}
+                    () = tokio::time::sleep_until(recheck) => {}
+                }
+                refused
             };
-            if Instant::now() >= deadline {
-                timed_out();
-                return Err(refused);
-            }
-            let recheck = (Instant::now() + RECHECK).min(deadline);
-            tokio::select! {
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(recheck) => {}
-            }
             if refused.key != watched {
                 watched = refused.key;
+                interest = self.core.store.interest(&watched);
             }
         }
     }

@@ -2,7 +2,7 @@
 //! process or, on Redis, in any other) lets a waiter try again at once instead of polling.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::futures::Notified;
@@ -22,8 +22,16 @@ pub trait Wakeups: Store {
 /// interest in a key, `false` when its last interest goes.
 pub(crate) type Hook = Box<dyn Fn(&Arc<str>, bool) + Send + Sync>;
 
-/// A key's wake-up, and how many interests it has.
-type Watched = (Arc<Notify>, usize);
+/// A key's wake-ups: of releases, and of its subscription being in force (Redis).
+pub(crate) struct Watch {
+    released: Notify,
+    /// Whether releases on the key are heard now: always in memory; on Redis once subscribed.
+    heard: AtomicBool,
+    subscribed: Notify,
+}
+
+/// A key's wake-ups, and how many interests it has.
+type Watched = (Arc<Watch>, usize);
 
 /// The interests of one store in the keys that waiters wait on: a wake-up per key, counted.
 #[derive(Default)]
@@ -35,7 +43,8 @@ pub(crate) struct Wakes {
 }
 
 impl Wakes {
-    /// Wakes told of the first and last interest in each key.
+    /// Wakes told of the first and last interest in each key; a key's releases are heard once
+    /// [`Wakes::heard`] says so.
     pub(crate) fn with_hook(hook: Hook) -> Self {
         Self {
             hook: Some(hook),
@@ -43,33 +52,57 @@ impl Wakes {
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Watched>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// An interest in `key`.
     pub(crate) fn interest(self: &Arc<Self>, key: &str) -> Interest {
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        let known = keys.get_mut(key).map(|(notify, count)| {
+        let mut keys = self.lock();
+        let known = keys.get_mut(key).map(|(watch, count)| {
             *count += 1;
-            notify.clone()
+            watch.clone()
         });
-        let (key, notify) = match known {
-            Some(notify) => {
+        let (key, watch) = match known {
+            Some(watch) => {
                 let known = keys.get_key_value(key).map(|(known, _)| known.clone());
-                (known.unwrap_or_else(|| Arc::from(key)), notify)
+                (known.unwrap_or_else(|| Arc::from(key)), watch)
             }
             None => {
                 let key: Arc<str> = Arc::from(key);
-                let notify = Arc::new(Notify::new());
-                keys.insert(key.clone(), (notify.clone(), 1));
+                let watch = Arc::new(Watch {
+                    released: Notify::new(),
+                    heard: AtomicBool::new(self.hook.is_none()),
+                    subscribed: Notify::new(),
+                });
+                keys.insert(key.clone(), (watch.clone(), 1));
                 self.watched.fetch_add(1, Ordering::Relaxed);
                 if let Some(hook) = &self.hook {
                     hook(&key, true);
                 }
-                (key, notify)
+                (key, watch)
             }
         };
         Interest {
             wakes: self.clone(),
             key,
-            notify,
+            watch,
+        }
+    }
+
+    /// Releases on `key` are heard from now on (its subscription is in force), or are not (`false`:
+    /// every key, its subscription broke).
+    pub(crate) fn heard(&self, key: Option<&str>, heard: bool) {
+        let keys = self.lock();
+        let watches = match key {
+            Some(key) => keys.get(key).into_iter().collect::<Vec<_>>(),
+            None => keys.values().collect(),
+        };
+        for (watch, _) in watches {
+            watch.heard.store(heard, Ordering::Release);
+            if heard {
+                watch.subscribed.notify_waiters();
+            }
         }
     }
 
@@ -79,22 +112,20 @@ impl Wakes {
         if self.watched.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((notify, _)) = keys.get(key) {
-            notify.notify_waiters();
+        if let Some((watch, _)) = self.lock().get(key) {
+            watch.released.notify_waiters();
         }
     }
 
     /// Wakes every waiter on every key (a subscription was remade: a release may have gone unheard).
     pub(crate) fn wake_all(&self) {
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        for (notify, _) in keys.values() {
-            notify.notify_waiters();
+        for (watch, _) in self.lock().values() {
+            watch.released.notify_waiters();
         }
     }
 
     fn drop_interest(&self, key: &Arc<str>) {
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys = self.lock();
         if let Some((_, count)) = keys.get_mut(key) {
             *count -= 1;
             if *count == 0 {
@@ -112,14 +143,30 @@ impl Wakes {
 pub struct Interest {
     wakes: Arc<Wakes>,
     key: Arc<str>,
-    notify: Arc<Notify>,
+    watch: Arc<Watch>,
 }
 
 impl Interest {
     /// Completes at the next release on the key after it is enabled (`Notified::enable`) or first polled:
-    /// enable it before checking for room, and no release in between goes unheard.
+    /// enable it before checking for room, and no release in between goes unheard (once
+    /// [`Interest::heard`] has completed).
     pub fn notified(&self) -> Notified<'_> {
-        self.notify.notified()
+        self.watch.released.notified()
+    }
+
+    /// Completes once releases on the key are heard: at once in memory; on Redis when the key's
+    /// subscription is in force (a release announced before then is not heard). Bound it with a
+    /// timeout: a subscription that cannot be made never completes it.
+    pub async fn heard(&self) {
+        loop {
+            let subscribed = self.watch.subscribed.notified();
+            tokio::pin!(subscribed);
+            subscribed.as_mut().enable();
+            if self.watch.heard.load(Ordering::Acquire) {
+                return;
+            }
+            subscribed.await;
+        }
     }
 
     /// The key.

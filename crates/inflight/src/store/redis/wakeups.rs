@@ -62,6 +62,9 @@ async fn follow(
         match listen(&client, &channel_of, &mut channels, &wakes, &mut changes).await {
             Ok(()) => return,
             Err(error) => {
+                if let Some(wakes) = wakes.upgrade() {
+                    wakes.heard(None, false);
+                }
                 tracing::debug!(%error, "the subscription to releases broke; remaking it");
                 tokio::time::sleep(RETRY).await;
             }
@@ -84,7 +87,10 @@ async fn listen(
     }
     // Releases made while no subscription was listening went unheard: every waiter checks again.
     match wakes.upgrade() {
-        Some(wakes) => wakes.wake_all(),
+        Some(wakes) => {
+            wakes.heard(None, true);
+            wakes.wake_all();
+        }
         None => return Ok(()),
     }
     loop {
@@ -106,8 +112,11 @@ async fn listen(
                 let channel = channel_of(&key);
                 if on {
                     // Kept first: a subscription that fails here is made when it is remade.
-                    channels.insert(channel.clone(), key);
+                    channels.insert(channel.clone(), key.clone());
                     within(sink.subscribe(&channel)).await?;
+                    if let Some(wakes) = wakes.upgrade() {
+                        wakes.heard(Some(&key), true);
+                    }
                 } else {
                     channels.remove(&channel);
                     within(sink.unsubscribe(&channel)).await?;
