@@ -131,6 +131,7 @@ per_store!(
     an_unmetered_key_records_nothing,
     balances_are_set_and_topped_up_within_bounds,
     balance_is_conserved_and_never_negative_under_contention,
+    a_permits_record_keeps_its_quota_key_across_renewals,
 );
 
 /// A key holds at most `MAX_OPEN_RESERVATIONS` open (memory only: on Redis it takes that many calls).

@@ -424,3 +424,60 @@ pub async fn balance_is_conserved_and_never_negative_under_contention<F: Fixture
         "the load pressed on the balance"
     );
 }
+
+pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f: F) {
+    use inflight::store::{IndexOp, Store};
+    use inflight::AcquireOptions;
+    let limiter = f.limiter(2);
+    let lease = Duration::from_secs(10);
+    let options = AcquireOptions::new().id("req-1").lease(lease);
+    let permit = limiter
+        .try_acquire_all(&["app:a1", "global"], options)
+        .await
+        .unwrap()
+        .detach();
+    let keys: Vec<Arc<str>> = vec![Arc::from("app:a1"), Arc::from("global")];
+    let quota = Some(("tenant:t1", TTL));
+    limiter
+        .record_with(&keys, &permit.id, lease, quota)
+        .await
+        .unwrap();
+    let store = f.store();
+    let recorded = store
+        .index(&permit.id, IndexOp::Get)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recorded.quota.as_deref(), Some("tenant:t1"));
+    assert_eq!(&*recorded.keys, keys.as_slice());
+    f.advance(lease / 2);
+    limiter.renew_recorded(&permit.id, None).await.unwrap();
+    let renewed = store
+        .index(&permit.id, IndexOp::Get)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        renewed.quota.as_deref(),
+        Some("tenant:t1"),
+        "kept by the renewal"
+    );
+    // A record outlives the lease when its reservation does: whoever releases the permit settles it.
+    limiter
+        .record_with(&keys, &permit.id, lease, quota)
+        .await
+        .unwrap();
+    f.advance(lease * 3);
+    assert!(store
+        .index(&permit.id, IndexOp::Get)
+        .await
+        .unwrap()
+        .is_some());
+    limiter.record(&keys, &permit.id, lease).await.unwrap();
+    let plain = store
+        .index(&permit.id, IndexOp::Get)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(plain.quota, None);
+}
