@@ -17,7 +17,8 @@ pub mod server;
 
 use std::sync::Arc;
 
-use inflight::{Limiter, MemoryStore, SharedPolicy, Store};
+use inflight::quota::QuotaStats;
+use inflight::{Limiter, MemoryStore, Quota, QuotaStore, SharedPolicy, Store};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -45,6 +46,8 @@ pub struct Shared {
     pub policy: SharedPolicy,
     /// The fallback store of `fail_open_local`.
     pub fallback: MemoryStore,
+    /// How the workers' reservations have ended.
+    pub quota_stats: Arc<QuotaStats>,
 }
 
 impl Shared {
@@ -54,16 +57,22 @@ impl Shared {
             metrics: metrics::Metrics::new(settings.metrics_per_key),
             policy: SharedPolicy::new(settings.policy()?),
             fallback: MemoryStore::new(),
+            quota_stats: Arc::default(),
         })
     }
 }
 
-/// The limiter and app state that `settings` describe, over `store`, with what the workers `shared`.
-pub fn app<S: Store>(
+/// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
+/// workers `shared`.
+pub fn app<S: Store + QuotaStore>(
     settings: &Settings,
     shared: &Shared,
     store: S,
 ) -> Result<Arc<App<S>>, ConfigError> {
+    let quota = Quota::new(store.clone())
+        .with_ttl(settings.quota.quota_ttl)
+        .with_commit_on(settings.quota.quota_commit.into())
+        .with_stats(shared.quota_stats.clone());
     let limiter = Limiter::builder(store)
         .policy(shared.policy.clone())
         .lease(settings.lease)
@@ -72,6 +81,7 @@ pub fn app<S: Store>(
         .build();
     Ok(Arc::new(App {
         limiter,
+        quota,
         admin_token: settings.admin_token()?,
         api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
         metrics: shared.metrics.clone(),

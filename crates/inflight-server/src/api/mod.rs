@@ -10,6 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use inflight::quota::Settle;
 use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,7 @@ use crate::config::MAX_LEASE;
 use crate::error::ApiError;
 
 mod permits;
+mod quotas;
 
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("../../openapi.json");
@@ -41,6 +43,7 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
             "/v1/keys/{key}/limit",
             put(set_limit::<S>).delete(clear_limit::<S>),
         )
+        .merge(quotas::routes::<S>())
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             require_api_user::<S>,
@@ -62,6 +65,7 @@ struct AcquireBody {
     id: Option<String>,
     weight: Option<u32>,
     lease_ms: Option<u64>,
+    quota: Option<quotas::QuotaBody>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -85,6 +89,9 @@ struct PermitJson {
     limit: Option<u32>,
     in_flight: u32,
     lease_expires_at_ms: Option<u64>,
+    /// Its reservation, when the acquire body charged a quota.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reservation: Option<quotas::ReservationJson>,
 }
 
 /// A key, as `GET /v1/keys/{key}` and the limit routes answer it.
@@ -132,6 +139,7 @@ fn permit_json(lease: Lease) -> PermitJson {
         limit: lease.limit.get(),
         in_flight: lease.in_flight,
         lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
+        reservation: None,
     }
 }
 
@@ -142,10 +150,35 @@ async fn acquire<S: Store>(
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
     let request: AcquireBody = body(bytes)?;
-    let options = options(request.id, request.weight, request.lease_ms)?;
-    let permit = app.acquire(&key, options).await?;
-    // The caller holds the lease from here: it renews or releases it over HTTP.
-    Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response())
+    let Some(charge) = quotas::charge(request.quota)? else {
+        let options = options(request.id, request.weight, request.lease_ms)?;
+        let permit = app.acquire(&key, options).await?;
+        // The caller holds the lease from here: it renews or releases it over HTTP.
+        return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
+    };
+    // The reservation goes under the permit's id, so that releasing the permit settles it.
+    let id = request
+        .id
+        .unwrap_or_else(|| PermitId::generate().to_string());
+    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
+    let id = PermitId::from(id);
+    let reservation = app.reserve(&charge, Some(id.clone())).await?;
+    let permit = match app.acquire(&key, options).await {
+        Ok(permit) => permit,
+        Err(refused) => {
+            app.refund_refused(reservation).await;
+            return Err(refused.into());
+        }
+    };
+    if app.settles_on_release(&reservation) {
+        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+        let keys = [Arc::from(key.as_str())];
+        app.record_charged(&keys, &id, lease, &charge.key).await?;
+    }
+    let reservation = app.hand_over(reservation).await?;
+    let mut json = permit_json(app.lend(permit));
+    json.reservation = Some(quotas::reservation_json(&reservation));
+    Ok((StatusCode::CREATED, Json(json)).into_response())
 }
 
 /// The options of an acquire body.
@@ -199,6 +232,7 @@ async fn renew<S: Store>(
             limit: grant.limit.get(),
             in_flight: grant.in_flight,
             lease_expires_at_ms: Some(grant.expires_at_ms),
+            reservation: None,
         })),
         Renewal::Lost => {
             // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
@@ -211,6 +245,7 @@ async fn renew<S: Store>(
                     limit: None,
                     in_flight: status.in_flight,
                     lease_expires_at_ms: None,
+                    reservation: None,
                 }));
             }
             Err(permit_not_found())
@@ -221,14 +256,35 @@ async fn renew<S: Store>(
 async fn release<S: Store>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let Path((key, id)) =
         path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
+    let settle = outcome(&uri)?;
     let id = PermitId::from(id);
-    app.release(&key, &id).await?;
+    app.release_settled(&key, &id, settle).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
+/// outcome, refunds it.
+fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
+    let query = uri.query().unwrap_or_default();
+    let mut settle = Settle::Refund;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        settle = match pair.split_once('=') {
+            Some(("outcome", "success")) => Settle::Commit,
+            Some(("outcome", "failure")) => Settle::Refund,
+            _ => {
+                return Err(ApiError::invalid_request(
+                    "The only query is ?outcome=success or ?outcome=failure.",
+                ))
+            }
+        };
+    }
+    Ok(settle)
 }
 
 fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {
@@ -325,6 +381,7 @@ async fn readyz<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
 }
 
 async fn metrics<S: Store>(State(app): State<Arc<App<S>>>) -> Response {
+    app.metrics.reservations(app.quota.stats());
     let text = app.metrics.render(app.limiter.stats());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

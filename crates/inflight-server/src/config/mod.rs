@@ -20,9 +20,11 @@ use serde::{Deserialize, Serialize};
 
 pub use inflight::MAX_LEASE;
 pub use proxy::ProxySettings;
+pub use quota::{QuotaCommit, QuotaSettings};
 pub use store::{Layout, RedisSettings};
 
 mod proxy;
+mod quota;
 mod store;
 
 /// The most worker threads a server runs.
@@ -136,6 +138,10 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub redis: RedisSettings,
+    /// The settings of quotas.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub quota: QuotaSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -260,6 +266,7 @@ impl Layered for Settings {
             return Err(invalid("header_timeout", "must be between 10ms and 24h"));
         }
         self.redis.check()?;
+        self.quota.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)

@@ -14,7 +14,7 @@ use axum::routing::{any, get};
 use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
-use inflight::Store;
+use inflight::{QuotaStore, Store};
 use inflight_server::config::Layered;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
@@ -114,7 +114,7 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
     settings
 }
 
-async fn start<S: Store>(
+async fn start<S: Store + QuotaStore>(
     settings: &Settings,
     stores: Stores<S>,
     upstream: Option<proxy::Upstream>,
@@ -142,11 +142,14 @@ async fn start<S: Store>(
     }
 }
 
-pub async fn start_api<S: Store>(settings: &Settings, stores: Stores<S>) -> Server<S> {
+pub async fn start_api<S: Store + QuotaStore>(settings: &Settings, stores: Stores<S>) -> Server<S> {
     start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Store>(settings: &ProxySettings, stores: Stores<S>) -> Server<S> {
+pub async fn start_proxy<S: Store + QuotaStore>(
+    settings: &ProxySettings,
+    stores: Stores<S>,
+) -> Server<S> {
     let upstream = inflight_server::upstream(settings).expect("valid test settings");
     start(&settings.serve, stores, Some(upstream)).await
 }
@@ -357,7 +360,7 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
-    type S: Store;
+    type S: Store + QuotaStore;
     fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }

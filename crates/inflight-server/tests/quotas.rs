@@ -1,0 +1,477 @@
+//! Quotas over HTTP against a real client, on the memory and the Redis store: balances, reservations
+//! held by remote callers, and charges taken with permits and settled when they are released.
+#![allow(missing_docs)]
+
+mod common;
+
+use common::{get_json, get_text, limits, start_api, Make};
+use inflight_server::config::QuotaCommit;
+use inflight_server::Settings;
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
+
+async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// (balance, reserved) as `GET /v1/quotas/{key}` answers them.
+async fn figures(http: &Client, base: &str, key: &str) -> (Value, u64) {
+    let body = get_json(http, format!("{base}/v1/quotas/{key}")).await;
+    assert_eq!(body["key"], key);
+    (body["balance"].clone(), body["reserved"].as_u64().unwrap())
+}
+
+fn code(body: &Value) -> &str {
+    body["code"].as_str().unwrap_or_default()
+}
+
+async fn balances_are_set_topped_up_and_read<M: Make>() {
+    let redis = M::redis();
+    let settings = Settings {
+        admin_token: Some("s3cret".into()),
+        ..limits(1, 0)
+    };
+    let server = start_api(&settings, M::stores(&redis)).await;
+    let http = Client::new();
+    let url = server.url("/v1/quotas/tenant:t1");
+    let top_up = format!("{url}/top-up");
+    assert_eq!(
+        figures(&http, &server.base, "tenant:t1").await,
+        (Value::Null, 0),
+        "unmetered"
+    );
+
+    let (status, body) = send(http.put(&url).json(&json!({"balance": 3}))).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    let (status, body) = send(http.post(&top_up).json(&json!({"amount": 3}))).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    let (status, body) = send(
+        http.put(&url)
+            .bearer_auth("s3cret")
+            .json(&json!({"balance": 3})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"key": "tenant:t1", "balance": 3, "reserved": 0})
+    );
+    let admin = |request: reqwest::RequestBuilder| request.bearer_auth("s3cret");
+    let (status, body) = send(admin(http.post(&top_up)).json(&json!({"amount": 2}))).await;
+    assert_eq!(
+        (status, body["balance"].as_u64()),
+        (StatusCode::OK, Some(5))
+    );
+    assert_eq!(
+        figures(&http, &server.base, "tenant:t1").await,
+        (json!(5), 0)
+    );
+
+    for (request, bad) in [
+        (
+            admin(http.put(&url)).json(&json!({"balance": -1})),
+            "invalid_request",
+        ),
+        (
+            admin(http.put(&url)).json(&json!({"limit": 1})),
+            "invalid_request",
+        ),
+        (
+            admin(http.put(&url)).json(&json!({"balance": 10_u64.pow(15) + 1})),
+            "invalid_request",
+        ),
+        (
+            admin(http.post(&top_up)).json(&json!({"amount": 0})),
+            "invalid_request",
+        ),
+        (
+            admin(http.post(&top_up)).json(&json!({"amount": 10_u64.pow(15)})),
+            "invalid_request",
+        ),
+        (admin(http.post(&top_up)), "invalid_request"),
+        (
+            admin(http.put(server.url("/v1/quotas/a%09b"))).json(&json!({"balance": 1})),
+            "invalid_key",
+        ),
+    ] {
+        let (status, body) = send(request).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::BAD_REQUEST, bad),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        figures(&http, &server.base, "tenant:t1").await,
+        (json!(5), 0),
+        "unchanged"
+    );
+}
+
+async fn reservations_are_committed_or_refunded_once<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
+    let http = Client::new();
+    let base = server.base.clone();
+    let set = json!({"balance": 5});
+    assert_eq!(
+        send(http.put(server.url("/v1/quotas/t1")).json(&set))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let reservations = server.url("/v1/quotas/t1/reservations");
+
+    let (status, spent) = send(http.post(&reservations).json(&json!({"amount": 2}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{spent}");
+    assert_eq!(
+        (spent["key"].as_str(), spent["amount"].as_u64()),
+        (Some("t1"), Some(2))
+    );
+    assert_eq!(spent["balance"], 3);
+    assert!(spent["expires_at_ms"].as_u64().unwrap() > 1_700_000_000_000);
+    assert_eq!(figures(&http, &base, "t1").await, (json!(3), 2));
+    let one = format!("{reservations}/{}", spent["id"].as_str().unwrap());
+    let (status, body) = send(http.post(format!("{one}/commit"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!({"key": "t1", "balance": 3, "reserved": 0}));
+    let (status, _) = send(http.post(format!("{one}/commit"))).await;
+    assert_eq!(status, StatusCode::OK, "a retried commit");
+    let (status, body) = send(http.delete(&one)).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::NOT_FOUND, "reservation_not_found")
+    );
+
+    let (status, back) = send(http.post(&reservations)).await;
+    assert_eq!(
+        (status, back["amount"].as_u64()),
+        (StatusCode::CREATED, Some(1)),
+        "amount 1 by default"
+    );
+    let one = format!("{reservations}/{}", back["id"].as_str().unwrap());
+    let (status, body) = send(http.delete(&one)).await;
+    assert_eq!(
+        (status, body["balance"].as_u64()),
+        (StatusCode::OK, Some(3))
+    );
+    assert_eq!(
+        send(http.delete(&one)).await.0,
+        StatusCode::OK,
+        "a retried refund"
+    );
+    let (status, body) = send(http.post(format!("{one}/commit"))).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::NOT_FOUND, "reservation_not_found")
+    );
+    let (status, body) = send(http.post(format!("{reservations}/never/commit"))).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::NOT_FOUND, "reservation_not_found")
+    );
+
+    let (status, body) = send(http.post(&reservations).json(&json!({"amount": 4}))).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::TOO_MANY_REQUESTS, "quota_exhausted")
+    );
+    assert_eq!(body["key"], "t1");
+    for bad in [
+        json!({"amount": 0}),
+        json!({"ttl_ms": 0}),
+        json!({"ttl_ms": 86_400_001}),
+        json!({"id": "x"}),
+    ] {
+        let (status, body) = send(http.post(&reservations).json(&bad)).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::BAD_REQUEST, "invalid_request"),
+            "{bad}"
+        );
+    }
+    assert_eq!(figures(&http, &base, "t1").await, (json!(3), 0));
+
+    // Not settled within its ttl: refunded by the store (on the next touch of the key).
+    let (_, short) = send(http.post(&reservations).json(&json!({"ttl_ms": 100}))).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(figures(&http, &base, "t1").await, (json!(3), 0), "refunded");
+    let late = format!("{reservations}/{}/commit", short["id"].as_str().unwrap());
+    assert_eq!(send(http.post(late)).await.0, StatusCode::NOT_FOUND);
+
+    // An unmetered key: nothing held, nothing to settle, nothing missing.
+    let (status, free) = send(http.post(server.url("/v1/quotas/free/reservations"))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        (free["balance"].clone(), free["expires_at_ms"].clone()),
+        (Value::Null, Value::Null)
+    );
+    let commit = server.url(&format!(
+        "/v1/quotas/free/reservations/{}/commit",
+        free["id"].as_str().unwrap()
+    ));
+    let (status, body) = send(http.post(commit)).await;
+    assert_eq!(
+        (status, body["balance"].clone()),
+        (StatusCode::OK, Value::Null)
+    );
+
+    let metrics = get_text(&http, server.url("/metrics")).await;
+    for outcome in ["committed", "refunded", "expired"] {
+        let line = format!("inflight_reservations_total{{outcome=\"{outcome}\"}}");
+        assert!(metrics.contains(&line), "no {line} in\n{metrics}");
+    }
+}
+
+async fn a_permit_with_a_quota_settles_when_released<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
+    let (http, base) = (Client::new(), server.base.clone());
+    let set = json!({"balance": 3});
+    send(http.put(server.url("/v1/quotas/tenant:t1")).json(&set)).await;
+    let permits = server.url("/v1/keys/app:a1/permits");
+    let charged = json!({"quota": {"key": "tenant:t1", "amount": 1}});
+
+    let (status, permit) = send(http.post(&permits).json(&charged)).await;
+    assert_eq!(status, StatusCode::CREATED, "{permit}");
+    let reservation = &permit["reservation"];
+    assert_eq!(
+        reservation["id"], permit["id"],
+        "reserved under the permit's id"
+    );
+    assert_eq!(
+        (reservation["key"].as_str(), reservation["balance"].as_u64()),
+        (Some("tenant:t1"), Some(2))
+    );
+    assert_eq!(figures(&http, &base, "tenant:t1").await, (json!(2), 1));
+    // The key is full: refused, and the charge is back before the answer.
+    let (status, body) = send(http.post(&permits).json(&charged)).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
+    );
+    assert_eq!(figures(&http, &base, "tenant:t1").await, (json!(2), 1));
+    let one = format!("{permits}/{}", permit["id"].as_str().unwrap());
+    let (status, body) = send(http.delete(format!("{one}?outcome=bogus"))).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_request")
+    );
+    assert_eq!(
+        http.delete(format!("{one}?outcome=success"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        figures(&http, &base, "tenant:t1").await,
+        (json!(2), 0),
+        "committed"
+    );
+    assert_eq!(server.in_flight("app:a1").await, 0);
+
+    // Released without an outcome, or with a failure: refunded.
+    for outcome in ["", "?outcome=failure"] {
+        let (status, permit) = send(http.post(&permits).json(&charged)).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(figures(&http, &base, "tenant:t1").await, (json!(1), 1));
+        let one = format!("{permits}/{}{outcome}", permit["id"].as_str().unwrap());
+        assert_eq!(
+            http.delete(one).send().await.unwrap().status(),
+            StatusCode::NO_CONTENT
+        );
+        assert_eq!(
+            figures(&http, &base, "tenant:t1").await,
+            (json!(2), 0),
+            "{outcome:?}"
+        );
+    }
+
+    // A given id is the reservation's too; reused a moment after its settlement, it is refused.
+    let given = json!({"id": "req-9", "quota": {"key": "tenant:t1"}});
+    let (status, permit) = send(http.post(&permits).json(&given)).await;
+    assert_eq!(
+        (status, permit["reservation"]["id"].as_str()),
+        (StatusCode::CREATED, Some("req-9"))
+    );
+    http.delete(format!("{permits}/req-9?outcome=success"))
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = send(http.post(&permits).json(&given)).await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::CONFLICT, "reservation_settled")
+    );
+
+    // Exhausted: refused as such, and no admission was tried.
+    assert_eq!(figures(&http, &base, "tenant:t1").await, (json!(1), 0));
+    let (status, body) = send(
+        http.post(&permits)
+            .json(&json!({"quota": {"key": "tenant:t1", "amount": 2}})),
+    )
+    .await;
+    assert_eq!(
+        (status, code(&body), body["key"].as_str()),
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota_exhausted",
+            Some("tenant:t1")
+        )
+    );
+    assert_eq!(server.in_flight("app:a1").await, 0);
+    for (bad, why) in [
+        (json!({"quota": {"key": ""}}), "invalid_key"),
+        (
+            json!({"quota": {"key": "t", "amount": 0}}),
+            "invalid_request",
+        ),
+        (
+            json!({"quota": {"key": "t", "weight": 1}}),
+            "invalid_request",
+        ),
+    ] {
+        let (status, body) = send(http.post(&permits).json(&bad)).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::BAD_REQUEST, why),
+            "{bad}"
+        );
+    }
+    // An unmetered key: the permit is granted and its reservation holds nothing.
+    let (status, permit) = send(http.post(&permits).json(&json!({"quota": {"key": "free"}}))).await;
+    assert_eq!(
+        (status, permit["reservation"]["balance"].clone()),
+        (StatusCode::CREATED, Value::Null)
+    );
+}
+
+async fn a_permit_on_several_keys_settles_through_any_server<M: Make>() {
+    let redis = M::redis();
+    let stores = M::stores(&redis);
+    let (one, other) = (
+        start_api(&limits(1, 0), stores.clone()).await,
+        start_api(&limits(1, 0), stores).await,
+    );
+    let (http, base) = (Client::new(), one.base.clone());
+    send(
+        http.put(one.url("/v1/quotas/tenant:t1"))
+            .json(&json!({"balance": 5})),
+    )
+    .await;
+    let body = json!({"keys": ["app:a1", "global"], "quota": {"key": "tenant:t1", "amount": 2}});
+    let (status, permit) = send(http.post(one.url("/v1/permits")).json(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{permit}");
+    assert_eq!(permit["reservation"]["balance"], 3);
+    let (status, refused) = send(http.post(one.url("/v1/permits")).json(&body)).await;
+    assert_eq!(
+        (status, refused["key"].as_str()),
+        (StatusCode::TOO_MANY_REQUESTS, Some("app:a1"))
+    );
+    assert_eq!(
+        figures(&http, &base, "tenant:t1").await,
+        (json!(3), 2),
+        "the refusal refunded"
+    );
+    // Renewed and released through the other server, by id alone: the charge is committed.
+    let by_id = other.url(&format!("/v1/permits/{}", permit["id"].as_str().unwrap()));
+    assert_eq!(
+        http.put(&by_id).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    let released = http
+        .delete(format!("{by_id}?outcome=success"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), StatusCode::NO_CONTENT);
+    assert_eq!(figures(&http, &base, "tenant:t1").await, (json!(3), 0));
+    assert_eq!(one.in_flight("app:a1").await, 0);
+    let (status, permit) = send(http.post(other.url("/v1/permits")).json(&body)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let by_id = one.url(&format!("/v1/permits/{}", permit["id"].as_str().unwrap()));
+    assert_eq!(
+        http.delete(&by_id).send().await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        figures(&http, &base, "tenant:t1").await,
+        (json!(3), 0),
+        "refunded"
+    );
+}
+
+async fn committing_on_admission_charges_what_was_admitted<M: Make>() {
+    let redis = M::redis();
+    let mut settings = limits(1, 0);
+    settings.quota.quota_commit = QuotaCommit::OnAdmission;
+    let server = start_api(&settings, M::stores(&redis)).await;
+    let (http, base) = (Client::new(), server.base.clone());
+    send(
+        http.put(server.url("/v1/quotas/t1"))
+            .json(&json!({"balance": 5})),
+    )
+    .await;
+    let permits = server.url("/v1/keys/app/permits");
+    let charged = json!({"quota": {"key": "t1"}});
+    let (status, permit) = send(http.post(&permits).json(&charged)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        figures(&http, &base, "t1").await,
+        (json!(4), 0),
+        "spent at admission"
+    );
+    let (status, _) = send(http.post(&permits).json(&charged)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        figures(&http, &base, "t1").await,
+        (json!(4), 0),
+        "a refusal is never charged"
+    );
+    let one = format!(
+        "{permits}/{}?outcome=failure",
+        permit["id"].as_str().unwrap()
+    );
+    assert_eq!(
+        http.delete(one).send().await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        figures(&http, &base, "t1").await,
+        (json!(4), 0),
+        "still spent"
+    );
+}
+
+per_store!(
+    balances_are_set_topped_up_and_read,
+    reservations_are_committed_or_refunded_once,
+    a_permit_with_a_quota_settles_when_released,
+    a_permit_on_several_keys_settles_through_any_server,
+    committing_on_admission_charges_what_was_admitted,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_has_the_quota_routes() {
+    let server = start_api(&limits(1, 0), common::Memory::stores(&None)).await;
+    let openapi = get_json(&Client::new(), server.url("/openapi.json")).await;
+    for path in [
+        "/v1/quotas/{key}",
+        "/v1/quotas/{key}/top-up",
+        "/v1/quotas/{key}/reservations",
+        "/v1/quotas/{key}/reservations/{id}",
+        "/v1/quotas/{key}/reservations/{id}/commit",
+    ] {
+        assert!(openapi["paths"][path].is_object(), "{path} documented");
+    }
+}
