@@ -30,6 +30,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         keys: settings.keys()?,
         on_missing_key: settings.on_missing_key()?,
         limit_paths: settings.limit_paths()?,
+        quota_key: settings.quota_key()?,
         timeout: settings.upstream_timeout,
         api_on_proxy_port: settings.admin_on_proxy_port,
         trust_forwarded: settings.trust_forwarded,
