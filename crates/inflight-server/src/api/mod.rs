@@ -10,7 +10,6 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use inflight::quota::Settle;
 use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -149,36 +148,14 @@ async fn acquire<S: Store>(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
-    let request: AcquireBody = body(bytes)?;
-    let Some(charge) = quotas::charge(request.quota)? else {
+    let mut request: AcquireBody = body(bytes)?;
+    let Some(charge) = quotas::charge(request.quota.take())? else {
         let options = options(request.id, request.weight, request.lease_ms)?;
         let permit = app.acquire(&key, options).await?;
         // The caller holds the lease from here: it renews or releases it over HTTP.
         return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
     };
-    // The reservation goes under the permit's id, so that releasing the permit settles it.
-    let id = request
-        .id
-        .unwrap_or_else(|| PermitId::generate().to_string());
-    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
-    let id = PermitId::from(id);
-    let reservation = app.reserve(&charge, Some(id.clone())).await?;
-    let permit = match app.acquire(&key, options).await {
-        Ok(permit) => permit,
-        Err(refused) => {
-            app.refund_refused(reservation).await;
-            return Err(refused.into());
-        }
-    };
-    if app.settles_on_release(&reservation) {
-        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
-        let keys = [Arc::from(key.as_str())];
-        app.record_charged(&keys, &id, lease, &charge.key).await?;
-    }
-    let reservation = app.hand_over(reservation).await?;
-    let mut json = permit_json(app.lend(permit));
-    json.reservation = Some(quotas::reservation_json(&reservation));
-    Ok((StatusCode::CREATED, Json(json)).into_response())
+    quotas::acquire_charged(&app, key, request, charge).await
 }
 
 /// The options of an acquire body.
@@ -262,29 +239,10 @@ async fn release<S: Store>(
         path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
-    let settle = outcome(&uri)?;
+    let settle = quotas::outcome(&uri)?;
     let id = PermitId::from(id);
     app.release_settled(&key, &id, settle).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
-/// outcome, refunds it.
-fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
-    let query = uri.query().unwrap_or_default();
-    let mut settle = Settle::Refund;
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        settle = match pair.split_once('=') {
-            Some(("outcome", "success")) => Settle::Commit,
-            Some(("outcome", "failure")) => Settle::Refund,
-            _ => {
-                return Err(ApiError::invalid_request(
-                    "The only query is ?outcome=success or ?outcome=failure.",
-                ))
-            }
-        };
-    }
-    Ok(settle)
 }
 
 fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {

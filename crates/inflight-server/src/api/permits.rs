@@ -12,8 +12,8 @@ use axum::Json;
 use inflight::{PermitId, Renewal, Store};
 use serde::{Deserialize, Serialize};
 
-use super::quotas::{self, QuotaBody, ReservationJson};
-use super::{body, lease, options, outcome, permit_not_found, KeyJson, RenewBody};
+use super::quotas::{self, outcome, QuotaBody, ReservationJson};
+use super::{body, lease, options, permit_not_found, KeyJson, RenewBody};
 use crate::app::{check_name, App};
 use crate::error::ApiError;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post, put};
 use axum::{Json, Router};
@@ -18,7 +18,7 @@ use inflight::quota::{
 use inflight::{PermitId, Store};
 use serde::{Deserialize, Serialize};
 
-use super::{body, checked_key, require_admin};
+use super::{body, checked_key, lease, options, permit_json, require_admin, AcquireBody};
 use crate::app::{check_name, quota_error, App, Charge};
 use crate::error::ApiError;
 
@@ -60,6 +60,58 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
         ));
     }
     Ok(Some(Charge { key, amount }))
+}
+
+/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
+/// refusal refunded before the answer), recorded so that the release settles it, then lent.
+pub(super) async fn acquire_charged<S: Store>(
+    app: &App<S>,
+    key: String,
+    request: AcquireBody,
+    charge: Charge,
+) -> Result<Response, ApiError> {
+    // The reservation goes under the permit's id, so that releasing the permit settles it.
+    let id = request
+        .id
+        .unwrap_or_else(|| PermitId::generate().to_string());
+    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
+    let id = PermitId::from(id);
+    let reservation = app.reserve(&charge, Some(id.clone())).await?;
+    let permit = match app.acquire(&key, options).await {
+        Ok(permit) => permit,
+        Err(refused) => {
+            app.refund_refused(reservation).await;
+            return Err(refused.into());
+        }
+    };
+    if app.settles_on_release(&reservation) {
+        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+        let keys = [Arc::from(key.as_str())];
+        app.record_charged(&keys, &id, lease, &charge.key).await?;
+    }
+    let reservation = app.hand_over(reservation).await?;
+    let mut json = permit_json(app.lend(permit));
+    json.reservation = Some(reservation_json(&reservation));
+    Ok((StatusCode::CREATED, Json(json)).into_response())
+}
+
+/// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
+/// outcome, refunds it.
+pub(super) fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
+    let query = uri.query().unwrap_or_default();
+    let mut settle = Settle::Refund;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        settle = match pair.split_once('=') {
+            Some(("outcome", "success")) => Settle::Commit,
+            Some(("outcome", "failure")) => Settle::Refund,
+            _ => {
+                return Err(ApiError::invalid_request(
+                    "The only query is ?outcome=success or ?outcome=failure.",
+                ))
+            }
+        };
+    }
+    Ok(settle)
 }
 
 /// A key's balance, as the balance and settlement routes answer it (`balance: null`: unmetered).

@@ -1,8 +1,9 @@
-//! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), contention
-//! with an independent ledger, and, on a real Redis, holders in other processes killed with SIGKILL
-//! (processes.rs).
+//! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), bounds and
+//! an independent ledger under contention (ledger.rs), and, on a real Redis, holders in other processes
+//! killed with SIGKILL and processes churning at once (processes.rs).
 #![allow(missing_docs, unreachable_pub)]
 
+mod ledger;
 mod processes;
 mod scenarios;
 #[path = "../support/mod.rs"]
@@ -105,33 +106,33 @@ impl Fixture for Redis {
 
 /// Instantiates every scenario on the memory store and on a fresh redis-server.
 macro_rules! per_store {
-    ($($name:ident),* $(,)?) => {
+    ($($module:ident::$name:ident),* $(,)?) => {
         mod memory { $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { crate::scenarios::$name(crate::Memory::new()).await }
+            async fn $name() { crate::$module::$name(crate::Memory::new()).await }
         )* }
         mod redis { $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { crate::scenarios::$name(crate::Redis::new()).await }
+            async fn $name() { crate::$module::$name(crate::Redis::new()).await }
         )* }
     };
 }
 
 per_store!(
-    an_exhausted_quota_is_refused_before_any_admission,
-    a_refused_admission_is_refunded,
-    work_that_fails_is_refunded,
-    work_that_succeeds_is_committed,
-    work_whose_future_is_dropped_is_refunded,
-    work_that_panics_is_refunded,
-    an_abandoned_reservation_is_refunded_once_its_ttl_passes,
-    settling_again_is_a_no_op_that_says_so,
-    an_open_id_is_reserved_once_and_a_settled_one_not_again,
-    committing_on_admission_charges_work_that_fails,
-    an_unmetered_key_records_nothing,
-    balances_are_set_and_topped_up_within_bounds,
-    balance_is_conserved_and_never_negative_under_contention,
-    a_permits_record_keeps_its_quota_key_across_renewals,
+    scenarios::an_exhausted_quota_is_refused_before_any_admission,
+    scenarios::a_refused_admission_is_refunded,
+    scenarios::work_that_fails_is_refunded,
+    scenarios::work_that_succeeds_is_committed,
+    scenarios::work_whose_future_is_dropped_is_refunded,
+    scenarios::work_that_panics_is_refunded,
+    scenarios::an_abandoned_reservation_is_refunded_once_its_ttl_passes,
+    scenarios::settling_again_is_a_no_op_that_says_so,
+    scenarios::an_open_id_is_reserved_once_and_a_settled_one_not_again,
+    scenarios::committing_on_admission_charges_work_that_fails,
+    scenarios::an_unmetered_key_records_nothing,
+    ledger::balances_are_set_and_topped_up_within_bounds,
+    ledger::balance_is_conserved_and_never_negative_under_contention,
+    ledger::a_permits_record_keeps_its_quota_key_across_renewals,
 );
 
 /// A key holds at most `MAX_OPEN_RESERVATIONS` open (memory only: on Redis it takes that many calls).
