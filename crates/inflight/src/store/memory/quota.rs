@@ -166,6 +166,16 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn fund_now(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
+        let too_large = |balance: u64| {
+            StoreError::Rejected(format!(
+                "a balance of {balance} would pass the largest, {MAX_BALANCE}"
+            ))
+        };
+        // (Checked before a new key's account is made: a refused funding leaves the key unmetered.)
+        let (Fund::Set(n) | Fund::Add(n)) = fund;
+        if n > MAX_BALANCE {
+            return Err(too_large(n));
+        }
         let quotas = &self.inner.quotas.accounts;
         if !quotas.contains_key(key) && quotas.len() >= MAX_QUOTAS {
             return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
@@ -178,9 +188,7 @@ impl<C: Clock> MemoryStore<C> {
             Fund::Add(n) => account.balance.saturating_add(n),
         };
         if balance > MAX_BALANCE {
-            return Err(StoreError::Rejected(format!(
-                "a balance of {balance} would pass the largest, {MAX_BALANCE}"
-            )));
+            return Err(too_large(balance));
         }
         account.balance = balance;
         Ok(account.balance(expired))
