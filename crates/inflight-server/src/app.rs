@@ -10,10 +10,16 @@ use inflight::{
 
 use crate::metrics::{AdmissionResult, Metrics};
 
+mod charge;
+
+pub use charge::{quota_error, Charge};
+
 /// The state of one worker of a server.
 pub struct App<S: Wakeups> {
     /// The worker's limiter, which every request it serves goes through.
     pub limiter: Limiter<S>,
+    /// The balances of keys, over the same store (`charge.rs` charges admissions to them).
+    pub quota: inflight::Quota,
     /// The bearer token that changing limits requires, if any.
     pub admin_token: Option<String>,
     /// The bearer token that every /v1 route requires, if any (the admin token also passes).

@@ -61,6 +61,12 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "not_found", "No such resource.")
     }
 
+    /// The error, naming in its body the key it is about (`"key"`).
+    pub fn naming(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -103,6 +109,22 @@ impl From<StoreError> for ApiError {
                 StatusCode::CONFLICT,
                 "too_many_overrides",
                 format!("{max} keys have an override already, the most allowed: clear one first."),
+            );
+        }
+        if let StoreError::TooManyReservations { max } = error {
+            return Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_reservations",
+                format!(
+                    "{max} reservations of this key are open, the most allowed: settle one first."
+                ),
+            );
+        }
+        if let StoreError::TooManyQuotas { max } = error {
+            return Self::new(
+                StatusCode::CONFLICT,
+                "too_many_quotas",
+                format!("{max} keys have a balance already, the most allowed."),
             );
         }
         if let StoreError::Unsupported(why) = error {

@@ -18,7 +18,8 @@ pub mod server;
 
 use std::sync::Arc;
 
-use inflight::{Limiter, MemoryStore, SharedPolicy, Wakeups};
+use inflight::quota::QuotaStats;
+use inflight::{Limiter, MemoryStore, Quota, QuotaStore, SharedPolicy, Wakeups};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -30,6 +31,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         keys: settings.keys()?,
         on_missing_key: settings.on_missing_key()?,
         limit_paths: settings.limit_paths()?,
+        quota_key: settings.quota_key()?,
         timeout: settings.upstream_timeout,
         max_wait: settings.max_wait,
         api_on_proxy_port: settings.admin_on_proxy_port,
@@ -47,6 +49,8 @@ pub struct Shared {
     pub policy: SharedPolicy,
     /// The fallback store of `fail_open_local`.
     pub fallback: MemoryStore,
+    /// How the workers' reservations have ended.
+    pub quota_stats: Arc<QuotaStats>,
 }
 
 impl Shared {
@@ -56,16 +60,22 @@ impl Shared {
             metrics: metrics::Metrics::new(settings.metrics_per_key),
             policy: SharedPolicy::new(settings.policy()?),
             fallback: MemoryStore::new(),
+            quota_stats: Arc::default(),
         })
     }
 }
 
-/// The limiter and app state that `settings` describe, over `store`, with what the workers `shared`.
-pub fn app<S: Wakeups>(
+/// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
+/// workers `shared`.
+pub fn app<S: Wakeups + QuotaStore>(
     settings: &Settings,
     shared: &Shared,
     store: S,
 ) -> Result<Arc<App<S>>, ConfigError> {
+    let quota = Quota::new(store.clone())
+        .with_ttl(settings.quota.quota_ttl)
+        .with_commit_on(settings.quota.quota_commit.into())
+        .with_stats(shared.quota_stats.clone());
     let limiter = Limiter::builder(store)
         .policy(shared.policy.clone())
         .lease(settings.lease)
@@ -75,6 +85,7 @@ pub fn app<S: Wakeups>(
         .build();
     Ok(Arc::new(App {
         limiter,
+        quota,
         admin_token: settings.admin_token()?,
         api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
         overrides_for_classes_only: settings.overrides_for_classes_only,

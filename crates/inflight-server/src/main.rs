@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
-use inflight::{MemoryStore, RedisStore, Store, Wakeups};
+use inflight::{MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, ProxySettings};
 use inflight_server::server::{self, Workers};
@@ -136,7 +136,7 @@ fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
 }
 
 /// Serves until a signal, each worker with an app over a store from `store`.
-async fn run<S: Wakeups>(
+async fn run<S: Wakeups + QuotaStore>(
     settings: Settings,
     proxy: Option<ProxySettings>,
     shared: Shared,

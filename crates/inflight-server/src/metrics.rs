@@ -7,10 +7,11 @@
 //! | `inflight_in_flight` | gauge | permits in flight through this server: proxied responses', leases lent over HTTP |
 //! | `inflight_leases_reclaimed_total` | counter | expired leases reclaimed: a sign of crashed holders |
 //! | `inflight_leases_lost_total` | counter | held permits whose lease was gone and could not come back |
-//! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit |
+//! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit / record / quota |
 //! | `inflight_waiting` | gauge | `class` = the key's `[[limits]]` pattern, or `default`: admissions waiting for a slot |
 //! | `inflight_wait_duration_seconds` | histogram | how long admissions that could wait waited |
 //! | `inflight_wait_timeouts_total` | counter | waits that ended without a slot |
+//! | `inflight_reservations_total` | counter | `outcome` = committed / refunded / expired (refunded by the store when their ttl passed) |
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +44,7 @@ pub struct Metrics {
     rejected: metrics::Counter,
     errors: metrics::Counter,
     releases: metrics::Counter,
-    store: [(&'static str, metrics::Histogram); 5],
+    store: [(&'static str, metrics::Histogram); 7],
     in_flight: Arc<InFlight>,
 }
 
@@ -67,7 +68,15 @@ fn now_ms() -> u64 {
     since_epoch.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-const STORE_OPS: [&str; 5] = ["acquire", "release", "renew", "status", "set_limit"];
+const STORE_OPS: [&str; 7] = [
+    "acquire",
+    "release",
+    "renew",
+    "status",
+    "set_limit",
+    "record",
+    "quota",
+];
 
 /// How an admission ended, for `inflight_admissions_total`.
 #[derive(Clone, Copy, Debug)]
@@ -196,6 +205,18 @@ impl Metrics {
         self.in_flight
             .lent()
             .remove(&(key.to_owned(), id.to_owned()));
+    }
+
+    /// Brings `inflight_reservations_total` up to date with how the server's reservations have ended.
+    pub fn reservations(&self, stats: &inflight::quota::QuotaStats) {
+        for (outcome, count) in [
+            ("committed", &stats.committed),
+            ("refunded", &stats.refunded),
+            ("expired", &stats.expired),
+        ] {
+            metrics::counter!("inflight_reservations_total", "outcome" => outcome)
+                .absolute(count.load(Ordering::Relaxed));
+        }
     }
 
     /// The Prometheus text, with the limiter's own counters brought up to date.

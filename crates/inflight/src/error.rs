@@ -67,6 +67,18 @@ pub enum StoreError {
         /// The bound.
         max: usize,
     },
+    /// A new reservation would pass the store's bound on open reservations of one key.
+    #[error("too many open reservations on this key (at most {max})")]
+    TooManyReservations {
+        /// The bound.
+        max: u32,
+    },
+    /// A new balance would pass the store's bound on keys with a balance.
+    #[error("too many keys have a balance (at most {max})")]
+    TooManyQuotas {
+        /// The bound.
+        max: usize,
+    },
 }
 
 impl StoreError {

@@ -17,6 +17,9 @@
 //!   each decision one atomic Lua script, deadlines on the Redis clock.
 //! - [`FailurePolicy`]: what to do when the store cannot answer: refuse, admit, or admit under a
 //!   per-process cap; the limiter goes back to the store by itself.
+//! - [`Quota`] ([`quota`]): a balance per key, charged around each admission: reserve, admit, run,
+//!   then commit on success or refund on failure, cancellation or panic ([`Quota::run`]); a crashed
+//!   holder's reservation is refunded by the store when its ttl passes.
 //!
 //! ## Sharing limits between processes
 //!
@@ -74,6 +77,7 @@ mod limiter;
 mod options;
 mod permit;
 mod policy;
+pub mod quota;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -86,6 +90,7 @@ pub use limiter::{
 pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
+pub use quota::{Quota, QuotaStore, Reservation};
 pub use store::{Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
 #[cfg(feature = "redis")]
 pub use store::{Layout, RedisStore, RedisStoreBuilder};

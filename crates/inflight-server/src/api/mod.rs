@@ -19,6 +19,7 @@ use crate::config::MAX_LEASE;
 use crate::error::ApiError;
 
 mod permits;
+mod quotas;
 
 /// The OpenAPI document of this API.
 pub const OPENAPI: &str = include_str!("../../openapi.json");
@@ -41,6 +42,7 @@ pub fn router<S: Wakeups>(app: Arc<App<S>>) -> Router {
             "/v1/keys/{key}/limit",
             put(set_limit::<S>).delete(clear_limit::<S>),
         )
+        .merge(quotas::routes::<S>())
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             require_api_user::<S>,
@@ -82,6 +84,7 @@ struct AcquireBody {
     weight: Option<u32>,
     lease_ms: Option<u64>,
     wait_ms: Option<u64>,
+    quota: Option<quotas::QuotaBody>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -105,6 +108,9 @@ struct PermitJson {
     limit: Option<u32>,
     in_flight: u32,
     lease_expires_at_ms: Option<u64>,
+    /// Its reservation, when the acquire body charged a quota.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reservation: Option<quotas::ReservationJson>,
 }
 
 /// A key, as `GET /v1/keys/{key}` and the limit routes answer it.
@@ -166,6 +172,7 @@ fn permit_json(lease: Lease) -> PermitJson {
         limit: lease.limit.get(),
         in_flight: lease.in_flight,
         lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
+        reservation: None,
     }
 }
 
@@ -175,11 +182,14 @@ async fn acquire<S: Wakeups>(
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
-    let request: AcquireBody = body(bytes)?;
-    let options = options(request.id, request.weight, request.lease_ms)?;
-    let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
-    // The caller holds the lease from here: it renews or releases it over HTTP.
-    Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response())
+    let mut request: AcquireBody = body(bytes)?;
+    let Some(charge) = quotas::charge(request.quota.take())? else {
+        let options = options(request.id, request.weight, request.lease_ms)?;
+        let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
+        // The caller holds the lease from here: it renews or releases it over HTTP.
+        return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
+    };
+    quotas::acquire_charged(&app, key, request, charge).await
 }
 
 /// The options of an acquire body.
@@ -233,6 +243,7 @@ async fn renew<S: Wakeups>(
             limit: grant.limit.get(),
             in_flight: grant.in_flight,
             lease_expires_at_ms: Some(grant.expires_at_ms),
+            reservation: None,
         })),
         Renewal::Lost => {
             // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
@@ -245,6 +256,7 @@ async fn renew<S: Wakeups>(
                     limit: None,
                     in_flight: status.in_flight,
                     lease_expires_at_ms: None,
+                    reservation: None,
                 }));
             }
             Err(permit_not_found())
@@ -255,13 +267,15 @@ async fn renew<S: Wakeups>(
 async fn release<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let Path((key, id)) =
         path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
+    let settle = quotas::outcome(&uri)?;
     let id = PermitId::from(id);
-    app.release(&key, &id).await?;
+    app.release_settled(&key, &id, settle).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -371,6 +385,7 @@ async fn readyz<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
 }
 
 async fn metrics<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
+    app.metrics.reservations(app.quota.stats());
     let text = app.metrics.render(app.limiter.stats());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inflight::{PermitId, Renewal, Wakeups};
 use serde::{Deserialize, Serialize};
 
+use super::quotas::{self, outcome, QuotaBody, ReservationJson};
 use super::{body, lease, options, permit_not_found, wait, KeyJson, RenewBody};
 use crate::app::{check_name, App};
 use crate::error::ApiError;
@@ -24,6 +25,7 @@ struct AcquireAllBody {
     weight: Option<u32>,
     lease_ms: Option<u64>,
     wait_ms: Option<u64>,
+    quota: Option<QuotaBody>,
 }
 
 /// A permit on several keys, as `POST /v1/permits` and `PUT /v1/permits/{id}` answer it.
@@ -33,6 +35,9 @@ pub(super) struct PermitAllJson {
     keys: Vec<KeyJson>,
     weight: u32,
     lease_expires_at_ms: Option<u64>,
+    /// Its reservation, when the acquire body charged a quota.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reservation: Option<ReservationJson>,
 }
 
 /// The most keys one permit may have.
@@ -64,15 +69,55 @@ pub(super) async fn acquire_all<S: Wakeups>(
         return Err(ApiError::invalid_request("keys may name at most 16 keys."));
     }
     let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
-    let options = options(request.id, request.weight, request.lease_ms)?;
+    let charge = quotas::charge(request.quota)?;
+    // A reservation goes under the permit's id, so that releasing the permit settles it.
+    let id = match &charge {
+        Some(_) => Some(
+            request
+                .id
+                .unwrap_or_else(|| PermitId::generate().to_string()),
+        ),
+        None => request.id,
+    };
+    let options = options(id.clone(), request.weight, request.lease_ms)?;
+    let reservation = match &charge {
+        Some(charge) => Some(app.reserve(charge, id.map(PermitId::from)).await?),
+        None => None,
+    };
     let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
-    let permit = app
+    let permit = match app
         .acquire_all(&names, options, wait(request.wait_ms)?)
-        .await?;
-    let lent = app.lend_all(permit, &keys, lease).await?;
+        .await
+    {
+        Ok(permit) => permit,
+        Err(refused) => {
+            if let Some(reservation) = reservation {
+                app.refund_refused(reservation).await;
+            }
+            return Err(refused.into());
+        }
+    };
+    let lent = match (&reservation, &charge) {
+        (Some(reservation), Some(charge)) if app.settles_on_release(reservation) => {
+            let lent = app.lend(permit);
+            let recorded = app
+                .record_charged(&keys, &lent.id, lease, &charge.key)
+                .await;
+            if let Err(error) = recorded {
+                app.release_all_lent(&keys, &lent.id).await;
+                return Err(error.into());
+            }
+            lent
+        }
+        _ => app.lend_all(permit, &keys, lease).await?,
+    };
+    let reservation = match reservation {
+        Some(reservation) => Some(quotas::reservation_json(&app.hand_over(reservation).await?)),
+        None => None,
+    };
     let first = (lent.limit.get(), lent.in_flight);
     let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
-    let body = permit_all_json(
+    let mut body = permit_all_json(
         &app,
         lent.id.to_string(),
         &keys,
@@ -81,6 +126,7 @@ pub(super) async fn acquire_all<S: Wakeups>(
         expires,
     )
     .await;
+    body.reservation = reservation;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
@@ -122,6 +168,7 @@ async fn permit_all_json<S: Wakeups>(
         keys: std::iter::once(first).chain(others).collect(),
         weight,
         lease_expires_at_ms,
+        reservation: None,
     }
 }
 
@@ -149,9 +196,12 @@ pub(super) async fn renew_recorded<S: Wakeups>(
 pub(super) async fn release_recorded<S: Wakeups>(
     State(app): State<Arc<App<S>>>,
     path: Result<Path<String>, PathRejection>,
+    uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
     check_name(&id).map_err(ApiError::invalid_request)?;
-    app.release_recorded(&PermitId::from(id)).await?;
+    let settle = outcome(&uri)?;
+    app.release_recorded_settled(&PermitId::from(id), settle)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -17,12 +17,14 @@ use serde::{Deserialize, Serialize};
 pub use connections::Connections;
 pub use inflight::MAX_LEASE;
 pub use proxy::ProxySettings;
+pub use quota::{QuotaCommit, QuotaSettings};
 pub use rules::LimitRule;
 pub use store::{Layout, RedisSettings};
 
 mod connections;
 mod layer;
 mod proxy;
+mod quota;
 mod rules;
 mod store;
 mod text;
@@ -43,6 +45,8 @@ pub struct Cli {
 
 /// The commands.
 #[derive(Debug, Subcommand)]
+// (Parsed once at start: the size of the settings' variants costs nothing.)
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// The HTTP limiter API, for workers in any language.
     Serve(Settings),
@@ -149,6 +153,10 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub connections: Connections,
+    /// The settings of quotas.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub quota: QuotaSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -230,6 +238,7 @@ impl Layered for Settings {
         }
         self.connections.check()?;
         self.redis.check()?;
+        self.quota.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)

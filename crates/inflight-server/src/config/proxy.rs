@@ -63,6 +63,13 @@ pub struct ProxySettings {
     #[arg(long, env = "INFLIGHT_ADMIN_ON_PROXY_PORT")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub admin_on_proxy_port: bool,
+    /// The key whose balance each limited request is charged 1, a template like --key's (e.g.
+    /// 'tenant:{header:X-Tenant-Id}'): reserved before the admission (429 quota_exhausted when the
+    /// balance is spent), committed when the upstream answered below 500 and the response body was sent
+    /// to the end, refunded otherwise. A key with no balance set is not charged.
+    #[arg(long, env = "INFLIGHT_QUOTA_KEY", value_name = "TEMPLATE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota_key: Option<String>,
     /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
     #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "60s", value_parser = text::parse)]
@@ -94,6 +101,7 @@ impl Layered for ProxySettings {
         self.upstream()?;
         self.keys()?;
         self.on_missing_key()?;
+        self.quota_key()?;
         self.limit_paths().map(drop)
     }
 }
@@ -130,6 +138,15 @@ impl ProxySettings {
             .map(|_| format!("{{header:{header}}}"));
         let all = shorthand.iter().chain(&self.key).map(String::as_str);
         crate::proxy::KeyTemplates::parse(all).map_err(|why| invalid("key", why))
+    }
+
+    /// The template of the key each limited request is charged to, if any.
+    pub fn quota_key(&self) -> Result<Option<crate::proxy::KeyTemplates>, ConfigError> {
+        self.quota_key
+            .as_deref()
+            .map(|template| crate::proxy::KeyTemplates::parse([template]))
+            .transpose()
+            .map_err(|why| invalid("quota_key", why))
     }
 
     /// What becomes of a request whose keys cannot be formed.

@@ -1,5 +1,7 @@
 //! The body of a proxied response: the upstream's frames as they come, holding the permit, counted in
-//! `inflight_in_flight`, and cut short if the server's shutdown grace period ends first.
+//! `inflight_in_flight`, and cut short if the server's shutdown grace period ends first. It holds the
+//! request's charge too: committed once the body has been sent to its end, refunded when it fails, is
+//! cut, or is dropped before its end (the client went away).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,7 +9,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use inflight::Permit;
+use inflight::{Permit, Reservation};
 use inflight_tower::PermitBody;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
@@ -21,6 +23,18 @@ pin_project! {
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,
         _held: Option<Held>,
+        charge: Option<Reservation>,
+    }
+
+    impl PinnedDrop for ProxyBody {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // The end that the server saw without reading it (its length said so): committed. Any other
+            // end before the last frame: the reservation is dropped, refunded.
+            if let Some(charge) = this.charge.take().filter(|_| this.inner.is_end_stream()) {
+                drop(charge.commit());
+            }
+        }
     }
 }
 
@@ -30,11 +44,13 @@ impl ProxyBody {
         permit: Option<Permit>,
         cut: watch::Receiver<bool>,
         held: Option<Held>,
+        charge: Option<Reservation>,
     ) -> Self {
         Self {
             inner: PermitBody::new(inner, permit),
             cut: Cut::Watching(cut),
             _held: held,
+            charge,
         }
     }
 }
@@ -49,16 +65,24 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let mut this = self.project();
         if this.cut.is_cut(cx, false) {
+            this.charge.take();
             return cut_short();
         }
         let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
             // Waiting for the upstream: the cut must wake this body too.
             return if this.cut.is_cut(cx, true) {
+                this.charge.take();
                 cut_short()
             } else {
                 Poll::Pending
             };
         };
+        match &frame {
+            // Sent to the end (the commit finishes in the background).
+            None => drop(this.charge.take().map(Reservation::commit)),
+            Some(Err(_)) => drop(this.charge.take()),
+            Some(Ok(_)) => {}
+        }
         Poll::Ready(frame.map(|frame| frame.map_err(axum::Error::new)))
     }
 

@@ -16,12 +16,12 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode, Uri};
-use inflight::{Permit, Wakeups};
+use inflight::{Permit, Reservation, Wakeups};
 
 pub use keys::{KeyTemplates, OnMissingKey, MAX_KEYS};
 pub use paths::LimitPaths;
 
-use crate::app::App;
+use crate::app::{App, Charge};
 use crate::error::ApiError;
 use crate::incoming::RequestBody;
 
@@ -36,6 +36,8 @@ pub struct Upstream {
     pub on_missing_key: OnMissingKey,
     /// Which requests are limited (empty: all of them).
     pub limit_paths: LimitPaths,
+    /// The key each limited request is charged 1 to, if any (its template's one key).
+    pub quota_key: Option<KeyTemplates>,
     /// How long a request may take upstream until its response headers (connecting and sending it included).
     pub timeout: Duration,
     /// How long a limited request may wait for a slot before it is refused (zero: not at all).
@@ -121,7 +123,8 @@ async fn forward_checked<S: Wakeups>(
             "The proxy does not forward CONNECT or TRACE.",
         ));
     }
-    let permit = admit(proxy, &request).await?;
+    let (permit, reservation) = admit(proxy, &request).await?.unzip();
+    let reservation = reservation.flatten();
     // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
     let held = permit
         .as_ref()
@@ -129,7 +132,8 @@ async fn forward_checked<S: Wakeups>(
         .then(|| app.metrics.hold());
     let upstream_request = proxy.target.to_upstream(request, client)?;
     let sent = proxy.pool.send(upstream_request);
-    // On every early return below, the permit and `held` are dropped: the slot is released, and counted.
+    // On every early return below, the permit, its reservation and `held` are dropped: the slot is
+    // released, and counted, and the charge refunded.
     let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
         Err(_) => {
             return Err(ApiError::new(
@@ -154,28 +158,47 @@ async fn forward_checked<S: Wakeups>(
     };
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
-    // The body holds the permit: released when the body ends, fails or is dropped.
-    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), held);
+    // An upstream error is not charged (the reservation is dropped: refunded).
+    let reservation = reservation.filter(|_| !parts.status.is_server_error());
+    // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
+    // committed when the body was sent to its end, refunded otherwise.
+    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), held, reservation);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
-/// The permit `request` is forwarded under: None when it is not limited (outside `--limit-path`, or its
-/// keys unformable under `--on-missing-key pass`).
+/// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at
+/// admission): None when it is not limited (outside `--limit-path`, or its keys unformable under
+/// `--on-missing-key pass`).
 async fn admit<S: Wakeups>(
     proxy: &Proxy<S>,
     request: &Request<RequestBody>,
-) -> Result<Option<Permit>, ApiError> {
+) -> Result<Option<(Permit, Option<Reservation>)>, ApiError> {
     let upstream = &proxy.upstream;
-    let canonical = if upstream.keys.uses_path() || !upstream.limit_paths.is_empty() {
-        paths::canonical(request.uri().path()).map_err(ApiError::invalid_request)?
-    } else {
-        String::new()
-    };
+    let quota_uses_path = upstream
+        .quota_key
+        .as_ref()
+        .is_some_and(KeyTemplates::uses_path);
+    let canonical =
+        if upstream.keys.uses_path() || quota_uses_path || !upstream.limit_paths.is_empty() {
+            paths::canonical(request.uri().path()).map_err(ApiError::invalid_request)?
+        } else {
+            String::new()
+        };
     if !upstream.limit_paths.is_empty() && !upstream.limit_paths.covers(&canonical) {
         return Ok(None);
     }
-    let keys = match upstream.keys.form(request.headers(), &canonical) {
-        Ok(keys) => keys,
+    let formed = upstream
+        .keys
+        .form(request.headers(), &canonical)
+        .and_then(|keys| {
+            let quota = match &upstream.quota_key {
+                Some(template) => template.form(request.headers(), &canonical)?.pop(),
+                None => None,
+            };
+            Ok((keys, quota))
+        });
+    let (keys, quota_key) = match formed {
+        Ok(formed) => formed,
         Err(keys::Unformed::Missing(_)) if upstream.on_missing_key == OnMissingKey::Pass => {
             return Ok(None)
         }
@@ -190,9 +213,30 @@ async fn admit<S: Wakeups>(
         *name = key;
     }
     let names = &names[..keys.len()];
-    let permit = proxy
-        .app
+    let app = &proxy.app;
+    let reservation = match quota_key {
+        Some(key) => Some(app.reserve(&Charge { key, amount: 1 }, None).await?),
+        None => None,
+    };
+    let permit = match app
         .acquire_all(names, inflight::AcquireOptions::new(), upstream.max_wait)
-        .await?;
-    Ok(Some(permit))
+        .await
+    {
+        Ok(permit) => permit,
+        Err(refused) => {
+            if let Some(reservation) = reservation {
+                app.refund_refused(reservation).await;
+            }
+            return Err(refused.into());
+        }
+    };
+    let reservation = match reservation {
+        Some(reservation) if app.settles_on_release(&reservation) => Some(reservation),
+        Some(reservation) => {
+            app.hand_over(reservation).await?;
+            None
+        }
+        None => None,
+    };
+    Ok(Some((permit, reservation)))
 }

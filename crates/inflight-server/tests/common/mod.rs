@@ -15,7 +15,7 @@ use axum::routing::{any, get};
 use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
-use inflight::Wakeups;
+use inflight::{QuotaStore, Wakeups};
 use inflight_server::config::Layered;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
@@ -115,7 +115,7 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
     settings
 }
 
-async fn start<S: Wakeups>(
+async fn start<S: Wakeups + QuotaStore>(
     settings: &Settings,
     stores: Stores<S>,
     upstream: Option<proxy::Upstream>,
@@ -143,11 +143,17 @@ async fn start<S: Wakeups>(
     }
 }
 
-pub async fn start_api<S: Wakeups>(settings: &Settings, stores: Stores<S>) -> Server<S> {
+pub async fn start_api<S: Wakeups + QuotaStore>(
+    settings: &Settings,
+    stores: Stores<S>,
+) -> Server<S> {
     start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Wakeups>(settings: &ProxySettings, stores: Stores<S>) -> Server<S> {
+pub async fn start_proxy<S: Wakeups + QuotaStore>(
+    settings: &ProxySettings,
+    stores: Stores<S>,
+) -> Server<S> {
     let upstream = inflight_server::upstream(settings).expect("valid test settings");
     start(&settings.serve, stores, Some(upstream)).await
 }
@@ -358,7 +364,7 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
-    type S: Wakeups;
+    type S: Wakeups + QuotaStore;
     fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }

@@ -83,12 +83,27 @@ impl<S: Store> Limiter<S> {
         id: &PermitId,
         lease: Duration,
     ) -> Result<(), StoreError> {
+        self.record_with(keys, id, lease, None).await
+    }
+
+    /// [`Limiter::record`], with the quota key of the permit's reservation (reserved under the permit's
+    /// id, see [`crate::Quota`]) and its ttl: the record then lasts at least as long as the reservation,
+    /// so that whoever releases the permit by id can settle it.
+    pub async fn record_with(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        lease: Duration,
+        quota: Option<(&str, Duration)>,
+    ) -> Result<(), StoreError> {
         let lease_ms = millis(lease).clamp(1, millis(MAX_LEASE));
-        let ttl_ms = record_ttl_ms(lease_ms);
+        let reservation_ms = quota.map_or(0, |(_, ttl)| millis(ttl));
+        let ttl_ms = record_ttl_ms(lease_ms).max(reservation_ms);
         let op = IndexOp::Put {
             keys,
             lease_ms,
             ttl_ms,
+            quota: quota.map(|(key, _)| key),
         };
         self.core.store.index(id, op).await.map(drop)
     }
@@ -100,7 +115,11 @@ impl<S: Store> Limiter<S> {
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Option<(Keys, Renewal)>, StoreError> {
-        let Some(Recorded { keys, lease_ms }) = self.core.store.index(id, IndexOp::Get).await?
+        let Some(Recorded {
+            keys,
+            lease_ms,
+            quota,
+        }) = self.core.store.index(id, IndexOp::Get).await?
         else {
             return Ok(None);
         };
@@ -116,6 +135,7 @@ impl<S: Store> Limiter<S> {
                     keys: &keys,
                     lease_ms,
                     ttl_ms,
+                    quota: quota.as_deref(),
                 };
                 self.core.store.index(id, op).await?;
             }

@@ -2,7 +2,8 @@
 //!
 //! A store makes each decision in one atomic step. [`MemoryStore`] is the reference implementation;
 //! every store passes the same behaviour suite. [`Store`] is what every limiter needs; a capability
-//! beyond it (quota, wake-ups for waiters) gets a small trait of its own rather than growing this one.
+//! beyond it (quota: [`crate::QuotaStore`]; wake-ups for waiters) gets a small trait of its own rather
+//! than growing this one.
 
 mod memory;
 #[cfg(feature = "redis")]
@@ -142,13 +143,15 @@ pub struct Recorded {
     pub keys: Keys,
     /// The length of its lease, as last recorded.
     pub lease_ms: u64,
+    /// The key its reservation (under the permit's id) charges, if it has one to settle on release.
+    pub quota: Option<Arc<str>>,
 }
 
 /// What [`Store::index`] does.
 #[derive(Clone, Copy, Debug)]
 pub enum IndexOp<'a> {
-    /// Records `keys` and `lease_ms` under the id for `ttl_ms`, replacing what was there; answers
-    /// `None`.
+    /// Records `keys`, `lease_ms` and `quota` under the id for `ttl_ms`, replacing what was there;
+    /// answers `None`.
     Put {
         /// The permit's keys.
         keys: &'a [Arc<str>],
@@ -156,6 +159,8 @@ pub enum IndexOp<'a> {
         lease_ms: u64,
         /// How long the entry lasts.
         ttl_ms: u64,
+        /// The key its reservation charges, if any.
+        quota: Option<&'a str>,
     },
     /// Finds the keys.
     Get,

@@ -28,6 +28,7 @@ impl Index {
                 keys,
                 lease_ms,
                 ttl_ms,
+                quota,
             } => {
                 // Maintenance forgets the entries whose time is up.
                 if self.entries.len() >= MAX_ENTRIES && !self.entries.contains_key(id) {
@@ -38,6 +39,7 @@ impl Index {
                 let recorded = Recorded {
                     keys: keys.into(),
                     lease_ms,
+                    quota: quota.map(Into::into),
                 };
                 let entry = (recorded, now.saturating_add(ttl_ms));
                 self.entries.insert(id.clone(), entry);

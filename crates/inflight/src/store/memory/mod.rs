@@ -11,6 +11,7 @@
 mod cell;
 mod index;
 mod key;
+mod quota;
 
 use std::future::{ready, Future};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -72,6 +73,7 @@ struct Inner<C> {
     /// The most keys with an override (0: no bound).
     max_overrides: AtomicUsize,
     index: index::Index,
+    quotas: quota::Quotas,
     idle_ttl_ms: AtomicU64,
     next_sweep_ms: AtomicU64,
     wakes: Arc<Wakes>,
@@ -103,6 +105,7 @@ impl<C: Clock> MemoryStore<C> {
             overrides: AtomicUsize::new(0),
             max_overrides: AtomicUsize::new(0),
             index: index::Index::default(),
+            quotas: quota::Quotas::default(),
             idle_ttl_ms: AtomicU64::new(millis(DEFAULT_IDLE_TTL)),
             next_sweep_ms: AtomicU64::new(0),
             wakes: Arc::default(),

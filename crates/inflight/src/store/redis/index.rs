@@ -24,10 +24,11 @@ impl RedisStore {
                 keys,
                 lease_ms,
                 ttl_ms,
+                quota,
             } => {
                 pipe.cmd("SET")
                     .arg(&name)
-                    .arg(encode(keys, lease_ms))
+                    .arg(encode(keys, lease_ms, quota))
                     .arg("PX")
                     .arg(ttl_ms.max(1));
             }
@@ -56,11 +57,14 @@ impl RedisStore {
     }
 }
 
-/// The lease length and `;`, then each key as its length in bytes, `:`, and the key.
-fn encode(keys: &[Arc<str>], lease_ms: u64) -> Vec<u8> {
+/// The lease length and `;`, then each key as its length in bytes, `:`, and the key; then, for a permit
+/// with a reservation to settle, `q` and its quota key the same way (an entry without one reads as
+/// before quotas were recorded).
+fn encode(keys: &[Arc<str>], lease_ms: u64, quota: Option<&str>) -> Vec<u8> {
     let mut out = format!("{lease_ms};").into_bytes();
-    for key in keys {
-        out.extend_from_slice(format!("{}:", key.len()).as_bytes());
+    let quota = quota.map(|quota| ("q", quota));
+    for (mark, key) in keys.iter().map(|key| ("", &**key)).chain(quota) {
+        out.extend_from_slice(format!("{mark}{}:", key.len()).as_bytes());
         out.extend_from_slice(key.as_bytes());
     }
     out
@@ -74,8 +78,12 @@ fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
         .and_then(|n| n.parse().ok())
         .ok_or_else(bad)?;
     let mut bytes = &bytes[semicolon + 1..];
-    let mut keys = Vec::new();
+    let (mut keys, mut quota) = (Vec::new(), None);
     while !bytes.is_empty() {
+        let is_quota = bytes[0] == b'q';
+        if is_quota {
+            bytes = &bytes[1..];
+        }
         let colon = bytes.iter().position(|b| *b == b':').ok_or_else(bad)?;
         let len: usize = std::str::from_utf8(&bytes[..colon])
             .ok()
@@ -83,7 +91,12 @@ fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
             .ok_or_else(bad)?;
         let rest = &bytes[colon + 1..];
         let key = rest.get(..len).ok_or_else(bad)?;
-        keys.push(Arc::from(std::str::from_utf8(key).map_err(|_| bad())?));
+        let key: Arc<str> = Arc::from(std::str::from_utf8(key).map_err(|_| bad())?);
+        match is_quota {
+            true => quota = Some(key),
+            false if quota.is_none() => keys.push(key),
+            false => return Err(bad()),
+        }
         bytes = &rest[len..];
     }
     if keys.is_empty() {
@@ -92,6 +105,7 @@ fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
     Ok(Recorded {
         keys: keys.into(),
         lease_ms,
+        quota,
     })
 }
 
@@ -105,11 +119,20 @@ mod tests {
             .into_iter()
             .map(Arc::from)
             .collect();
-        let recorded = decode(&encode(&keys, 600_000)).unwrap();
+        let recorded = decode(&encode(&keys, 600_000, None)).unwrap();
         assert_eq!(
-            (&*recorded.keys, recorded.lease_ms),
-            (keys.as_slice(), 600_000)
+            (&*recorded.keys, recorded.lease_ms, recorded.quota),
+            (keys.as_slice(), 600_000, None)
         );
+        for quota in ["tenant:t1", "", "q1:x;", "clé"] {
+            let recorded = decode(&encode(&keys, 5, Some(quota))).unwrap();
+            assert_eq!(&*recorded.keys, keys.as_slice());
+            assert_eq!(recorded.quota.as_deref(), Some(quota));
+        }
+        // Written before quotas were recorded: read the same.
+        assert_eq!(&*decode(b"7;3:a:b").unwrap().keys, [Arc::from("a:b")]);
+        assert!(decode(b"7;q1:a").is_err(), "a quota but no keys");
+        assert!(decode(b"7;q1:a1:b").is_err(), "keys after the quota");
         assert!(decode(b"1;5:abc").is_err());
         assert!(decode(b"5:abc").is_err());
         assert!(decode(b"").is_err());

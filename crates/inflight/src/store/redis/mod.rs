@@ -12,6 +12,7 @@ mod error;
 mod index;
 mod keys;
 mod overrides;
+mod quota;
 mod scripts;
 mod wakeups;
 

@@ -1,0 +1,303 @@
+//! Quotas over HTTP: balances (`PUT|GET /v1/quotas/{key}`, `POST .../top-up`) and reservations held by
+//! remote callers (`POST .../reservations`, `POST .../reservations/{id}/commit`, `DELETE
+//! .../reservations/{id}` to refund); and the `"quota"` of an acquire body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post, put};
+use axum::{Json, Router};
+use inflight::quota::{
+    Balance, DetachedReservation, Fund, Settle, Settlement, MAX_RESERVATION_TTL,
+};
+use inflight::{PermitId, Wakeups};
+use serde::{Deserialize, Serialize};
+
+use super::{body, checked_key, lease, options, permit_json, require_admin, AcquireBody};
+use crate::app::{check_name, quota_error, App, Charge};
+use crate::error::ApiError;
+
+/// The quota routes, for the /v1 router.
+pub(super) fn routes<S: Wakeups>() -> Router<Arc<App<S>>> {
+    Router::new()
+        .route("/v1/quotas/{key}", put(set_balance::<S>).get(balance::<S>))
+        .route("/v1/quotas/{key}/top-up", post(top_up::<S>))
+        .route("/v1/quotas/{key}/reservations", post(reserve::<S>))
+        .route("/v1/quotas/{key}/reservations/{id}", delete(refund::<S>))
+        .route(
+            "/v1/quotas/{key}/reservations/{id}/commit",
+            post(commit::<S>),
+        )
+}
+
+/// `"quota": {"key", "amount"}` in an acquire body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct QuotaBody {
+    key: String,
+    #[serde(default = "one")]
+    amount: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// The charge an acquire body asks for, checked.
+pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiError> {
+    let Some(QuotaBody { key, amount }) = quota else {
+        return Ok(None);
+    };
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    if amount == 0 {
+        return Err(ApiError::invalid_request(
+            "quota.amount must be at least 1.",
+        ));
+    }
+    Ok(Some(Charge { key, amount }))
+}
+
+/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
+/// refusal refunded before the answer), recorded so that the release settles it, then lent.
+pub(super) async fn acquire_charged<S: Wakeups>(
+    app: &App<S>,
+    key: String,
+    request: AcquireBody,
+    charge: Charge,
+) -> Result<Response, ApiError> {
+    // The reservation goes under the permit's id, so that releasing the permit settles it.
+    let id = request
+        .id
+        .unwrap_or_else(|| PermitId::generate().to_string());
+    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
+    let id = PermitId::from(id);
+    let reservation = app.reserve(&charge, Some(id.clone())).await?;
+    let permit = match app
+        .acquire(&key, options, super::wait(request.wait_ms)?)
+        .await
+    {
+        Ok(permit) => permit,
+        Err(refused) => {
+            app.refund_refused(reservation).await;
+            return Err(refused.into());
+        }
+    };
+    if app.settles_on_release(&reservation) {
+        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+        let keys = [Arc::from(key.as_str())];
+        app.record_charged(&keys, &id, lease, &charge.key).await?;
+    }
+    let reservation = app.hand_over(reservation).await?;
+    let mut json = permit_json(app.lend(permit));
+    json.reservation = Some(reservation_json(&reservation));
+    Ok((StatusCode::CREATED, Json(json)).into_response())
+}
+
+/// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
+/// outcome, refunds it.
+pub(super) fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
+    let query = uri.query().unwrap_or_default();
+    let mut settle = Settle::Refund;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        settle = match pair.split_once('=') {
+            Some(("outcome", "success")) => Settle::Commit,
+            Some(("outcome", "failure")) => Settle::Refund,
+            _ => {
+                return Err(ApiError::invalid_request(
+                    "The only query is ?outcome=success or ?outcome=failure.",
+                ))
+            }
+        };
+    }
+    Ok(settle)
+}
+
+/// A key's balance, as the balance and settlement routes answer it (`balance: null`: unmetered).
+#[derive(Debug, Serialize)]
+struct QuotaJson {
+    key: String,
+    balance: Option<u64>,
+    reserved: u64,
+}
+
+fn quota_json(key: String, balance: Option<Balance>) -> Json<QuotaJson> {
+    Json(QuotaJson {
+        key,
+        balance: balance.map(|b| b.balance),
+        reserved: balance.map_or(0, |b| b.reserved),
+    })
+}
+
+/// A reservation, as `POST .../reservations` answers it and an acquire body's 201 carries it
+/// (`balance` and `expires_at_ms` null: the key is unmetered and nothing is held).
+#[derive(Debug, Serialize)]
+pub(super) struct ReservationJson {
+    id: String,
+    key: String,
+    amount: u64,
+    balance: Option<u64>,
+    expires_at_ms: Option<u64>,
+}
+
+pub(super) fn reservation_json(reservation: &DetachedReservation) -> ReservationJson {
+    ReservationJson {
+        id: reservation.id.to_string(),
+        key: reservation.key.to_string(),
+        amount: reservation.amount,
+        balance: reservation.balance.map(|b| b.balance),
+        expires_at_ms: (reservation.expires_at_ms > 0).then_some(reservation.expires_at_ms),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BalanceBody {
+    balance: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopUpBody {
+    amount: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveBody {
+    #[serde(default = "one")]
+    amount: u64,
+    ttl_ms: Option<u64>,
+}
+
+impl Default for ReserveBody {
+    fn default() -> Self {
+        Self {
+            amount: 1,
+            ttl_ms: None,
+        }
+    }
+}
+
+fn required<T: serde::de::DeserializeOwned>(
+    bytes: Result<Bytes, BytesRejection>,
+    shape: &str,
+) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid_request(format!("Expected {shape}: {e}")))
+}
+
+async fn fund<S: Wakeups>(
+    app: &App<S>,
+    key: String,
+    fund: Fund,
+) -> Result<Json<QuotaJson>, ApiError> {
+    let funded = app.timed("quota", app.quota.fund(&key, fund)).await;
+    let balance = funded.map_err(|error| quota_error(&key, error))?;
+    Ok(quota_json(key, Some(balance)))
+}
+
+async fn set_balance<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    require_admin(&app, &headers)?;
+    let key = checked_key(path)?;
+    let request: BalanceBody = required(bytes, "{\"balance\": N} with N >= 0")?;
+    fund(&app, key, Fund::Set(request.balance)).await
+}
+
+async fn top_up<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    require_admin(&app, &headers)?;
+    let key = checked_key(path)?;
+    let request: TopUpBody = required(bytes, "{\"amount\": N} with N >= 1")?;
+    fund(&app, key, Fund::Add(request.amount)).await
+}
+
+async fn balance<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    let key = checked_key(path)?;
+    let balance = app.timed("quota", app.quota.balance(&key)).await?;
+    Ok(quota_json(key, balance))
+}
+
+async fn reserve<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = checked_key(path)?;
+    let request: ReserveBody = body(bytes)?;
+    let ttl = match request.ttl_ms {
+        None => None,
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_RESERVATION_TTL => {
+            return Err(ApiError::invalid_request(
+                "ttl_ms must be between 1 and 86400000.",
+            ))
+        }
+        Some(ms) => Some(Duration::from_millis(ms)),
+    };
+    let reserved = app.quota.reserve_with(&key, request.amount, None, ttl);
+    let reservation = app
+        .timed("quota", reserved)
+        .await
+        .map_err(|error| quota_error(&key, error))?;
+    // The caller holds it from here: it commits or refunds it over HTTP, or it expires.
+    let body = reservation_json(&reservation.detach());
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+fn reservation_not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "reservation_not_found",
+        "No such open reservation: it expired (and was refunded), or was settled the other way.",
+    )
+}
+
+async fn settle<S: Wakeups>(
+    app: &App<S>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    settle: Settle,
+) -> Result<Json<QuotaJson>, ApiError> {
+    let Path((key, id)) =
+        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    match app.settle(&key, &PermitId::from(id), settle).await? {
+        Settlement::Settled(balance) | Settlement::Already(balance) => {
+            Ok(quota_json(key, Some(balance)))
+        }
+        // An unmetered key holds nothing: nothing to settle, nothing missing.
+        Settlement::NotFound(None) => Ok(quota_json(key, None)),
+        Settlement::NotFound(Some(_)) => Err(reservation_not_found()),
+    }
+}
+
+async fn commit<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    settle(&app, path, Settle::Commit).await
+}
+
+async fn refund<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<QuotaJson>, ApiError> {
+    settle(&app, path, Settle::Refund).await
+}

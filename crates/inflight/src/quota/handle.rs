@@ -1,0 +1,329 @@
+//! [`Quota`]: the handle over a [`QuotaStore`] that the rest of a program uses; it checks the bounds,
+//! hands out [`Reservation`]s and counts how reservations end.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::reservation::{Owner, Reservation};
+use super::run::CommitOn;
+use super::{
+    Balance, Fund, QuotaStore, Reserve, Settle, Settlement, DEFAULT_RESERVATION_TTL, MAX_BALANCE,
+    MAX_RESERVATION_TTL,
+};
+use crate::clock::millis;
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::permit::BoxFuture;
+
+/// The store behind a [`Quota`], its futures boxed, so that neither `Quota` nor [`Reservation`] names a
+/// store type.
+pub(super) trait Backend: Send + Sync + 'static {
+    fn fund<'a>(&'a self, key: &'a str, fund: Fund) -> BoxFuture<'a, Result<Balance, StoreError>>;
+    fn balance<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Balance>, StoreError>>;
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        id: &'a PermitId,
+        amount: u64,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Reserve, StoreError>>;
+    fn settle<'a>(
+        &'a self,
+        key: &'a str,
+        id: &'a PermitId,
+        settle: Settle,
+    ) -> BoxFuture<'a, Result<Settlement, StoreError>>;
+}
+
+impl<Q: QuotaStore> Backend for Q {
+    fn fund<'a>(&'a self, key: &'a str, fund: Fund) -> BoxFuture<'a, Result<Balance, StoreError>> {
+        Box::pin(QuotaStore::fund(self, key, fund))
+    }
+
+    fn balance<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Balance>, StoreError>> {
+        Box::pin(QuotaStore::balance(self, key))
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        key: &'a str,
+        id: &'a PermitId,
+        amount: u64,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Reserve, StoreError>> {
+        Box::pin(QuotaStore::reserve(self, key, id, amount, ttl_ms))
+    }
+
+    fn settle<'a>(
+        &'a self,
+        key: &'a str,
+        id: &'a PermitId,
+        settle: Settle,
+    ) -> BoxFuture<'a, Result<Settlement, StoreError>> {
+        Box::pin(QuotaStore::settle(self, key, id, settle))
+    }
+}
+
+/// How reservations have ended, for metrics. Handles made with [`Quota::with_stats`] share one.
+#[derive(Debug, Default)]
+pub struct QuotaStats {
+    /// Reservations committed (spent).
+    pub committed: AtomicU64,
+    /// Reservations refunded by their holders.
+    pub refunded: AtomicU64,
+    /// Reservations the store refunded because their ttl passed: a sign of crashed holders.
+    pub expired: AtomicU64,
+}
+
+impl QuotaStats {
+    pub(super) fn saw(&self, balance: Option<&Balance>) {
+        if let Some(balance) = balance.filter(|balance| balance.expired > 0) {
+            self.expired
+                .fetch_add(u64::from(balance.expired), Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn settled(&self, settle: Settle, settlement: &Settlement) {
+        self.saw(settlement.balance().as_ref());
+        if let Settlement::Settled(_) = settlement {
+            let counter = match settle {
+                Settle::Commit => &self.committed,
+                Settle::Refund => &self.refunded,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Why a reservation was not made (or a balance not changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The key's balance is below the amount asked for.
+    #[error("quota exhausted: {balance} left, {amount} asked for")]
+    Exhausted {
+        /// The balance.
+        balance: u64,
+        /// The amount asked for.
+        amount: u64,
+    },
+    /// A reservation under this id was settled a moment ago; an id is reserved once.
+    #[error("the reservation under this id was settled already")]
+    Settled,
+    /// The request is malformed (an amount of 0, a ttl over 24 h, an empty id).
+    #[error("invalid request: {0}")]
+    Invalid(&'static str),
+    /// The store could not decide.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl QuotaError {
+    /// True for [`QuotaError::Exhausted`].
+    pub fn is_exhausted(&self) -> bool {
+        matches!(self, Self::Exhausted { .. })
+    }
+}
+
+/// Balances and reservations over a [`QuotaStore`]. Cheap to clone: clones share the store and the
+/// counters.
+///
+/// ```
+/// use inflight::quota::{Fund, Quota};
+/// use inflight::MemoryStore;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), inflight::quota::QuotaError> {
+/// let quota = Quota::new(MemoryStore::new());
+/// quota.fund("tenant:t1", Fund::Set(2)).await?;
+/// let first = quota.reserve("tenant:t1", 1).await?;
+/// let second = quota.reserve("tenant:t1", 1).await?;
+/// assert!(quota.reserve("tenant:t1", 1).await.unwrap_err().is_exhausted());
+/// first.commit().await?;                   // spent
+/// drop(second);                            // refunded
+/// assert_eq!(quota.balance("tenant:t1").await?.unwrap().balance, 1);
+/// assert!(quota.reserve("free:f1", 5).await?.balance().is_none(), "no balance set: unmetered");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Quota {
+    backend: Arc<dyn Backend>,
+    ttl_ms: u64,
+    commit_on: CommitOn,
+    stats: Arc<QuotaStats>,
+}
+
+impl Quota {
+    /// Balances in `store`, reservations of [`DEFAULT_RESERVATION_TTL`], committed on success.
+    pub fn new(store: impl QuotaStore) -> Self {
+        Self {
+            backend: Arc::new(store),
+            ttl_ms: millis(DEFAULT_RESERVATION_TTL),
+            commit_on: CommitOn::default(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// How long a reservation stays open unless settled (kept between 1 ms and
+    /// [`MAX_RESERVATION_TTL`]). Work that may run longer loses its charge: the store refunds it.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl_ms = millis(ttl).clamp(1, millis(MAX_RESERVATION_TTL));
+        self
+    }
+
+    /// When [`Quota::run`] commits (default [`CommitOn::Success`]).
+    #[must_use]
+    pub fn with_commit_on(mut self, commit_on: CommitOn) -> Self {
+        self.commit_on = commit_on;
+        self
+    }
+
+    /// Counts into `stats`, shared with other handles (every worker of a server, say).
+    #[must_use]
+    pub fn with_stats(mut self, stats: Arc<QuotaStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// How long a reservation stays open unless its caller asks for another ttl.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_millis(self.ttl_ms)
+    }
+
+    /// When [`Quota::run`] commits.
+    pub fn commit_on(&self) -> CommitOn {
+        self.commit_on
+    }
+
+    /// How reservations have ended so far.
+    pub fn stats(&self) -> &QuotaStats {
+        &self.stats
+    }
+
+    /// Sets or tops up `key`'s balance (amounts up to [`MAX_BALANCE`]; a top-up of 0 is refused).
+    pub async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, QuotaError> {
+        match fund {
+            Fund::Set(n) | Fund::Add(n) if n > MAX_BALANCE => {
+                return Err(QuotaError::Invalid("balances are at most 10^15"))
+            }
+            Fund::Add(0) => return Err(QuotaError::Invalid("a top-up must be at least 1")),
+            _ => {}
+        }
+        let balance = self.backend.fund(key, fund).await?;
+        self.stats.saw(Some(&balance));
+        Ok(balance)
+    }
+
+    /// `key`'s balance; `None` for an unmetered key.
+    pub async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
+        let balance = self.backend.balance(key).await?;
+        self.stats.saw(balance.as_ref());
+        Ok(balance)
+    }
+
+    /// Reserves `amount` of `key`'s balance under a generated id for the handle's ttl.
+    pub async fn reserve(&self, key: &str, amount: u64) -> Result<Reservation, QuotaError> {
+        self.reserve_with(key, amount, None, None).await
+    }
+
+    /// Reserves `amount` of `key`'s balance under `id` (default: generated) for `ttl` (default: the
+    /// handle's; 1 ms to 24 h). Reserving an id already open answers that reservation (its deadline
+    /// moved, nothing taken again), so a retried call cannot charge twice.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancelled while the store decides, a reservation under a generated id is refunded in the
+    /// background; one under a given id ends with its ttl.
+    pub async fn reserve_with(
+        &self,
+        key: &str,
+        amount: u64,
+        id: Option<PermitId>,
+        ttl: Option<Duration>,
+    ) -> Result<Reservation, QuotaError> {
+        if amount == 0 || amount > MAX_BALANCE {
+            return Err(QuotaError::Invalid("amounts are between 1 and 10^15"));
+        }
+        let ttl_ms = match ttl {
+            None => self.ttl_ms,
+            Some(ttl) if ttl.is_zero() || ttl > MAX_RESERVATION_TTL => {
+                return Err(QuotaError::Invalid("a ttl is between 1 ms and 24 h"))
+            }
+            Some(ttl) => millis(ttl).max(1),
+        };
+        let generated = id.is_none();
+        let id = id.unwrap_or_else(PermitId::generate);
+        if id.is_empty() {
+            return Err(QuotaError::Invalid("reservation ids may not be empty"));
+        }
+        let key: Arc<str> = Arc::from(key);
+        let owner = Owner {
+            backend: self.backend.clone(),
+            stats: self.stats.clone(),
+        };
+        // Until the store answers, a generated id's reservation can only be this call's: dropped
+        // before the answer, it is refunded.
+        let mut unanswered = Reservation::pending(key.clone(), id.clone(), amount, owner.clone());
+        if !generated {
+            unanswered.disarm();
+        }
+        let decided = self.backend.reserve(&key, &id, amount, ttl_ms).await;
+        unanswered.disarm();
+        match decided? {
+            Reserve::Reserved {
+                balance,
+                expires_at_ms,
+            } => {
+                self.stats.saw(Some(&balance));
+                Ok(Reservation::open(
+                    key,
+                    id,
+                    amount,
+                    balance,
+                    expires_at_ms,
+                    owner,
+                ))
+            }
+            Reserve::Exhausted { balance } => {
+                self.stats.saw(Some(&balance));
+                Err(QuotaError::Exhausted {
+                    balance: balance.balance,
+                    amount,
+                })
+            }
+            Reserve::Settled { balance } => {
+                self.stats.saw(Some(&balance));
+                Err(QuotaError::Settled)
+            }
+            Reserve::Unmetered => Ok(Reservation::unmetered(key, id, amount)),
+        }
+    }
+
+    /// Commits or refunds the reservation `id` of `key`, held elsewhere (handed to a remote caller with
+    /// [`Reservation::detach`]).
+    pub async fn settle(
+        &self,
+        key: &str,
+        id: &PermitId,
+        settle: Settle,
+    ) -> Result<Settlement, StoreError> {
+        if id.is_empty() {
+            return Ok(Settlement::NotFound(None));
+        }
+        let settlement = self.backend.settle(key, id, settle).await?;
+        self.stats.settled(settle, &settlement);
+        Ok(settlement)
+    }
+}
+
+impl std::fmt::Debug for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quota")
+            .field("ttl_ms", &self.ttl_ms)
+            .field("commit_on", &self.commit_on)
+            .finish()
+    }
+}

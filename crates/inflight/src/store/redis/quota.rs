@@ -1,0 +1,169 @@
+//! The Redis store's balances ([`QuotaStore`]): `scripts/quota.lua` decides every step. A key's four
+//! names share its hash tag (`<prefix>{E}:quota`, `:reservations`, `:amounts`, `:settled`), so that each
+//! call touches one slot, on a Redis Cluster too; deadlines are on the Redis clock.
+
+use std::future::Future;
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::error::retried;
+use super::keys::{KeyNames, Member};
+use super::{fields, number, RedisStore, ToArg};
+use crate::clock::millis;
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::quota::{
+    Balance, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE, MAX_OPEN_RESERVATIONS,
+    SETTLED_MEMORY,
+};
+
+static QUOTA: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("scripts/common.lua"),
+        include_str!("scripts/quota.lua")
+    ))
+});
+
+/// What `quota.lua` answers: the outcome and the key's balance.
+struct Answer {
+    outcome: i64,
+    balance: Balance,
+    expires_at_ms: u64,
+}
+
+impl RedisStore {
+    /// Runs `quota.lua`'s `op` on `key` with `args`. Retried once on a dead connection when `retry`:
+    /// every operation but a top-up gives the same result when it runs twice.
+    async fn quota_call(
+        &self,
+        key: &str,
+        op: &str,
+        args: &[&dyn ToArg],
+        retry: bool,
+    ) -> Result<Answer, StoreError> {
+        let names = KeyNames::new(&self.prefix, key);
+        let tag = names.tag();
+        let mut invocation = QUOTA.prepare_invoke();
+        for role in [":quota", ":reservations", ":amounts", ":settled"] {
+            invocation.key(format!("{tag}{role}"));
+        }
+        invocation
+            .arg(op)
+            .arg(self.offset())
+            .arg(millis(SETTLED_MEMORY))
+            .arg(MAX_OPEN_RESERVATIONS);
+        for arg in args {
+            arg.push(&mut invocation);
+        }
+        let invocation = &invocation;
+        let attempt = || {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async::<Vec<i64>>(&mut conn).await }
+        };
+        let out = match retry {
+            true => retried(attempt).await?,
+            false => attempt().await?,
+        };
+        let [outcome, balance, reserved, expired, expires_at_ms] = fields(&out)?;
+        Ok(Answer {
+            outcome,
+            balance: Balance {
+                balance: number(balance)?,
+                reserved: number(reserved)?,
+                expired: number(expired)?,
+            },
+            expires_at_ms: number(expires_at_ms)?,
+        })
+    }
+}
+
+fn unexpected(op: &str, outcome: i64) -> StoreError {
+    StoreError::Protocol(format!("quota.lua answered {op} with outcome {outcome}"))
+}
+
+impl QuotaStore for RedisStore {
+    fn fund(
+        &self,
+        key: &str,
+        fund: Fund,
+    ) -> impl Future<Output = Result<Balance, StoreError>> + Send {
+        let (mode, n, retry) = match fund {
+            Fund::Set(n) => ("s", n, true),
+            Fund::Add(n) => ("a", n, false),
+        };
+        async move {
+            let answer = self
+                .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
+                .await?;
+            match answer.outcome {
+                1 => Ok(answer.balance),
+                -2 => Err(StoreError::Rejected(format!(
+                    "the balance would pass the largest, {MAX_BALANCE}"
+                ))),
+                other => Err(unexpected("fund", other)),
+            }
+        }
+    }
+
+    async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
+        let answer = self.quota_call(key, "b", &[], true).await?;
+        match answer.outcome {
+            1 => Ok(Some(answer.balance)),
+            -1 => Ok(None),
+            other => Err(unexpected("balance", other)),
+        }
+    }
+
+    fn reserve(
+        &self,
+        key: &str,
+        id: &PermitId,
+        amount: u64,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Reserve, StoreError>> + Send {
+        let id = Member(id);
+        async move {
+            let answer = self
+                .quota_call(key, "r", &[&id, &amount, &ttl_ms], true)
+                .await?;
+            let balance = answer.balance;
+            match answer.outcome {
+                1 => Ok(Reserve::Reserved {
+                    balance,
+                    expires_at_ms: answer.expires_at_ms,
+                }),
+                0 => Ok(Reserve::Exhausted { balance }),
+                2 => Ok(Reserve::Settled { balance }),
+                -1 => Ok(Reserve::Unmetered),
+                -3 => Err(StoreError::TooManyReservations {
+                    max: MAX_OPEN_RESERVATIONS,
+                }),
+                other => Err(unexpected("reserve", other)),
+            }
+        }
+    }
+
+    fn settle(
+        &self,
+        key: &str,
+        id: &PermitId,
+        settle: Settle,
+    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
+        let id = Member(id);
+        let how = match settle {
+            Settle::Commit => "c",
+            Settle::Refund => "r",
+        };
+        async move {
+            let answer = self.quota_call(key, "s", &[&id, &how], true).await?;
+            match answer.outcome {
+                1 => Ok(Settlement::Settled(answer.balance)),
+                2 => Ok(Settlement::Already(answer.balance)),
+                0 => Ok(Settlement::NotFound(Some(answer.balance))),
+                -1 => Ok(Settlement::NotFound(None)),
+                other => Err(unexpected("settle", other)),
+            }
+        }
+    }
+}

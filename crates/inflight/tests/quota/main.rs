@@ -1,0 +1,171 @@
+//! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), bounds and
+//! an independent ledger under contention (ledger.rs), and, on a real Redis, holders in other processes
+//! killed with SIGKILL and processes churning at once (processes.rs).
+#![allow(missing_docs, unreachable_pub)]
+
+mod ledger;
+mod processes;
+mod scenarios;
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use inflight::quota::Quota;
+use inflight::{Limiter, ManualClock, MemoryStore, Policy, QuotaStore, RedisStore, Store};
+use support::TestRedis;
+
+/// The ttl of the scenarios' reservations.
+pub const TTL: Duration = Duration::from_secs(60);
+
+/// What every scenario needs from a store under test.
+pub trait Fixture: Send + Sync + 'static {
+    type S: Store + QuotaStore;
+    /// The store, shared by every quota and limiter of the scenario (as processes share one).
+    fn store(&self) -> Self::S;
+    /// Moves the store's clock forward (for the handles this fixture gives out).
+    fn advance(&self, by: Duration);
+    /// True when settlements in the background finish before the drop that starts them returns.
+    fn settles_in_place(&self) -> bool;
+
+    /// Quotas over the store, with reservations of [`TTL`].
+    fn quota(&self) -> Quota {
+        Quota::new(self.store()).with_ttl(TTL)
+    }
+
+    /// A limiter over the store: `limit` in flight per key.
+    fn limiter(&self, limit: u32) -> Limiter<Self::S> {
+        Limiter::builder(self.store())
+            .policy(Policy::new(limit, 0))
+            .build()
+    }
+}
+
+pub(crate) struct Memory {
+    clock: ManualClock,
+    store: MemoryStore<ManualClock>,
+}
+
+impl Memory {
+    pub fn new() -> Self {
+        let clock = ManualClock::new(1_700_000_000_000);
+        Self {
+            store: MemoryStore::with_clock(clock.clone()),
+            clock,
+        }
+    }
+}
+
+impl Fixture for Memory {
+    type S = MemoryStore<ManualClock>;
+
+    fn store(&self) -> Self::S {
+        self.store.clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    fn settles_in_place(&self) -> bool {
+        true
+    }
+}
+
+pub(crate) struct Redis {
+    // Declared first: the store goes before the server it talks to.
+    store: RedisStore,
+    _server: TestRedis,
+}
+
+impl Redis {
+    pub fn new() -> Self {
+        let server = TestRedis::start();
+        Self {
+            store: server.store(),
+            _server: server,
+        }
+    }
+}
+
+impl Fixture for Redis {
+    type S = RedisStore;
+
+    fn store(&self) -> Self::S {
+        self.store.clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.store.advance_clock(by);
+    }
+
+    fn settles_in_place(&self) -> bool {
+        false
+    }
+}
+
+/// Instantiates every scenario on the memory store and on a fresh redis-server.
+macro_rules! per_store {
+    ($($module:ident::$name:ident),* $(,)?) => {
+        mod memory { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { crate::$module::$name(crate::Memory::new()).await }
+        )* }
+        mod redis { $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { crate::$module::$name(crate::Redis::new()).await }
+        )* }
+    };
+}
+
+per_store!(
+    scenarios::an_exhausted_quota_is_refused_before_any_admission,
+    scenarios::a_refused_admission_is_refunded,
+    scenarios::work_that_fails_is_refunded,
+    scenarios::work_that_succeeds_is_committed,
+    scenarios::work_whose_future_is_dropped_is_refunded,
+    scenarios::work_that_panics_is_refunded,
+    scenarios::an_abandoned_reservation_is_refunded_once_its_ttl_passes,
+    scenarios::settling_again_is_a_no_op_that_says_so,
+    scenarios::an_open_id_is_reserved_once_and_a_settled_one_not_again,
+    scenarios::committing_on_admission_charges_work_that_fails,
+    scenarios::an_unmetered_key_records_nothing,
+    ledger::balances_are_set_and_topped_up_within_bounds,
+    ledger::balance_is_conserved_and_never_negative_under_contention,
+    ledger::a_permits_record_keeps_its_quota_key_across_renewals,
+);
+
+/// A key holds at most `MAX_OPEN_RESERVATIONS` open (memory only: on Redis it takes that many calls).
+#[tokio::test]
+async fn a_key_holds_a_bounded_number_of_open_reservations() {
+    use inflight::quota::{Fund, MAX_OPEN_RESERVATIONS};
+    use inflight::StoreError;
+    let quota = Memory::new().quota();
+    quota
+        .fund("busy", Fund::Set(u64::from(MAX_OPEN_RESERVATIONS) + 1))
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for _ in 0..MAX_OPEN_RESERVATIONS {
+        held.push(quota.reserve("busy", 1).await.unwrap());
+    }
+    let refused = quota.reserve("busy", 1).await.unwrap_err();
+    let bound = StoreError::TooManyReservations {
+        max: MAX_OPEN_RESERVATIONS,
+    };
+    assert_eq!(refused, inflight::quota::QuotaError::Store(bound));
+    drop(held.pop());
+    let _another = quota.reserve("busy", 1).await.unwrap();
+    let balance = quota.balance("busy").await.unwrap().unwrap();
+    assert_eq!(
+        (balance.balance, balance.reserved),
+        (1, u64::from(MAX_OPEN_RESERVATIONS))
+    );
+}
+
+/// The body of the child processes of processes.rs; does nothing unless started by one of its tests.
+#[test]
+#[ignore = "entry point of child processes, started by processes.rs"]
+fn child_process() {
+    processes::child();
+}
