@@ -112,7 +112,14 @@ pub(super) async fn acquire_all<S: Wakeups>(
         _ => app.lend_all(permit, &keys, lease).await?,
     };
     let reservation = match reservation {
-        Some(reservation) => Some(quotas::reservation_json(&app.hand_over(reservation).await?)),
+        Some(reservation) => match app.hand_over(reservation).await {
+            Ok(handed) => Some(quotas::reservation_json(&handed)),
+            Err(error) => {
+                // Not committed at admission: the client gets no permit to renew, nor a charge.
+                app.release_all_lent(&keys, &lent.id).await;
+                return Err(error.into());
+            }
+        },
         None => None,
     };
     let first = (lent.limit.get(), lent.in_flight);
