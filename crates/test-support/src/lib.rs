@@ -1,10 +1,16 @@
-//! Real redis-server processes for tests, on free ports, stopped when dropped.
+//! Real redis-server processes for tests, on free ports, stopped when dropped: one server
+//! ([`TestRedis`]) or a Redis Cluster ([`TestCluster`]).
 #![allow(missing_docs)]
+
+pub mod cluster;
+pub mod procs;
 
 use std::time::{Duration, Instant};
 
 use inflight::RedisStore;
 use redis_test::server::RedisServer;
+
+pub use cluster::{unique_prefix, TestCluster};
 
 /// A redis-server of this test's own.
 pub struct TestRedis {
