@@ -70,5 +70,6 @@ macro_rules! behaviour_suite {
 
 behaviour_suite!(memory, crate::fixtures::MemoryFixture::new());
 behaviour_suite!(redis, crate::fixtures::RedisFixture::new());
+behaviour_suite!(cluster, crate::fixtures::ClusterFixture::new());
 
 mod memory_only;

@@ -4,7 +4,10 @@
 //!
 //! One dispatcher task per store (shared by its clones) forms the batches and sends them: at most
 //! `pipeline` are out at once (`RedisStoreBuilder::pipeline`); while they are, new operations queue, and
-//! the next batch takes them all.
+//! the next batch takes them all. On a Redis Cluster a batch is cut by slot (a script may not touch
+//! keys of two slots): one call per slot it touches, sent together, so batching keeps its gain where
+//! operations meet on a slot (hot keys, keys sharing a hash tag); every operation reaching this module
+//! has all its keys in one slot (`across.rs` splits the others).
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -12,9 +15,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
+use super::cluster::slot;
+use super::conn::Conn;
 use super::error::retried;
 use super::keys::{KeyNames, Member};
 use super::scripts;
@@ -97,7 +101,7 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// Starts the dispatcher on the current runtime, with at most `pipeline` (1 or more) batches out.
-    pub(super) fn start(conn: ConnectionManager, offset: Arc<AtomicI64>, pipeline: usize) -> Self {
+    pub(super) fn start(conn: Conn, offset: Arc<AtomicI64>, pipeline: usize) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
         tokio::spawn(dispatch(queue, conn, offset, pipeline));
         Self { jobs }
@@ -113,7 +117,7 @@ impl Batcher {
 
 async fn dispatch(
     mut queue: mpsc::UnboundedReceiver<Job>,
-    conn: ConnectionManager,
+    conn: Conn,
     offset: Arc<AtomicI64>,
     pipeline: usize,
 ) {
@@ -142,8 +146,27 @@ async fn dispatch(
     }
 }
 
-/// Sends one batch and hands each operation its reply.
-async fn run(conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
+/// Sends one batch (one call per slot on a cluster) and hands each operation its reply.
+async fn run(conn: Conn, offset: i64, jobs: Vec<Job>) {
+    if !conn.is_cluster() {
+        return run_one(conn, offset, jobs).await;
+    }
+    let mut slots: HashMap<u16, Vec<Job>> = HashMap::new();
+    for job in jobs {
+        let (names, _) = job.op.parts();
+        let slot = slot(names[0].tag().as_bytes());
+        slots.entry(slot).or_default().push(job);
+    }
+    futures_util::future::join_all(
+        slots
+            .into_values()
+            .map(|jobs| run_one(conn.clone(), offset, jobs)),
+    )
+    .await;
+}
+
+/// Sends one call of `batch.lua` and hands each operation its reply.
+async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>) {
     let expected: usize = jobs.iter().map(|job| job.op.reply_len()).sum();
     let mut invocation = scripts::BATCH.prepare_invoke();
     invocation.arg(offset);

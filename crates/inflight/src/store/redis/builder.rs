@@ -9,7 +9,8 @@ use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo};
 
 use super::batch::Batcher;
-use super::{overrides, RedisStore};
+use super::conn::Conn;
+use super::{cluster, overrides, RedisStore};
 use crate::error::StoreError;
 
 /// Builds a [`RedisStore`].
@@ -73,7 +74,9 @@ impl RedisStoreBuilder {
     /// lost, so a store opened while Redis is down starts working when Redis comes up.
     ///
     /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, with the `tls` feature),
-    /// `unix:///path/to/redis.sock` or `redis+unix:///path`.
+    /// `unix:///path/to/redis.sock` or `redis+unix:///path`; a Redis Cluster:
+    /// `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for TLS), any of
+    /// its nodes (RELIABILITY.md says what a failover does).
     ///
     /// Call it inside a Tokio runtime: the store's connection and its batcher run on that runtime, which
     /// must keep running for as long as the store is used. Outside a runtime it is an error.
@@ -83,39 +86,14 @@ impl RedisStoreBuilder {
                 "open a RedisStore inside a Tokio runtime".into(),
             ));
         }
-        let info = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
-        let target = info.addr().to_string();
-        let info = info.set_tcp_settings(TcpSettings::default().set_nodelay(true));
-        #[cfg(feature = "tls")]
-        let client = match self.root_cert {
-            Some(pem) => Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                },
-            ),
-            None => Client::open(info),
+        let (conn, target) = match cluster::strip_scheme(&self.url) {
+            Some((rest, tls)) => cluster::open(&self, rest, tls)?,
+            None => self.single()?,
         };
-        #[cfg(not(feature = "tls"))]
-        let client = Client::open(info);
-        let client = client.map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(StoreError::from)?;
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
-        let names = overrides::Names::new(&self.prefix);
+        let names = overrides::Names::new(&self.prefix, conn.is_cluster());
         let view = Arc::new(overrides::View::default());
-        overrides::start(client, conn.clone(), names.clone(), &view);
+        overrides::start(conn.clone(), names.clone(), &view);
         Ok(RedisStore {
             batcher: Batcher::start(conn.clone(), clock_offset_ms.clone(), self.pipeline),
             conn,
@@ -126,5 +104,50 @@ impl RedisStoreBuilder {
             target: Arc::from(target),
             clock_offset_ms,
         })
+    }
+
+    /// One server: `redis://`, `rediss://`, `unix://`, `redis+unix://`.
+    fn single(&self) -> Result<(Conn, String), StoreError> {
+        let info = self
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        let target = info.addr().to_string();
+        let client = self.client(info)?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(StoreError::from)?;
+        let client = Arc::new(client);
+        Ok((Conn::Single { manager, client }, target))
+    }
+
+    /// A client of one server, with TCP_NODELAY and this builder's CA certificate.
+    pub(super) fn client(&self, info: impl IntoConnectionInfo) -> Result<Client, StoreError> {
+        let invalid =
+            |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
+        let info = info
+            .into_connection_info()
+            .map_err(invalid)?
+            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+        #[cfg(feature = "tls")]
+        let client = match &self.root_cert {
+            Some(pem) => Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            ),
+            None => Client::open(info),
+        };
+        #[cfg(not(feature = "tls"))]
+        let client = Client::open(info);
+        client.map_err(invalid)
     }
 }

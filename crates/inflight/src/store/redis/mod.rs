@@ -3,10 +3,15 @@
 //! Every operation is one Lua script (`scripts/*.lua`, each with a header naming its KEYS and ARGV and
 //! saying why it must be atomic), run with EVALSHA over a multiplexed connection that reconnects by
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
-//! one hash tag. Admissions and releases go in batches (`batch.rs`).
+//! one hash tag. Admissions and releases go in batches (`batch.rs`). One server, a Redis Cluster
+//! (`cluster.rs`; keys of several slots: `across.rs`) or a primary under Sentinel, through one
+//! connection type (`conn.rs`).
 
+mod across;
 mod batch;
 mod builder;
+mod cluster;
+mod conn;
 mod error;
 mod index;
 mod keys;
@@ -18,12 +23,12 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::Script;
 
 pub use self::builder::RedisStoreBuilder;
 
-use self::batch::{Batcher, Op};
+use self::batch::{Batcher, Op, Reply};
+use self::conn::Conn;
 use self::error::retried;
 use self::keys::{KeyNames, Member};
 use super::{
@@ -57,7 +62,7 @@ pub const DEFAULT_PREFIX: &str = "inflight:";
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     batcher: Batcher,
     view: Arc<overrides::View>,
     names: Arc<overrides::Names>,
@@ -110,8 +115,17 @@ impl RedisStore {
 
     fn names<K: AsRef<str>>(&self, keys: &[K]) -> Vec<KeyNames> {
         keys.iter()
-            .map(|key| KeyNames::new(&self.prefix, key.as_ref()))
+            .map(|key| KeyNames::new(&self.prefix, key.as_ref(), self.conn.is_cluster()))
             .collect()
+    }
+
+    /// On a cluster, the slot groups of `names` when they span more than one slot (`across.rs`).
+    fn across(&self, names: &[KeyNames]) -> Option<Vec<Vec<usize>>> {
+        if !self.conn.is_cluster() || names.len() < 2 {
+            return None;
+        }
+        let groups = across::groups(names);
+        (groups.len() > 1).then_some(groups)
     }
 
     /// Runs `script` on `keys` (declared three names each) with `args`, retried once on a dead connection.
@@ -137,31 +151,46 @@ impl RedisStore {
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
-        let limits: Vec<String> = req
-            .limits
+        match self.across(&self.names(&req.keys)) {
+            Some(groups) => self.renew_across(req, groups).await,
+            None => Ok(self.renew_keys(&req.keys, &req.limits, req, None).await?.0),
+        }
+    }
+
+    /// Renews `req`'s lease on `keys` (all of its keys, or those of one slot), of classes `limits`,
+    /// re-adding it with `readd` (else `req`'s) when it is gone; and whether one of `keys` held it.
+    async fn renew_keys(
+        &self,
+        keys: &[Arc<str>],
+        limits: &[ClassLimits],
+        req: &RenewRequest,
+        readd: Option<u32>,
+    ) -> Result<(Renewal, bool), StoreError> {
+        let limits: Vec<String> = limits
             .iter()
             .map(|limits| format!("{} {}", limits.default_limit, limits.max_limit))
             .collect();
         let (id, lease_ms, readd, offset) = (
             Member(&req.id),
             req.lease_ms.unwrap_or(0),
-            req.readd_weight.unwrap_or(0),
+            readd.or(req.readd_weight).unwrap_or(0),
             self.offset(),
         );
         let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
         args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
-        let out = self.run(&scripts::RENEW, &req.keys, &args).await?;
-        let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
+        let out = self.run(&scripts::RENEW, keys, &args).await?;
+        let [outcome, limit, in_flight, weight, expires_at_ms, held] = fields(&out)?;
         let grant = Grant {
             limit: Limit::from_u32(number(limit)?),
             in_flight: number(in_flight)?,
             weight: number(weight)?,
             expires_at_ms: number(expires_at_ms)?,
         };
+        let held = held == 1;
         match outcome {
-            1 => Ok(Renewal::Renewed(grant)),
-            2 => Ok(Renewal::Readded(grant)),
-            0 => Ok(Renewal::Lost),
+            1 => Ok((Renewal::Renewed(grant), held)),
+            2 => Ok((Renewal::Readded(grant), held)),
+            0 => Ok((Renewal::Lost, held)),
             other => Err(StoreError::Protocol(format!(
                 "renew answered outcome {other}"
             ))),
@@ -174,16 +203,35 @@ impl RedisStore {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
+        let status = if self.conn.is_cluster() {
+            self.status_cluster(key, limits, change).await?
+        } else {
+            self.status_in_slot(key, limits, change).await?
+        };
+        if change != OverrideChange::Keep {
+            self.view.note(key, status.override_limit.is_some());
+        }
+        Ok(status)
+    }
+
+    /// `status.lua`, with the index of overrides on one server, without it on a cluster.
+    async fn status_in_slot(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
         let arg = match change {
             OverrideChange::Keep => String::new(),
             OverrideChange::Set(n) => n.to_string(),
             OverrideChange::Clear => "0".to_owned(),
         };
         let mut invocation = scripts::STATUS.prepare_invoke();
-        KeyNames::new(&self.prefix, key).declare(&mut invocation);
+        KeyNames::new(&self.prefix, key, self.conn.is_cluster()).declare(&mut invocation);
+        if !self.conn.is_cluster() {
+            invocation.key(&self.names.index).key(&self.names.version);
+        }
         invocation
-            .key(&self.names.index)
-            .key(&self.names.version)
             .arg(limits.default_limit)
             .arg(limits.max_limit)
             .arg(arg)
@@ -203,9 +251,6 @@ impl RedisStore {
             return Err(StoreError::TooManyOverrides { max });
         }
         let override_limit: u32 = number(override_limit)?;
-        if change != OverrideChange::Keep {
-            self.view.note(key, override_limit > 0);
-        }
         Ok(KeyStatus {
             limit: Limit::from_u32(number(limit)?),
             override_limit: (override_limit > 0).then_some(override_limit),
@@ -240,15 +285,15 @@ impl Store for RedisStore {
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        let op = Op::Acquire {
-            names: self.names(req.keys),
-            id: req.id.clone(),
-            terms: (req.weight, req.lease_ms, req.limits.to_vec()),
-        };
-        let weight = req.weight;
+        let names = self.names(req.keys);
+        let terms = (req.weight, req.lease_ms, req.limits.to_vec());
+        let (weight, id) = (req.weight, req.id.clone());
         async move {
-            let [decision, index, limit, in_flight, expires_at_ms, reclaimed] =
-                self.batcher.run(op).await?;
+            let reply: Reply = match self.across(&names) {
+                Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
+                None => self.batcher.run(Op::Acquire { names, id, terms }).await?,
+            };
+            let [decision, index, limit, in_flight, expires_at_ms, reclaimed] = reply;
             let reclaimed = number(reclaimed)?;
             match decision {
                 1 => Ok(Admission::Admitted {
@@ -283,12 +328,13 @@ impl Store for RedisStore {
         keys: &[Arc<str>],
         id: &PermitId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let op = Op::Release {
-            names: self.names(keys),
-            id: id.clone(),
-        };
+        let names = self.names(keys);
+        let id = id.clone();
         async move {
-            let [released, ..] = self.batcher.run(op).await?;
+            if let Some(groups) = self.across(&names) {
+                return self.release_across(names, groups, &id).await;
+            }
+            let [released, ..] = self.batcher.run(Op::Release { names, id }).await?;
             Ok(released == 1)
         }
     }

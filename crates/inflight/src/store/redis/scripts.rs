@@ -14,3 +14,6 @@ macro_rules! script {
 pub(super) static BATCH: LazyLock<Script> = script!("scripts/batch.lua");
 pub(super) static RENEW: LazyLock<Script> = script!("scripts/renew.lua");
 pub(super) static STATUS: LazyLock<Script> = script!("scripts/status.lua");
+/// Alone (it reads no user key): the index of overrides on Redis Cluster.
+pub(super) static INDEX: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/index.lua")));
