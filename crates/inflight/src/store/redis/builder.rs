@@ -10,7 +10,7 @@ use redis::{Client, IntoConnectionInfo};
 
 use super::batch::Batcher;
 use super::conn::Conn;
-use super::{cluster, overrides, RedisStore};
+use super::{cluster, overrides, sentinel, RedisStore};
 use crate::error::StoreError;
 
 /// Builds a [`RedisStore`].
@@ -76,7 +76,10 @@ impl RedisStoreBuilder {
     /// URLs: `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, with the `tls` feature),
     /// `unix:///path/to/redis.sock` or `redis+unix:///path`; a Redis Cluster:
     /// `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for TLS), any of
-    /// its nodes (RELIABILITY.md says what a failover does).
+    /// its nodes; or the primary Sentinel names, followed through failovers:
+    /// `redis+sentinel://[user:password@]host:port,host:port/master-name[?db=N]` (`rediss+sentinel://`;
+    /// `sentinel_username=` and `sentinel_password=` in the query for the sentinels' own credentials).
+    /// RELIABILITY.md ("Failover") says what a failover does to admissions.
     ///
     /// Call it inside a Tokio runtime: the store's connection and its batcher run on that runtime, which
     /// must keep running for as long as the store is used. Outside a runtime it is an error.
@@ -86,9 +89,12 @@ impl RedisStoreBuilder {
                 "open a RedisStore inside a Tokio runtime".into(),
             ));
         }
-        let (conn, target) = match cluster::strip_scheme(&self.url) {
-            Some((rest, tls)) => cluster::open(&self, rest, tls)?,
-            None => self.single()?,
+        let (conn, target) = if let Some((rest, tls)) = cluster::strip_scheme(&self.url) {
+            cluster::open(&self, rest, tls)?
+        } else if let Some((rest, tls)) = sentinel::strip_scheme(&self.url) {
+            sentinel::Follower::open(&self, rest, tls, self.manager_config())?
+        } else {
+            self.single()?
         };
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
         let names = overrides::Names::new(&self.prefix, conn.is_cluster());
@@ -115,39 +121,58 @@ impl RedisStoreBuilder {
             .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
         let target = info.addr().to_string();
         let client = self.client(info)?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(StoreError::from)?;
+        let manager =
+            ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
+                .map_err(StoreError::from)?;
         let client = Arc::new(client);
         Ok((Conn::Single { manager, client }, target))
     }
 
+    /// The connection manager's timeouts and reconnection (one server, or the primary Sentinel names).
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100))
+    }
+
     /// A client of one server, with TCP_NODELAY and this builder's CA certificate.
     pub(super) fn client(&self, info: impl IntoConnectionInfo) -> Result<Client, StoreError> {
-        let invalid =
-            |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
-        let info = info
-            .into_connection_info()
-            .map_err(invalid)?
-            .set_tcp_settings(TcpSettings::default().set_nodelay(true));
         #[cfg(feature = "tls")]
-        let client = match &self.root_cert {
-            Some(pem) => Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
-            None => Client::open(info),
-        };
+        let root_cert = self.root_cert.as_deref();
         #[cfg(not(feature = "tls"))]
-        let client = Client::open(info);
-        client.map_err(invalid)
+        let root_cert = None;
+        client(info, root_cert)
     }
+}
+
+/// A client of one server, with TCP_NODELAY, trusting `root_cert` (PEM) if given.
+pub(super) fn client(
+    info: impl IntoConnectionInfo,
+    root_cert: Option<&[u8]>,
+) -> Result<Client, StoreError> {
+    let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
+    let info = info
+        .into_connection_info()
+        .map_err(invalid)?
+        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
+    #[cfg(feature = "tls")]
+    let client = match root_cert {
+        Some(pem) => Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            },
+        ),
+        None => Client::open(info),
+    };
+    #[cfg(not(feature = "tls"))]
+    let client = {
+        let _ = root_cert;
+        Client::open(info)
+    };
+    client.map_err(invalid)
 }

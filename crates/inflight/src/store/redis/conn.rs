@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
+use redis::{Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+use super::sentinel::Follower;
 
 /// A connection to the store's Redis; clones share it.
 #[derive(Clone)]
@@ -24,6 +26,8 @@ pub(super) enum Conn {
         /// One client per node given in the URL: the subscription goes through one, then the next.
         seeds: Arc<[Client]>,
     },
+    /// The primary that Sentinel names, followed through failovers.
+    Sentinel(Arc<Follower>),
 }
 
 impl Conn {
@@ -34,10 +38,11 @@ impl Conn {
 
     /// A client to subscribe with, for the `attempt`th try: PUBLISH reaches every node of a cluster,
     /// so any node will do, and a node that fails makes the next attempt use the next one.
-    pub(super) fn pubsub_client(&self, attempt: usize) -> Client {
+    pub(super) async fn pubsub_client(&self, attempt: usize) -> RedisResult<Client> {
         match self {
-            Conn::Single { client, .. } => Client::clone(client),
-            Conn::Cluster { seeds, .. } => seeds[attempt % seeds.len()].clone(),
+            Conn::Single { client, .. } => Ok(Client::clone(client)),
+            Conn::Cluster { seeds, .. } => Ok(seeds[attempt % seeds.len()].clone()),
+            Conn::Sentinel(follower) => follower.client().await,
         }
     }
 }
@@ -47,6 +52,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single { manager, .. } => manager.req_packed_command(cmd),
             Conn::Cluster { conn, .. } => conn.req_packed_command(cmd),
+            Conn::Sentinel(follower) => Box::pin(follower.command(cmd)),
         }
     }
 
@@ -59,6 +65,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single { manager, .. } => manager.req_packed_commands(pipeline, offset, count),
             Conn::Cluster { conn, .. } => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(follower) => Box::pin(follower.pipeline(pipeline, offset, count)),
         }
     }
 
@@ -66,6 +73,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single { manager, .. } => manager.get_db(),
             Conn::Cluster { .. } => 0,
+            Conn::Sentinel(follower) => follower.db(),
         }
     }
 }

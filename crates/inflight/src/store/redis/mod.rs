@@ -17,6 +17,7 @@ mod index;
 mod keys;
 mod overrides;
 mod scripts;
+mod sentinel;
 
 use std::future::Future;
 use std::sync::atomic::AtomicI64;

@@ -144,9 +144,12 @@ async fn keep(conn: Conn, names: Names, view: Weak<View>) {
     // Which node (of a cluster's) the subscription goes through: the next one after each failure.
     let mut attempt = 0;
     while view.strong_count() > 0 {
-        let client = conn.pubsub_client(attempt);
         attempt += 1;
-        match follow(&client, conn.clone(), &names, &view).await {
+        let followed = match conn.pubsub_client(attempt - 1).await {
+            Ok(client) => follow(&client, conn.clone(), &names, &view).await,
+            Err(error) => Err(error),
+        };
+        match followed {
             Ok(()) => return,
             Err(error) => {
                 // Once, then quietly: an outage says so elsewhere. (A user whose ACL has no access to
