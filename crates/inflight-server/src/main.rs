@@ -122,6 +122,7 @@ fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
     let builder = RedisStore::builder(settings.store.clone())
         .prefix(settings.redis_prefix.clone())
         .pipeline(settings.redis_pipeline)
+        .wait_replicas(settings.redis_wait_replicas, settings.redis_wait_timeout)
         .max_overrides(settings.max_overrides);
     #[cfg(feature = "tls")]
     let builder = match settings.redis_ca_cert()? {
@@ -194,6 +195,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         let store = RedisStore::builder(args.store.clone())
             .prefix(args.redis_prefix.clone())
             .pipeline(args.redis_pipeline)
+            .wait_replicas(args.redis_wait_replicas, args.redis_wait_timeout)
             .open()
             .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
         store

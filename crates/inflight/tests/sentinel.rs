@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use inflight::{Limiter, Policy};
+use inflight::{Limiter, Policy, RedisStore};
 use support::TestSentinel;
 
 /// RELIABILITY.md: admissions work again within down-after + 2 x failover-timeout + 3 s after the
@@ -154,4 +154,43 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
     let one = limiter.try_acquire("o").await.unwrap();
     assert!(limiter.try_acquire("o").await.unwrap_err().is_full());
     drop(one);
+}
+
+/// `wait_replicas`: an admission is answered once the replica has it (read on the replica at once),
+/// and a replica that cannot answer delays admissions by the timeout only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_wait_for_their_replicas_up_to_the_timeout() {
+    let topology = TestSentinel::start();
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{}", topology.primary()))
+        .response_timeout(Duration::from_secs(2))
+        .wait_replicas(1, Duration::from_millis(150))
+        .open()
+        .unwrap();
+    let limiter = Limiter::builder(store).policy(Policy::new(100, 0)).build();
+    let mut replica = topology.node(topology.replica());
+    for i in 0..20 {
+        let _permit = limiter.try_acquire("k").await.unwrap();
+        let leases: u32 = redis::cmd("ZCARD")
+            .arg("inflight:{k}:leases")
+            .query(&mut replica)
+            .unwrap();
+        assert_eq!(
+            leases, 1,
+            "admission {i} answered before the replica had it"
+        );
+    }
+    let mut conn = topology.node(topology.replica());
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg("1").query(&mut conn);
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    let permit = limiter.try_acquire("k").await;
+    let took = started.elapsed();
+    sleeper.join().unwrap();
+    assert!(permit.is_ok(), "answered anyway: {permit:?}");
+    assert!(
+        took >= Duration::from_millis(140) && took < Duration::from_millis(900),
+        "waited {took:?} for a replica that could not answer"
+    );
 }

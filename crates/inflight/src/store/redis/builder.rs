@@ -8,7 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::TcpSettings;
 use redis::{Client, IntoConnectionInfo};
 
-use super::batch::Batcher;
+use super::batch::{Batcher, Durability};
 use super::conn::Conn;
 use super::{cluster, overrides, sentinel, RedisStore};
 use crate::error::StoreError;
@@ -23,6 +23,7 @@ pub struct RedisStoreBuilder {
     pub(super) connection_timeout: Duration,
     pub(super) pipeline: usize,
     pub(super) max_overrides: usize,
+    pub(super) wait: Option<Durability>,
     #[cfg(feature = "tls")]
     pub(super) root_cert: Option<Vec<u8>>,
 }
@@ -59,6 +60,16 @@ impl RedisStoreBuilder {
     /// may fill Redis.
     pub fn max_overrides(mut self, max: usize) -> Self {
         self.max_overrides = max;
+        self
+    }
+
+    /// Makes every batch of admissions and releases wait until `replicas` replicas have acknowledged
+    /// it (Redis `WAIT`), for at most `timeout`, before it is answered: a failover then loses only
+    /// admissions that fewer replicas had when it came (RELIABILITY.md, "Failover"). Each admission
+    /// costs a replica round trip more (BENCHMARKS.md measures it); when fewer replicas acknowledge in
+    /// time, the admission is answered anyway. 0 replicas (the default): no waiting.
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some(Durability { replicas, timeout });
         self
     }
 
@@ -101,7 +112,12 @@ impl RedisStoreBuilder {
         let view = Arc::new(overrides::View::default());
         overrides::start(conn.clone(), names.clone(), &view);
         Ok(RedisStore {
-            batcher: Batcher::start(conn.clone(), clock_offset_ms.clone(), self.pipeline),
+            batcher: Batcher::start(
+                conn.clone(),
+                clock_offset_ms.clone(),
+                self.pipeline,
+                self.wait,
+            ),
             conn,
             view,
             names: Arc::new(names),

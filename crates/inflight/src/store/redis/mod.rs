@@ -85,6 +85,7 @@ impl RedisStore {
             connection_timeout: Duration::from_secs(1),
             pipeline: 3,
             max_overrides: 0,
+            wait: None,
             #[cfg(feature = "tls")]
             root_cert: None,
         }

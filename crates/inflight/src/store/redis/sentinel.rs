@@ -357,3 +357,33 @@ async fn listen(sentinel: &Client, follower: &Weak<Follower>) -> RedisResult<()>
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::store::RedisStore;
+
+    #[tokio::test]
+    async fn sentinel_and_cluster_urls_are_checked_when_opened() {
+        let target = |url: &str| RedisStore::open(url).map(|s| s.target().to_owned());
+        assert_eq!(
+            target("redis+sentinel://u:secret@a:1,b/mymaster?db=2&sentinel_password=s").unwrap(),
+            "sentinel a:1,b/mymaster"
+        );
+        assert_eq!(
+            target("redis+cluster://u:secret@a:1,b:2").unwrap(),
+            "cluster a:1,b:2"
+        );
+        for bad in [
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel://a:1/m/x",
+            "redis+sentinel://a:1/m?db=x",
+            "redis+sentinel://a:1/m?tls=yes",
+            "redis+sentinel://a:1,,b:2/m",
+            "redis+cluster://a:1/3",
+            "redis+cluster://a:1?x=1",
+        ] {
+            assert!(target(bad).is_err(), "{bad}");
+        }
+    }
+}
