@@ -84,6 +84,9 @@ for store in memory:// "$redis"; do
 done
 "$root/target/release/examples/override_spread" "$redis" >"$out/override_spread.json"
 
+say "Redis topologies (one Redis, Cluster, Sentinel) and --redis-wait-replicas"
+scripts/bench/topologies.sh "$out" "$bin"
+
 say "Redis memory per held permit"
 # Real permits held through the library, on one key: one sorted set.
 "$root/target/release/examples/redis_memory" "$redis" 100 1000 10000 100000 >"$out/memory.txt"

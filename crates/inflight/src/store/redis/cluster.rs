@@ -70,7 +70,7 @@ pub(super) fn open(
         .map(|node| format!("{scheme}://{credentials}{node}"))
         .collect();
     let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
-    let mut cluster = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+    let cluster = ClusterClientBuilder::new(urls.iter().map(String::as_str))
         .connection_timeout(builder.connection_timeout)
         .response_timeout(builder.response_timeout)
         .retries(RETRIES)
@@ -78,12 +78,13 @@ pub(super) fn open(
         .max_retry_wait(100)
         .tcp_settings(TcpSettings::default().set_nodelay(true));
     #[cfg(feature = "tls")]
-    if let Some(pem) = &builder.root_cert {
-        cluster = cluster.certs(redis::TlsCertificates {
+    let cluster = match &builder.root_cert {
+        Some(pem) => cluster.certs(redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(pem.clone()),
-        });
-    }
+        }),
+        None => cluster,
+    };
     let cluster = cluster.build().map_err(invalid)?;
     let config = ClusterConfig::new()
         .set_connection_timeout(builder.connection_timeout)
