@@ -83,8 +83,35 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
         "the workers fill k before the kill"
     );
 
+    // Writes the replica never receives: its link cut and the replica held asleep, two permits are
+    // taken on the victim's slots, then the victim is killed. The promoted replica will not know them.
+    let replica = cluster
+        .replica_of(victim)
+        .expect("the victim has a replica");
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut cluster.node(victim))
+        .unwrap();
+    let mut asleep = cluster.node(replica);
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query(&mut asleep);
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let lost_key = same_primary
+        .find(|key| cluster.primary_of_slot(cluster.slot_of(key)) == Some(victim))
+        .unwrap();
+    let lost = [
+        limiter.try_acquire(&lost_key).await.unwrap(),
+        limiter.try_acquire(&lost_key).await.unwrap(),
+    ];
     let killed = Instant::now();
     cluster.kill(victim);
+    sleeper.join().unwrap();
     // Another primary's slots never stop.
     let other = limiter.try_acquire(&elsewhere).await;
     assert!(other.is_ok(), "{elsewhere} on another primary: {other:?}");
@@ -105,7 +132,23 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
             "admissions never came back"
         );
     };
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The lost permits' holders re-add them with their next renewal (every third of the lease).
+    let readding = Instant::now();
+    while limiter
+        .status(&lost_key)
+        .await
+        .map(|s| s.in_flight)
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(
+            readding.elapsed() < Duration::from_secs(2),
+            "renewals did not re-add the permits"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let readded = limiter.stats().readded.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     for worker in workers {
         worker.await.unwrap();
@@ -113,8 +156,14 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
     let over = most.load(Ordering::SeqCst).saturating_sub(LIMIT);
     let errors = events.lock().unwrap().1.len();
     eprintln!(
-        "failover: admissions on k back {back:?} after the kill ({errors} store errors); holders over the limit at most {over}"
+        "failover: admissions on k back {back:?} after the kill ({errors} store errors); \
+         {readded} leases re-added; holders over the limit at most {over}"
     );
+    assert!(
+        readded >= 2,
+        "the lost permits came back by re-adding: {readded}"
+    );
+    assert!(lost.iter().all(|p| !p.is_lost()));
     assert!(back <= BACK_WITHIN, "admissions came back after {back:?}");
     // At most the leases the replica had not received: one limit's worth.
     assert!(over <= LIMIT, "{over} over the limit");

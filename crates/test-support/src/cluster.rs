@@ -47,6 +47,9 @@ impl TestCluster {
                     "yes",
                     "--repl-diskless-sync-delay",
                     "0",
+                    // DEBUG SLEEP lets a test hold a replica back from catching up.
+                    "--enable-debug-command",
+                    "local",
                 ];
                 let child = procs::spawn_server(&dir, port, None, &args);
                 watchdog.watch(child.id());
@@ -155,6 +158,14 @@ impl TestCluster {
             }
         }
         None
+    }
+
+    /// The live replica of the primary on `port`.
+    pub fn replica_of(&self, port: u16) -> Option<u16> {
+        let wanted = port.to_string();
+        self.live_ports().into_iter().find(|&p| {
+            procs::info_field(p, "replication", "master_port").as_deref() == Some(wanted.as_str())
+        })
     }
 
     /// The slot of a Redis key, asked of a live node.
