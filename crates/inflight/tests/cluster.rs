@@ -201,3 +201,63 @@ async fn overrides_reach_every_process_and_the_index_misses_none() {
         }
     }
 }
+
+/// A slot moved to another primary while admissions run on its key (MOVED and ASK, and TRYAGAIN while
+/// its keys are split between the two): the holders never pass the limit, admissions work on the new
+/// primary once the move is done, and the key ends at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_under_load_keeps_its_limit() {
+    const LIMIT: u32 = 3;
+    let cluster = TestCluster::start();
+    let prefix = unique_prefix("moved");
+    let limiter = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(LIMIT, 0),
+    );
+    let slot = cluster.slot_of("m");
+    let from = cluster.primary_of_slot(slot).unwrap();
+    let to = *cluster.primaries().iter().find(|&&p| p != from).unwrap();
+    let holding = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let stop = Instant::now() + Duration::from_millis(2500);
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..6)
+        .map(|_| {
+            let (limiter, holding, most, admitted) = (
+                limiter.clone(),
+                holding.clone(),
+                most.clone(),
+                admitted.clone(),
+            );
+            tokio::spawn(async move {
+                while Instant::now() < stop {
+                    if let Ok(permit) = limiter.try_acquire("m").await {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        let _ = permit.release().await;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = admitted.load(Ordering::Relaxed);
+    cluster.move_slot(slot, from, to);
+    let moved = admitted.load(Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let after = admitted.load(Ordering::Relaxed);
+    assert_eq!(cluster.primary_of_slot(slot), Some(to));
+    assert!(
+        before > 0 && after > moved,
+        "admissions went on after the move: {before} {moved} {after}"
+    );
+    assert!(most.load(Ordering::SeqCst) <= LIMIT, "over the limit");
+    assert_eq!(limiter.status("m").await.unwrap().in_flight, 0);
+}

@@ -190,6 +190,51 @@ impl TestCluster {
             .expect("connect to the cluster")
     }
 
+    /// Moves `slot` from the primary on `from` to the one on `to`, its keys included, as
+    /// `redis-cli --cluster reshard` does: IMPORTING and MIGRATING, MIGRATE, then the new owner
+    /// announced to every primary.
+    pub fn move_slot(&self, slot: u16, from: u16, to: u16) {
+        let id = |port: u16| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut self.node(port))
+                .expect("CLUSTER MYID")
+        };
+        let (from_id, to_id) = (id(from), id(to));
+        let setslot = |port: u16, args: &[&str]| {
+            let mut cmd = redis::cmd("CLUSTER");
+            cmd.arg("SETSLOT").arg(slot).arg(args);
+            let _: () = cmd.query(&mut self.node(port)).expect("CLUSTER SETSLOT");
+        };
+        setslot(to, &["IMPORTING", &from_id]);
+        setslot(from, &["MIGRATING", &to_id]);
+        let mut source = self.node(from);
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut source)
+                .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let _: redis::Value = redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut source)
+                .expect("MIGRATE");
+        }
+        for port in self.primaries() {
+            setslot(port, &["NODE", &to_id]);
+        }
+    }
+
     /// A plain connection to one node.
     pub fn node(&self, port: u16) -> redis::Connection {
         procs::connect(port).expect("connect to a cluster node")
