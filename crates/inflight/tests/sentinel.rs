@@ -30,6 +30,12 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
         .policy(Policy::new(LIMIT, 0))
         .lease(Duration::from_millis(900))
         .build();
+    // A second process that is idle through the failover: it follows `+switch-master` (or its poll)
+    // and its next admission after the failover succeeds at the first try.
+    let idle = Limiter::builder(topology.store_builder().open().unwrap())
+        .policy(Policy::new(LIMIT, 0))
+        .build();
+    drop(idle.try_acquire("idle").await.unwrap());
     // Everything works through the primary the sentinels name, overrides included.
     limiter.set_limit("o", 1).await.unwrap();
     let one = limiter.try_acquire("o").await.unwrap();
@@ -117,6 +123,9 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
         Some(replica),
         "the replica was promoted"
     );
+    tokio::time::sleep(Duration::from_millis(1100)).await; // one poll, should +switch-master be missed
+    let first = idle.try_acquire("idle").await;
+    assert!(first.is_ok(), "the idle process did not follow: {first:?}");
     // The lost permits' holders re-add them with their next renewal (every third of the lease).
     let readding = Instant::now();
     while limiter
