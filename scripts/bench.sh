@@ -87,6 +87,9 @@ done
 say "waiting for a slot"
 "$root/target/release/examples/wait_load" "$redis" >"$out/wait.jsonl"
 
+say "Redis topologies (one Redis, Cluster, Sentinel) and --redis-wait-replicas"
+scripts/bench/topologies.sh "$out" "$bin"
+
 say "Redis memory per held permit"
 # Real permits held through the library, on one key: one sorted set.
 "$root/target/release/examples/redis_memory" "$redis" 100 1000 10000 100000 >"$out/memory.txt"

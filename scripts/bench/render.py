@@ -480,6 +480,13 @@ w("  the proxy, the upstream and the clients on the same cores. A loop of tasks 
 w(f"  opposite: `inflight bench --tasks 64` made {fmt(b3['pairs_per_sec'] if b3 else float('nan'))} pairs/s with three and")
 w(f"  {fmt(b1['pairs_per_sec'] if b1 else float('nan'))} with one, since with one Redis idles while each answer travels and the next batch forms.")
 w("")
+# 7. Redis topologies and --redis-wait-replicas (scripts/bench/topologies.sh)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import topologies  # noqa: E402
+
+for line in topologies.section(raw):
+    w(line)
+
 w("## Reproduce")
 w("")
 w("```sh")
@@ -487,6 +494,7 @@ w("scripts/bench.sh                  # all of the above; installs redis-server, 
 w("cargo bench -p inflight --bench memory")
 w("cargo run --release -p inflight --example memory_ratio   # the same, interleaved")
 w("scripts/bench-redis.sh 3          # the Redis table alone")
+w("scripts/bench/topologies.sh DIR   # the topologies table alone (DIR/topologies.jsonl)")
 w("scripts/instructions.sh           # instructions per proxied request (callgrind), inflight and the floor")
 w("inflight bench --store redis://127.0.0.1:6379 --tasks 64 --duration 5s   # one JSON line")
 w("```")

@@ -15,7 +15,15 @@ def test_packaged_scripts_are_copies_of_the_rust_sources() -> None:
         pytest.skip(f"the Rust sources are not here ({SOURCE})")
     packaged = resources.files("inflight_client") / "scripts"
     names = sorted(p.name for p in SOURCE.glob("*.lua"))
-    assert names == ["batch.lua", "common.lua", "dify.lua", "quota.lua", "renew.lua", "status.lua"]
+    assert names == [
+        "batch.lua",
+        "common.lua",
+        "dify.lua",
+        "index.lua",
+        "quota.lua",
+        "renew.lua",
+        "status.lua",
+    ]
     for name in names:
         assert (packaged / name).read_bytes() == (SOURCE / name).read_bytes(), (
             f"{name} differs from crates/inflight: run python clients/python/sync_scripts.py"

@@ -45,6 +45,12 @@ pub struct BenchArgs {
     /// Batches out to Redis at once (the library's default, 3, suits this closed loop of waiting tasks).
     #[arg(long, default_value_t = 3)]
     pub redis_pipeline: usize,
+    /// Replicas that must acknowledge each batch (Redis WAIT); 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+    /// How long to wait for them at most.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub redis_wait_timeout: Duration,
 }
 
 /// The line `inflight bench` prints.
@@ -78,6 +84,8 @@ pub struct Report {
     pub held: usize,
     /// Batches out to Redis at once, at most (Redis stores only).
     pub redis_pipeline: usize,
+    /// Replicas each batch waited for (Redis stores only).
+    pub redis_wait_replicas: u32,
 }
 
 /// Runs the load on `store`.
@@ -160,5 +168,6 @@ pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, Acqui
         hold_us: args.hold.map_or(0, |h| h.as_micros() as u64),
         held: args.held,
         redis_pipeline: args.redis_pipeline,
+        redis_wait_replicas: args.redis_wait_replicas,
     })
 }

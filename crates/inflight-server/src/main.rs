@@ -124,7 +124,11 @@ fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
         .pipeline(settings.redis.redis_pipeline)
         .max_overrides(settings.max_overrides)
         .layout(settings.redis.layout.into())
-        .dify_stale_after(settings.redis.dify_stale_after);
+        .dify_stale_after(settings.redis.dify_stale_after)
+        .wait_replicas(
+            settings.redis.redis_wait_replicas,
+            settings.redis.redis_wait_timeout,
+        );
     #[cfg(feature = "tls")]
     let builder = match settings.redis.redis_ca_cert()? {
         Some(pem) => builder.root_cert(pem),
@@ -199,6 +203,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         let store = RedisStore::builder(args.store.clone())
             .prefix(args.redis_prefix.clone())
             .pipeline(args.redis_pipeline)
+            .wait_replicas(args.redis_wait_replicas, args.redis_wait_timeout)
             .open()
             .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))?;
         store

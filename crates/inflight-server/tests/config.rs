@@ -142,6 +142,16 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
         (vec!["--workers", "0"], vec![], "workers"),
         (vec!["--redis-pipeline", "0"], vec![], "redis_pipeline"),
         (
+            vec!["--redis-wait-replicas", "1", "--redis-wait-timeout", "0s"],
+            vec![],
+            "redis_wait_timeout",
+        ),
+        (
+            vec![],
+            vec![("INFLIGHT_REDIS_WAIT_REPLICAS", "some")],
+            "redis-wait-replicas",
+        ),
+        (
             vec![],
             vec![("INFLIGHT_REDIS_PIPELINE", "65")],
             "redis_pipeline",

@@ -1,10 +1,19 @@
-//! Real redis-server processes for tests, on free ports, stopped when dropped.
+//! Real redis-server processes for tests, on free ports, stopped when dropped: one server
+//! ([`TestRedis`]), a Redis Cluster ([`TestCluster`]) or a primary, a replica and 3 sentinels
+//! ([`TestSentinel`]).
 #![allow(missing_docs)]
+
+pub mod cluster;
+pub mod procs;
+pub mod sentinel;
 
 use std::time::{Duration, Instant};
 
 use inflight::RedisStore;
 use redis_test::server::RedisServer;
+
+pub use cluster::{unique_prefix, TestCluster};
+pub use sentinel::TestSentinel;
 
 /// A redis-server of this test's own.
 pub struct TestRedis {

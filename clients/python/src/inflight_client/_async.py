@@ -303,7 +303,7 @@ class AsyncRedisLimiter:
             _core.key_names(self.prefix, held.keys),
             _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
         )
-        outcome, _limit, _in_flight, _weight, expires_at_ms = _core.ints(reply, 5)
+        outcome, _limit, _in_flight, _weight, expires_at_ms, _held = _core.ints(reply, 6)
         if outcome in (1, 2):
             held.expires_at_ms = expires_at_ms
             return True

@@ -141,7 +141,9 @@ class RedisLimiter:
                 _core.key_names(self.prefix, held.keys),
                 _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
             )
-        outcome, _limit, _in_flight, _weight, expires_at_ms = _core.ints(reply, 5)
+        # renew.lua answers a sixth number (whether a key of the call held it); dify.lua five.
+        answer = _core.ints(reply, 5) if self.layout == "dify" else _core.ints(reply, 6)[:5]
+        outcome, _limit, _in_flight, _weight, expires_at_ms = answer
         if outcome in (1, 2):
             held.expires_at_ms = expires_at_ms
             return True

@@ -69,7 +69,9 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_WORKERS", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
-    /// Where leases live: memory:// (embedded), redis://host:port[/db], rediss://..., unix:///path.
+    /// Where leases live: memory:// (embedded), redis://host:port[/db], rediss://..., unix:///path,
+    /// redis+cluster://host:port,host:port (Redis Cluster), redis+sentinel://host:port,host:port/name
+    /// (the primary Sentinel names); rediss+cluster:// and rediss+sentinel:// for TLS.
     /// Unset, Dify's REDIS_HOST, REDIS_PORT, ... variables (REDIS_USE_SENTINEL, REDIS_USE_CLUSTERS) name
     /// the store when they are set.
     #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
@@ -221,15 +223,27 @@ impl Layered for Settings {
         }
         let scheme = self.store.split("://").next().unwrap_or_default();
         if !self.store.contains("://")
-            || !["memory", "redis", "rediss", "unix", "redis+unix"].contains(&scheme)
+            || ![
+                "memory",
+                "redis",
+                "rediss",
+                "unix",
+                "redis+unix",
+                "redis+cluster",
+                "rediss+cluster",
+                "redis+sentinel",
+                "rediss+sentinel",
+            ]
+            .contains(&scheme)
         {
             let reason = format!(
-                "{:?}: use memory://, redis://host:port[/db], rediss://... or unix:///path",
+                "{:?}: use memory://, redis://host:port[/db], rediss://..., unix:///path, \
+                 redis+cluster://host:port,... or redis+sentinel://host:port,.../name",
                 self.store
             );
             return Err(invalid("store", reason));
         }
-        if scheme == "rediss" && !cfg!(feature = "tls") {
+        if scheme.starts_with("rediss") && !cfg!(feature = "tls") {
             let reason = "rediss:// needs a build with TLS (--features tls)";
             return Err(invalid("store", reason));
         }

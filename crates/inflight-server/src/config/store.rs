@@ -25,6 +25,16 @@ pub struct RedisSettings {
     #[arg(long, env = "INFLIGHT_REDIS_PIPELINE", value_name = "N")]
     #[arg(default_value_t = 1)]
     pub redis_pipeline: usize,
+    /// Replicas that must acknowledge each batch of admissions (Redis WAIT) before it is answered, so a
+    /// failover loses fewer of them (0: none); see RELIABILITY.md, "Failover".
+    #[arg(long, env = "INFLIGHT_REDIS_WAIT_REPLICAS", value_name = "N")]
+    #[arg(default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+    /// How long an admission waits for those replicas at most; then it is answered anyway.
+    #[arg(long, env = "INFLIGHT_REDIS_WAIT_TIMEOUT", value_name = "DURATION")]
+    #[arg(default_value = "100ms", value_parser = text::parse)]
+    #[serde(with = "text")]
+    pub redis_wait_timeout: Duration,
     /// The Redis key layout: inflight (its own), or dify (Dify's RateLimit keys, shared with unmodified
     /// Dify workers during a migration: see docs/dify.md).
     #[arg(long, env = "INFLIGHT_LAYOUT", value_name = "LAYOUT", value_enum)]
@@ -65,6 +75,12 @@ impl RedisSettings {
         }
         if !(1..=64).contains(&self.redis_pipeline) {
             return Err(invalid("redis_pipeline", "must be between 1 and 64"));
+        }
+        if self.redis_wait_replicas > 0
+            && !(Duration::from_millis(1)..=Duration::from_secs(10))
+                .contains(&self.redis_wait_timeout)
+        {
+            return Err(invalid("redis_wait_timeout", "must be between 1ms and 10s"));
         }
         if self.dify_stale_after < Duration::from_secs(1) {
             return Err(invalid("dify_stale_after", "must be 1s or more"));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use inflight::{Limiter, ManualClock, MemoryStore, Policy, RedisStore, Store};
 
-use crate::support::TestRedis;
+use crate::support::{unique_prefix, TestCluster, TestRedis};
 
 /// What every scenario needs from a store under test.
 pub trait Fixture: Send + Sync + 'static {
@@ -82,6 +82,36 @@ impl RedisFixture {
 }
 
 impl Fixture for RedisFixture {
+    type S = RedisStore;
+
+    fn store(&self) -> Self::S {
+        self.store.clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.store.advance_clock(by);
+    }
+}
+
+/// A store on the test binary's one Redis Cluster (3 primaries, 3 replicas), under a prefix of the
+/// test's own, so that the tests sharing the cluster share nothing else.
+pub struct ClusterFixture {
+    store: RedisStore,
+}
+
+impl ClusterFixture {
+    pub fn new() -> Self {
+        let cluster = TestCluster::shared();
+        Self {
+            store: cluster
+                .store_builder(&unique_prefix("behaviour"))
+                .open()
+                .expect("cluster url"),
+        }
+    }
+}
+
+impl Fixture for ClusterFixture {
     type S = RedisStore;
 
     fn store(&self) -> Self::S {

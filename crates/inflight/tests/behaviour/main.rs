@@ -76,6 +76,7 @@ macro_rules! behaviour_suite {
 
 behaviour_suite!(memory, crate::fixtures::MemoryFixture::new());
 behaviour_suite!(redis, crate::fixtures::RedisFixture::new());
+behaviour_suite!(cluster, crate::fixtures::ClusterFixture::new());
 
 /// Dify's key layout: every scenario but those of weights and of keys with braces, which it refuses.
 mod redis_dify {

@@ -3,4 +3,4 @@
 
 pub mod ops;
 
-pub use test_support::TestRedis;
+pub use test_support::{unique_prefix, TestCluster, TestRedis, TestSentinel};

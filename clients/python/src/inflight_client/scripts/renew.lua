@@ -4,8 +4,10 @@
 -- KEYS: leases, permits, limit of each of the permit's keys (see common.lua)
 -- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] weight to re-add
 -- with (0: do not re-add), ARGV[4] clock offset ms, ARGV[4 + i] 'default max' of key i's class
--- Returns {outcome (1 renewed, 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms}, the
--- figures of the first key. An unlimited key records nothing, so it has nothing to lose.
+-- Returns {outcome (1 renewed, 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms, held}, the
+-- figures of the first key, and held 1 when a key of the call held the lease (on Redis Cluster a
+-- permit's keys of different slots are renewed by a call each, and renewed as one where any held it).
+-- An unlimited key records nothing, so it has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
 set_now(tonumber(ARGV[4]))
@@ -19,13 +21,14 @@ for i = 1, #KEYS / 3 do
   if has[i] and not weight then weight, own = meta(keys[i], id) end
   missing = missing or (limits[i] > 0 and not has[i])
 end
+local held = weight and 1 or 0 -- before a re-add gives it a weight
 if lease_ms == 0 then lease_ms = own or DEFAULT_LEASE_MS end
 local outcome = 1
 -- Held on no key: gone, unless asked to re-add it and every limited key has room.
 if missing and not weight then
-  if readd == 0 then return {0, 0, 0, 0, 0} end
+  if readd == 0 then return {0, 0, 0, 0, 0, 0} end
   for i, key in ipairs(keys) do
-    if limits[i] > 0 and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0} end
+    if limits[i] > 0 and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0, 0} end
   end
   outcome, weight = 2, readd
 end
@@ -39,4 +42,4 @@ for i, key in ipairs(keys) do
     put(key, id, weight, lease_ms)
   end
 end
-return {outcome, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, weight, now + lease_ms}
+return {outcome, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, weight, now + lease_ms, held}

@@ -4,23 +4,37 @@
 //!
 //! One dispatcher task per store (shared by its clones) forms the batches and sends them: at most
 //! `pipeline` are out at once (`RedisStoreBuilder::pipeline`); while they are, new operations queue, and
-//! the next batch takes them all.
+//! the next batch takes them all. On a Redis Cluster a batch is cut by slot (a script may not touch
+//! keys of two slots): one call per slot it touches, sent together, so batching keeps its gain where
+//! operations meet on a slot (hot keys, keys sharing a hash tag); every operation reaching this module
+//! has all its keys in one slot (`across.rs` splits the others).
 
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, oneshot};
 
+use super::cluster::slot;
+use super::conn::Conn;
 use super::error::retried;
 use super::keys::{KeyNames, Member};
 use super::scripts;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
+
+/// Replicas that must acknowledge each batch (Redis `WAIT`, on the same connection right after it)
+/// before its operations are answered, and how long to wait for them at most; when fewer acknowledge
+/// in time the batch is answered anyway (its writes are on the primary).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Durability {
+    pub(super) replicas: u32,
+    pub(super) timeout: Duration,
+}
 
 /// Operations in one batch, at most.
 const MAX_BATCH: usize = 128;
@@ -97,9 +111,14 @@ pub(super) struct Batcher {
 
 impl Batcher {
     /// Starts the dispatcher on the current runtime, with at most `pipeline` (1 or more) batches out.
-    pub(super) fn start(conn: ConnectionManager, offset: Arc<AtomicI64>, pipeline: usize) -> Self {
+    pub(super) fn start(
+        conn: Conn,
+        offset: Arc<AtomicI64>,
+        pipeline: usize,
+        wait: Option<Durability>,
+    ) -> Self {
         let (jobs, queue) = mpsc::unbounded_channel();
-        tokio::spawn(dispatch(queue, conn, offset, pipeline));
+        tokio::spawn(dispatch(queue, conn, offset, pipeline, wait));
         Self { jobs }
     }
 
@@ -113,9 +132,10 @@ impl Batcher {
 
 async fn dispatch(
     mut queue: mpsc::UnboundedReceiver<Job>,
-    conn: ConnectionManager,
+    conn: Conn,
     offset: Arc<AtomicI64>,
     pipeline: usize,
+    wait: Option<Durability>,
 ) {
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
@@ -133,7 +153,7 @@ async fn dispatch(
                             Err(_) => break,
                         }
                     }
-                    in_flight.push(run(conn.clone(), offset.load(Ordering::Relaxed), jobs));
+                    in_flight.push(run(conn.clone(), offset.load(Ordering::Relaxed), jobs, wait));
                 }
                 None => open = false,
             },
@@ -142,8 +162,27 @@ async fn dispatch(
     }
 }
 
-/// Sends one batch and hands each operation its reply.
-async fn run(conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
+/// Sends one batch (one call per slot on a cluster) and hands each operation its reply.
+async fn run(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) {
+    if !conn.is_cluster() {
+        return run_one(conn, offset, jobs, wait).await;
+    }
+    let mut slots: HashMap<u16, Vec<Job>> = HashMap::new();
+    for job in jobs {
+        let (names, _) = job.op.parts();
+        let slot = slot(names[0].tag().as_bytes());
+        slots.entry(slot).or_default().push(job);
+    }
+    futures_util::future::join_all(
+        slots
+            .into_values()
+            .map(|jobs| run_one(conn.clone(), offset, jobs, wait)),
+    )
+    .await;
+}
+
+/// Sends one call of `batch.lua` and hands each operation its reply.
+async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) {
     let expected: usize = jobs.iter().map(|job| job.op.reply_len()).sum();
     let mut invocation = scripts::BATCH.prepare_invoke();
     invocation.arg(offset);
@@ -171,11 +210,7 @@ async fn run(conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
         }
     }
     let invocation = &invocation;
-    let replies = retried(|| {
-        let mut conn = conn.clone();
-        async move { invocation.invoke_async::<Vec<i64>>(&mut conn).await }
-    })
-    .await;
+    let replies = retried(|| send(conn.clone(), invocation, wait)).await;
     let replies = match replies {
         Ok(replies) if replies.len() == expected => replies,
         Ok(replies) => {
@@ -196,6 +231,42 @@ async fn run(conn: ConnectionManager, offset: i64, jobs: Vec<Job>) {
         reply[..mine.len()].copy_from_slice(mine);
         let _ = job.reply.send(Ok(reply));
     }
+}
+
+/// Runs the batch's script, then (when asked) waits for its replicas.
+async fn send(
+    mut conn: Conn,
+    invocation: &redis::ScriptInvocation<'_>,
+    wait: Option<Durability>,
+) -> redis::RedisResult<Vec<i64>> {
+    let Some(wait) = wait else {
+        return invocation.invoke_async(&mut conn).await;
+    };
+    let timeout_ms = u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX);
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(invocation)
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(timeout_ms.max(1));
+    let sent: redis::RedisResult<(Vec<i64>, u32)> = pipe.query_async(&mut conn).await;
+    let (replies, acknowledged) = match sent {
+        // A server without the script (restarted, promoted): loaded, then sent again.
+        Err(error)
+            if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+        {
+            invocation.load_async(&mut conn).await?;
+            pipe.query_async(&mut conn).await?
+        }
+        sent => sent?,
+    };
+    if acknowledged < wait.replicas {
+        tracing::debug!(
+            acknowledged,
+            wanted = wait.replicas,
+            "fewer replicas than asked acknowledged a batch in time"
+        );
+    }
+    Ok(replies)
 }
 
 fn fail(jobs: Vec<Job>, error: StoreError) {

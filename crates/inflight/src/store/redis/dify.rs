@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use redis::ScriptInvocation;
 
+use super::batch::Reply;
 use super::error::retried;
-use super::{scripts, RedisStore};
+use super::status::{change_arg, status_of};
+use super::{fields, number, scripts, RedisStore};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::policy::ClassLimits;
+use crate::policy::{ClassLimits, Limit};
+use crate::store::{AcquireRequest, Grant, KeyStatus, OverrideChange, RenewRequest, Renewal};
 
 /// How a [`RedisStore`](super::RedisStore) names and keeps its keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -81,5 +84,73 @@ impl RedisStore {
             async move { invocation.invoke_async(&mut conn).await }
         })
         .await
+    }
+}
+
+/// Where an admission or a release goes: into a batch (inflight's layout), or a call of its own.
+pub(super) enum Route {
+    Batch(Vec<super::keys::KeyNames>),
+    Dify(Result<Call, StoreError>),
+}
+
+impl RedisStore {
+    /// The call of an admission (weights other than 1 refused: every entry counts one).
+    pub(super) fn dify_acquire(&self, req: &AcquireRequest<'_>) -> Result<Call, StoreError> {
+        if req.weight != 1 {
+            return Err(StoreError::Unsupported(
+                "the Dify layout counts every permit as one: weights must be 1".into(),
+            ));
+        }
+        self.dify_call("a", req.keys, req.id, req.lease_ms, "", req.limits)
+    }
+
+    /// Runs an admission's or a release's call; its answer as a batch's (a release's first).
+    pub(super) async fn dify_reply(&self, call: Call) -> Result<Reply, StoreError> {
+        let mut reply = [0; 6];
+        let out = self.dify_run(call).await?;
+        if out.len() > reply.len() {
+            return Err(StoreError::Protocol(format!("dify.lua answered {out:?}")));
+        }
+        reply[..out.len()].copy_from_slice(&out);
+        Ok(reply)
+    }
+
+    pub(super) async fn dify_renew(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
+        let readd = if req.readd_weight.unwrap_or(0) > 0 {
+            "1"
+        } else {
+            "0"
+        };
+        let lease_ms = req.lease_ms.unwrap_or(0);
+        let call = self.dify_call("n", &req.keys, &req.id, lease_ms, readd, &req.limits)?;
+        let out = self.dify_run(call).await?;
+        let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
+        let grant = Grant {
+            limit: Limit::from_u32(number(limit)?),
+            in_flight: number(in_flight)?,
+            weight: number(weight)?,
+            expires_at_ms: number(expires_at_ms)?,
+        };
+        match outcome {
+            1 => Ok(Renewal::Renewed(grant)),
+            2 => Ok(Renewal::Readded(grant)),
+            0 => Ok(Renewal::Lost),
+            other => Err(StoreError::Protocol(format!("dify.lua renewed: {other}"))),
+        }
+    }
+
+    pub(super) async fn dify_status(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        let id = PermitId::from("");
+        let mut call = self.dify_call("s", &[key], &id, 0, &change_arg(change), &[limits])?;
+        call.invocation
+            .key(&self.names.index)
+            .arg(self.max_overrides)
+            .arg(key);
+        status_of(&self.dify_run(call).await?)
     }
 }

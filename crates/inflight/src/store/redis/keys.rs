@@ -4,6 +4,10 @@
 //! characters are percent-encoded, so no key can close the tag early or spell another key's names, and
 //! the empty key becomes `%` (an empty tag `{}` would not be a tag at all, and a lone `%` is never the
 //! encoding of anything else).
+//!
+//! On Redis Cluster a user key with a hash tag of its own (`{t1}:app:a1`: the text between its first `{`
+//! and the next `}`, when not empty, as Redis reads tags) is named `<prefix>{t1}<escaped key>`, so that
+//! keys sharing a tag share a slot and are taken in one script; keys without one keep their own slot.
 
 use std::fmt::Write;
 
@@ -11,6 +15,7 @@ use crate::id::PermitId;
 
 /// The Redis keys of one user key: `<prefix>{<escaped key>}` and a role suffix, written straight into the
 /// command (one allocation per key, not one per name).
+#[derive(Clone)]
 pub(super) struct KeyNames {
     tag: String,
 }
@@ -22,12 +27,23 @@ pub(super) struct KeyArg<'a> {
 }
 
 impl KeyNames {
-    pub(super) fn new(prefix: &str, key: &str) -> Self {
+    /// The names of `key`; `cluster` honours the key's own hash tag.
+    pub(super) fn new(prefix: &str, key: &str, cluster: bool) -> Self {
         let mut tag = String::with_capacity(prefix.len() + key.len() + 2);
         tag.push_str(prefix);
         tag.push('{');
-        escape_into(&mut tag, key);
-        tag.push('}');
+        match user_tag(key).filter(|_| cluster) {
+            // The user's tag holds no `}`, so it ends at ours; the escaped key after it holds no brace.
+            Some(user) => {
+                tag.push_str(user);
+                tag.push('}');
+                escape_into(&mut tag, key);
+            }
+            None => {
+                escape_into(&mut tag, key);
+                tag.push('}');
+            }
+        }
         Self { tag }
     }
 
@@ -114,6 +130,13 @@ impl redis::ToRedisArgs for Member<'_> {
     }
 }
 
+/// The hash tag Redis would read in `key`: after its first `{`, up to the next `}`, when not empty.
+fn user_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
 fn escape_into(out: &mut String, key: &str) {
     if key.is_empty() {
         out.push('%');
@@ -140,7 +163,7 @@ mod tests {
     use super::*;
 
     fn tag(key: &str) -> String {
-        KeyNames::new("inflight:", key).leases().to_string()
+        KeyNames::new("inflight:", key, false).leases().to_string()
     }
 
     #[test]
@@ -186,9 +209,37 @@ mod tests {
 
     #[test]
     fn the_three_names_share_the_hash_tag() {
-        let names = KeyNames::new("p:", "k}");
+        let names = KeyNames::new("p:", "k}", false);
         for name in [names.leases(), names.permits(), names.limit()] {
             assert!(name.to_string().starts_with("p:{k%7D}:"), "{name}");
         }
+    }
+
+    #[test]
+    fn on_a_cluster_a_keys_own_hash_tag_chooses_its_slot() {
+        let name = |key: &str| KeyNames::new("inflight:", key, true).leases().to_string();
+        assert_eq!(name("{t1}:app:a1"), "inflight:{t1}%7Bt1%7D:app:a1:leases");
+        assert_eq!(name("{t1}:tenant"), "inflight:{t1}%7Bt1%7D:tenant:leases");
+        assert_eq!(name("app:{a{b}c"), "inflight:{a{b}app:%7Ba%7Bb%7Dc:leases");
+        // No tag (or an empty one): the key's own slot, as on one server.
+        assert_eq!(name("app:a1"), "inflight:{app:a1}:leases");
+        assert_eq!(name("{}x"), "inflight:{%7B%7Dx}:leases");
+        let keys = [
+            "{t}",
+            "t",
+            "{t}x",
+            "x{t}",
+            "{t}:leases",
+            "%7Bt%7D",
+            "{t}}",
+            "{t}{",
+        ];
+        let mut names: Vec<String> = keys.iter().map(|k| name(k)).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), keys.len());
+        let slot = |key: &str| super::super::cluster::slot(name(key).as_bytes());
+        assert_eq!(slot("{t1}:app:a1"), slot("{t1}:tenant"));
+        assert_eq!(slot("{t1}:app:a1"), super::super::cluster::slot(b"t1"));
     }
 }

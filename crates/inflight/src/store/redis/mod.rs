@@ -3,10 +3,15 @@
 //! Every operation is one Lua script (`scripts/*.lua`, each with a header naming its KEYS and ARGV and
 //! saying why it must be atomic), run with EVALSHA over a multiplexed connection that reconnects by
 //! itself. Deadlines come from Redis `TIME`, one clock for every worker. All of a key's Redis keys share
-//! one hash tag. Admissions and releases go in batches (`batch.rs`).
+//! one hash tag. Admissions and releases go in batches (`batch.rs`). One server, a Redis Cluster
+//! (`cluster.rs`; keys of several slots: `across.rs`) or a primary under Sentinel, through one
+//! connection type (`conn.rs`).
 
+mod across;
 mod batch;
 mod builder;
+mod cluster;
+mod conn;
 mod dify;
 mod error;
 mod index;
@@ -14,6 +19,8 @@ mod keys;
 mod overrides;
 mod quota;
 mod scripts;
+mod sentinel;
+mod status;
 mod wakeups;
 
 use std::future::Future;
@@ -21,13 +28,14 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::Script;
 
 pub use self::builder::RedisStoreBuilder;
 pub use self::dify::Layout;
 
-use self::batch::{Batcher, Op};
+use self::batch::{Batcher, Op, Reply};
+use self::conn::Conn;
+use self::dify::Route;
 use self::error::retried;
 use self::keys::{KeyNames, Member};
 use super::{
@@ -62,7 +70,7 @@ pub const DEFAULT_PREFIX: &str = "inflight:";
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     batcher: Batcher,
     view: Arc<overrides::View>,
     names: Arc<overrides::Names>,
@@ -90,6 +98,7 @@ impl RedisStore {
             max_overrides: 0,
             layout: Layout::Inflight,
             stale_after: dify::DEFAULT_STALE_AFTER,
+            wait: None,
             #[cfg(feature = "tls")]
             root_cert: None,
         }
@@ -121,8 +130,17 @@ impl RedisStore {
 
     fn names<K: AsRef<str>>(&self, keys: &[K]) -> Vec<KeyNames> {
         keys.iter()
-            .map(|key| KeyNames::new(&self.prefix, key.as_ref()))
+            .map(|key| KeyNames::new(&self.prefix, key.as_ref(), self.conn.is_cluster()))
             .collect()
+    }
+
+    /// On a cluster, the slot groups of `names` when they span more than one slot (`across.rs`).
+    fn across(&self, names: &[KeyNames]) -> Option<Vec<Vec<usize>>> {
+        if !self.conn.is_cluster() || names.len() < 2 {
+            return None;
+        }
+        let groups = across::groups(names);
+        (groups.len() > 1).then_some(groups)
     }
 
     /// Runs `script` on `keys` (declared three names each) with `args`, retried once on a dead connection.
@@ -148,125 +166,52 @@ impl RedisStore {
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
-        let limits: Vec<String> = req
-            .limits
+        if self.layout == Layout::Dify {
+            return self.dify_renew(req).await;
+        }
+        match self.across(&self.names(&req.keys)) {
+            Some(groups) => self.renew_across(req, groups).await,
+            None => Ok(self.renew_keys(&req.keys, &req.limits, req, None).await?.0),
+        }
+    }
+
+    /// Renews `req`'s lease on `keys` (all of its keys, or those of one slot), of classes `limits`,
+    /// re-adding it with `readd` (else `req`'s) when it is gone; and whether one of `keys` held it.
+    async fn renew_keys(
+        &self,
+        keys: &[Arc<str>],
+        limits: &[ClassLimits],
+        req: &RenewRequest,
+        readd: Option<u32>,
+    ) -> Result<(Renewal, bool), StoreError> {
+        let limits: Vec<String> = limits
             .iter()
             .map(|limits| format!("{} {}", limits.default_limit, limits.max_limit))
             .collect();
         let (id, lease_ms, readd, offset) = (
             Member(&req.id),
             req.lease_ms.unwrap_or(0),
-            req.readd_weight.unwrap_or(0),
+            readd.or(req.readd_weight).unwrap_or(0),
             self.offset(),
         );
-        let out = if self.layout == Layout::Dify {
-            let readd = if readd > 0 { "1" } else { "0" };
-            let call = self.dify_call("n", &req.keys, &req.id, lease_ms, readd, &req.limits)?;
-            self.dify_run(call).await?
-        } else {
-            let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
-            args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
-            self.run(&scripts::RENEW, &req.keys, &args).await?
-        };
-        let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
+        let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
+        args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
+        let out = self.run(&scripts::RENEW, keys, &args).await?;
+        let [outcome, limit, in_flight, weight, expires_at_ms, held] = fields(&out)?;
         let grant = Grant {
             limit: Limit::from_u32(number(limit)?),
             in_flight: number(in_flight)?,
             weight: number(weight)?,
             expires_at_ms: number(expires_at_ms)?,
         };
+        let held = held == 1;
         match outcome {
-            1 => Ok(Renewal::Renewed(grant)),
-            2 => Ok(Renewal::Readded(grant)),
-            0 => Ok(Renewal::Lost),
+            1 => Ok((Renewal::Renewed(grant), held)),
+            2 => Ok((Renewal::Readded(grant), held)),
+            0 => Ok((Renewal::Lost, held)),
             other => Err(StoreError::Protocol(format!(
                 "renew answered outcome {other}"
             ))),
-        }
-    }
-
-    async fn status_with(
-        &self,
-        key: &str,
-        limits: ClassLimits,
-        change: OverrideChange,
-    ) -> Result<KeyStatus, StoreError> {
-        let arg = match change {
-            OverrideChange::Keep => String::new(),
-            OverrideChange::Set(n) => n.to_string(),
-            OverrideChange::Clear => "0".to_owned(),
-        };
-        if self.layout == Layout::Dify {
-            let id = PermitId::from("");
-            let mut call = self.dify_call("s", &[key], &id, 0, &arg, &[limits])?;
-            call.invocation
-                .key(&self.names.index)
-                .arg(self.max_overrides)
-                .arg(key);
-            let out = self.dify_run(call).await?;
-            return status_of(&out);
-        }
-        let mut invocation = scripts::STATUS.prepare_invoke();
-        KeyNames::new(&self.prefix, key).declare(&mut invocation);
-        invocation
-            .key(&self.names.index)
-            .key(&self.names.version)
-            .arg(limits.default_limit)
-            .arg(limits.max_limit)
-            .arg(arg)
-            .arg(self.offset())
-            .arg(key)
-            .arg(&self.names.channel)
-            .arg(self.max_overrides);
-        let invocation = &invocation;
-        let out: Vec<i64> = retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await?;
-        let status = status_of(&out)?;
-        if change != OverrideChange::Keep {
-            self.view.note(key, status.override_limit.is_some());
-        }
-        Ok(status)
-    }
-}
-
-/// status.lua's (or dify.lua's) answer.
-fn status_of(out: &[i64]) -> Result<KeyStatus, StoreError> {
-    let [limit, override_limit, in_flight] = fields(out)?;
-    if limit == -1 {
-        let max = number(override_limit)?;
-        return Err(StoreError::TooManyOverrides { max });
-    }
-    let override_limit: u32 = number(override_limit)?;
-    Ok(KeyStatus {
-        limit: Limit::from_u32(number(limit)?),
-        override_limit: (override_limit > 0).then_some(override_limit),
-        in_flight: number(in_flight)?,
-    })
-}
-
-/// Where an admission or a release goes: into a batch, or (Dify's layout) a call of its own.
-enum Route {
-    Batch(Op),
-    Dify(Result<dify::Call, StoreError>),
-}
-
-impl RedisStore {
-    /// Sends an admission or a release; its answer as the batch's (a release's in the first place).
-    async fn send(&self, route: Route) -> Result<batch::Reply, StoreError> {
-        match route {
-            Route::Batch(op) => self.batcher.run(op).await,
-            Route::Dify(call) => {
-                let mut reply = [0; 6];
-                let out = self.dify_run(call?).await?;
-                if out.len() > reply.len() {
-                    return Err(StoreError::Protocol(format!("dify.lua answered {out:?}")));
-                }
-                reply[..out.len()].copy_from_slice(&out);
-                Ok(reply)
-            }
         }
     }
 }
@@ -298,22 +243,20 @@ impl Store for RedisStore {
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
         let route = match self.layout {
-            Layout::Dify if req.weight != 1 => Route::Dify(Err(StoreError::Unsupported(
-                "the Dify layout counts every permit as one: weights must be 1".into(),
-            ))),
-            Layout::Dify => {
-                Route::Dify(self.dify_call("a", req.keys, req.id, req.lease_ms, "", req.limits))
-            }
-            Layout::Inflight => Route::Batch(Op::Acquire {
-                names: self.names(req.keys),
-                id: req.id.clone(),
-                terms: (req.weight, req.lease_ms, req.limits.to_vec()),
-            }),
+            Layout::Dify => Route::Dify(self.dify_acquire(&req)),
+            Layout::Inflight => Route::Batch(self.names(req.keys)),
         };
-        let weight = req.weight;
+        let terms = (req.weight, req.lease_ms, req.limits.to_vec());
+        let (weight, id) = (req.weight, req.id.clone());
         async move {
-            let [decision, index, limit, in_flight, expires_at_ms, reclaimed] =
-                self.send(route).await?;
+            let reply: Reply = match route {
+                Route::Dify(call) => self.dify_reply(call?).await?,
+                Route::Batch(names) => match self.across(&names) {
+                    Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
+                    None => self.batcher.run(Op::Acquire { names, id, terms }).await?,
+                },
+            };
+            let [decision, index, limit, in_flight, expires_at_ms, reclaimed] = reply;
             let reclaimed = number(reclaimed)?;
             match decision {
                 1 => Ok(Admission::Admitted {
@@ -350,13 +293,17 @@ impl Store for RedisStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let route = match self.layout {
             Layout::Dify => Route::Dify(self.dify_call("r", keys, id, 0, "", &[])),
-            Layout::Inflight => Route::Batch(Op::Release {
-                names: self.names(keys),
-                id: id.clone(),
-            }),
+            Layout::Inflight => Route::Batch(self.names(keys)),
         };
+        let id = id.clone();
         async move {
-            let [released, ..] = self.send(route).await?;
+            let released = match route {
+                Route::Dify(call) => self.dify_reply(call?).await?[0],
+                Route::Batch(names) => match self.across(&names) {
+                    Some(groups) => i64::from(self.release_across(names, groups, &id).await?),
+                    None => self.batcher.run(Op::Release { names, id }).await?[0],
+                },
+            };
             // Heard here at once; other processes hear it through the key's channel.
             if released == 1 {
                 keys.iter().for_each(|key| self.wakes.wake(key));

@@ -3,8 +3,10 @@
 //!
 //! Redis keeps the index: `<prefix>overrides`, a hash of every key with an override, and
 //! `<prefix>overrides:version`, which counts its changes. `status.lua` changes both with the override
-//! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides`. A task of the
-//! store subscribes, then reads the whole index, and applies each announcement as it comes. It also
+//! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides` (on a Redis
+//! Cluster, where the index is `<prefix>{overrides}` in a slot of its own, `index.lua` changes the index:
+//! see `across.rs`; PUBLISH reaches every node). A task of the store subscribes (through one node of a
+//! cluster, the next one when it fails), then reads the whole index, and applies each announcement as it comes. It also
 //! reads the version every [`POLL`]; an announcement still missing one poll after its version was read
 //! (lost while the subscription was being remade, say), or a version that went back (Redis lost its
 //! data), makes it read the index again. So a new override applies to this process's next admission
@@ -20,8 +22,9 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Client};
+use redis::AsyncCommands;
+
+use super::conn::Conn;
 
 /// How often the version of the index is read, to catch a lost announcement (within two of these).
 pub(super) const POLL: Duration = Duration::from_millis(50);
@@ -39,10 +42,17 @@ pub(super) struct Names {
 }
 
 impl Names {
-    pub(super) fn new(prefix: &str) -> Self {
+    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}`, so that one script
+    /// changes both (a prefix with a tag of its own puts both in that tag's slot just as well).
+    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
+        let index = if cluster {
+            format!("{prefix}{{overrides}}")
+        } else {
+            format!("{prefix}overrides")
+        };
         Self {
-            index: format!("{prefix}overrides"),
-            version: format!("{prefix}overrides:version"),
+            version: format!("{index}:version"),
+            index,
             channel: format!("{prefix}overrides"),
         }
     }
@@ -124,15 +134,22 @@ impl Drop for Keeper {
 }
 
 /// Starts the task that keeps `view` fresh; it ends soon after the last handle on the view goes.
-pub(super) fn start(client: Client, conn: ConnectionManager, names: Names, view: &Arc<View>) {
-    tokio::spawn(keep(client, conn, names, Arc::downgrade(view)));
+pub(super) fn start(conn: Conn, names: Names, view: &Arc<View>) {
+    tokio::spawn(keep(conn, names, Arc::downgrade(view)));
 }
 
-async fn keep(client: Client, conn: ConnectionManager, names: Names, view: Weak<View>) {
+async fn keep(conn: Conn, names: Names, view: Weak<View>) {
     let _keeper = Keeper(view.clone());
     let mut warned = false;
+    // Which node (of a cluster's) the subscription goes through: the next one after each failure.
+    let mut attempt = 0;
     while view.strong_count() > 0 {
-        match follow(&client, conn.clone(), &names, &view).await {
+        attempt += 1;
+        let followed = match conn.pubsub_client(attempt - 1).await {
+            Ok(client) => follow(&client, conn.clone(), &names, &view).await,
+            Err(error) => Err(error),
+        };
+        match followed {
             Ok(()) => return,
             Err(error) => {
                 // Once, then quietly: an outage says so elsewhere. (A user whose ACL has no access to
@@ -151,8 +168,8 @@ async fn keep(client: Client, conn: ConnectionManager, names: Names, view: Weak<
 /// Subscribes, reads the index, then follows the announcements until the subscription breaks (an
 /// error) or the view is no longer used (`Ok`).
 async fn follow(
-    client: &Client,
-    mut conn: ConnectionManager,
+    client: &redis::Client,
+    mut conn: Conn,
     names: &Names,
     view: &Weak<View>,
 ) -> redis::RedisResult<()> {
@@ -197,11 +214,7 @@ async fn follow(
 }
 
 /// Reads the whole index into the view.
-async fn resync(
-    conn: &mut ConnectionManager,
-    names: &Names,
-    view: &Weak<View>,
-) -> redis::RedisResult<()> {
+async fn resync(conn: &mut Conn, names: &Names, view: &Weak<View>) -> redis::RedisResult<()> {
     let Some(view) = view.upgrade() else {
         return Ok(());
     };

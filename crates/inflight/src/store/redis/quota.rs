@@ -42,7 +42,7 @@ impl RedisStore {
         args: &[&dyn ToArg],
         retry: bool,
     ) -> Result<Answer, StoreError> {
-        let names = KeyNames::new(&self.prefix, key);
+        let names = KeyNames::new(&self.prefix, key, self.conn.is_cluster());
         let tag = names.tag();
         let mut invocation = QUOTA.prepare_invoke();
         for role in [":quota", ":reservations", ":amounts", ":settled"] {

@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use redis::Client;
 use tokio::sync::mpsc;
 
+use super::conn::Conn;
 use super::dify::Layout;
 use super::keys::KeyNames;
 use super::overrides::within;
@@ -19,35 +20,37 @@ use crate::store::wake::Wakes;
 const RETRY: Duration = Duration::from_millis(100);
 
 /// The channel a release on `key` is announced on (`scripts/batch.lua`, `scripts/dify.lua`).
-pub(super) fn channel(layout: Layout, prefix: &str, key: &str) -> String {
+pub(super) fn channel(layout: Layout, prefix: &str, key: &str, cluster: bool) -> String {
     match layout {
         Layout::Dify => format!("{{dify:rate_limit:{key}:active_requests}}:released"),
-        _ => format!("{}:released", KeyNames::new(prefix, key).tag()),
+        _ => format!("{}:released", KeyNames::new(prefix, key, cluster).tag()),
     }
 }
 
 /// The wake-ups of a store, and the task that keeps its subscriptions; it ends with the store.
-pub(super) fn start(client: Client, layout: Layout, prefix: &str) -> Arc<Wakes> {
+pub(super) fn start(conn: Conn, layout: Layout, prefix: &str) -> Arc<Wakes> {
     let (changes, wanted) = mpsc::unbounded_channel();
     let wakes = Arc::new(Wakes::with_hook(Box::new(move |key, on| {
         let _ = changes.send((key.clone(), on));
     })));
-    let prefix = prefix.to_owned();
-    let channel_of = move |key: &str| channel(layout, &prefix, key);
-    tokio::spawn(follow(client, channel_of, Arc::downgrade(&wakes), wanted));
+    let (prefix, cluster) = (prefix.to_owned(), conn.is_cluster());
+    let channel_of = move |key: &str| channel(layout, &prefix, key, cluster);
+    tokio::spawn(follow(conn, channel_of, Arc::downgrade(&wakes), wanted));
     wakes
 }
 
 type Changes = mpsc::UnboundedReceiver<(Arc<str>, bool)>;
 
 async fn follow(
-    client: Client,
+    conn: Conn,
     channel_of: impl Fn(&str) -> String,
     wakes: Weak<Wakes>,
     mut changes: Changes,
 ) {
     // Channel -> key, for every key with an interest.
     let mut channels: HashMap<String, Arc<str>> = HashMap::new();
+    // Which node (of a cluster's: PUBLISH reaches them all) to subscribe through: the next after a failure.
+    let mut attempt = 0;
     loop {
         if channels.is_empty() {
             // Nothing to hear until a first interest (or the store's end).
@@ -59,7 +62,12 @@ async fn follow(
             }
             continue;
         }
-        match listen(&client, &channel_of, &mut channels, &wakes, &mut changes).await {
+        attempt += 1;
+        let listened = match conn.pubsub_client(attempt - 1).await {
+            Ok(client) => listen(&client, &channel_of, &mut channels, &wakes, &mut changes).await,
+            Err(error) => Err(error),
+        };
+        match listened {
             Ok(()) => return,
             Err(error) => {
                 if let Some(wakes) = wakes.upgrade() {

@@ -1,0 +1,257 @@
+//! Redis Cluster: operations whose keys are in different slots, which no one script may touch.
+//!
+//! An admission on keys of several slots takes them slot group by slot group, in a fixed order (by
+//! slot; the keys of one slot in one script, atomically, as on one server). When a group refuses, the
+//! groups taken before it are released again before the refusal is answered: the limit is never
+//! passed, and a refused admission is never left holding part of its keys; but while it rolls back, a
+//! concurrent admission on those keys may be refused because of it (its slot is held for one round
+//! trip). The fixed order means two admissions on the same keys never hold one each and refuse each
+//! other. Keys that share a hash tag share a slot (`{t1}:app:a1` and `{t1}:tenant`): choose keys so, and
+//! an app's and its tenant's limits are taken in one script.
+//!
+//! A release goes to every group; a renewal renews every group and answers as one (held where any
+//! group held it). Overrides and their index (in a slot of its own) follow `index.lua`'s order.
+
+use std::sync::Arc;
+
+use super::batch::{Op, Reply};
+use super::cluster::slot;
+use super::keys::KeyNames;
+use super::{number, RedisStore};
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::policy::ClassLimits;
+use crate::store::{KeyStatus, OverrideChange, RenewRequest, Renewal};
+
+/// The indices of `names` grouped by slot, groups in slot order, each in the request's order (so the
+/// group of the first key starts with it); one group when every key shares a slot.
+pub(super) fn groups(names: &[KeyNames]) -> Vec<Vec<usize>> {
+    let mut slotted: Vec<(u16, usize)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, names)| (slot(names.tag().as_bytes()), i))
+        .collect();
+    slotted.sort_unstable();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut last = None;
+    for (slot, i) in slotted {
+        match groups.last_mut() {
+            Some(group) if last == Some(slot) => group.push(i),
+            _ => groups.push(vec![i]),
+        }
+        last = Some(slot);
+    }
+    groups
+}
+
+fn pick<T: Clone>(all: &[T], group: &[usize]) -> Vec<T> {
+    group.iter().map(|&i| all[i].clone()).collect()
+}
+
+impl RedisStore {
+    /// An admission on keys of several slots (see the module's doc); answered as `batch.lua` answers
+    /// one admission.
+    pub(super) async fn acquire_across(
+        &self,
+        names: Vec<KeyNames>,
+        groups: Vec<Vec<usize>>,
+        id: &PermitId,
+        terms: (u32, u64, Vec<ClassLimits>),
+    ) -> Result<Reply, StoreError> {
+        let (weight, lease_ms, limits) = terms;
+        let mut taken: Vec<&[usize]> = Vec::new();
+        let (mut reclaimed, mut first, mut expires_at_ms) = (0, None, 0);
+        for group in &groups {
+            let op = Op::Acquire {
+                names: pick(&names, group),
+                id: id.clone(),
+                terms: (weight, lease_ms, pick(&limits, group)),
+            };
+            let reply = match self.batcher.run(op).await {
+                Ok(reply) => reply,
+                Err(error) => {
+                    // Perhaps taken before the answer was lost: released with the others.
+                    taken.push(group);
+                    self.roll_back(&names, &taken, id).await;
+                    return Err(error);
+                }
+            };
+            let [decision, index, limit, in_flight, expires, group_reclaimed] = reply;
+            reclaimed += group_reclaimed;
+            match decision {
+                1 => {
+                    taken.push(group);
+                    expires_at_ms = expires;
+                    if group[0] == 0 {
+                        first = Some((limit, in_flight));
+                    }
+                }
+                2 => {}
+                0 | 3 => {
+                    self.roll_back(&names, &taken, id).await;
+                    let index = group[usize::try_from(index).unwrap_or(0)];
+                    return Ok([decision, index as i64, limit, in_flight, 0, reclaimed]);
+                }
+                _ => return Ok(reply),
+            }
+        }
+        if taken.is_empty() {
+            return Ok([2, -1, 0, 0, 0, reclaimed]);
+        }
+        // The first key's figures; (0, 0) when its own group was unlimited.
+        let (limit, in_flight) = first.unwrap_or((0, 0));
+        Ok([1, -1, limit, in_flight, expires_at_ms, reclaimed])
+    }
+
+    /// Gives back what a refused admission took. A release that fails leaves its lease to expire.
+    async fn roll_back(&self, names: &[KeyNames], taken: &[&[usize]], id: &PermitId) {
+        let releases = taken.iter().map(|group| {
+            self.batcher.run(Op::Release {
+                names: pick(names, group),
+                id: id.clone(),
+            })
+        });
+        for result in futures_util::future::join_all(releases).await {
+            if let Err(error) = result {
+                tracing::warn!(%error, "a refused admission across slots could not give back a slot; its lease will expire");
+            }
+        }
+    }
+
+    /// A release from every group; true when any held a live lease.
+    pub(super) async fn release_across(
+        &self,
+        names: Vec<KeyNames>,
+        groups: Vec<Vec<usize>>,
+        id: &PermitId,
+    ) -> Result<bool, StoreError> {
+        let releases = groups.iter().map(|group| {
+            self.batcher.run(Op::Release {
+                names: pick(&names, group),
+                id: id.clone(),
+            })
+        });
+        let mut released = false;
+        for result in futures_util::future::join_all(releases).await {
+            released |= result?[0] == 1;
+        }
+        Ok(released)
+    }
+
+    /// A renewal of keys of several slots: every group renewed in one call each. Held where any group
+    /// held it (then taken again, where there is room, on the groups that lost it: a held permit stays
+    /// held); otherwise re-added when every group could re-add it, and lost (what was re-added given
+    /// back) when one could not, as one script decides on one server.
+    pub(super) async fn renew_across(
+        &self,
+        req: &RenewRequest,
+        groups: Vec<Vec<usize>>,
+    ) -> Result<Renewal, StoreError> {
+        let renew = |group: &Vec<usize>, readd: Option<u32>| {
+            let keys: Vec<Arc<str>> = pick(&req.keys, group);
+            let limits = pick(&req.limits, group);
+            async move { self.renew_keys(&keys, &limits, req, readd).await }
+        };
+        let mut outcomes =
+            futures_util::future::try_join_all(groups.iter().map(|g| renew(g, None))).await?;
+        let held = outcomes.iter().find_map(|(renewal, held)| match renewal {
+            Renewal::Renewed(grant) if *held => Some(grant.weight),
+            _ => None,
+        });
+        if let Some(weight) = held {
+            let lost: Vec<usize> = (0..groups.len())
+                .filter(|&i| outcomes[i].0 == Renewal::Lost)
+                .collect();
+            let again = lost.iter().map(|&i| renew(&groups[i], Some(weight)));
+            for (i, outcome) in lost
+                .iter()
+                .zip(futures_util::future::try_join_all(again).await?)
+            {
+                outcomes[*i] = outcome;
+            }
+        }
+        let grant = |renewal: &Renewal| match renewal {
+            Renewal::Renewed(grant) | Renewal::Readded(grant) => Some(*grant),
+            Renewal::Lost => None,
+        };
+        let first = groups.iter().position(|group| group[0] == 0).unwrap_or(0);
+        let chosen =
+            grant(&outcomes[first].0).or_else(|| outcomes.iter().find_map(|(r, _)| grant(r)));
+        let lost = outcomes.iter().any(|(r, _)| *r == Renewal::Lost);
+        let readded = outcomes
+            .iter()
+            .any(|(r, _)| matches!(r, Renewal::Readded(_)));
+        match chosen {
+            Some(grant) if held.is_some() => Ok(Renewal::Renewed(grant)),
+            Some(grant) if !lost && readded => Ok(Renewal::Readded(grant)),
+            // Every group unlimited: nothing recorded, nothing to lose.
+            Some(grant) if !lost => Ok(Renewal::Renewed(grant)),
+            _ => {
+                let readded: Vec<&[usize]> = groups
+                    .iter()
+                    .zip(&outcomes)
+                    .filter(|(_, (r, _))| matches!(r, Renewal::Readded(_)))
+                    .map(|(group, _)| group.as_slice())
+                    .collect();
+                self.roll_back(&self.names(&req.keys), &readded, &req.id)
+                    .await;
+                Ok(Renewal::Lost)
+            }
+        }
+    }
+
+    /// Status on a cluster: the override in the key's slot, the index in its own, in the order that
+    /// keeps the index a superset of the keys with an override (`index.lua`).
+    pub(super) async fn status_cluster(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        match change {
+            OverrideChange::Keep => self.status_in_slot(key, limits, change).await,
+            OverrideChange::Set(n) => {
+                self.index_change('+', key, n).await?;
+                let status = self.status_in_slot(key, limits, change).await?;
+                // Again: a concurrent clear may have removed it between the two steps.
+                self.index_change('+', key, n).await?;
+                Ok(status)
+            }
+            OverrideChange::Clear => {
+                let status = self.status_in_slot(key, limits, change).await?;
+                self.index_change('-', key, 0).await?;
+                // A concurrent set may have set it again after its own index step: add it back.
+                let now = self
+                    .status_in_slot(key, limits, OverrideChange::Keep)
+                    .await?;
+                if let Some(n) = now.override_limit {
+                    self.index_change('+', key, n).await?;
+                }
+                Ok(status)
+            }
+        }
+    }
+
+    async fn index_change(&self, op: char, key: &str, value: u32) -> Result<(), StoreError> {
+        let mut invocation = super::scripts::INDEX.prepare_invoke();
+        invocation
+            .key(&self.names.index)
+            .key(&self.names.version)
+            .arg(op.to_string())
+            .arg(key)
+            .arg(value)
+            .arg(&self.names.channel)
+            .arg(self.max_overrides);
+        let invocation = &invocation;
+        let out: i64 = super::error::retried(|| {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await?;
+        if out == -1 {
+            let max = number(i64::try_from(self.max_overrides).unwrap_or(i64::MAX))?;
+            return Err(StoreError::TooManyOverrides { max });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,170 @@
+//! Redis Cluster: `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for
+//! TLS), through redis-rs's cluster client, which routes each command by its first key's slot, follows
+//! MOVED and ASK, reloads its slot map when a node goes, and reloads a script a node lacks (a promoted
+//! replica starts with an empty script cache). It re-sends a command whose connection dropped, so every
+//! script is idempotent by permit id; its retries and timeouts are set here, never left to defaults.
+//!
+//! A user key's three Redis keys share one hash tag, so one slot: an admission whose keys all share a
+//! slot is one script, like on one server. `across.rs` takes the others, slot by slot.
+
+use std::sync::Arc;
+
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::io::tcp::TcpSettings;
+use redis::Client;
+
+use super::builder::RedisStoreBuilder;
+use super::conn::Conn;
+use crate::error::StoreError;
+
+/// How many times the cluster client sends a command again (after MOVED, ASK, TRYAGAIN or a lost
+/// connection) before the error is the caller's.
+const RETRIES: u32 = 3;
+
+/// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` for other
+/// URLs.
+pub(super) fn strip_scheme(url: &str) -> Option<(&str, bool)> {
+    if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        Some((rest, false))
+    } else {
+        url.strip_prefix("rediss+cluster://")
+            .map(|rest| (rest, true))
+    }
+}
+
+/// Splits `[user:password@]host:port,host:port[/...]` into its credentials (with their `@`), its
+/// nodes and what follows the nodes (`/...`, or `""`).
+pub(super) fn split_nodes(rest: &str) -> Result<(&str, Vec<&str>, &str), StoreError> {
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let (credentials, hosts) = match authority.rfind('@') {
+        Some(at) => authority.split_at(at + 1),
+        None => ("", authority),
+    };
+    let nodes: Vec<&str> = hosts.split(',').map(str::trim).collect();
+    if nodes.iter().any(|node| node.is_empty()) {
+        return Err(StoreError::Rejected(
+            "invalid Redis URL: an empty node in the list of nodes".into(),
+        ));
+    }
+    Ok((credentials, nodes, tail))
+}
+
+/// Opens a lazy connection to the cluster; the target for logs names its nodes, never credentials.
+pub(super) fn open(
+    builder: &RedisStoreBuilder,
+    rest: &str,
+    tls: bool,
+) -> Result<(Conn, String), StoreError> {
+    let (credentials, nodes, tail) = split_nodes(rest)?;
+    if !matches!(tail, "" | "/" | "/0") {
+        return Err(StoreError::Rejected(
+            "invalid Redis URL: a cluster has database 0 only, and takes no options".into(),
+        ));
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|node| format!("{scheme}://{credentials}{node}"))
+        .collect();
+    let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
+    let cluster = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        .connection_timeout(builder.connection_timeout)
+        .response_timeout(builder.response_timeout)
+        .retries(RETRIES)
+        .min_retry_wait(10)
+        .max_retry_wait(100)
+        .tcp_settings(TcpSettings::default().set_nodelay(true));
+    #[cfg(feature = "tls")]
+    let cluster = match &builder.root_cert {
+        Some(pem) => cluster.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        }),
+        None => cluster,
+    };
+    let cluster = cluster.build().map_err(invalid)?;
+    let config = ClusterConfig::new()
+        .set_connection_timeout(builder.connection_timeout)
+        .set_response_timeout(builder.response_timeout);
+    let conn = cluster.get_pending_async_connection_with_config(config);
+    let seeds = urls
+        .iter()
+        .map(|url| builder.client(url.as_str()))
+        .collect::<Result<Vec<Client>, StoreError>>()?;
+    let conn = Conn::Cluster {
+        conn,
+        seeds: Arc::from(seeds),
+    };
+    Ok((conn, format!("cluster {}", nodes.join(","))))
+}
+
+/// The slot of a Redis key, as Redis Cluster computes it: CRC16 (XMODEM) of its hash tag (the text
+/// between the first `{` and the next `}`, when not empty) or of the whole key, modulo 16384.
+pub(super) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
+        let close = key[open + 1..].iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &key[open + 1..open + 1 + close])
+    });
+    crc16(tagged.unwrap_or(key)) % 16384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc = 0u16;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::cluster_routing::Slot;
+
+    #[test]
+    fn slots_are_those_of_redis_cluster() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        // CLUSTER KEYSLOT answers these.
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"inflight:{foo}:leases"), 12182);
+        assert_eq!(slot(b"{}foo"), slot(b"{}foo"));
+        for key in [
+            "a",
+            "inflight:{app-1}:limit",
+            "x{}{y}",
+            "{a",
+            "a}{b}",
+            "ünï{ç}",
+        ] {
+            let ours = Slot::new(slot(key.as_bytes())).unwrap();
+            assert_eq!(ours, Slot::for_key(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn node_lists_split_into_credentials_nodes_and_the_rest() {
+        let (credentials, nodes, tail) = split_nodes("u:p@a:1,b:2/0").unwrap();
+        assert_eq!(
+            (credentials, nodes, tail),
+            ("u:p@", vec!["a:1", "b:2"], "/0")
+        );
+        let (credentials, nodes, tail) = split_nodes("[::1]:7000, c:3").unwrap();
+        assert_eq!(
+            (credentials, nodes, tail),
+            ("", vec!["[::1]:7000", "c:3"], "")
+        );
+        assert!(split_nodes("a:1,,b:2").is_err());
+        assert_eq!(strip_scheme("rediss+cluster://a:1"), Some(("a:1", true)));
+        assert_eq!(strip_scheme("redis://a:1"), None);
+    }
+}

@@ -1,0 +1,84 @@
+//! Reading a key, and setting or clearing its override: `status.lua` (and on a cluster the index of
+//! overrides apart, `index.lua`), or `dify.lua` under Dify's layout.
+
+use super::error::retried;
+use super::keys::KeyNames;
+use super::{fields, number, scripts, Layout, RedisStore};
+use crate::error::StoreError;
+use crate::policy::{ClassLimits, Limit};
+use crate::store::{KeyStatus, OverrideChange};
+
+impl RedisStore {
+    pub(super) async fn status_with(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        if self.layout == Layout::Dify {
+            return self.dify_status(key, limits, change).await;
+        }
+        let status = if self.conn.is_cluster() {
+            self.status_cluster(key, limits, change).await?
+        } else {
+            self.status_in_slot(key, limits, change).await?
+        };
+        if change != OverrideChange::Keep {
+            self.view.note(key, status.override_limit.is_some());
+        }
+        Ok(status)
+    }
+
+    /// `status.lua`, with the index of overrides on one server, without it on a cluster.
+    pub(super) async fn status_in_slot(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        let mut invocation = scripts::STATUS.prepare_invoke();
+        KeyNames::new(&self.prefix, key, self.conn.is_cluster()).declare(&mut invocation);
+        if !self.conn.is_cluster() {
+            invocation.key(&self.names.index).key(&self.names.version);
+        }
+        invocation
+            .arg(limits.default_limit)
+            .arg(limits.max_limit)
+            .arg(change_arg(change))
+            .arg(self.offset())
+            .arg(key)
+            .arg(&self.names.channel)
+            .arg(self.max_overrides);
+        let invocation = &invocation;
+        let out: Vec<i64> = retried(|| {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await?;
+        status_of(&out)
+    }
+}
+
+/// An override change as the scripts take it: '' leave, '0' clear, 'n' set.
+pub(super) fn change_arg(change: OverrideChange) -> String {
+    match change {
+        OverrideChange::Keep => String::new(),
+        OverrideChange::Set(n) => n.to_string(),
+        OverrideChange::Clear => "0".to_owned(),
+    }
+}
+
+/// `status.lua`'s (or `dify.lua`'s) answer.
+pub(super) fn status_of(out: &[i64]) -> Result<KeyStatus, StoreError> {
+    let [limit, override_limit, in_flight] = fields(out)?;
+    if limit == -1 {
+        let max = number(override_limit)?;
+        return Err(StoreError::TooManyOverrides { max });
+    }
+    let override_limit: u32 = number(override_limit)?;
+    Ok(KeyStatus {
+        limit: Limit::from_u32(number(limit)?),
+        override_limit: (override_limit > 0).then_some(override_limit),
+        in_flight: number(in_flight)?,
+    })
+}

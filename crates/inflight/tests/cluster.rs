@@ -1,0 +1,263 @@
+//! Redis Cluster beyond the behaviour suite (which runs every scenario on a cluster too): keys spread
+//! over every primary, admissions across slots under contention, overrides reaching every process,
+//! and a primary killed under load (RELIABILITY.md, "Failover", states what these tests back).
+#![allow(missing_docs)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inflight::{AcquireOptions, Limiter, Policy, RedisStore};
+use redis::Commands;
+use support::{unique_prefix, TestCluster};
+
+fn limiter(store: RedisStore, policy: Policy) -> Limiter<RedisStore> {
+    Limiter::builder(store).policy(policy).build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_every_primary() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("spread");
+    let limiter = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(2, 0),
+    );
+    let mut held = Vec::new();
+    for i in 0..64 {
+        held.push(limiter.try_acquire(&format!("app-{i}")).await.unwrap());
+    }
+    let primaries = cluster.primaries();
+    assert_eq!(primaries.len(), 3);
+    for port in primaries {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut cluster.node(port))
+            .unwrap();
+        assert!(!keys.is_empty(), "no key of this test on primary {port}");
+    }
+}
+
+/// Admissions on keys of three slots (each on its own primary, most likely) and on single keys, all
+/// at once: no key's holders ever pass its limit (counted by the holders themselves, not by Redis), a
+/// refused admission holds nothing on any key once it has answered (read straight from Redis), and
+/// every key ends at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admissions_across_slots_never_pass_a_limit_and_never_stay_partial() {
+    const LIMIT: u32 = 3;
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("across");
+    let store = cluster.store_builder(&prefix).open().unwrap();
+    let limiter = limiter(store, Policy::new(LIMIT, 0));
+    let keys = ["a", "b", "c"];
+    let slots: HashSet<u16> = keys.iter().map(|k| cluster.slot_of(k)).collect();
+    assert_eq!(slots.len(), 3, "three slots");
+    let holders: Arc<[AtomicU32; 3]> = Arc::new(Default::default());
+    let most = Arc::new(AtomicU32::new(0));
+    let (refused, admitted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let stop = Instant::now() + Duration::from_secs(2);
+    let choices: [&[usize]; 5] = [&[0, 1], &[1, 2], &[2, 0, 1], &[0], &[2]];
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            let (limiter, holders, most) = (limiter.clone(), holders.clone(), most.clone());
+            let (refused, admitted) = (refused.clone(), admitted.clone());
+            let mut raw = cluster.raw();
+            let prefix = prefix.clone();
+            tokio::spawn(async move {
+                let mut n = 0usize;
+                while Instant::now() < stop {
+                    let picked = choices[(task + n) % choices.len()];
+                    let names: Vec<&str> = picked.iter().map(|&i| keys[i]).collect();
+                    let id = format!("t{task}-{n}");
+                    n += 1;
+                    match limiter
+                        .try_acquire_all(&names, AcquireOptions::new().id(id.as_str()))
+                        .await
+                    {
+                        Ok(permit) => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            for &i in picked {
+                                let now = holders[i].fetch_add(1, Ordering::SeqCst) + 1;
+                                most.fetch_max(now, Ordering::SeqCst);
+                            }
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                            for &i in picked {
+                                holders[i].fetch_sub(1, Ordering::SeqCst);
+                            }
+                            permit.release().await.unwrap();
+                        }
+                        Err(err) => {
+                            assert!(err.error.is_full(), "{err:?}");
+                            refused.fetch_add(1, Ordering::Relaxed);
+                            for key in keys {
+                                let score: Option<f64> = raw
+                                    .zscore(format!("{prefix}{{{key}}}:leases"), &id)
+                                    .unwrap();
+                                assert_eq!(score, None, "{id} refused but still holds {key}");
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(most.load(Ordering::SeqCst) <= LIMIT, "over the limit");
+    assert!(refused.load(Ordering::Relaxed) > 0 && admitted.load(Ordering::Relaxed) > 0);
+    for key in keys {
+        assert_eq!(limiter.status(key).await.unwrap().in_flight, 0, "{key}");
+    }
+}
+
+/// Keys sharing a hash tag share a slot: taken in one script, refused in one step.
+#[tokio::test]
+async fn keys_sharing_a_hash_tag_are_taken_in_one_step() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("tagged");
+    let limiter = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(1, 0),
+    );
+    let _tenant = limiter.try_acquire("{t1}:tenant").await.unwrap();
+    let err = limiter
+        .try_acquire_all(&["{t1}:app:a1", "{t1}:tenant"], AcquireOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.error.is_full());
+    assert_eq!(limiter.status("{t1}:app:a1").await.unwrap().in_flight, 0);
+    let slot_of = |key: &str| cluster.slot_of(&format!("{prefix}{{t1}}{key}"));
+    assert_eq!(slot_of("x"), slot_of("y"));
+}
+
+/// An override set through one process (store) reaches another through the cluster's pub/sub, and
+/// a race of sets and clears leaves the index knowing every key that keeps an override.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_reach_every_process_and_the_index_misses_none() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("overrides");
+    let one = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(0, 0),
+    );
+    let two = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(0, 0),
+    );
+    // The second process's view is up before the override is set.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    one.set_limit("app:x", 1).await.unwrap();
+    let started = Instant::now();
+    let held = loop {
+        let permit = two.try_acquire("app:x").await.unwrap();
+        if permit.is_counted() {
+            break permit;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the override never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(two.try_acquire("app:x").await.unwrap_err().is_full());
+    drop(held);
+    // Sets and clears race on keys; whatever each key ends with, the index has every override.
+    let racers: Vec<_> = (0..4)
+        .map(|r| {
+            let (one, two) = (one.clone(), two.clone());
+            tokio::spawn(async move {
+                for round in 0..30u32 {
+                    let key = format!("race:{}", round % 3);
+                    let by = if r % 2 == 0 { &one } else { &two };
+                    if (round + r) % 2 == 0 {
+                        by.set_limit(&key, 1 + round).await.unwrap();
+                    } else {
+                        by.clear_limit(&key).await.unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for racer in racers {
+        racer.await.unwrap();
+    }
+    let mut raw = cluster.raw();
+    let index: HashSet<String> = raw
+        .hkeys::<_, Vec<String>>(format!("{prefix}{{overrides}}"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    for i in 0..3 {
+        let key = format!("race:{i}");
+        if one.status(&key).await.unwrap().override_limit.is_some() {
+            assert!(
+                index.contains(&key),
+                "{key} has an override the index misses"
+            );
+        }
+    }
+}
+
+/// A slot moved to another primary while admissions run on its key (MOVED and ASK, and TRYAGAIN while
+/// its keys are split between the two): the holders never pass the limit, admissions work on the new
+/// primary once the move is done, and the key ends at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_under_load_keeps_its_limit() {
+    const LIMIT: u32 = 3;
+    let cluster = TestCluster::start();
+    let prefix = unique_prefix("moved");
+    let limiter = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(LIMIT, 0),
+    );
+    let slot = cluster.slot_of("m");
+    let from = cluster.primary_of_slot(slot).unwrap();
+    let to = *cluster.primaries().iter().find(|&&p| p != from).unwrap();
+    let holding = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let stop = Instant::now() + Duration::from_millis(2500);
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..6)
+        .map(|_| {
+            let (limiter, holding, most, admitted) = (
+                limiter.clone(),
+                holding.clone(),
+                most.clone(),
+                admitted.clone(),
+            );
+            tokio::spawn(async move {
+                while Instant::now() < stop {
+                    if let Ok(permit) = limiter.try_acquire("m").await {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        holding.fetch_sub(1, Ordering::SeqCst);
+                        let _ = permit.release().await;
+                    } else {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = admitted.load(Ordering::Relaxed);
+    cluster.move_slot(slot, from, to);
+    let moved = admitted.load(Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let after = admitted.load(Ordering::Relaxed);
+    assert_eq!(cluster.primary_of_slot(slot), Some(to));
+    assert!(
+        before > 0 && after > moved,
+        "admissions went on after the move: {before} {moved} {after}"
+    );
+    assert!(most.load(Ordering::SeqCst) <= LIMIT, "over the limit");
+    assert_eq!(limiter.status("m").await.unwrap().in_flight, 0);
+}

@@ -1,0 +1,205 @@
+//! Sentinel: a primary, its replica and 3 sentinels; the store finds the primary through them and
+//! follows a failover. RELIABILITY.md ("Failover") states what these tests back.
+#![allow(missing_docs)]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use inflight::{Limiter, Policy, RedisStore};
+use support::TestSentinel;
+
+/// RELIABILITY.md: admissions work again within down-after + 2 x failover-timeout + 3 s after the
+/// primary is killed (a first election that fails is tried again after 2 x failover-timeout); here
+/// 400 ms and 1 s.
+const BACK_WITHIN: Duration = Duration::from_millis(400 + 2 * 1000 + 3000);
+const LIMIT: u32 = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() {
+    let topology = TestSentinel::start();
+    let store = topology.store_builder().open().unwrap();
+    assert!(
+        store.target().starts_with("sentinel "),
+        "{}",
+        store.target()
+    );
+    let limiter = Limiter::builder(store)
+        .policy(Policy::new(LIMIT, 0))
+        .lease(Duration::from_millis(900))
+        .build();
+    // A second process that is idle through the failover: it follows `+switch-master` (or its poll)
+    // and its next admission after the failover succeeds at the first try.
+    let idle = Limiter::builder(topology.store_builder().open().unwrap())
+        .policy(Policy::new(LIMIT, 0))
+        .build();
+    drop(idle.try_acquire("idle").await.unwrap());
+    // Everything works through the primary the sentinels name, overrides included.
+    limiter.set_limit("o", 1).await.unwrap();
+    let one = limiter.try_acquire("o").await.unwrap();
+    assert!(limiter.try_acquire("o").await.unwrap_err().is_full());
+    drop(one);
+
+    let holding = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let events = Arc::new(Mutex::new((Vec::<Instant>::new(), Vec::<Instant>::new())));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (limiter, holding, most, stop) =
+                (limiter.clone(), holding.clone(), most.clone(), stop.clone());
+            let events = events.clone();
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    match limiter.try_acquire("k").await {
+                        Ok(permit) => {
+                            events.lock().unwrap().0.push(Instant::now());
+                            let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            holding.fetch_sub(1, Ordering::SeqCst);
+                            let _ = permit.release().await;
+                        }
+                        Err(err) => {
+                            if !err.is_full() {
+                                events.lock().unwrap().1.push(Instant::now());
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(most.load(Ordering::SeqCst), LIMIT, "the workers fill k");
+
+    // Writes the replica never receives: its link cut and the replica held asleep, two permits are
+    // taken, then the primary is killed. The new primary will not know them.
+    let mut primary = topology.node(topology.primary());
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut primary)
+        .unwrap();
+    let replica = topology.replica();
+    let mut conn = topology.node(replica);
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> =
+            redis::cmd("DEBUG").arg("SLEEP").arg("0.3").query(&mut conn);
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let lost = [
+        limiter.try_acquire("lost").await.unwrap(),
+        limiter.try_acquire("lost").await.unwrap(),
+    ];
+    let killed = Instant::now();
+    topology.kill_primary();
+    sleeper.join().unwrap();
+
+    let back = loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (successes, errors) = &*events.lock().unwrap();
+        let after = errors
+            .last()
+            .copied()
+            .filter(|t| *t > killed)
+            .unwrap_or(killed);
+        if let Some(first) = successes.iter().find(|t| **t > after) {
+            if after.elapsed() > Duration::from_millis(500) {
+                break first.duration_since(killed);
+            }
+        }
+        assert!(
+            killed.elapsed() < BACK_WITHIN * 3,
+            "admissions never came back"
+        );
+    };
+    assert_eq!(
+        topology.named_primary(),
+        Some(replica),
+        "the replica was promoted"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await; // one poll, should +switch-master be missed
+    let first = idle.try_acquire("idle").await;
+    assert!(first.is_ok(), "the idle process did not follow: {first:?}");
+    // The lost permits' holders re-add them with their next renewal (every third of the lease).
+    let readding = Instant::now();
+    while limiter
+        .status("lost")
+        .await
+        .map(|s| s.in_flight)
+        .unwrap_or(0)
+        < 2
+    {
+        assert!(
+            readding.elapsed() < Duration::from_secs(2),
+            "renewals did not re-add the permits"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let readded = limiter.stats().readded.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let over = most.load(Ordering::SeqCst).saturating_sub(LIMIT);
+    let errors = events.lock().unwrap().1.len();
+    eprintln!(
+        "sentinel failover: admissions back {back:?} after the kill ({errors} store errors); \
+         {readded} leases re-added; holders over the limit at most {over}"
+    );
+    assert!(back <= BACK_WITHIN, "admissions came back after {back:?}");
+    assert!(
+        readded >= 2,
+        "the lost permits came back by re-adding: {readded}"
+    );
+    assert!(lost.iter().all(|p| !p.is_lost()));
+    assert!(over <= LIMIT, "{over} over the limit");
+    // The override set before the failover was replicated and still applies.
+    let one = limiter.try_acquire("o").await.unwrap();
+    assert!(limiter.try_acquire("o").await.unwrap_err().is_full());
+    drop(one);
+}
+
+/// `wait_replicas`: an admission is answered once the replica has it (read on the replica at once),
+/// and a replica that cannot answer delays admissions by the timeout only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_wait_for_their_replicas_up_to_the_timeout() {
+    let topology = TestSentinel::start();
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{}", topology.primary()))
+        .response_timeout(Duration::from_secs(2))
+        .wait_replicas(1, Duration::from_millis(150))
+        .open()
+        .unwrap();
+    let limiter = Limiter::builder(store).policy(Policy::new(100, 0)).build();
+    let mut replica = topology.node(topology.replica());
+    for i in 0..20 {
+        let _permit = limiter.try_acquire("k").await.unwrap();
+        let leases: u32 = redis::cmd("ZCARD")
+            .arg("inflight:{k}:leases")
+            .query(&mut replica)
+            .unwrap();
+        assert_eq!(
+            leases, 1,
+            "admission {i} answered before the replica had it"
+        );
+    }
+    let mut conn = topology.node(topology.replica());
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SLEEP").arg("1").query(&mut conn);
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    let permit = limiter.try_acquire("k").await;
+    let took = started.elapsed();
+    sleeper.join().unwrap();
+    assert!(permit.is_ok(), "answered anyway: {permit:?}");
+    assert!(
+        took >= Duration::from_millis(140) && took < Duration::from_millis(900),
+        "waited {took:?} for a replica that could not answer"
+    );
+}

@@ -1,0 +1,151 @@
+//! What the topologies share: free ports, redis-server processes in a directory of their own, and a
+//! watchdog that kills them when the test process ends without dropping them (a topology in a
+//! `static`, a test aborted).
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// `n` distinct free ports on 127.0.0.1 whose cluster bus port (`port + 10000`) is free as well.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = listener.local_addr().expect("its address").port();
+        if port > 55_000 {
+            continue;
+        }
+        let Ok(bus) = TcpListener::bind(("127.0.0.1", port + 10_000)) else {
+            continue;
+        };
+        held.push((listener, bus));
+        ports.push(port);
+    }
+    ports
+}
+
+/// A fresh directory under the system's temporary directory.
+pub fn scratch_dir(kind: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "inflight-{kind}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make a scratch directory");
+    dir
+}
+
+/// Starts `redis-server` with `args` (after a config file, if any), logging to `dir/<port>.log`.
+pub fn spawn_server(dir: &Path, port: u16, config: Option<&Path>, args: &[&str]) -> Child {
+    let mut cmd = Command::new("redis-server");
+    if let Some(config) = config {
+        cmd.arg(config);
+    }
+    cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join(format!("{port}.log")))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd.spawn().expect("start redis-server (is it installed?)")
+}
+
+/// A plain connection to one server.
+pub fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let conn = client.get_connection_with_timeout(Duration::from_millis(300))?;
+    conn.set_read_timeout(Some(Duration::from_secs(2)))?;
+    Ok(conn)
+}
+
+/// Waits (up to `within`) until `check` is true, panicking with `what` otherwise.
+pub fn wait_until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the server on `port` answers PING.
+pub fn wait_ping(port: u16) {
+    wait_until(Duration::from_secs(10), "redis-server answers PING", || {
+        connect(port)
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    });
+}
+
+/// One field of `INFO section` (or of `CLUSTER INFO`, for the section `cluster`) of the server on
+/// `port`.
+pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
+    let cmd = if section == "cluster" {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("INFO");
+        cmd
+    } else {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg(section);
+        cmd
+    };
+    let info: String = cmd.query(&mut connect(port).ok()?).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .map(|value| value.trim().to_owned())
+}
+
+/// Kills processes when the test process ends, however it ends: it reads its stdin, a pipe only this
+/// process writes to, and EOF (the process gone) makes it kill them and remove their directory.
+pub struct Watchdog {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Watchdog {
+    pub fn start(dir: &Path) -> Self {
+        let script = format!(
+            "pids=''; while read -r pid; do pids=\"$pids $pid\"; done; \
+             [ -n \"$pids\" ] && kill -9 $pids 2>/dev/null; rm -rf '{}'",
+            dir.display()
+        );
+        let mut child = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the watchdog shell");
+        let stdin = child.stdin.take();
+        Self { child, stdin }
+    }
+
+    /// Adds a process to kill.
+    pub fn watch(&mut self, pid: u32) {
+        if let Some(stdin) = &mut self.stdin {
+            let _ = writeln!(stdin, "{pid}");
+            let _ = stdin.flush();
+        }
+    }
+
+    /// Kills the watched processes and removes the directory now, and waits for that.
+    pub fn finish(&mut self) {
+        self.stdin.take();
+        let _ = self.child.wait();
+    }
+}
+
+/// Kills `child` with SIGKILL and reaps it.
+pub fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
