@@ -261,3 +261,43 @@ async fn a_slot_moved_under_load_keeps_its_limit() {
     assert!(most.load(Ordering::SeqCst) <= LIMIT, "over the limit");
     assert_eq!(limiter.status("m").await.unwrap().in_flight, 0);
 }
+
+#[tokio::test]
+async fn the_dify_layout_is_refused_on_a_cluster_with_the_reason() {
+    let cluster = TestCluster::shared();
+    let refused = cluster
+        .store_builder(&unique_prefix("dify"))
+        .layout(inflight::Layout::Dify)
+        .open()
+        .unwrap_err();
+    assert!(refused.to_string().contains("different slots"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_release_in_another_process_on_a_cluster() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("wait");
+    let open = || cluster.store_builder(&prefix).open().unwrap();
+    let (one, two) = (
+        limiter(open(), Policy::new(1, 0)),
+        limiter(open(), Policy::new(1, 0)),
+    );
+    let held = one.try_acquire("model").await.unwrap();
+    let waiter = {
+        let two = two.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let wait = AcquireOptions::new().max_wait(Duration::from_secs(10));
+            (two.acquire("model", wait).await, started.elapsed())
+        })
+    };
+    while two.stats().waiting.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(held);
+    let (permit, waited) = waiter.await.unwrap();
+    let permit = permit.unwrap();
+    // Heard through the cluster's pub/sub (a PUBLISH reaches every node), not the 1 s re-check.
+    assert!(waited < inflight::RECHECK, "woken after {waited:?}");
+    drop(permit);
+}
