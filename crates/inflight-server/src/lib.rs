@@ -82,6 +82,15 @@ pub fn app<S: Wakeups + QuotaStore>(
         .on_store_failure(settings.failure_policy()?)
         .fallback(shared.fallback.clone())
         .max_waiters(settings.max_waiters)
+        // A cluster that lost a primary fails in part: its other primaries' keys go on.
+        .store_breaker(
+            !settings
+                .store
+                .split("://")
+                .next()
+                .unwrap_or_default()
+                .ends_with("+cluster"),
+        )
         .build();
     Ok(Arc::new(App {
         limiter,

@@ -34,6 +34,8 @@ pub enum FailurePolicy {
 pub(crate) struct Breaker {
     /// Until when (limiter clock, ms) to skip the store; 0 = closed.
     open_until_ms: AtomicU64,
+    /// Never trips ([`crate::LimiterBuilder::store_breaker`]).
+    off: bool,
 }
 
 impl Breaker {
@@ -46,10 +48,21 @@ impl Breaker {
     }
 
     pub(crate) fn trip(&self, now_ms: u64) {
+        if self.off {
+            return;
+        }
         self.open_until_ms.store(
             now_ms.saturating_add(millis(RETRY_STORE_AFTER)),
             Ordering::Relaxed,
         );
+    }
+
+    /// A breaker that never trips when `off`.
+    pub(crate) fn new(off: bool) -> Self {
+        Self {
+            open_until_ms: AtomicU64::new(0),
+            off,
+        }
     }
 
     pub(crate) fn reset(&self) {

@@ -81,6 +81,7 @@ pub struct LimiterBuilder<S> {
     on_store_failure: FailurePolicy,
     fallback: Option<MemoryStore>,
     max_waiters: usize,
+    store_breaker: bool,
 }
 
 /// Counters of what the limiter has seen, for metrics.
@@ -149,6 +150,15 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
+    /// Whether one transient store failure makes every admission skip the store for a moment (200 ms),
+    /// so that an outage costs one failed round trip per interval, not one per request (default: on).
+    /// Turn it off where the store fails in part, as a Redis Cluster that lost one primary does:
+    /// there the other primaries' keys must go on being admitted.
+    pub fn store_breaker(mut self, on: bool) -> Self {
+        self.store_breaker = on;
+        self
+    }
+
     /// Builds the limiter and starts its background tasks on the current Tokio runtime.
     ///
     /// # Panics
@@ -166,7 +176,7 @@ impl<S: Store> LimiterBuilder<S> {
             registry: Registry::new(lease_ms),
             stats: LimiterStats::default(),
             on_store_failure: self.on_store_failure,
-            breaker: Breaker::default(),
+            breaker: Breaker::new(!self.store_breaker),
             fallback,
             waiters: wait::Waiters::new(self.max_waiters),
         });
@@ -185,6 +195,7 @@ impl<S: Store> Limiter<S> {
             on_store_failure: FailurePolicy::default(),
             fallback: None,
             max_waiters: DEFAULT_MAX_WAITERS,
+            store_breaker: true,
         }
     }
 
