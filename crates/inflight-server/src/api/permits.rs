@@ -85,18 +85,9 @@ pub(super) async fn acquire_all<S: Wakeups>(
         None => None,
     };
     let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
-    let permit = match app
-        .acquire_all(&names, options, wait(request.wait_ms)?)
-        .await
-    {
-        Ok(permit) => permit,
-        Err(refused) => {
-            if let Some(reservation) = reservation {
-                app.refund_refused(reservation).await;
-            }
-            return Err(refused.into());
-        }
-    };
+    let (permit, reservation) = app
+        .acquire_all_charged(&names, options, wait(request.wait_ms)?, reservation)
+        .await?;
     let lent = match (&reservation, &charge) {
         (Some(reservation), Some(charge)) if app.settles_on_release(reservation) => {
             let lent = app.lend(permit);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use inflight::quota::{CommitOn, DetachedReservation, QuotaError, Settle, Settlement};
 use inflight::store::{IndexOp, Recorded};
-use inflight::{PermitId, Reservation, StoreError, Wakeups};
+use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, StoreError, Wakeups};
 
 use super::App;
 use crate::error::ApiError;
@@ -56,6 +56,26 @@ impl<S: Wakeups> App<S> {
         self.timed("quota", reserved)
             .await
             .map_err(|error| quota_error(&charge.key, error))
+    }
+
+    /// Admits under `keys` (waiting up to `wait`) after `reservation` was made: a refusal refunds it
+    /// before it is answered; an admission hands it back with the permit.
+    pub async fn acquire_all_charged(
+        &self,
+        keys: &[&str],
+        options: AcquireOptions,
+        wait: Duration,
+        reservation: Option<Reservation>,
+    ) -> Result<(Permit, Option<Reservation>), KeyRefused> {
+        match self.acquire_all(keys, options, wait).await {
+            Ok(permit) => Ok((permit, reservation)),
+            Err(refused) => {
+                if let Some(reservation) = reservation {
+                    self.refund_refused(reservation).await;
+                }
+                Err(refused)
+            }
+        }
     }
 
     /// Gives back the reservation of a refused admission before the refusal is answered.

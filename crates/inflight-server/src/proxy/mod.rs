@@ -218,18 +218,14 @@ async fn admit<S: Wakeups>(
         Some(key) => Some(app.reserve(&Charge { key, amount: 1 }, None).await?),
         None => None,
     };
-    let permit = match app
-        .acquire_all(names, inflight::AcquireOptions::new(), upstream.max_wait)
-        .await
-    {
-        Ok(permit) => permit,
-        Err(refused) => {
-            if let Some(reservation) = reservation {
-                app.refund_refused(reservation).await;
-            }
-            return Err(refused.into());
-        }
-    };
+    let (permit, reservation) = app
+        .acquire_all_charged(
+            names,
+            inflight::AcquireOptions::new(),
+            upstream.max_wait,
+            reservation,
+        )
+        .await?;
     let reservation = match reservation {
         Some(reservation) if app.settles_on_release(&reservation) => Some(reservation),
         Some(reservation) => {

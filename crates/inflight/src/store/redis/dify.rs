@@ -8,11 +8,11 @@ use redis::ScriptInvocation;
 use super::batch::Reply;
 use super::error::retried;
 use super::status::{change_arg, status_of};
-use super::{fields, number, scripts, RedisStore};
+use super::{fields, renewal_of, scripts, RedisStore};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::policy::{ClassLimits, Limit};
-use crate::store::{AcquireRequest, Grant, KeyStatus, OverrideChange, RenewRequest, Renewal};
+use crate::policy::ClassLimits;
+use crate::store::{AcquireRequest, KeyStatus, OverrideChange, RenewRequest, Renewal};
 
 /// How a [`RedisStore`](super::RedisStore) names and keeps its keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,20 +123,7 @@ impl RedisStore {
         };
         let lease_ms = req.lease_ms.unwrap_or(0);
         let call = self.dify_call("n", &req.keys, &req.id, lease_ms, readd, &req.limits)?;
-        let out = self.dify_run(call).await?;
-        let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&out)?;
-        let grant = Grant {
-            limit: Limit::from_u32(number(limit)?),
-            in_flight: number(in_flight)?,
-            weight: number(weight)?,
-            expires_at_ms: number(expires_at_ms)?,
-        };
-        match outcome {
-            1 => Ok(Renewal::Renewed(grant)),
-            2 => Ok(Renewal::Readded(grant)),
-            0 => Ok(Renewal::Lost),
-            other => Err(StoreError::Protocol(format!("dify.lua renewed: {other}"))),
-        }
+        renewal_of(fields(&self.dify_run(call).await?)?)
     }
 
     pub(super) async fn dify_status(

@@ -198,21 +198,29 @@ impl RedisStore {
         args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
         let out = self.run(&scripts::RENEW, keys, &args).await?;
         let [outcome, limit, in_flight, weight, expires_at_ms, held] = fields(&out)?;
-        let grant = Grant {
-            limit: Limit::from_u32(number(limit)?),
-            in_flight: number(in_flight)?,
-            weight: number(weight)?,
-            expires_at_ms: number(expires_at_ms)?,
-        };
-        let held = held == 1;
-        match outcome {
-            1 => Ok((Renewal::Renewed(grant), held)),
-            2 => Ok((Renewal::Readded(grant), held)),
-            0 => Ok((Renewal::Lost, held)),
-            other => Err(StoreError::Protocol(format!(
-                "renew answered outcome {other}"
-            ))),
-        }
+        let renewal = renewal_of([outcome, limit, in_flight, weight, expires_at_ms])?;
+        Ok((renewal, held == 1))
+    }
+}
+
+/// A renewal's answer (`renew.lua`'s first five numbers, `dify.lua`'s five): outcome (1 renewed,
+/// 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms.
+fn renewal_of(
+    [outcome, limit, in_flight, weight, expires_at_ms]: [i64; 5],
+) -> Result<Renewal, StoreError> {
+    let grant = Grant {
+        limit: Limit::from_u32(number(limit)?),
+        in_flight: number(in_flight)?,
+        weight: number(weight)?,
+        expires_at_ms: number(expires_at_ms)?,
+    };
+    match outcome {
+        1 => Ok(Renewal::Renewed(grant)),
+        2 => Ok(Renewal::Readded(grant)),
+        0 => Ok(Renewal::Lost),
+        other => Err(StoreError::Protocol(format!(
+            "renew answered outcome {other}"
+        ))),
     }
 }
 
