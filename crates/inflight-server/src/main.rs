@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
 use inflight_server::bench::BenchArgs;
-use inflight_server::config::{Cli, Command, Layered, ProxySettings};
+use inflight_server::config::{Cli, Command, Layered, LogFormat, ProxySettings};
 use inflight_server::server::{self, Workers};
 use inflight_server::{Settings, Shared};
 
@@ -53,25 +53,22 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("INFLIGHT_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        // A log that cannot be written (stderr closed or full) is lost, not a panic of the server.
-        .log_internal_errors(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let (settings, proxy) = match &cli.command {
         Command::Serve(args) => (args.layered(&matches)?, None),
         Command::Proxy(args) => {
             let proxy = args.layered(&matches)?;
             (proxy.serve.clone(), Some(proxy))
         }
-        Command::Bench(args) => return bench(args).await,
+        Command::Bench(args) => {
+            // `bench` has no log settings: text, at INFLIGHT_LOG's level (info when unset or invalid).
+            let level = std::env::var("INFLIGHT_LOG").unwrap_or_default();
+            let filter = tracing_subscriber::EnvFilter::try_new(level)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            init_logging(LogFormat::Text, filter);
+            return bench(args).await;
+        }
     };
+    init_logging(settings.logging.log_format, settings.logging.filter()?);
     let shared = Shared::new(&settings)?;
     reload_on_hangup(cli.command, matches, shared.clone());
     if settings.store.starts_with("memory://") {
@@ -81,6 +78,29 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     } else {
         let opened = settings.clone();
         run(settings, proxy, shared, move || redis_store(&opened)).await
+    }
+}
+
+/// Logs to stderr, in `format`, the lines that `filter` lets through.
+fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        // A log that cannot be written (stderr closed or full) is lost, not a panic of the server.
+        .log_internal_errors(false);
+    match format {
+        LogFormat::Text => builder
+            .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One object a line, the event's fields at its top level, with its target (inflight::access
+        // for the proxy's access lines).
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
     }
 }
 

@@ -12,13 +12,24 @@
 //! | `inflight_wait_duration_seconds` | histogram | how long admissions that could wait waited |
 //! | `inflight_wait_timeouts_total` | counter | waits that ended without a slot |
 //! | `inflight_reservations_total` | counter | `outcome` = committed / refunded / expired (refunded by the store when their ttl passed) |
+//! | `inflight_proxy_requests_total` | counter | `status_class` = 1xx..5xx, `class`, `result` = admitted / unlimited / refused / error |
+//! | `inflight_upstream_duration_seconds` | histogram | the proxy's upstream, until its response headers |
+//! | `inflight_store_up` | gauge | 1 when the store answered the scrape's check, else 0 |
+//!
+//! docs/metrics.md describes each, with the alerts to build on them; `describe.rs` has their `# HELP`.
+
+mod describe;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use http::StatusCode;
+use inflight::Wakeups;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::app::App;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -29,6 +40,13 @@ const WAIT_BUCKETS: &[f64] = &[
 const STORE_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+
+const UPSTREAM_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// How long the scrape's check of the store may take before the store counts as down.
+const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Leases handed out over HTTP that `inflight_in_flight` counts, at most (past this, new ones go uncounted).
 const MAX_LENT: usize = 100_000;
@@ -45,6 +63,7 @@ pub struct Metrics {
     errors: metrics::Counter,
     releases: metrics::Counter,
     store: [(&'static str, metrics::Histogram); 7],
+    upstream: metrics::Histogram,
     in_flight: Arc<InFlight>,
 }
 
@@ -89,6 +108,52 @@ pub enum AdmissionResult {
     Error,
 }
 
+/// What became of a request the proxy answered, for `inflight_proxy_requests_total` and the access log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyResult {
+    /// Forwarded under a permit that held a slot; the upstream answered.
+    Admitted,
+    /// Forwarded without holding a slot (an unlimited key, a path outside `--limit-path`, keys not
+    /// formed under `--on-missing-key pass`); the upstream answered.
+    Unlimited,
+    /// Refused by the proxy with 429: the limit reached (after any wait), or the quota exhausted.
+    Refused,
+    /// Answered by the proxy itself otherwise: a bad or missing key, the store unavailable, the
+    /// upstream unreachable or too slow.
+    Error,
+}
+
+impl ProxyResult {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admitted => "admitted",
+            Self::Unlimited => "unlimited",
+            Self::Refused => "refused",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// The class of `key` in the metrics: the pattern of its `[[limits]]` rule, or `default`.
+pub fn key_class(policy: &inflight::Policy, key: &str) -> String {
+    policy
+        .rule_for(key)
+        .map_or("default", |rule| rule.pattern())
+        .to_owned()
+}
+
+/// `2xx` and the like.
+fn status_class(status: StatusCode) -> &'static str {
+    match status.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}
+
 impl Metrics {
     /// Installs the recorder on first use; `per_key` adds a `key` label to the admission counters.
     pub fn new(per_key: bool) -> Self {
@@ -105,11 +170,19 @@ impl Metrics {
                             WAIT_BUCKETS,
                         )
                     })
+                    .and_then(|builder| {
+                        builder.set_buckets_for_metric(
+                            Matcher::Full("inflight_upstream_duration_seconds".into()),
+                            UPSTREAM_BUCKETS,
+                        )
+                    })
                     .unwrap_or_else(|_| PrometheusBuilder::new());
                 let recorder = builder.build_recorder();
                 let handle = recorder.handle();
                 // Fails only if another recorder was installed first; the handle then renders nothing.
-                let _ = metrics::set_global_recorder(recorder);
+                if metrics::set_global_recorder(recorder).is_ok() {
+                    describe::describe_all();
+                }
                 handle
             })
             .clone();
@@ -121,6 +194,7 @@ impl Metrics {
             errors: metrics::counter!("inflight_admissions_total", "result" => "error"),
             releases: metrics::counter!("inflight_releases_total"),
             in_flight: Arc::default(),
+            upstream: metrics::histogram!("inflight_upstream_duration_seconds"),
             store: STORE_OPS.map(|op| {
                 (
                     op,
@@ -143,6 +217,35 @@ impl Metrics {
         } else {
             counter.increment(1);
         }
+    }
+
+    /// Whether metrics (and the access log) may name keys.
+    pub fn per_key(&self) -> bool {
+        self.per_key
+    }
+
+    /// Counts a request the proxy answered with `status`, under a key of `class` (`none` when it had
+    /// no key) and, with per-key metrics, `key`.
+    pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
+        let (status_class, result, class) =
+            (status_class(status), result.as_str(), class.to_owned());
+        match key.filter(|_| self.per_key) {
+            Some(key) => metrics::counter!(
+                "inflight_proxy_requests_total",
+                "status_class" => status_class, "class" => class, "result" => result, "key" => key.to_owned()
+            )
+            .increment(1),
+            None => metrics::counter!(
+                "inflight_proxy_requests_total",
+                "status_class" => status_class, "class" => class, "result" => result
+            )
+            .increment(1),
+        }
+    }
+
+    /// Records how long the upstream took until its response headers.
+    pub fn upstream_latency(&self, took: Duration) {
+        self.upstream.record(took.as_secs_f64());
     }
 
     /// Counts a release.
@@ -219,8 +322,9 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text, with the limiter's own counters brought up to date.
-    pub fn render(&self, stats: &inflight::LimiterStats) -> String {
+    /// The Prometheus text, with the limiter's own counters brought up to date and `store_up` (whether
+    /// the store answered a check just now).
+    pub fn render(&self, stats: &inflight::LimiterStats, store_up: bool) -> String {
         metrics::counter!("inflight_leases_reclaimed_total")
             .absolute(stats.reclaimed.load(Ordering::Relaxed));
         metrics::counter!("inflight_leases_lost_total")
@@ -236,11 +340,25 @@ impl Metrics {
         let in_flight = self.in_flight.proxied.load(Ordering::Relaxed) + lent;
         // This server's own, where the recorder's gauges are the process's.
         let mut text = self.handle.render();
-        text.push_str(&format!(
-            "# TYPE inflight_in_flight gauge\ninflight_in_flight {in_flight}\n"
-        ));
+        for (name, help, value) in [
+            ("inflight_in_flight", describe::IN_FLIGHT, in_flight),
+            ("inflight_store_up", describe::STORE_UP, u64::from(store_up)),
+        ] {
+            text.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
+            ));
+        }
         text
     }
+}
+
+/// The metrics page of `app`'s server: the store checked (within a second), the counters brought up
+/// to date.
+pub async fn scrape<S: Wakeups>(app: &App<S>) -> String {
+    app.metrics.reservations(app.quota.stats());
+    let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, app.limiter.store().maintain());
+    let store_up = matches!(check.await, Ok(Ok(())));
+    app.metrics.render(app.limiter.stats(), store_up)
 }
 
 /// An admission waiting for a slot, in `inflight_waiting` until done or dropped (its client went away).

@@ -385,8 +385,7 @@ async fn readyz<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
 }
 
 async fn metrics<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
-    app.metrics.reservations(app.quota.stats());
-    let text = app.metrics.render(app.limiter.stats());
+    let text = crate::metrics::scrape(&app).await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

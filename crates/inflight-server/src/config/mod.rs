@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use connections::Connections;
 pub use inflight::MAX_LEASE;
+pub use logging::{LogFormat, LoggingSettings};
 pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};
 pub use rules::LimitRule;
@@ -23,6 +24,7 @@ pub use store::{Layout, RedisSettings};
 
 mod connections;
 mod layer;
+mod logging;
 mod proxy;
 mod quota;
 mod rules;
@@ -159,6 +161,10 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub quota: QuotaSettings,
+    /// The settings of the log.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub logging: LoggingSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -253,6 +259,7 @@ impl Layered for Settings {
         self.connections.check()?;
         self.redis.check()?;
         self.quota.check()?;
+        self.logging.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)

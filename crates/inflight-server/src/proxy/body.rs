@@ -14,6 +14,7 @@ use inflight_tower::PermitBody;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
+use super::access::Line;
 use crate::metrics::Held;
 
 pin_project! {
@@ -24,6 +25,8 @@ pin_project! {
         cut: Cut,
         _held: Option<Held>,
         charge: Option<Reservation>,
+        // Written when the body is dropped: after the permit's release and the charge's settlement.
+        _line: Option<Line>,
     }
 
     impl PinnedDrop for ProxyBody {
@@ -51,7 +54,14 @@ impl ProxyBody {
             cut: Cut::Watching(cut),
             _held: held,
             charge,
+            _line: None,
         }
+    }
+
+    /// The body, with the access line to write when it is dropped (the response has ended).
+    pub(super) fn logged(mut self, line: Option<Line>) -> Self {
+        self._line = line;
+        self
     }
 }
 

@@ -1,8 +1,9 @@
 //! The reverse proxy: admits each request under the keys its templates form (all at once, or none),
 //! forwards it to the upstream, and holds the permit until the response body has been sent or the client
 //! has gone away. Bodies stream both ways unbuffered (server-sent events included). The API answers under
-//! `/_inflight/`.
+//! `/_inflight/`. Each request is counted and logged (`access.rs`).
 
+mod access;
 mod body;
 mod headers;
 mod keys;
@@ -24,6 +25,7 @@ pub use paths::LimitPaths;
 use crate::app::{App, Charge};
 use crate::error::ApiError;
 use crate::incoming::RequestBody;
+use crate::metrics::ProxyResult;
 
 /// Where and how to forward.
 #[derive(Clone, Debug)]
@@ -47,6 +49,8 @@ pub struct Upstream {
     /// Whether the API answers under `/_inflight` on the proxied port (else it answers only on the admin
     /// listener, and `/_inflight` here is 404).
     pub api_on_proxy_port: bool,
+    /// Whether each request gets an access line (`--access-log`).
+    pub access_log: bool,
 }
 
 /// The client at the other end of a connection: its address, and its IP address written out once per
@@ -98,18 +102,41 @@ impl<S: Wakeups> Proxy<S> {
 
     /// The response to `request`, which came from `client`.
     pub async fn forward(self: Arc<Self>, request: Request<RequestBody>, client: Peer) -> Response {
-        match forward_checked(&self, &client, request).await {
-            Ok(response) => response,
-            Err(error) => error.into_response(),
+        let mut access = access::Access::new(&request, &self.app.metrics, self.upstream.access_log);
+        match forward_checked(&self, &client, request, &mut access).await {
+            Ok(Forwarded {
+                parts,
+                body,
+                result,
+            }) => {
+                let line = access.answered(parts.status, result, None);
+                Response::from_parts(parts, Body::new(body.logged(line)))
+            }
+            Err(error) => {
+                let result = match error.status() {
+                    StatusCode::TOO_MANY_REQUESTS => ProxyResult::Refused,
+                    _ => ProxyResult::Error,
+                };
+                drop(access.answered(error.status(), result, Some(error.code())));
+                error.into_response()
+            }
         }
     }
+}
+
+/// A response of the upstream, on its way to the client.
+struct Forwarded {
+    parts: http::response::Parts,
+    body: body::ProxyBody,
+    result: ProxyResult,
 }
 
 async fn forward_checked<S: Wakeups>(
     proxy: &Proxy<S>,
     client: &Peer,
     request: Request<RequestBody>,
-) -> Result<Response, ApiError> {
+    access: &mut access::Access,
+) -> Result<Forwarded, ApiError> {
     let app = &proxy.app;
     // A reverse proxy forwards requests for its upstream's resources: it opens no tunnels (CONNECT) and
     // echoes nothing back along the way (TRACE).
@@ -123,15 +150,20 @@ async fn forward_checked<S: Wakeups>(
             "The proxy does not forward CONNECT or TRACE.",
         ));
     }
-    let (permit, reservation) = admit(proxy, &request).await?.unzip();
+    let (permit, reservation) = admit(proxy, &request, access).await?.unzip();
     let reservation = reservation.flatten();
     // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
     let held = permit
         .as_ref()
         .is_some_and(Permit::is_counted)
         .then(|| app.metrics.hold());
+    let result = match held {
+        Some(_) => ProxyResult::Admitted,
+        None => ProxyResult::Unlimited,
+    };
     let upstream_request = proxy.target.to_upstream(request, client)?;
     let sent = proxy.pool.send(upstream_request);
+    let started = std::time::Instant::now();
     // On every early return below, the permit, its reservation and `held` are dropped: the slot is
     // released, and counted, and the charge refunded.
     let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
@@ -156,6 +188,7 @@ async fn forward_checked<S: Wakeups>(
         }
         Ok(Ok(response)) => response,
     };
+    app.metrics.upstream_latency(started.elapsed());
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
     // An upstream error is not charged (the reservation is dropped: refunded).
@@ -163,7 +196,11 @@ async fn forward_checked<S: Wakeups>(
     // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
     // committed when the body was sent to its end, refunded otherwise.
     let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), held, reservation);
-    Ok(Response::from_parts(parts, Body::new(body)))
+    Ok(Forwarded {
+        parts,
+        body,
+        result,
+    })
 }
 
 /// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at
@@ -172,6 +209,7 @@ async fn forward_checked<S: Wakeups>(
 async fn admit<S: Wakeups>(
     proxy: &Proxy<S>,
     request: &Request<RequestBody>,
+    access: &mut access::Access,
 ) -> Result<Option<(Permit, Option<Reservation>)>, ApiError> {
     let upstream = &proxy.upstream;
     let quota_uses_path = upstream
@@ -207,6 +245,7 @@ async fn admit<S: Wakeups>(
         }
         Err(keys::Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
     };
+    access.keys(&keys, &proxy.app.limiter.policy());
     // The keys as the limiter takes them, without a second allocation (there are at most MAX_KEYS).
     let mut names = [""; MAX_KEYS];
     for (name, key) in names.iter_mut().zip(&keys) {

@@ -1,0 +1,144 @@
+//! What the proxy says about each request it answers: one count in `inflight_proxy_requests_total` when
+//! its status is known, and one access line (target `inflight::access`, level info) when its response has
+//! ended, unless `--access-log false`. The line has the method, the path without its query string (which
+//! may carry secrets), the status, the result, the class of the key, the key's hash (its raw value only
+//! with `--metrics-per-key`, which already shows keys), the duration and, for the proxy's own answers,
+//! the error code. Headers (Authorization above all) are never logged.
+
+use std::time::Instant;
+
+use http::{Method, Request, StatusCode};
+
+use crate::metrics::{key_class, Metrics, ProxyResult};
+
+/// The longest path an access line shows, in bytes.
+const MAX_PATH: usize = 512;
+
+/// A request being answered: what its access line and its count need.
+pub(super) struct Access {
+    method: Method,
+    path: String,
+    started: Instant,
+    /// The class of its (first) key; `none` until keys are formed.
+    class: String,
+    /// Its first key, for per-key metrics only.
+    first_key: Option<String>,
+    /// Its keys as logged: hashes, or the keys themselves with per-key metrics.
+    keys: Option<String>,
+    metrics: Metrics,
+    log: bool,
+}
+
+impl Access {
+    /// The record of `request`, arrived now.
+    pub(super) fn new<B>(request: &Request<B>, metrics: &Metrics, log: bool) -> Self {
+        let mut path = request.uri().path().to_owned();
+        if path.len() > MAX_PATH {
+            let mut end = MAX_PATH;
+            while !path.is_char_boundary(end) {
+                end -= 1;
+            }
+            path.truncate(end);
+        }
+        Self {
+            method: request.method().clone(),
+            path,
+            started: Instant::now(),
+            class: "none".to_owned(),
+            first_key: None,
+            keys: None,
+            metrics: metrics.clone(),
+            log,
+        }
+    }
+
+    /// The keys the request is admitted under.
+    pub(super) fn keys(&mut self, keys: &[String], policy: &inflight::Policy) {
+        let Some(first) = keys.first() else {
+            return;
+        };
+        self.class = key_class(policy, first);
+        let per_key = self.metrics.per_key();
+        self.first_key = per_key.then(|| first.clone());
+        let shown: Vec<String> = keys
+            .iter()
+            .map(|key| if per_key { key.clone() } else { hash(key) })
+            .collect();
+        self.keys = Some(shown.join(","));
+    }
+
+    /// Counts the request, answered `status` with `result`; its access line is written when the
+    /// returned [`Line`] is dropped (when the response has ended).
+    pub(super) fn answered(
+        self,
+        status: StatusCode,
+        result: ProxyResult,
+        code: Option<&'static str>,
+    ) -> Option<Line> {
+        self.metrics
+            .proxied(status, &self.class, self.first_key.as_deref(), result);
+        self.log.then_some(Line {
+            access: self,
+            status,
+            result,
+            code,
+        })
+    }
+}
+
+/// An access line, written when dropped.
+pub(super) struct Line {
+    access: Access,
+    status: StatusCode,
+    result: ProxyResult,
+    code: Option<&'static str>,
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        let access = &self.access;
+        let duration_ms = u64::try_from(access.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let per_key = access.metrics.per_key();
+        let (key, key_hash) = match &access.keys {
+            Some(keys) if per_key => (Some(keys.as_str()), None),
+            Some(keys) => (None, Some(keys.as_str())),
+            None => (None, None),
+        };
+        tracing::info!(
+            target: "inflight::access",
+            method = %access.method,
+            path = %access.path,
+            status = self.status.as_u16(),
+            result = self.result.as_str(),
+            class = %access.class,
+            key,
+            key_hash,
+            code = self.code,
+            duration_ms,
+            "access"
+        );
+    }
+}
+
+/// The first 16 hex digits of the SHA-256 of `key` (as `{bearer_hash}` makes them): the same key gives
+/// the same hash, so lines can be followed by key without showing it.
+fn hash(key: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hash;
+
+    #[test]
+    fn a_key_is_logged_as_16_hex_digits_of_its_sha256() {
+        // printf 'app:1' | sha256sum
+        assert_eq!(hash("app:1"), "d2bb92ca7c6d792d");
+        assert_ne!(hash("app:1"), hash("app:2"));
+        assert!(hash("app:1").bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+}
