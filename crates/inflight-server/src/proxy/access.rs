@@ -77,7 +77,8 @@ impl Access {
     ) -> Option<Line> {
         self.metrics
             .proxied(status, &self.class, self.first_key.as_deref(), result);
-        self.log.then_some(Line {
+        // Made only when logged: a line logs when dropped.
+        self.log.then(|| Line {
             access: self,
             status,
             result,
