@@ -19,6 +19,9 @@
 //! docs/metrics.md describes each, with the alerts to build on them; `describe.rs` has their `# HELP`.
 
 mod describe;
+mod proxied;
+
+pub use proxied::{key_class, ProxyResult};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,52 +111,6 @@ pub enum AdmissionResult {
     Error,
 }
 
-/// What became of a request the proxy answered, for `inflight_proxy_requests_total` and the access log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProxyResult {
-    /// Forwarded under a permit that held a slot; the upstream answered.
-    Admitted,
-    /// Forwarded without holding a slot (an unlimited key, a path outside `--limit-path`, keys not
-    /// formed under `--on-missing-key pass`); the upstream answered.
-    Unlimited,
-    /// Refused by the proxy with 429: the limit reached (after any wait), or the quota exhausted.
-    Refused,
-    /// Answered by the proxy itself otherwise: a bad or missing key, the store unavailable, the
-    /// upstream unreachable or too slow.
-    Error,
-}
-
-impl ProxyResult {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Admitted => "admitted",
-            Self::Unlimited => "unlimited",
-            Self::Refused => "refused",
-            Self::Error => "error",
-        }
-    }
-}
-
-/// The class of `key` in the metrics: the pattern of its `[[limits]]` rule, or `default`.
-pub fn key_class(policy: &inflight::Policy, key: &str) -> String {
-    policy
-        .rule_for(key)
-        .map_or("default", |rule| rule.pattern())
-        .to_owned()
-}
-
-/// `2xx` and the like.
-fn status_class(status: StatusCode) -> &'static str {
-    match status.as_u16() / 100 {
-        1 => "1xx",
-        2 => "2xx",
-        3 => "3xx",
-        4 => "4xx",
-        _ => "5xx",
-    }
-}
-
 impl Metrics {
     /// Installs the recorder on first use; `per_key` adds a `key` label to the admission counters.
     pub fn new(per_key: bool) -> Self {
@@ -228,7 +185,7 @@ impl Metrics {
     /// no key) and, with per-key metrics, `key`.
     pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
         let (status_class, result, class) =
-            (status_class(status), result.as_str(), class.to_owned());
+            (proxied::status_class(status), result.as_str(), class.to_owned());
         match key.filter(|_| self.per_key) {
             Some(key) => metrics::counter!(
                 "inflight_proxy_requests_total",

@@ -194,28 +194,43 @@ async fn inflight_log_takes_directives_from_the_environment() {
     assert!(access_lines(&lines).is_empty(), "{lines:?}");
 }
 
+/// `inflight serve ARGS` that exits at once: its stderr.
+fn refused(args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env_clear()
+        .output()
+        .expect("run inflight");
+    assert!(!output.status.success(), "{args:?} was accepted");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 #[test]
-fn a_bad_log_level_is_refused_naming_the_setting() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-level",
-            "info,[=nonsense",
-        ])
-        .env_clear()
-        .output()
-        .expect("run inflight");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+fn the_log_settings_come_from_the_file_too_and_bad_ones_are_named() {
+    let stderr = refused(&["--log-level", "info,[=nonsense"]);
     assert!(stderr.contains("invalid setting `log_level`"), "{stderr}");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_inflight"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "xml"])
-        .env_clear()
-        .output()
-        .expect("run inflight");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&["--log-format", "xml"]);
     assert!(stderr.contains("--log-format"), "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "log_format = \"xml\"\n").unwrap();
+    let stderr = refused(&["--config", bad.to_str().unwrap()]);
+    assert!(stderr.contains("invalid setting `log_format`"), "{stderr}");
+    std::fs::write(&bad, "access_log = \"maybe\"\n").unwrap();
+    let stderr = refused(&["--config", bad.to_str().unwrap()]);
+    assert!(stderr.contains("invalid setting `access_log`"), "{stderr}");
+
+    let good = dir.path().join("good.toml");
+    std::fs::write(&good, "log_format = \"json\"\nlog_level = \"debug\"\n").unwrap();
+    let (_server, started) = Running::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        good.to_str().unwrap(),
+    ]);
+    let started: Value = serde_json::from_str(&started).expect("JSON, as the file says");
+    assert_eq!(started["command"], "serve");
 }

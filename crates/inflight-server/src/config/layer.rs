@@ -11,7 +11,9 @@ use figment::Figment;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{invalid, ConfigError, Connections, ProxySettings, RedisSettings, Settings};
+use super::{
+    invalid, ConfigError, Connections, LoggingSettings, ProxySettings, RedisSettings, Settings,
+};
 
 /// `args` as parsed, with the file (if any) over the defaults and under the flags and the environment.
 pub(super) fn layer<A: Serialize + DeserializeOwned>(
@@ -74,6 +76,10 @@ pub(super) fn layer<A: Serialize + DeserializeOwned>(
             _ => e,
         };
         let e = match (e.path.is_empty(), figment.extract::<RedisSettings>()) {
+            (true, Err(named)) => named,
+            _ => e,
+        };
+        let e = match (e.path.is_empty(), figment.extract::<LoggingSettings>()) {
             (true, Err(named)) => named,
             _ => e,
         };
