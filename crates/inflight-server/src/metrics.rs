@@ -184,8 +184,11 @@ impl Metrics {
     /// Counts a request the proxy answered with `status`, under a key of `class` (`none` when it had
     /// no key) and, with per-key metrics, `key`.
     pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
-        let (status_class, result, class) =
-            (proxied::status_class(status), result.as_str(), class.to_owned());
+        let (status_class, result, class) = (
+            proxied::status_class(status),
+            result.as_str(),
+            class.to_owned(),
+        );
         match key.filter(|_| self.per_key) {
             Some(key) => metrics::counter!(
                 "inflight_proxy_requests_total",
