@@ -395,3 +395,43 @@ async fn the_dashboard_the_alerts_and_the_docs_name_only_exported_metrics() {
         "docs/metrics.md lacks {undocumented:?}"
     );
 }
+
+/// `inflight_store_up` follows the store: 1 with Redis up, 0 once it is stopped (and the admissions it
+/// refuses meanwhile are `result="error"`), 1 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_up_follows_the_store() {
+    let mut redis = common::TestRedis::start();
+    let url = redis.url();
+    let (_server, started) = Running::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--default-limit",
+        "1",
+        "--store",
+        &url,
+    ]);
+    let api = format!("http://{}", listen_of(&started));
+    let (http, metrics) = (Client::new(), format!("{api}/metrics"));
+    until(&http, &metrics, "inflight_store_up", 1.0).await;
+    redis.stop();
+    until(&http, &metrics, "inflight_store_up", 0.0).await;
+    let refused = http
+        .post(format!("{api}/v1/keys/app:1/permits"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let down = until(
+        &http,
+        &metrics,
+        "inflight_admissions_total{result=\"error\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(down.value("inflight_store_up"), 0.0);
+    redis.restart();
+    until(&http, &metrics, "inflight_store_up", 1.0).await;
+}
