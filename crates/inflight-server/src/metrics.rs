@@ -12,6 +12,7 @@
 //! | `inflight_wait_duration_seconds` | histogram | how long admissions that could wait waited |
 //! | `inflight_wait_timeouts_total` | counter | waits that ended without a slot |
 //! | `inflight_reservations_total` | counter | `outcome` = committed / refunded / expired (refunded by the store when their ttl passed) |
+//! | `inflight_quota_balance`, `inflight_quota_reserved` | gauge | `class`: with `--metrics-balances`, the sum of the last balance (what can be reserved; what open reservations hold) this process was answered for each key of the class |
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +30,18 @@ const WAIT_BUCKETS: &[f64] = &[
 const STORE_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+
+/// The most keys whose balances `--metrics-balances` follows.
+pub const MAX_BALANCE_KEYS: usize = 10_000;
+
+/// The class of `key` in metrics' labels: the pattern of its `[[limits]]` rule, or `default`.
+pub fn class_of<'p>(policy: &'p inflight::Policy, key: &str) -> &'p str {
+    policy
+        .rules()
+        .iter()
+        .find(|rule| rule.matches(key))
+        .map_or("default", |rule| rule.pattern())
+}
 
 /// Leases handed out over HTTP that `inflight_in_flight` counts, at most (past this, new ones go uncounted).
 const MAX_LENT: usize = 100_000;
@@ -207,8 +220,20 @@ impl Metrics {
             .remove(&(key.to_owned(), id.to_owned()));
     }
 
-    /// Brings `inflight_reservations_total` up to date with how the server's reservations have ended.
-    pub fn reservations(&self, stats: &inflight::quota::QuotaStats) {
+    /// Brings `inflight_reservations_total` up to date with how the server's reservations have ended,
+    /// and the balances per class (of `policy`) with the last ones seen.
+    pub fn reservations(&self, stats: &inflight::quota::QuotaStats, policy: &inflight::Policy) {
+        let mut classes: HashMap<&str, (u64, u64)> = HashMap::new();
+        for (key, balance) in stats.balances() {
+            let sums = classes.entry(class_of(policy, &key)).or_default();
+            sums.0 = sums.0.saturating_add(balance.balance);
+            sums.1 = sums.1.saturating_add(balance.reserved);
+        }
+        for (class, (balance, reserved)) in classes {
+            let class = class.to_owned();
+            metrics::gauge!("inflight_quota_balance", "class" => class.clone()).set(balance as f64);
+            metrics::gauge!("inflight_quota_reserved", "class" => class).set(reserved as f64);
+        }
         for (outcome, count) in [
             ("committed", &stats.committed),
             ("refunded", &stats.refunded),

@@ -385,7 +385,8 @@ async fn readyz<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
 }
 
 async fn metrics<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
-    app.metrics.reservations(app.quota.stats());
+    app.metrics
+        .reservations(app.quota.stats(), &app.limiter.policy());
     let text = app.metrics.render(app.limiter.stats());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -158,6 +158,13 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL")]
     #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_per_key: bool,
+    /// Export the balances of quotas per class of keys (inflight_quota_balance{class}, ..._reserved): the
+    /// sum of the last balance this process was answered for each key of the class, for up to 10,000
+    /// keys.
+    #[arg(help_heading = "Logging and metrics")]
+    #[arg(long, env = "INFLIGHT_METRICS_BALANCES", value_name = "BOOL")]
+    #[arg(default_value_t = false, action = clap::ArgAction::Set)]
+    pub metrics_balances: bool,
     /// How long, after SIGTERM or Ctrl-C, running responses may finish.
     #[arg(help_heading = "Listening")]
     #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION")]

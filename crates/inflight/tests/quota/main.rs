@@ -171,3 +171,33 @@ async fn a_key_holds_a_bounded_number_of_open_reservations() {
 fn child_process() {
     processes::child();
 }
+
+/// Stats made with `with_balances` keep the last balance answered for each key, of a bounded number.
+#[tokio::test]
+async fn stats_keep_the_last_balance_of_a_bounded_number_of_keys() {
+    use inflight::quota::{Fund, QuotaStats};
+    let stats = std::sync::Arc::new(QuotaStats::with_balances(2));
+    let quota = Memory::new().quota().with_stats(stats.clone());
+    for (key, n) in [("tenant:a", 5), ("tenant:b", 3), ("tenant:c", 1)] {
+        quota.fund(key, Fund::Set(n)).await.unwrap();
+    }
+    let held = quota.reserve("tenant:a", 2).await.unwrap();
+    let figures = |stats: &QuotaStats| {
+        let mut seen: Vec<(String, u64, u64)> = stats
+            .balances()
+            .into_iter()
+            .map(|(key, b)| (key.into(), b.balance, b.reserved))
+            .collect();
+        seen.sort();
+        seen
+    };
+    let want = [("tenant:a", 3, 2), ("tenant:b", 3, 0)];
+    let want: Vec<(String, u64, u64)> = want
+        .iter()
+        .map(|(k, b, r)| (k.to_string(), *b, *r))
+        .collect();
+    assert_eq!(figures(&stats), want, "tenant:c is past the bound");
+    held.commit().await.unwrap();
+    assert_eq!(figures(&stats)[0], ("tenant:a".to_owned(), 3, 0));
+    assert!(QuotaStats::default().balances().is_empty());
+}
