@@ -77,8 +77,11 @@ pub struct QuotaStats {
     /// Reservations the store refunded because their ttl passed: a sign of crashed holders.
     pub expired: AtomicU64,
     /// The last balance each key was answered with, and how many keys it may hold.
-    balances: Option<(Mutex<HashMap<Box<str>, Balance>>, usize)>,
+    balances: Option<(Mutex<Balances>, usize)>,
 }
+
+/// The last balance seen of each key.
+type Balances = HashMap<Box<str>, Balance>;
 
 impl QuotaStats {
     /// Stats that also keep the last balance the store answered for each key, of at most `max` keys
