@@ -20,6 +20,7 @@ pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};
 pub use rules::LimitRule;
 pub use store::{Layout, RedisSettings};
+pub use tls::TlsSettings;
 
 mod connections;
 mod layer;
@@ -28,6 +29,7 @@ mod quota;
 mod rules;
 mod store;
 mod text;
+mod tls;
 
 use layer::layer;
 
@@ -159,6 +161,10 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub quota: QuotaSettings,
+    /// TLS on the served port.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -253,6 +259,7 @@ impl Layered for Settings {
         self.connections.check()?;
         self.redis.check()?;
         self.quota.check()?;
+        self.tls.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)
