@@ -228,6 +228,12 @@ async fn h2_over_tls_runs_20_streams_on_one_connection_each_holding_its_slot() {
             .unwrap();
     tokio::spawn(connection);
 
+    // The upstream hears that the client came over TLS.
+    let (status, echo) = h2_get(&mut sender, "/echo/proto").await;
+    assert_eq!(status, http::StatusCode::OK);
+    let echo: Value = serde_json::from_slice(&echo).unwrap();
+    assert_eq!(echo["headers"]["x-forwarded-proto"], "https", "{echo}");
+
     let mut streams = Vec::new();
     for _ in 0..20 {
         let mut sender = sender.clone();
@@ -248,7 +254,7 @@ async fn h2_over_tls_runs_20_streams_on_one_connection_each_holding_its_slot() {
     assert_eq!(in_flight(&mut sender, "chat").await, 20, "20 slots held");
     let refused = sender.send_request(get("/sse", "chat")).await.unwrap();
     assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(upstream.hits(), 20, "the 21st was not forwarded");
+    assert_eq!(upstream.hits(), 1 + 20, "the 21st was not forwarded");
 
     upstream.gate.add_permits(2 * 20);
     for body in bodies {

@@ -92,6 +92,9 @@ struct Connection<S: Wakeups> {
     watcher: Watcher,
     /// Its place under the cap, held until it closes.
     slot: Slot,
+    /// Whether it is TLS: its requests then carry [`Scheme::HTTPS`](http::uri::Scheme::HTTPS) in their
+    /// extensions (the proxy's X-Forwarded-Proto).
+    tls: bool,
 }
 
 impl<S: Wakeups> Connection<S> {
@@ -112,12 +115,16 @@ impl<S: Wakeups> Connection<S> {
             limits,
             watcher,
             slot,
+            tls,
         } = self;
         let exchanges = Exchanges::new(limits.header_timeout, limits.idle_timeout);
         let io = TokioIo::new(Guarded::new(io, exchanges.clone()));
         let body_timeout = limits.body_timeout;
-        let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+        let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
             let ongoing = exchanges.begin(request.version());
+            if tls {
+                request.extensions_mut().insert(http::uri::Scheme::HTTPS);
+            }
             let request = request.map(|body| RequestBody::new(body, body_timeout));
             routes.respond(request, &client).map(move |answered| {
                 answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
@@ -174,6 +181,7 @@ pub(super) async fn serve<S: Wakeups>(
             limits: limits.clone(),
             watcher: connections.watcher(),
             slot,
+            tls: tls.is_some(),
         };
         match &tls {
             None => connection.spawn(io),
