@@ -487,3 +487,60 @@ async fn a_client_that_never_says_hello_is_closed_after_the_handshake_timeout() 
     drop(next);
     server.shutdown().await;
 }
+
+/// The binary: `inflight proxy --tls-cert --tls-key` serves TLS on its proxied port, its admin listener
+/// stays plain HTTP, and SIGHUP puts a renewed certificate in force for new connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_tls_and_reloads_its_certificate_on_sighup() {
+    use common::process::{admin_of, listen_of, Running};
+
+    let files = Files::new();
+    let (cert, key) = (files.cert(), files.key());
+    let args = [
+        "proxy",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let (server, started) = Running::start(&args);
+    assert!(started.contains("tls=true"), "{started}");
+    let addr: SocketAddr = listen_of(&started).parse().unwrap();
+    let first = connect(addr, &files.der, &[b"h2"]).await;
+    assert_eq!(peer_cert(&first), files.der);
+    let admin = format!("http://{}/healthz", admin_of(&started));
+    let health = reqwest::get(&admin).await.unwrap();
+    assert_eq!(
+        health.status(),
+        reqwest::StatusCode::OK,
+        "the admin listener is plain HTTP"
+    );
+
+    let files = files.renewed();
+    server.signal("-HUP");
+    let started = Instant::now();
+    loop {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        // Trusting only the new certificate: the handshake fails until it is in force.
+        let connected = client(&files.der, &[b"h2"]).connect(name, tcp).await;
+        if let Ok(tls) = connected {
+            assert_eq!(peer_cert(&tls), files.der);
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the new certificate is not in force"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(first);
+}
