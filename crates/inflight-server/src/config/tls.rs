@@ -19,9 +19,10 @@ const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 /// TLS on the served port.
 #[derive(Clone, Debug, Default, Args, Serialize, Deserialize)]
 pub struct TlsSettings {
-    /// Serve TLS (HTTP/2 and HTTP/1.1, chosen by ALPN) with this certificate chain (PEM, the server's
-    /// certificate first); needs --tls-key. The proxy's --admin-listen stays plain HTTP. SIGHUP re-reads
-    /// the files: new connections get the new certificate.
+    /// Serve TLS (ALPN: HTTP/2, then HTTP/1.1) with this certificate chain (PEM, the server's
+    /// certificate first); needs --tls-key. A handshake has --header-timeout to finish. The proxy's
+    /// --admin-listen stays plain HTTP. SIGHUP re-reads the files: new connections get the new
+    /// certificate.
     #[arg(long, env = "INFLIGHT_TLS_CERT", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
