@@ -1,7 +1,6 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
 use anyhow::Context;
-use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, ProxySettings};
@@ -14,11 +13,7 @@ use inflight_server::{Settings, Shared};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(e) => e.exit(),
-    };
+    let (cli, matches) = inflight_server::config::env::parse();
     // `serve` and `proxy` answer on worker threads of their own (server/), each with its limiter and
     // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
     // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
@@ -71,6 +66,14 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
             (proxy.serve.clone(), Some(proxy))
         }
         Command::Bench(args) => return bench(args).await,
+        Command::CheckConfig(args) => {
+            let command = inflight_server::config::check(args)?;
+            println!(
+                "{}: ok (the settings of `inflight {command}`)",
+                args.file.display()
+            );
+            return Ok(());
+        }
     };
     let shared = Shared::new(&settings)?;
     let tls = server::Tls::load(&settings.tls)?;
@@ -106,7 +109,7 @@ fn reload_on_hangup(
                 let settings = match &command {
                     Command::Serve(args) => args.layered(&matches),
                     Command::Proxy(args) => args.layered(&matches).map(|proxy| proxy.serve),
-                    Command::Bench(_) => return,
+                    Command::Bench(_) | Command::CheckConfig(_) => return,
                 };
                 let reloaded = settings.and_then(|settings| {
                     let policy = settings.policy()?;
@@ -191,6 +194,12 @@ async fn run<S: Wakeups + QuotaStore>(
         ..(&settings).into()
     };
     let workers = Workers::start(listeners, app, upstream, bounds, admin).await?;
+    if settings.default_limit == 0 && settings.limits.is_empty() {
+        tracing::warn!(
+            "no limit is set: every key is unlimited until one is (--default-limit N, --limit \
+             'PATTERN=N', or an override: PUT /v1/keys/{{key}}/limit)"
+        );
+    }
     tracing::info!(
         command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,

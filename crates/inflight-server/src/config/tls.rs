@@ -18,6 +18,7 @@ const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
 
 /// TLS on the served port.
 #[derive(Clone, Debug, Default, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "TLS")]
 pub struct TlsSettings {
     /// Serve TLS (ALPN: HTTP/2, then HTTP/1.1) with this certificate chain (PEM, the server's
     /// certificate first); needs --tls-key. A handshake has --header-timeout to finish. The proxy's

@@ -1,6 +1,7 @@
 //! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), bounds and
 //! an independent ledger under contention (ledger.rs), and, on a real Redis, holders in other processes
-//! killed with SIGKILL and processes churning at once (processes.rs).
+//! killed with SIGKILL and processes churning at once (processes.rs), and the view of metered keys
+//! (view.rs).
 #![allow(missing_docs, unreachable_pub)]
 
 mod ledger;
@@ -8,6 +9,7 @@ mod processes;
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
+mod view;
 
 use std::time::Duration;
 
