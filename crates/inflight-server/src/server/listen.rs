@@ -2,6 +2,7 @@
 //! deadlines, its request bodies' timeout, HTTP/2's limits) and hyper's refusals in JSON; with TLS,
 //! after its handshake (within `--header-timeout`, its place under the cap held meanwhile).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -16,8 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::exchange::{Exchanges, ResponseBody};
-use super::gate::Gate;
-use super::gate::Slot;
+use super::gate::{Gate, Slot};
 use super::guarded::Guarded;
 use super::routes::Routes;
 use super::tls::Tls;
@@ -85,10 +85,11 @@ const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// One accepted connection, with what serving it takes.
 struct Connection<S: Wakeups> {
     routes: Routes<S>,
-    builder: std::sync::Arc<auto::Builder<TokioExecutor>>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
     client: Peer,
     limits: crate::config::Connections,
-    /// Ends the connection gracefully at shutdown (taken before a TLS handshake, so shutdown waits for it).
+    /// Ends the connection gracefully at shutdown; taken before a TLS handshake, so that shutdown waits
+    /// for the handshake (bounded) too.
     watcher: Watcher,
     /// Its place under the cap, held until it closes.
     slot: Slot,
@@ -156,7 +157,7 @@ pub(super) async fn serve<S: Wakeups>(
     } = served;
     let connections = GracefulShutdown::new();
     let (open, reserve) = (builder(bounds, true), builder(bounds, false));
-    let (open, reserve) = (std::sync::Arc::new(open), std::sync::Arc::new(reserve));
+    let (open, reserve) = (Arc::new(open), Arc::new(reserve));
     let limits = &bounds.connections;
     loop {
         let (io, addr) = tokio::select! {
