@@ -21,6 +21,7 @@ pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};
 pub use rules::LimitRule;
 pub use store::{Layout, RedisSettings};
+pub use tls::TlsSettings;
 
 mod check;
 mod connections;
@@ -31,6 +32,7 @@ mod quota;
 mod rules;
 mod store;
 mod text;
+mod tls;
 
 use layer::layer;
 
@@ -189,6 +191,10 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub quota: QuotaSettings,
+    /// TLS on the served port.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
     #[arg(help_heading = "Config file")]
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
@@ -292,6 +298,7 @@ impl Layered for Settings {
         self.connections.check()?;
         self.redis.check()?;
         self.quota.check()?;
+        self.tls.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)
