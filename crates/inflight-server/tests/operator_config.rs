@@ -181,6 +181,7 @@ fn help_is_grouped_by_topic_with_defaults_and_variables() {
             "serve",
             &[
                 "Listening:",
+                "TLS:",
                 "Connections:",
                 "Store:",
                 "Limits:",
