@@ -5,15 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "redis-server not found: installing redis-server and redis-tools" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
-fi
+. scripts/install.sh
+install_missing redis-server=redis-server,redis-tools
 
-cargo test --workspace --all-features "$@"
+# Each part's output is also kept, so that the last line can sum up every test that ran.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --all-features "$@" 2>&1 | tee "$log" || status=$?
 
 # The Python client (clients/python), in a venv of its own, against real redis-server and inflight processes:
 # the cross-language tests use target/debug/inflight, which cargo test has just built for its own
@@ -22,17 +21,28 @@ cargo test --workspace --all-features "$@"
 venv=target/pyvenv
 if [ ! -x "$venv/bin/python" ]; then
   if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-    echo "python3 -m venv failed: installing python3-venv" >&2
     rm -rf "$venv"
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    install_packages python3-venv
     python3 -m venv "$venv"
   fi
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check ./clients/python pytest ruff gevent
 rm -rf clients/python/build
-"$venv/bin/ruff" check clients/python
-"$venv/bin/ruff" format --check clients/python
-INFLIGHT_BIN="$PWD/target/debug/inflight" "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests
+"$venv/bin/ruff" check clients/python || status=$?
+"$venv/bin/ruff" format --check clients/python || status=$?
+INFLIGHT_BIN="$PWD/target/debug/inflight" "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests \
+  2>&1 | tee -a "$log" || status=$?
+
+# One total: cargo's "test result:" lines (one per test binary and doc-test run) and pytest's summary
+# ("3 failed, 76 passed, 2 skipped in 20.1s"; errors count as failures).
+cargo_sum() {
+  grep -aoE '^test result: [A-Za-z]+\. [0-9]+ passed; [0-9]+ failed' "$log" | awk -v f="$1" '{n += $f} END {print n + 0}'
+}
+py=$(grep -aE '^=* ?[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s' "$log" | tail -1 || true)
+py_count() { echo "$py" | { grep -oE "[0-9]+ $1" || true; } | awk '{n += $1} END {print n + 0}'; }
+passed=$(( $(cargo_sum 4) + $(py_count passed) ))
+failed=$(( $(cargo_sum 6) + $(py_count failed) + $(py_count 'errors?') ))
+# A run that stopped before its summary (a build error, say) fails without one: count it as a failure.
+[ "$status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
+echo "tests: $passed passed, $failed failed"
+exit "$status"

@@ -1,19 +1,7 @@
 # Sourced by scripts/bench.sh and scripts/instructions.sh: what both need to measure a proxy.
 
-# install_missing COMMAND=PACKAGE[,PACKAGE]...: installs, with apt-get, the Debian packages of each
-# command that is not on the PATH.
-install_missing() {
-  local need=() spec packages
-  for spec in "$@"; do
-    packages=${spec#*=}
-    command -v "${spec%%=*}" >/dev/null || need+=(${packages//,/ })
-  done
-  [ ${#need[@]} -gt 0 ] || return 0
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
-}
+# install_missing: scripts/install.sh.
+. "$(dirname "${BASH_SOURCE[0]}")/../install.sh"
 
 # port: a free TCP port on 127.0.0.1.
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -71,12 +71,7 @@ impl<S: Wakeups> App<S> {
         admission: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
         let policy = self.limiter.policy();
-        let class = policy
-            .rules()
-            .iter()
-            .find(|rule| rule.matches(key))
-            .map_or("default", |rule| rule.pattern());
-        let waiting = self.metrics.waiting(class);
+        let waiting = self.metrics.waiting(crate::metrics::class_of(&policy, key));
         let started = Instant::now();
         let outcome = admission.await;
         waiting.done(started.elapsed(), outcome.is_err());

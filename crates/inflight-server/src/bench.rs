@@ -3,6 +3,7 @@
 //! Tasks acquire and release permits on `--keys` keys as fast as they can for `--duration`; an
 //! independent probe (a counter per key in this process, raised after each admission and lowered before
 //! each release) records the most permits it ever saw in flight on one key, which must never pass the limit.
+//! While it runs, a line a second on stderr says how far it is.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -88,6 +89,33 @@ pub struct Report {
     pub redis_wait_replicas: u32,
 }
 
+/// How many pairs a task completes between two updates of the progress count.
+const PROGRESS_STEP: usize = 64;
+
+/// A line on stderr every second until aborted: time run, pairs so far (to [`PROGRESS_STEP`]) and
+/// refusals.
+async fn progress(
+    started: Instant,
+    duration: Duration,
+    done: Arc<AtomicU64>,
+    rejected: Arc<AtomicU64>,
+) {
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_secs(1),
+    );
+    loop {
+        tick.tick().await;
+        eprintln!(
+            "inflight bench: {:.1}s of {:.1}s, {} pairs, {} refused",
+            started.elapsed().as_secs_f64(),
+            duration.as_secs_f64(),
+            done.load(Ordering::Relaxed),
+            rejected.load(Ordering::Relaxed),
+        );
+    }
+}
+
 /// Runs the load on `store`.
 pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, AcquireError> {
     let limiter = Limiter::builder(store)
@@ -107,12 +135,20 @@ pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, Acqui
     let probes: Arc<Vec<AtomicU32>> = Arc::new(keys.iter().map(|_| AtomicU32::new(0)).collect());
     let max_seen = Arc::new(AtomicU32::new(0));
     let rejected = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + args.duration;
+    let progress = tokio::spawn(progress(
+        started,
+        args.duration,
+        done.clone(),
+        rejected.clone(),
+    ));
     let mut tasks = Vec::new();
     for task in 0..args.tasks.max(1) {
         let (limiter, keys, probes) = (limiter.clone(), keys.clone(), probes.clone());
         let (max_seen, rejected, hold) = (max_seen.clone(), rejected.clone(), args.hold);
+        let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let mut latencies: Vec<u64> = Vec::with_capacity(1 << 16);
             let mut n = task;
@@ -131,6 +167,10 @@ pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, Acqui
                         }
                         probes[k].fetch_sub(1, Ordering::SeqCst);
                         permit.release().await.map_err(AcquireError::Store)?;
+                        // (Counted in steps, so the tasks do not all contend on one atomic.)
+                        if latencies.len() % PROGRESS_STEP == 0 {
+                            done.fetch_add(PROGRESS_STEP as u64, Ordering::Relaxed);
+                        }
                     }
                     Err(AcquireError::Full { .. }) => {
                         rejected.fetch_add(1, Ordering::Relaxed);
@@ -147,6 +187,7 @@ pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, Acqui
         all.extend(task.await.expect("bench task")?);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    progress.abort();
     drop(background);
     all.sort_unstable();
     let pct = |p: f64| {

@@ -61,7 +61,10 @@ impl Shared {
             metrics: metrics::Metrics::new(settings.metrics_per_key),
             policy: SharedPolicy::new(settings.policy()?),
             fallback: MemoryStore::new(),
-            quota_stats: Arc::default(),
+            quota_stats: Arc::new(match settings.metrics_balances {
+                true => QuotaStats::with_balances(metrics::MAX_BALANCE_KEYS),
+                false => QuotaStats::default(),
+            }),
         })
     }
 }

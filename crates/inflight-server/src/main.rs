@@ -1,7 +1,6 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
 use anyhow::Context;
-use clap::{CommandFactory, FromArgMatches};
 use inflight::{MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, LogFormat, ProxySettings};
@@ -14,11 +13,7 @@ use inflight_server::{Settings, Shared};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    let matches = Cli::command().get_matches();
-    let cli = match Cli::from_arg_matches(&matches) {
-        Ok(cli) => cli,
-        Err(e) => e.exit(),
-    };
+    let (cli, matches) = inflight_server::config::env::parse();
     // `serve` and `proxy` answer on worker threads of their own (server/), each with its limiter and
     // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
     // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
@@ -67,17 +62,26 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
             init_logging(LogFormat::Text, filter);
             return bench(args).await;
         }
+        Command::CheckConfig(args) => {
+            let command = inflight_server::config::check(args)?;
+            println!(
+                "{}: ok (the settings of `inflight {command}`)",
+                args.file.display()
+            );
+            return Ok(());
+        }
     };
     init_logging(settings.logging.log_format, settings.logging.filter()?);
     let shared = Shared::new(&settings)?;
-    reload_on_hangup(cli.command, matches, shared.clone());
+    let tls = server::Tls::load(&settings.tls)?;
+    reload_on_hangup(cli.command, matches, shared.clone(), tls.clone());
     if settings.store.starts_with("memory://") {
         // Every worker's limiter over the one embedded store (clones share it).
         let store = MemoryStore::new().max_overrides(settings.max_overrides);
-        run(settings, proxy, shared, move || Ok(store.clone())).await
+        run(settings, proxy, shared, tls, move || Ok(store.clone())).await
     } else {
         let opened = settings.clone();
-        run(settings, proxy, shared, move || redis_store(&opened)).await
+        run(settings, proxy, shared, tls, move || redis_store(&opened)).await
     }
 }
 
@@ -105,8 +109,15 @@ fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
 }
 
 /// On SIGHUP, reads the settings again (the file with them) and puts their limits in force in every
-/// worker; permits held stay held. Other settings need a restart. Bad settings keep the limits as they are.
-fn reload_on_hangup(command: Command, matches: clap::ArgMatches, shared: Shared) {
+/// worker; permits held stay held. With TLS, it reads the certificate and key files again too: new
+/// connections get the new certificate, open ones keep theirs. Other settings need a restart. Bad
+/// settings (a bad certificate file among them) keep the limits and the certificate as they are.
+fn reload_on_hangup(
+    command: Command,
+    matches: clap::ArgMatches,
+    shared: Shared,
+    tls: Option<server::Tls>,
+) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -118,23 +129,33 @@ fn reload_on_hangup(command: Command, matches: clap::ArgMatches, shared: Shared)
                 let settings = match &command {
                     Command::Serve(args) => args.layered(&matches),
                     Command::Proxy(args) => args.layered(&matches).map(|proxy| proxy.serve),
-                    Command::Bench(_) => return,
+                    Command::Bench(_) | Command::CheckConfig(_) => return,
                 };
-                match settings.and_then(|settings| settings.policy()) {
+                let reloaded = settings.and_then(|settings| {
+                    let policy = settings.policy()?;
+                    if let Some(tls) = &tls {
+                        tls.reload(&settings.tls)?;
+                    }
+                    Ok(policy)
+                });
+                match reloaded {
                     Ok(policy) => {
                         let rules = policy.rules().len();
                         shared.policy.set(policy);
-                        tracing::info!(rules, "limits reloaded");
+                        tracing::info!(rules, tls = tls.is_some(), "limits reloaded");
                     }
                     Err(error) => {
-                        tracing::error!(%error, "reload refused: the limits stay as they were");
+                        tracing::error!(
+                            %error,
+                            "reload refused: the limits and the certificate stay as they were"
+                        );
                     }
                 }
             }
         });
     }
     #[cfg(not(unix))]
-    let _ = (command, matches, shared);
+    let _ = (command, matches, shared, tls);
 }
 
 /// A worker's own Redis store (its connection and its batches on the worker's runtime).
@@ -164,6 +185,7 @@ async fn run<S: Wakeups + QuotaStore>(
     settings: Settings,
     proxy: Option<ProxySettings>,
     shared: Shared,
+    tls: Option<server::Tls>,
     store: impl Fn() -> anyhow::Result<S> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let listeners = server::bind(settings.listen, settings.workers())
@@ -186,10 +208,22 @@ async fn run<S: Wakeups + QuotaStore>(
         Some(_) | None => None,
     };
     let admin_listen = admin.as_ref().map(|admin| admin.local_addr()).transpose()?;
-    let workers = Workers::start(listeners, app, upstream, (&settings).into(), admin).await?;
+    let tls_on = tls.is_some();
+    let bounds = server::Bounds {
+        tls,
+        ..(&settings).into()
+    };
+    let workers = Workers::start(listeners, app, upstream, bounds, admin).await?;
+    if settings.default_limit == 0 && settings.limits.is_empty() {
+        tracing::warn!(
+            "no limit is set: every key is unlimited until one is (--default-limit N, --limit \
+             'PATTERN=N', or an override: PUT /v1/keys/{{key}}/limit)"
+        );
+    }
     tracing::info!(
         command = if proxy.is_some() { "proxy" } else { "serve" },
         %listen,
+        tls = tls_on,
         admin = admin_listen.map(|admin| admin.to_string()),
         workers = settings.workers(),
         max_connections = workers.max_connections(),

@@ -15,13 +15,14 @@
 //! | `inflight_proxy_requests_total` | counter | `status_class` = 1xx..5xx, `class`, `result` = admitted / unlimited / refused / error |
 //! | `inflight_upstream_duration_seconds` | histogram | the proxy's upstream, until its response headers |
 //! | `inflight_store_up` | gauge | 1 when the store answered the scrape's check, else 0 |
+//! | `inflight_quota_balance`, `inflight_quota_reserved` | gauge | `class`: with `--metrics-balances`, the sum of the last balance (what can be reserved; what open reservations hold) this process was answered for each key of the class |
 //!
 //! docs/metrics.md describes each, with the alerts to build on them; `describe.rs` has their `# HELP`.
 
 mod describe;
 mod proxied;
 
-pub use proxied::{key_class, ProxyResult};
+pub use proxied::ProxyResult;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +51,18 @@ const UPSTREAM_BUCKETS: &[f64] = &[
 
 /// How long the scrape's check of the store may take before the store counts as down.
 const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most keys whose balances `--metrics-balances` follows.
+pub const MAX_BALANCE_KEYS: usize = 10_000;
+
+/// The class of `key` in metrics' labels: the pattern of its `[[limits]]` rule, or `default`.
+pub fn class_of<'p>(policy: &'p inflight::Policy, key: &str) -> &'p str {
+    policy
+        .rules()
+        .iter()
+        .find(|rule| rule.matches(key))
+        .map_or("default", |rule| rule.pattern())
+}
 
 /// Leases handed out over HTTP that `inflight_in_flight` counts, at most (past this, new ones go uncounted).
 const MAX_LENT: usize = 100_000;
@@ -270,8 +283,20 @@ impl Metrics {
             .remove(&(key.to_owned(), id.to_owned()));
     }
 
-    /// Brings `inflight_reservations_total` up to date with how the server's reservations have ended.
-    pub fn reservations(&self, stats: &inflight::quota::QuotaStats) {
+    /// Brings `inflight_reservations_total` up to date with how the server's reservations have ended,
+    /// and the balances per class (of `policy`) with the last ones seen.
+    pub fn reservations(&self, stats: &inflight::quota::QuotaStats, policy: &inflight::Policy) {
+        let mut classes: HashMap<&str, (u64, u64)> = HashMap::new();
+        for (key, balance) in stats.balances() {
+            let sums = classes.entry(class_of(policy, &key)).or_default();
+            sums.0 = sums.0.saturating_add(balance.balance);
+            sums.1 = sums.1.saturating_add(balance.reserved);
+        }
+        for (class, (balance, reserved)) in classes {
+            let class = class.to_owned();
+            metrics::gauge!("inflight_quota_balance", "class" => class.clone()).set(balance as f64);
+            metrics::gauge!("inflight_quota_reserved", "class" => class).set(reserved as f64);
+        }
         for (outcome, count) in [
             ("committed", &stats.committed),
             ("refunded", &stats.refunded),
@@ -315,7 +340,8 @@ impl Metrics {
 /// The metrics page of `app`'s server: the store checked (within a second), the counters brought up
 /// to date.
 pub async fn scrape<S: Wakeups>(app: &App<S>) -> String {
-    app.metrics.reservations(app.quota.stats());
+    app.metrics
+        .reservations(app.quota.stats(), &app.limiter.policy());
     let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, app.limiter.store().maintain());
     let store_up = matches!(check.await, Ok(Ok(())));
     app.metrics.render(app.limiter.stats(), store_up)

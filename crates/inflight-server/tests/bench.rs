@@ -5,32 +5,51 @@
 mod common;
 
 use std::io::Seek;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::process::Running;
 use test_support::TestRedis;
 
-/// Runs `inflight bench ARGS` (killed if it has not finished within 60 s); its one line of JSON.
-fn bench(args: &[&str]) -> serde_json::Value {
+/// Runs `inflight bench ARGS` (killed if it has not finished within 60 s); its one line of JSON, and
+/// what it said on stderr.
+fn bench_and_progress(args: &[&str]) -> (serde_json::Value, String) {
+    let read = |mut file: std::fs::File| {
+        file.rewind().expect("rewind");
+        std::io::read_to_string(file).expect("utf-8")
+    };
     let stdout = tempfile::tempfile().expect("a temporary file");
+    let stderr = tempfile::tempfile().expect("a temporary file");
     let mut running = Running::spawn(
         Command::new(env!("CARGO_BIN_EXE_inflight"))
             .arg("bench")
             .args(args)
             .stdout(stdout.try_clone().expect("the file again"))
-            .stderr(Stdio::inherit()),
+            .stderr(stderr.try_clone().expect("the file again")),
     );
-    assert!(
-        running.wait_for(Duration::from_secs(60)).success(),
-        "inflight bench failed (its errors are above)"
-    );
-    let mut stdout = stdout;
-    stdout.rewind().expect("rewind");
-    let stdout = std::io::read_to_string(stdout).expect("utf-8");
+    let status = running.wait_for(Duration::from_secs(60));
+    let (stdout, stderr) = (read(stdout), read(stderr));
+    assert!(status.success(), "inflight bench failed: {stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "one line: {stdout}");
-    serde_json::from_str(lines[0]).expect("a JSON line")
+    (serde_json::from_str(lines[0]).expect("a JSON line"), stderr)
+}
+
+fn bench(args: &[&str]) -> serde_json::Value {
+    bench_and_progress(args).0
+}
+
+/// A run of 2.5 s says how far it is once a second on stderr, and its JSON line stays alone on stdout.
+#[test]
+fn bench_prints_progress_to_stderr_while_it_runs() {
+    let (report, stderr) = bench_and_progress(&["--duration", "2500ms", "--tasks", "4"]);
+    assert!(report["pairs_per_sec"].as_f64().unwrap() > 0.0, "{report}");
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("inflight bench: ") && line.contains(" pairs, "))
+        .collect();
+    assert!(progress.len() >= 2, "a line a second: {stderr}");
+    assert!(progress[0].contains("s of 2.5s, "), "{stderr}");
 }
 
 /// 16 tasks holding their permits 1 ms on a key of limit 3: admissions and refusals both happen, and the

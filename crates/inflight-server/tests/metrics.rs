@@ -190,10 +190,10 @@ fn serve() -> (Running, String) {
     (server, api)
 }
 
-/// A proxy to `upstream`, its proxied port and its admin listener.
-fn proxy(upstream: &Upstream) -> (Running, String, String) {
+/// A proxy to `upstream` (with `extra` settings), its proxied port and its admin listener.
+fn proxy(upstream: &Upstream, extra: &[&str]) -> (Running, String, String) {
     let max_wait = format!("{WAIT_MS}ms");
-    let (server, started) = Running::start(&[
+    let mut args = vec![
         "proxy",
         "--listen",
         "127.0.0.1:0",
@@ -207,7 +207,9 @@ fn proxy(upstream: &Upstream) -> (Running, String, String) {
         "1",
         "--max-wait",
         &max_wait,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (server, started) = Running::start(&args);
     let proxied = format!("http://{}", listen_of(&started));
     let admin = format!("http://{}", admin_of(&started));
     (server, proxied, admin)
@@ -222,7 +224,7 @@ async fn serve_and_proxy_count_the_same_work_the_same_way() {
     check("serve", "end", &served_end, END);
 
     let upstream = Upstream::start().await;
-    let (_proxy, proxied, admin) = proxy(&upstream);
+    let (_proxy, proxied, admin) = proxy(&upstream, &[]);
     let (proxied_middle, proxied_end) = through_proxy(&http, &proxied, &admin, &upstream).await;
     check("proxy", "middle", &proxied_middle, MIDDLE);
     check("proxy", "end", &proxied_end, END);
@@ -341,7 +343,11 @@ fn check_dashboard(json: &str) -> usize {
 async fn the_dashboard_the_alerts_and_the_docs_name_only_exported_metrics() {
     let http = Client::new();
     let upstream = Upstream::start().await;
-    let (_proxy, proxied, admin) = proxy(&upstream);
+    // Balances by class too: exported with --metrics-balances once a key has one.
+    let (_proxy, proxied, admin) = proxy(&upstream, &["--metrics-balances", "true"]);
+    let quota = http.put(format!("{admin}/v1/quotas/app:2"));
+    let quota = quota.json(&json!({ "balance": 5 })).send().await.unwrap();
+    assert_eq!(quota.status(), StatusCode::OK);
     let (_, end) = through_proxy(&http, &proxied, &admin, &upstream).await;
     let exports = end.names();
     for expected in [

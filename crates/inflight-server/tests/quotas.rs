@@ -284,3 +284,41 @@ fn the_quota_settings_are_read_from_flags_and_the_file_and_checked() {
     let bad = Settings::from_flags(["inflight", "--quota-ttl", "25h"]).unwrap_err();
     assert_eq!(bad.setting, "quota_ttl");
 }
+
+/// With `--metrics-balances`, /metrics sums the last balances seen per class of keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balances_per_class_are_exported_on_request() {
+    use inflight_server::config::Layered;
+    let flags = [
+        "inflight",
+        "--metrics-balances",
+        "true",
+        "--limit",
+        "metered:*=5",
+    ];
+    let mut settings = Settings::from_flags(flags).unwrap();
+    settings.workers = Some(1);
+    let server = start_api(&settings, common::Memory::stores(&None)).await;
+    let http = Client::new();
+    for (key, balance) in [("metered:a", 10), ("metered:b", 5), ("other:c", 7)] {
+        let url = server.url(&format!("/v1/quotas/{key}"));
+        let (status, _) = send(http.put(url).json(&json!({"balance": balance}))).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let reservations = server.url("/v1/quotas/metered:a/reservations");
+    let (status, _) = send(http.post(reservations).json(&json!({"amount": 4}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let metrics = get_text(&http, server.url("/metrics")).await;
+    for line in [
+        "inflight_quota_balance{class=\"metered:*\"} 11",
+        "inflight_quota_reserved{class=\"metered:*\"} 4",
+        "inflight_quota_balance{class=\"default\"} 7",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
+    // Off by default.
+    assert!(!Settings::from_flags(["inflight"]).unwrap().metrics_balances);
+}

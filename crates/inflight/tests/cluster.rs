@@ -301,3 +301,36 @@ async fn a_waiter_is_woken_by_a_release_in_another_process_on_a_cluster() {
     assert!(waited < inflight::RECHECK, "woken after {waited:?}");
     drop(permit);
 }
+
+/// Quotas on a cluster: each key's balance in its own slot, the index of metered keys in another; a
+/// key funded through one process is metered in another within moments, and a reservation, its
+/// commit and the balance agree across them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_work_across_slots_and_processes_on_a_cluster() {
+    use inflight::quota::{Fund, Quota};
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("quota");
+    let here = Quota::new(cluster.store_builder(&prefix).open().unwrap());
+    let elsewhere = Quota::new(cluster.store_builder(&prefix).open().unwrap());
+    assert!(!here.reserve("tenant:t1", 1).await.unwrap().is_metered());
+    for tenant in ["tenant:t1", "tenant:t2", "tenant:t3"] {
+        elsewhere.fund(tenant, Fund::Set(2)).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let reservation = loop {
+        let reservation = here.reserve("tenant:t3", 1).await.unwrap();
+        if reservation.is_metered() {
+            break reservation;
+        }
+        assert!(Instant::now() < deadline, "a funded key metered within 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    reservation.commit().await.unwrap();
+    let balance = elsewhere.balance("tenant:t3").await.unwrap().unwrap();
+    assert_eq!((balance.balance, balance.reserved), (1, 0));
+    let index: usize = redis::cmd("HLEN")
+        .arg(format!("{prefix}{{quotas}}"))
+        .query(&mut cluster.raw())
+        .unwrap();
+    assert_eq!(index, 3, "every funded key in the index");
+}

@@ -13,6 +13,7 @@ const MAX_WINDOW: u32 = (1 << 31) - 1;
 
 /// How long clients may take, and how many connections they may hold.
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Connections")]
 pub struct Connections {
     /// How long a client may take to send a request's headers, from its first byte (or from the
     /// connection's opening), before its connection is closed.

@@ -7,6 +7,7 @@ use super::{invalid, ConfigError};
 
 /// The settings of the log (on stderr).
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Logging and metrics")]
 pub struct LoggingSettings {
     /// How log lines are written: text (for people) or json (one object a line, for collectors).
     #[arg(long, env = "INFLIGHT_LOG_FORMAT", value_name = "FORMAT", value_enum)]

@@ -14,6 +14,7 @@ use inflight::{ClassLimits, FailurePolicy, Policy};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use check::{check, CheckArgs};
 pub use connections::Connections;
 pub use inflight::MAX_LEASE;
 pub use logging::{LogFormat, LoggingSettings};
@@ -21,8 +22,11 @@ pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};
 pub use rules::LimitRule;
 pub use store::{Layout, RedisSettings};
+pub use tls::TlsSettings;
 
+mod check;
 mod connections;
+pub mod env;
 mod layer;
 mod logging;
 mod proxy;
@@ -30,6 +34,7 @@ mod quota;
 mod rules;
 mod store;
 mod text;
+mod tls;
 
 use layer::layer;
 
@@ -57,17 +62,22 @@ pub enum Command {
     Proxy(ProxySettings),
     /// Drives the library directly (no HTTP) and prints one JSON line of throughput and latency.
     Bench(crate::bench::BenchArgs),
+    /// Checks a settings file as `serve` (or `proxy`) would load it, environment included: exits 0, or
+    /// names the setting that is wrong and why.
+    CheckConfig(CheckArgs),
 }
 
 /// The settings of `inflight serve`, which `inflight proxy` has too.
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
 pub struct Settings {
     /// Address to listen on.
+    #[arg(help_heading = "Listening")]
     #[arg(long, env = "INFLIGHT_LISTEN", value_name = "ADDR")]
     #[arg(default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Worker threads serving connections, each with its own runtime, limiter and listening socket
     /// [default: one per CPU core].
+    #[arg(help_heading = "Listening")]
     #[arg(long, env = "INFLIGHT_WORKERS", value_name = "N")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
@@ -76,19 +86,23 @@ pub struct Settings {
     /// (the primary Sentinel names); rediss+cluster:// and rediss+sentinel:// for TLS.
     /// Unset, Dify's REDIS_HOST, REDIS_PORT, ... variables (REDIS_USE_SENTINEL, REDIS_USE_CLUSTERS) name
     /// the store when they are set.
+    #[arg(help_heading = "Store")]
     #[arg(long, env = "INFLIGHT_STORE", value_name = "URL")]
     #[arg(default_value = "memory://")]
     pub store: String,
     /// Limit of a key without an override; 0 = unlimited (env fallback APP_DEFAULT_ACTIVE_REQUESTS).
+    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_DEFAULT_LIMIT", value_name = "N")]
     #[arg(default_value_t = 0)]
     pub default_limit: u32,
     /// Ceiling over every key's limit; 0 = none (env fallback APP_MAX_ACTIVE_REQUESTS).
+    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_MAX_LIMIT", value_name = "N")]
     #[arg(default_value_t = 0)]
     pub max_limit: u32,
     /// The most keys that may have an override at once (0: no bound); one more is 409
     /// too_many_overrides. Overrides never expire, so this bounds what setting them can fill.
+    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_MAX_OVERRIDES", value_name = "N")]
     #[arg(default_value_t = 100_000)]
     pub max_overrides: usize,
@@ -96,50 +110,67 @@ pub struct Settings {
     /// (`*` matches any run of characters; the rule with the longest literal prefix wins; keys matching
     /// none have --default-limit and --max-limit). In the file: [[limits]] keys = "tenant:*", default = 50,
     /// max = 200. Several in the variable: separated by `;`. SIGHUP re-reads them.
+    #[arg(help_heading = "Limits")]
     #[arg(long = "limit", env = "INFLIGHT_LIMITS", value_name = "RULE")]
     #[arg(value_parser = LimitRule::parse, value_delimiter = ';')]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<LimitRule>,
     /// The most admissions that may wait for a slot on one key at once, per worker (`wait_ms`, the
     /// proxy's --max-wait); one more is refused at once.
+    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_MAX_WAITERS", value_name = "N")]
     #[arg(default_value_t = inflight::DEFAULT_MAX_WAITERS)]
     pub max_waiters: usize,
     /// Lease of a permit unless its request asks for another, e.g. 30s, 500ms.
+    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub lease: Duration,
     /// Bearer token that changing limits requires (unset: no token needed). A flag shows in the process
     /// list: prefer INFLIGHT_ADMIN_TOKEN or --admin-token-file.
+    #[arg(help_heading = "Admin")]
     #[arg(long, env = "INFLIGHT_ADMIN_TOKEN", value_name = "TOKEN")]
     #[arg(hide_env_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<String>,
     /// A file holding the admin token (its first line), instead of --admin-token.
+    #[arg(help_heading = "Admin")]
     #[arg(long, env = "INFLIGHT_ADMIN_TOKEN_FILE", value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token_file: Option<PathBuf>,
     /// Bearer token that every /v1 route requires, permits included (unset: none); the admin token
     /// also passes. A flag shows in the process list: prefer INFLIGHT_API_TOKEN.
+    #[arg(help_heading = "Admin")]
     #[arg(long, env = "INFLIGHT_API_TOKEN", value_name = "TOKEN")]
     #[arg(hide_env_values = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_token: Option<String>,
     /// When the store is unreachable: fail_closed (503), fail_open (admit), fail_open_local (admit under a
     /// per-process cap).
+    #[arg(help_heading = "Store")]
     #[arg(long, env = "INFLIGHT_ON_STORE_FAILURE", value_name = "POLICY")]
     #[arg(default_value = "fail_closed")]
     pub on_store_failure: String,
     /// The per-process, per-key cap under fail_open_local.
+    #[arg(help_heading = "Store")]
     #[arg(long, env = "INFLIGHT_FAIL_OPEN_LOCAL_LIMIT", value_name = "N")]
     #[arg(default_value_t = 1)]
     pub fail_open_local_limit: u32,
     /// Label metrics with each key (high cardinality: only with few keys).
+    #[arg(help_heading = "Logging and metrics")]
     #[arg(long, env = "INFLIGHT_METRICS_PER_KEY", value_name = "BOOL")]
     #[arg(default_value_t = false, action = clap::ArgAction::Set)]
     pub metrics_per_key: bool,
+    /// Export the balances of quotas per class of keys (inflight_quota_balance{class}, ..._reserved): the
+    /// sum of the last balance this process was answered for each key of the class, for up to 10,000
+    /// keys.
+    #[arg(help_heading = "Logging and metrics")]
+    #[arg(long, env = "INFLIGHT_METRICS_BALANCES", value_name = "BOOL")]
+    #[arg(default_value_t = false, action = clap::ArgAction::Set)]
+    pub metrics_balances: bool,
     /// How long, after SIGTERM or Ctrl-C, running responses may finish.
+    #[arg(help_heading = "Listening")]
     #[arg(long, env = "INFLIGHT_SHUTDOWN_GRACE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
@@ -150,6 +181,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// Refuse (409 override_not_allowed) an override of a key that matches no --limit class, so that
     /// overrides are set only on the classes of keys that the operator has named.
+    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_OVERRIDES_FOR_CLASSES_ONLY")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub overrides_for_classes_only: bool,
@@ -165,7 +197,12 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub logging: LoggingSettings,
+    /// TLS on the served port.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSettings,
     /// A TOML file with any of these settings (flags and environment win over it).
+    #[arg(help_heading = "Config file")]
     #[arg(long, env = "INFLIGHT_CONFIG", value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
@@ -209,9 +246,17 @@ pub trait Layered: Args + FromArgMatches + Serialize + DeserializeOwned {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let matches = Self::augment_args(clap::Command::new("inflight"))
-            .try_get_matches_from(flags)
-            .map_err(|e| invalid("flags", e))?;
+        let flags: Vec<std::ffi::OsString> = flags.into_iter().map(Into::into).collect();
+        let command = Self::augment_args(clap::Command::new("inflight"));
+        let matches = command.clone().try_get_matches_from(&flags).map_err(|e| {
+            match env::from_variable(&command, &flags, &e) {
+                Some(named) => {
+                    let first = named.lines().next().unwrap_or_default();
+                    invalid("environment", first.trim_start_matches("error: "))
+                }
+                None => invalid("flags", e),
+            }
+        })?;
         let args = Self::from_arg_matches(&matches).map_err(|e| invalid("flags", e))?;
         args.layered(&matches)
     }
@@ -260,6 +305,7 @@ impl Layered for Settings {
         self.redis.check()?;
         self.quota.check()?;
         self.logging.check()?;
+        self.tls.check()?;
         self.policy()?;
         self.admin_token()?;
         self.failure_policy().map(drop)

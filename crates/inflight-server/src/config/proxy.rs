@@ -14,6 +14,7 @@ use super::{invalid, text, ConfigError, Layered, Settings};
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
 pub struct ProxySettings {
     /// The API to forward to, e.g. http://127.0.0.1:5001.
+    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_UPSTREAM", value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
@@ -26,14 +27,17 @@ pub struct ProxySettings {
         value_name = "TEMPLATE",
         value_delimiter = ','
     )]
+    #[arg(help_heading = "Proxy")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key: Vec<String>,
     /// Shorthand for --key '{header:NAME}' [default: X-Inflight-Key, when no --key is given].
+    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_KEY_HEADER", value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_header: Option<String>,
     /// A request whose keys cannot be formed (a header missing or empty, no bearer token): reject (400
     /// missing_key) or pass (forwarded without a limit). A duplicated header is always 400 invalid_key.
+    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_ON_MISSING_KEY", value_name = "POLICY")]
     #[arg(default_value = "reject")]
     pub on_missing_key: String,
@@ -46,20 +50,24 @@ pub struct ProxySettings {
         value_name = "PREFIX",
         value_delimiter = ','
     )]
+    #[arg(help_heading = "Proxy")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_path: Vec<String>,
     /// Keep the clients' X-Forwarded-For, Forwarded and X-Real-IP and append to X-Forwarded-For, as
     /// behind a load balancer of one's own; by default they are replaced by the address the proxy saw.
+    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_TRUST_FORWARDED")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub trust_forwarded: bool,
     /// Where the API (permits, limits, metrics) answers, apart from the proxied port, so that proxied
     /// clients cannot reach it.
+    #[arg(help_heading = "Admin")]
     #[arg(long, env = "INFLIGHT_ADMIN_LISTEN", value_name = "ADDR")]
     #[arg(default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
     /// Answer the API on the proxied port too, under /_inflight/, instead of on --admin-listen: any
     /// proxied client can then use it (a warning says so at start).
+    #[arg(help_heading = "Admin")]
     #[arg(long, env = "INFLIGHT_ADMIN_ON_PROXY_PORT")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub admin_on_proxy_port: bool,
@@ -67,16 +75,19 @@ pub struct ProxySettings {
     /// 'tenant:{header:X-Tenant-Id}'): reserved before the admission (429 quota_exhausted when the
     /// balance is spent), committed when the upstream answered below 500 and the response body was sent
     /// to the end, refunded otherwise. A key with no balance set is not charged.
+    #[arg(help_heading = "Quotas")]
     #[arg(long, env = "INFLIGHT_QUOTA_KEY", value_name = "TEMPLATE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota_key: Option<String>,
     /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
+    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "60s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub upstream_timeout: Duration,
     /// How long a limited request may wait for a slot before it is refused with 429 (0s: at once, as
     /// without waiting; at most 5m). A client that goes away while waiting leaves the queue.
+    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_MAX_WAIT", value_name = "DURATION")]
     #[arg(default_value = "0s", value_parser = text::parse)]
     #[serde(with = "text")]

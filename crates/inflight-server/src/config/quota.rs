@@ -11,6 +11,7 @@ use super::{invalid, text, ConfigError};
 
 /// The settings of quotas (balances per key, charged around admissions).
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Quotas")]
 pub struct QuotaSettings {
     /// When a reservation taken with a permit (a "quota" in an acquire body, --quota-key in the proxy)
     /// is committed: on_success (when the permit is released with ?outcome=success, or the proxied

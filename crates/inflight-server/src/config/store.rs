@@ -11,6 +11,7 @@ use super::{invalid, text, ConfigError};
 
 /// The settings of a Redis store (ignored with `memory://`).
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Store")]
 pub struct RedisSettings {
     /// Prefix of every Redis key inflight names (Dify's layout keeps Dify's own names for the counts).
     #[arg(long, env = "INFLIGHT_REDIS_PREFIX", value_name = "PREFIX")]

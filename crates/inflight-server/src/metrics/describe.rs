@@ -63,6 +63,16 @@ const RECORDED: &[(&str, Kind, &str)] = &[
         "Quota reservations ended, by outcome: committed, refunded, expired.",
     ),
     (
+        "inflight_quota_balance",
+        Kind::Gauge,
+        "With --metrics-balances: the sum, by class of key, of the last balance seen of each key.",
+    ),
+    (
+        "inflight_quota_reserved",
+        Kind::Gauge,
+        "With --metrics-balances: the sum, by class of key, of what open reservations of each key hold.",
+    ),
+    (
         "inflight_proxy_requests_total",
         Kind::Counter,
         "Requests the proxy answered, by status class, class of key and result: admitted (forwarded \

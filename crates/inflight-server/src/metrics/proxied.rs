@@ -29,14 +29,6 @@ impl ProxyResult {
     }
 }
 
-/// The class of `key` in the metrics: the pattern of its `[[limits]]` rule, or `default`.
-pub fn key_class(policy: &inflight::Policy, key: &str) -> String {
-    policy
-        .rule_for(key)
-        .map_or("default", |rule| rule.pattern())
-        .to_owned()
-}
-
 /// `2xx` and the like.
 pub(super) fn status_class(status: StatusCode) -> &'static str {
     match status.as_u16() / 100 {

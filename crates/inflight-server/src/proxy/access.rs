@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use http::{Method, Request, StatusCode};
 
-use crate::metrics::{key_class, Metrics, ProxyResult};
+use crate::metrics::{class_of, Metrics, ProxyResult};
 
 /// The longest path an access line shows, in bytes.
 const MAX_PATH: usize = 512;
@@ -57,7 +57,7 @@ impl Access {
         let Some(first) = keys.first() else {
             return;
         };
-        self.class = key_class(policy, first);
+        self.class = class_of(policy, first).to_owned();
         let per_key = self.metrics.per_key();
         self.first_key = per_key.then(|| first.clone());
         let shown: Vec<String> = keys

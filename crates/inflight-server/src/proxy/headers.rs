@@ -131,9 +131,14 @@ impl Target {
         if let Some(value) = forwarded_for {
             parts.headers.insert(X_FORWARDED_FOR, value);
         }
+        // The scheme of the client's connection: the listener marks requests that came over TLS.
+        let proto = match parts.extensions.get::<http::uri::Scheme>() {
+            Some(scheme) if *scheme == http::uri::Scheme::HTTPS => "https",
+            _ => "http",
+        };
         parts
             .headers
-            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+            .insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
         parts.version = http::Version::HTTP_11;
         Ok(Request::from_parts(parts, body))
     }

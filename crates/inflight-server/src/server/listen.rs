@@ -1,6 +1,8 @@
 //! Serving one listener: accepting under the connection cap, and each connection with its bounds (its
-//! deadlines, its request bodies' timeout, HTTP/2's limits) and hyper's refusals in JSON.
+//! deadlines, its request bodies' timeout, HTTP/2's limits) and hyper's refusals in JSON; with TLS,
+//! after its handshake (within `--header-timeout`, its place under the cap held meanwhile).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -8,15 +10,17 @@ use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use inflight::Wakeups;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::exchange::{Exchanges, ResponseBody};
-use super::gate::Gate;
+use super::gate::{Gate, Slot};
 use super::guarded::Guarded;
 use super::routes::Routes;
+use super::tls::Tls;
 use super::{Bounds, CUT_WAIT};
 use crate::incoming::RequestBody;
 use crate::proxy::Peer;
@@ -47,6 +51,8 @@ pub(super) struct Served<S: Wakeups> {
     /// What a connection in the gate's reserve is answered (health checks only).
     pub(super) health: Routes<S>,
     pub(super) gate: Gate,
+    /// TLS on this listener, if any.
+    pub(super) tls: Option<Tls>,
 }
 
 /// hyper's connection settings: HTTP/1.1, or HTTP/2 with prior knowledge, with the HTTP/2 limits; with
@@ -76,6 +82,63 @@ fn builder(bounds: &Bounds, keep_alive: bool) -> auto::Builder<TokioExecutor> {
 /// How long an HTTP/2 client may take to answer the server's ping.
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// One accepted connection, with what serving it takes.
+struct Connection<S: Wakeups> {
+    routes: Routes<S>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    client: Peer,
+    limits: crate::config::Connections,
+    /// Ends the connection gracefully at shutdown; taken before a TLS handshake, so that shutdown waits
+    /// for the handshake (bounded) too.
+    watcher: Watcher,
+    /// Its place under the cap, held until it closes.
+    slot: Slot,
+    /// Whether it is TLS: its requests then carry [`Scheme::HTTPS`](http::uri::Scheme::HTTPS) in their
+    /// extensions (the proxy's X-Forwarded-Proto).
+    tls: bool,
+}
+
+impl<S: Wakeups> Connection<S> {
+    /// Serves it on a task of its own.
+    fn spawn(self, io: tokio::net::TcpStream) {
+        tokio::spawn(self.serve(io));
+    }
+
+    /// Serves its requests (over `io`, the TCP stream or the TLS stream over it) until it closes.
+    async fn serve<I>(self, io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self {
+            routes,
+            builder,
+            client,
+            limits,
+            watcher,
+            slot,
+            tls,
+        } = self;
+        let exchanges = Exchanges::new(limits.header_timeout, limits.idle_timeout);
+        let io = TokioIo::new(Guarded::new(io, exchanges.clone()));
+        let body_timeout = limits.body_timeout;
+        let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
+            let ongoing = exchanges.begin(request.version());
+            if tls {
+                request.extensions_mut().insert(http::uri::Scheme::HTTPS);
+            }
+            let request = request.map(|body| RequestBody::new(body, body_timeout));
+            routes.respond(request, &client).map(move |answered| {
+                answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
+            })
+        });
+        let connection = builder
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        let _ = watcher.watch(connection).await;
+        drop(slot);
+    }
+}
+
 /// Serves the connections the listener accepts until told to stop; then closes each once its current
 /// exchange is over (an idle one at once), and returns when all have closed. Responses still running
 /// after the grace period are cut.
@@ -90,9 +153,11 @@ pub(super) async fn serve<S: Wakeups>(
         routes,
         health,
         gate,
+        tls,
     } = served;
     let connections = GracefulShutdown::new();
     let (open, reserve) = (builder(bounds, true), builder(bounds, false));
+    let (open, reserve) = (Arc::new(open), Arc::new(reserve));
     let limits = &bounds.connections;
     loop {
         let (io, addr) = tokio::select! {
@@ -107,28 +172,32 @@ pub(super) async fn serve<S: Wakeups>(
             _ = stopping.wait_for(|stop| *stop) => break,
         };
         let (routes, builder) = match slot.reserve {
-            false => (routes.clone(), &open),
-            true => (health.clone(), &reserve),
+            false => (routes.clone(), open.clone()),
+            true => (health.clone(), reserve.clone()),
         };
-        let client = Peer::new(addr);
-        let exchanges = Exchanges::new(limits.header_timeout, limits.idle_timeout);
-        let io = TokioIo::new(Guarded::new(io, exchanges.clone()));
-        let body_timeout = limits.body_timeout;
-        let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-            let ongoing = exchanges.begin(request.version());
-            let request = request.map(|body| RequestBody::new(body, body_timeout));
-            routes.respond(request, &client).map(move |answered| {
-                answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
-            })
-        });
-        let connection = builder
-            .serve_connection_with_upgrades(io, service)
-            .into_owned();
-        let connection = connections.watch(connection);
-        tokio::spawn(async move {
-            let _ = connection.await;
-            drop(slot);
-        });
+        let connection = Connection {
+            routes,
+            builder,
+            client: Peer::new(addr),
+            limits: limits.clone(),
+            watcher: connections.watcher(),
+            slot,
+            tls: tls.is_some(),
+        };
+        match &tls {
+            None => connection.spawn(io),
+            Some(tls) => {
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    // A failed handshake (or none within the bound) closes the connection: the client
+                    // sees the TLS alert, or the connection closed.
+                    match tls.accept(io, connection.limits.header_timeout).await {
+                        Ok(io) => connection.serve(io).await,
+                        Err(error) => tracing::debug!(%error, "TLS handshake failed"),
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     let grace = bounds.grace;

@@ -23,6 +23,7 @@ use crate::proxy::Upstream;
 
 pub use gate::{ADMIN_CONNECTIONS, HEALTH_RESERVE};
 pub use signal::shutdown_signal;
+pub use tls::Tls;
 
 use gate::Gate;
 use listen::{NoDelay, Served};
@@ -35,6 +36,7 @@ mod listen;
 mod refusal;
 mod routes;
 mod signal;
+mod tls;
 
 /// How long, after the grace period, the cut streams get to close before the worker stops waiting.
 const CUT_WAIT: Duration = Duration::from_secs(1);
@@ -186,6 +188,10 @@ pub struct Bounds {
     pub grace: Duration,
     /// The timeouts and caps of its connections.
     pub connections: Connections,
+    /// TLS on the served port (not on the proxy's admin listener), its handshake within
+    /// `connections.header_timeout`. Not made by `From<&Settings>`: load it with [`Tls::load`], and keep
+    /// a clone to reload it.
+    pub tls: Option<Tls>,
 }
 
 impl From<&crate::Settings> for Bounds {
@@ -193,6 +199,7 @@ impl From<&crate::Settings> for Bounds {
         Self {
             grace: settings.shutdown_grace,
             connections: settings.connections.clone(),
+            tls: None,
         }
     }
 }
@@ -253,6 +260,7 @@ impl<S: Wakeups> Worker<S> {
                 routes: Routes::new(&app, self.upstream.as_deref()),
                 health: Routes::health(&app),
                 gate: self.gates.served,
+                tls: self.bounds.tls.clone(),
             };
             let admin = async {
                 if let Some(admin) = admin {
@@ -261,6 +269,9 @@ impl<S: Wakeups> Worker<S> {
                         routes: Routes::new(&app, None),
                         health: Routes::health(&app),
                         gate: self.gates.admin,
+                        // Plain HTTP: the admin listener is for the operator's tools, on loopback by
+                        // default.
+                        tls: None,
                     };
                     listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut).await;
                 }

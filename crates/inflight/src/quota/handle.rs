@@ -1,8 +1,9 @@
 //! [`Quota`]: the handle over a [`QuotaStore`] that the rest of a program uses; it checks the bounds,
 //! hands out [`Reservation`]s and counts how reservations end.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::reservation::{Owner, Reservation};
@@ -65,7 +66,8 @@ impl<Q: QuotaStore> Backend for Q {
     }
 }
 
-/// How reservations have ended, for metrics. Handles made with [`Quota::with_stats`] share one.
+/// How reservations have ended, for metrics, and (when made with [`QuotaStats::with_balances`]) the
+/// last balance seen of each key. Handles made with [`Quota::with_stats`] share one.
 #[derive(Debug, Default)]
 pub struct QuotaStats {
     /// Reservations committed (spent).
@@ -74,18 +76,52 @@ pub struct QuotaStats {
     pub refunded: AtomicU64,
     /// Reservations the store refunded because their ttl passed: a sign of crashed holders.
     pub expired: AtomicU64,
+    /// The last balance each key was answered with, and how many keys it may hold.
+    balances: Option<(Mutex<Balances>, usize)>,
 }
 
+/// The last balance seen of each key.
+type Balances = HashMap<Box<str>, Balance>;
+
 impl QuotaStats {
-    pub(super) fn saw(&self, balance: Option<&Balance>) {
-        if let Some(balance) = balance.filter(|balance| balance.expired > 0) {
-            self.expired
-                .fetch_add(u64::from(balance.expired), Ordering::Relaxed);
+    /// Stats that also keep the last balance the store answered for each key, of at most `max` keys
+    /// (the first ones seen; later keys go untracked).
+    pub fn with_balances(max: usize) -> Self {
+        Self {
+            balances: Some((Mutex::default(), max)),
+            ..Self::default()
         }
     }
 
-    pub(super) fn settled(&self, settle: Settle, settlement: &Settlement) {
-        self.saw(settlement.balance().as_ref());
+    /// The last balance seen of each tracked key (empty unless made with
+    /// [`QuotaStats::with_balances`]). Each is as this process last saw it: another process may have
+    /// changed it since.
+    pub fn balances(&self) -> Vec<(Box<str>, Balance)> {
+        let Some((balances, _)) = &self.balances else {
+            return Vec::new();
+        };
+        let balances = balances.lock().unwrap_or_else(PoisonError::into_inner);
+        balances.iter().map(|(k, b)| (k.clone(), *b)).collect()
+    }
+
+    pub(super) fn saw(&self, key: &str, balance: Option<&Balance>) {
+        let Some(balance) = balance else { return };
+        if balance.expired > 0 {
+            self.expired
+                .fetch_add(u64::from(balance.expired), Ordering::Relaxed);
+        }
+        if let Some((balances, max)) = &self.balances {
+            let mut balances = balances.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(last) = balances.get_mut(key) {
+                *last = *balance;
+            } else if balances.len() < *max {
+                balances.insert(key.into(), *balance);
+            }
+        }
+    }
+
+    pub(super) fn settled(&self, key: &str, settle: Settle, settlement: &Settlement) {
+        self.saw(key, settlement.balance().as_ref());
         if let Settlement::Settled(_) = settlement {
             let counter = match settle {
                 Settle::Commit => &self.committed,
@@ -213,14 +249,14 @@ impl Quota {
             _ => {}
         }
         let balance = self.backend.fund(key, fund).await?;
-        self.stats.saw(Some(&balance));
+        self.stats.saw(key, Some(&balance));
         Ok(balance)
     }
 
     /// `key`'s balance; `None` for an unmetered key.
     pub async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
         let balance = self.backend.balance(key).await?;
-        self.stats.saw(balance.as_ref());
+        self.stats.saw(key, balance.as_ref());
         Ok(balance)
     }
 
@@ -277,7 +313,7 @@ impl Quota {
                 balance,
                 expires_at_ms,
             } => {
-                self.stats.saw(Some(&balance));
+                self.stats.saw(&key, Some(&balance));
                 Ok(Reservation::open(
                     key,
                     id,
@@ -288,14 +324,14 @@ impl Quota {
                 ))
             }
             Reserve::Exhausted { balance } => {
-                self.stats.saw(Some(&balance));
+                self.stats.saw(&key, Some(&balance));
                 Err(QuotaError::Exhausted {
                     balance: balance.balance,
                     amount,
                 })
             }
             Reserve::Settled { balance } => {
-                self.stats.saw(Some(&balance));
+                self.stats.saw(&key, Some(&balance));
                 Err(QuotaError::Settled)
             }
             Reserve::Unmetered => Ok(Reservation::unmetered(key, id, amount)),
@@ -314,7 +350,7 @@ impl Quota {
             return Ok(Settlement::NotFound(None));
         }
         let settlement = self.backend.settle(key, id, settle).await?;
-        self.stats.settled(settle, &settlement);
+        self.stats.settled(key, settle, &settlement);
         Ok(settlement)
     }
 }

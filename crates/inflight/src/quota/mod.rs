@@ -36,6 +36,10 @@ pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(3_600);
 /// [`StoreError::TooManyReservations`].
 pub const MAX_OPEN_RESERVATIONS: u32 = 65_536;
 
+/// The most keys with a balance, in a store: balances never expire, so this bounds what funding keys
+/// can fill. Funding one more is [`StoreError::TooManyQuotas`].
+pub const MAX_QUOTAS: usize = 1 << 18;
+
 /// The largest balance and the largest amount: every sum of them stays exact in a Redis script's numbers.
 pub const MAX_BALANCE: u64 = 1_000_000_000_000_000;
 

@@ -232,7 +232,7 @@ fn settling(
     Box::pin(async move {
         let settled = owner.backend.settle(&key, &id, settle).await;
         match &settled {
-            Ok(settlement) => owner.stats.settled(settle, settlement),
+            Ok(settlement) => owner.stats.settled(&key, settle, settlement),
             Err(error) => {
                 tracing::warn!(%error, %key, %id, ?settle, "a reservation was not settled; it will expire and be refunded");
             }

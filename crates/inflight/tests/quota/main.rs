@@ -1,6 +1,7 @@
 //! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), bounds and
 //! an independent ledger under contention (ledger.rs), and, on a real Redis, holders in other processes
-//! killed with SIGKILL and processes churning at once (processes.rs).
+//! killed with SIGKILL and processes churning at once (processes.rs), and the view of metered keys
+//! (view.rs).
 #![allow(missing_docs, unreachable_pub)]
 
 mod ledger;
@@ -8,6 +9,7 @@ mod processes;
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
+mod view;
 
 use std::time::Duration;
 
@@ -168,4 +170,34 @@ async fn a_key_holds_a_bounded_number_of_open_reservations() {
 #[ignore = "entry point of child processes, started by processes.rs"]
 fn child_process() {
     processes::child();
+}
+
+/// Stats made with `with_balances` keep the last balance answered for each key, of a bounded number.
+#[tokio::test]
+async fn stats_keep_the_last_balance_of_a_bounded_number_of_keys() {
+    use inflight::quota::{Fund, QuotaStats};
+    let stats = std::sync::Arc::new(QuotaStats::with_balances(2));
+    let quota = Memory::new().quota().with_stats(stats.clone());
+    for (key, n) in [("tenant:a", 5), ("tenant:b", 3), ("tenant:c", 1)] {
+        quota.fund(key, Fund::Set(n)).await.unwrap();
+    }
+    let held = quota.reserve("tenant:a", 2).await.unwrap();
+    let figures = |stats: &QuotaStats| {
+        let mut seen: Vec<(String, u64, u64)> = stats
+            .balances()
+            .into_iter()
+            .map(|(key, b)| (key.into(), b.balance, b.reserved))
+            .collect();
+        seen.sort();
+        seen
+    };
+    let want = [("tenant:a", 3, 2), ("tenant:b", 3, 0)];
+    let want: Vec<(String, u64, u64)> = want
+        .iter()
+        .map(|(k, b, r)| (k.to_string(), *b, *r))
+        .collect();
+    assert_eq!(figures(&stats), want, "tenant:c is past the bound");
+    held.commit().await.unwrap();
+    assert_eq!(figures(&stats)[0], ("tenant:a".to_owned(), 3, 0));
+    assert!(QuotaStats::default().balances().is_empty());
 }

@@ -15,11 +15,8 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::quota::{
     Balance, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE, MAX_OPEN_RESERVATIONS,
-    SETTLED_MEMORY,
+    MAX_QUOTAS, SETTLED_MEMORY,
 };
-
-/// The most keys with a balance: balances never expire, so this bounds what funding keys can fill.
-pub(super) const MAX_QUOTAS: usize = 1 << 18;
 
 /// Every metered key's account.
 #[derive(Default)]

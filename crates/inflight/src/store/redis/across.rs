@@ -233,22 +233,8 @@ impl RedisStore {
     }
 
     async fn index_change(&self, op: char, key: &str, value: u32) -> Result<(), StoreError> {
-        let mut invocation = super::scripts::INDEX.prepare_invoke();
-        invocation
-            .key(&self.names.index)
-            .key(&self.names.version)
-            .arg(op.to_string())
-            .arg(key)
-            .arg(value)
-            .arg(&self.names.channel)
-            .arg(self.max_overrides);
-        let invocation = &invocation;
-        let out: i64 = super::error::retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await?;
-        if out == -1 {
+        let names = &self.names;
+        if !super::overrides::change(&self.conn, names, self.max_overrides, op, key, value).await? {
             let max = number(i64::try_from(self.max_overrides).unwrap_or(i64::MAX))?;
             return Err(StoreError::TooManyOverrides { max });
         }

@@ -10,7 +10,7 @@ use redis::{Client, IntoConnectionInfo};
 
 use super::batch::{Batcher, Durability};
 use super::conn::Conn;
-use super::{cluster, overrides, sentinel, wakeups, Layout, RedisStore};
+use super::{cluster, overrides, quota, sentinel, wakeups, Layout, RedisStore};
 use crate::error::StoreError;
 
 /// Builds a [`RedisStore`].
@@ -131,8 +131,9 @@ impl RedisStoreBuilder {
             ));
         }
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
-        let names = overrides::Names::new(&self.prefix, conn.is_cluster());
+        let names = overrides::Names::new(&self.prefix, "overrides", conn.is_cluster());
         let view = Arc::new(overrides::View::default());
+        let metered = Arc::new(quota::Metered::new(&self.prefix, conn.is_cluster()));
         let wakes = wakeups::start(conn.clone(), self.layout, &self.prefix);
         if self.layout == Layout::Inflight {
             overrides::start(conn.clone(), names.clone(), &view);
@@ -147,6 +148,7 @@ impl RedisStoreBuilder {
             conn,
             view,
             names: Arc::new(names),
+            metered,
             max_overrides: self.max_overrides,
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),

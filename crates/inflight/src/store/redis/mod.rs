@@ -74,6 +74,8 @@ pub struct RedisStore {
     batcher: Batcher,
     view: Arc<overrides::View>,
     names: Arc<overrides::Names>,
+    /// The view of the keys with a balance (`quota.rs`).
+    metered: Arc<quota::Metered>,
     /// The most keys with an override (0: no bound).
     max_overrides: usize,
     prefix: Arc<str>,

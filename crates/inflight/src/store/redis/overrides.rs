@@ -33,27 +33,31 @@ pub(super) const MAX_VIEW: usize = 1 << 20;
 /// How long connecting and subscribing may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The names of the index in Redis.
+/// The names of an index in Redis: `what` is `overrides` (the keys with an override) or `quotas` (the
+/// keys with a balance, kept the same way: `quota.rs`).
 #[derive(Clone)]
 pub(super) struct Names {
+    pub(super) what: &'static str,
     pub(super) index: String,
     pub(super) version: String,
     pub(super) channel: String,
 }
 
 impl Names {
-    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}`, so that one script
-    /// changes both (a prefix with a tag of its own puts both in that tag's slot just as well).
-    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
+    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}` (or `{quotas}`), so
+    /// that one script changes both (a prefix with a tag of its own puts both in that tag's slot just as
+    /// well).
+    pub(super) fn new(prefix: &str, what: &'static str, cluster: bool) -> Self {
         let index = if cluster {
-            format!("{prefix}{{overrides}}")
+            format!("{prefix}{{{what}}}")
         } else {
-            format!("{prefix}overrides")
+            format!("{prefix}{what}")
         };
         Self {
+            what,
             version: format!("{index}:version"),
             index,
-            channel: format!("{prefix}overrides"),
+            channel: format!("{prefix}{what}"),
         }
     }
 }
@@ -155,7 +159,8 @@ async fn keep(conn: Conn, names: Names, view: Weak<View>) {
                 // Once, then quietly: an outage says so elsewhere. (A user whose ACL has no access to
                 // the channel would see it here.)
                 if !warned {
-                    tracing::warn!(%error, "the view of overrides lost its subscription; remaking it");
+                    let what = names.what;
+                    tracing::warn!(%error, "the view of {what} lost its subscription; remaking it");
                     warned = true;
                 }
                 // Soon: the view is in force meanwhile, and only a subscription keeps it fresh.
@@ -244,15 +249,44 @@ async fn resync(conn: &mut Conn, names: &Names, view: &Weak<View>) -> redis::Red
         cursor = next;
     }
     if !fits {
+        let what = names.what;
         tracing::warn!(
             max = MAX_VIEW,
-            "more keys have an override than the view holds: every admission asks Redis"
+            "more keys are in the index of {what} than its view holds: every admission asks Redis"
         );
     }
     *view.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
     view.version.store(version.unwrap_or(0), Ordering::Release);
     view.usable.store(fits, Ordering::Release);
     Ok(())
+}
+
+/// Adds (`'+'`) `key` to the index `names`, with `value`, or removes it (`'-'`), announcing the change
+/// (`index.lua`); false when adding it would pass `max` keys (0: no bound).
+pub(super) async fn change(
+    conn: &Conn,
+    names: &Names,
+    max: usize,
+    op: char,
+    key: &str,
+    value: u32,
+) -> Result<bool, crate::error::StoreError> {
+    let mut invocation = super::scripts::INDEX.prepare_invoke();
+    invocation
+        .key(&names.index)
+        .key(&names.version)
+        .arg(op.to_string())
+        .arg(key)
+        .arg(value)
+        .arg(&names.channel)
+        .arg(max);
+    let invocation = &invocation;
+    let out: i64 = super::error::retried(|| {
+        let mut conn = conn.clone();
+        async move { invocation.invoke_async(&mut conn).await }
+    })
+    .await?;
+    Ok(out != -1)
 }
 
 pub(super) async fn within<T>(
@@ -270,7 +304,7 @@ pub(super) async fn within<T>(
 fn closed() -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionAborted,
-        "the subscription to announcements of overrides ended",
+        "the subscription to an index's announcements ended",
     ))
 }
 

@@ -1,22 +1,58 @@
 //! The Redis store's balances ([`QuotaStore`]): `scripts/quota.lua` decides every step. A key's four
 //! names share its hash tag (`<prefix>{E}:quota`, `:reservations`, `:amounts`, `:settled`), so that each
 //! call touches one slot, on a Redis Cluster too; deadlines are on the Redis clock.
+//!
+//! The keys with a balance are also in an index, `<prefix>quotas` (`<prefix>{quotas}` on a Cluster),
+//! which a view in this process follows as the view of overrides follows theirs (`overrides.rs`): a
+//! reservation on a key the view knows has none is answered with no round trip. (Settlements and reads
+//! of a balance always ask Redis: they are rare, and a settlement must not miss a key funded a moment
+//! ago.)
+//! Funding adds the key to the index (`index.lua`, at most [`MAX_QUOTAS`] keys) before its balance is
+//! set, so the view never misses a metered key for longer than an announcement takes to arrive. Keys
+//! never leave the index (balances have no delete). The view starts with the store's first quota call:
+//! a store that never meters pays nothing for it.
 
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Once};
 
 use redis::Script;
 
+use super::conn::Conn;
 use super::error::retried;
 use super::keys::{KeyNames, Member};
+use super::overrides::{self, Names, View};
 use super::{fields, number, RedisStore, ToArg};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::quota::{
     Balance, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE, MAX_OPEN_RESERVATIONS,
-    SETTLED_MEMORY,
+    MAX_QUOTAS, SETTLED_MEMORY,
 };
+
+/// The view of the keys with a balance, shared by a store's clones.
+pub(super) struct Metered {
+    names: Names,
+    view: Arc<View>,
+    started: Once,
+}
+
+impl Metered {
+    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
+        Self {
+            names: Names::new(prefix, "quotas", cluster),
+            view: Arc::default(),
+            started: Once::new(),
+        }
+    }
+
+    /// True when the view knows that `key` has no balance (starting the view on the first call).
+    fn unmetered(&self, conn: &Conn, key: &str) -> bool {
+        self.started
+            .call_once(|| overrides::start(conn.clone(), self.names.clone(), &self.view));
+        self.view.none_of(&[key])
+    }
+}
 
 static QUOTA: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
@@ -93,6 +129,11 @@ impl QuotaStore for RedisStore {
             Fund::Add(n) => ("a", n, false),
         };
         async move {
+            let metered = &self.metered;
+            if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
+                return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
+            }
+            metered.view.note(key, true);
             let answer = self
                 .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
                 .await?;
@@ -124,6 +165,9 @@ impl QuotaStore for RedisStore {
     ) -> impl Future<Output = Result<Reserve, StoreError>> + Send {
         let id = Member(id);
         async move {
+            if self.metered.unmetered(&self.conn, key) {
+                return Ok(Reserve::Unmetered);
+            }
             let answer = self
                 .quota_call(key, "r", &[&id, &amount, &ttl_ms], true)
                 .await?;
