@@ -40,8 +40,10 @@ pub enum LogFormat {
 impl LoggingSettings {
     /// The filter that `log_level` describes.
     pub fn filter(&self) -> Result<tracing_subscriber::EnvFilter, ConfigError> {
-        tracing_subscriber::EnvFilter::try_new(&self.log_level)
-            .map_err(|e| invalid("log_level", format!("{:?}: {e}", self.log_level)))
+        tracing_subscriber::EnvFilter::try_new(&self.log_level).map_err(|e| {
+            let reason = format!("{:?} (--log-level, INFLIGHT_LOG): {e}", self.log_level);
+            invalid("log_level", reason)
+        })
     }
 
     pub(super) fn check(&self) -> Result<(), ConfigError> {
