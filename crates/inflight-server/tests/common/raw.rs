@@ -54,6 +54,31 @@ pub async fn answer(stream: &mut TcpStream) -> (String, String) {
         .expect("an answer within 5 s")
 }
 
+/// Every answer until the server closes the connection, in order (each body by Content-Length, the last
+/// one's else to the end). Unlike repeated [`answer`] calls, answers that arrive in one read are kept.
+pub async fn answers_to_the_end(stream: &mut TcpStream) -> Vec<(String, String)> {
+    let mut bytes = Vec::new();
+    tokio::time::timeout(WAIT, stream.read_to_end(&mut bytes))
+        .await
+        .expect("the connection closed within 5 s")
+        .expect("read");
+    let mut answers = Vec::new();
+    let mut rest = &bytes[..];
+    while let Some(end) = find(rest, b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&rest[..end]).to_string();
+        let length = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
+        });
+        let body = &rest[end + 4..];
+        let length = length.unwrap_or(body.len()).min(body.len());
+        answers.push((head, String::from_utf8_lossy(&body[..length]).to_string()));
+        rest = &body[length..];
+    }
+    answers
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack
         .windows(needle.len())
