@@ -46,6 +46,8 @@ pub struct Metrics {
     releases: metrics::Counter,
     store: [(&'static str, metrics::Histogram); 7],
     in_flight: Arc<InFlight>,
+    /// Admissions admitted and refused so far, for the status page's figures per minute.
+    tally: Arc<[AtomicU64; 2]>,
 }
 
 /// What `inflight_in_flight` counts, for one server.
@@ -121,6 +123,7 @@ impl Metrics {
             errors: metrics::counter!("inflight_admissions_total", "result" => "error"),
             releases: metrics::counter!("inflight_releases_total"),
             in_flight: Arc::default(),
+            tally: Arc::default(),
             store: STORE_OPS.map(|op| {
                 (
                     op,
@@ -137,12 +140,28 @@ impl Metrics {
             AdmissionResult::Rejected => (&self.rejected, "rejected"),
             AdmissionResult::Error => (&self.errors, "error"),
         };
+        if let Some(n) = match result {
+            AdmissionResult::Admitted => Some(0),
+            AdmissionResult::Rejected => Some(1),
+            AdmissionResult::Error => None,
+        } {
+            self.tally[n].fetch_add(1, Ordering::Relaxed);
+        }
         if self.per_key {
             metrics::counter!("inflight_admissions_total", "result" => label, "key" => key.to_owned())
                 .increment(1);
         } else {
             counter.increment(1);
         }
+    }
+
+    /// Admissions of this server so far: (admitted, refused).
+    pub fn admissions(&self) -> (u64, u64) {
+        let [admitted, refused] = &*self.tally;
+        (
+            admitted.load(Ordering::Relaxed),
+            refused.load(Ordering::Relaxed),
+        )
     }
 
     /// Counts a release.

@@ -250,7 +250,7 @@ impl<S: Wakeups> Worker<S> {
             };
             let served = Served {
                 listener,
-                routes: Routes::new(&app, self.upstream.as_deref()),
+                routes: Routes::new(&app, self.upstream.as_deref(), &self.stopping),
                 health: Routes::health(&app),
                 gate: self.gates.served,
             };
@@ -258,7 +258,7 @@ impl<S: Wakeups> Worker<S> {
                 if let Some(admin) = admin {
                     let served = Served {
                         listener: admin,
-                        routes: Routes::new(&app, None),
+                        routes: Routes::new(&app, None, &self.stopping),
                         health: Routes::health(&app),
                         gate: self.gates.admin,
                     };
