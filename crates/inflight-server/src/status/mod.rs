@@ -77,6 +77,11 @@ impl Board {
         MAX_CLIENTS - self.inner.clients.available_permits()
     }
 
+    /// The JSON the pages are shown now (empty before the first update).
+    pub fn snapshot(&self) -> Arc<str> {
+        self.inner.snapshot.borrow().clone()
+    }
+
     fn ring(&self) -> MutexGuard<'_, ring::Ring> {
         self.inner
             .ring
@@ -164,17 +169,15 @@ async fn events<S: Wakeups>(State(page): State<Page<S>>, headers: HeaderMap, uri
     };
     let snapshots = board.inner.snapshot.subscribe();
     board.inner.wake.notify_one();
-    // Each change of the snapshot, the current one first once there is one; the place among the
-    // watchers is held as long as the stream.
+    // Each new snapshot, from the one the wake-up above makes (an older one may be stale); the place
+    // among the watchers is held as long as the stream.
     let stream = futures_util::stream::unfold(
-        (snapshots, watching, true),
-        |(mut snapshots, watching, first)| async move {
-            if !first || snapshots.borrow().is_empty() {
-                snapshots.changed().await.ok()?;
-            }
+        (snapshots, watching),
+        |(mut snapshots, watching)| async move {
+            snapshots.changed().await.ok()?;
             let json = snapshots.borrow_and_update().clone();
             let event = Event::default().data(&*json);
-            Some((Ok::<_, Infallible>(event), (snapshots, watching, false)))
+            Some((Ok::<_, Infallible>(event), (snapshots, watching)))
         },
     );
     let mut stopping = page.stopping.clone();

@@ -11,17 +11,15 @@ pub(super) type Counts = [u64; 3];
 pub(super) struct Ring {
     slots: Vec<Counts>,
     next: usize,
-    /// The totals at the last sample; `None` before the first.
-    last: Option<Counts>,
+    /// The totals at the last sample (zeros before the first: the totals start with the server).
+    last: Counts,
 }
 
 impl Ring {
     /// Records the running `totals` of now: what they grew by since the last sample fills this second's
     /// slot (a total that went down, a counter reset, counts as no growth).
     pub(super) fn sample(&mut self, totals: Counts) {
-        let Some(last) = self.last.replace(totals) else {
-            return;
-        };
+        let last = std::mem::replace(&mut self.last, totals);
         let mut grown = [0; 3];
         for ((grown, now), before) in grown.iter_mut().zip(totals).zip(last) {
             *grown = now.saturating_sub(before);
@@ -53,14 +51,10 @@ mod tests {
     fn sums_the_growth_of_the_last_sixty_samples() {
         let mut ring = Ring::default();
         ring.sample([10, 5, 0]);
-        assert_eq!(
-            ring.per_minute(),
-            [0, 0, 0],
-            "the first sample is the baseline"
-        );
+        assert_eq!(ring.per_minute(), [10, 5, 0], "counted from zero");
         ring.sample([12, 5, 1]);
         ring.sample([15, 6, 1]);
-        assert_eq!(ring.per_minute(), [5, 1, 1]);
+        assert_eq!(ring.per_minute(), [15, 6, 1]);
         for n in 0..SECONDS as u64 {
             ring.sample([15 + n, 6, 1]);
         }
