@@ -13,6 +13,20 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
+# The status page's test runs it in headless Chromium (Debian's chromium package): installed here in CI
+# (CI=true), where its absence fails that test; elsewhere that test is skipped, saying so, unless installed.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "${CI:-}" = "true" ]; then
+    echo "chromium not found: installing chromium (apt-get, with sudo when not root)" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  else
+    echo "chromium not found: the status page's browser tests will be skipped (apt-get install chromium)" >&2
+  fi
+fi
+
 cargo test --workspace --all-features "$@"
 
 # The Python client (clients/python), in a venv of its own, against real redis-server and inflight processes:
