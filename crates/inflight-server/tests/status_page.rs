@@ -450,3 +450,47 @@ async fn chromium_follows_a_release_in_one_page() {
     assert!(!dom.contains(r#"data-key="app:held""#), "{dom}");
     served.shutdown().await.unwrap();
 }
+
+/// `inflight proxy`: the page is on the admin listener, not on the proxied port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_serves_the_page_on_its_admin_listener_only() {
+    use common::process::{admin_of, listen_of, Running};
+    let upstream = common::Upstream::start().await;
+    let (_server, started) = Running::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.base,
+        "--default-limit",
+        "8",
+    ]);
+    let (base, admin) = (
+        format!("http://{}", listen_of(&started)),
+        format!("http://{}", admin_of(&started)),
+    );
+    let http = Client::new();
+    let page = http.get(format!("{admin}/status")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.text().await.unwrap().contains("status/events"));
+    let events = http
+        .get(format!("{admin}/status/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let (mut stream, mut buffer) = (events.bytes_stream(), String::new());
+    let event = next_event(&mut stream, &mut buffer).await;
+    assert_eq!(event["store"]["ok"], true);
+    // On the proxied port /status is a path like any other (here refused: it has no key).
+    let proxied = http.get(format!("{base}/status")).send().await.unwrap();
+    let (status, body) = (proxied.status(), proxied.text().await.unwrap());
+    assert!(
+        !body.contains("status/events"),
+        "the page on the proxied port"
+    );
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("missing_key"), "{body}");
+}
