@@ -197,3 +197,17 @@ async fn redis_dify_layout_says_unsupported() {
         "{error:?}"
     );
 }
+
+#[tokio::test]
+async fn redis_cluster_says_unsupported() {
+    let cluster = support::TestCluster::shared();
+    let store = cluster
+        .store_builder(&support::unique_prefix("busy"))
+        .open()
+        .unwrap();
+    let error = store.busy("", 10).await.unwrap_err();
+    assert!(
+        matches!(error, inflight::StoreError::Unsupported(_)),
+        "{error:?}"
+    );
+}
