@@ -1,6 +1,7 @@
 //! In-process servers on port-0 listeners, an upstream to proxy to, and stores to run them on.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod browser;
 pub mod process;
 pub mod raw;
 
