@@ -211,3 +211,32 @@ async fn redis_cluster_says_unsupported() {
         "{error:?}"
     );
 }
+
+#[tokio::test]
+async fn memory_stops_at_the_cap_on_keys_examined() {
+    let limiter = Limiter::builder(MemoryStore::new())
+        .policy(policy())
+        .build();
+    let mut held = Vec::new();
+    for n in 0..=inflight::store::MAX_EXAMINED {
+        held.push(limiter.try_acquire(&format!("k{n}")).await.unwrap());
+    }
+    let busy = limiter.busy("none:", 10).await.unwrap();
+    assert!(busy.keys.is_empty());
+    assert!(busy.truncated, "not every key was looked at");
+}
+
+#[tokio::test]
+async fn redis_stops_at_the_cap_on_names_examined() {
+    let redis = TestRedis::start();
+    let mut pipe = redis::pipe();
+    for n in 0..inflight::store::MAX_EXAMINED + 2_000 {
+        pipe.set(format!("other:{n}"), 1).ignore();
+    }
+    pipe.exec(&mut redis.client()).unwrap();
+    let limiter = Limiter::builder(redis.store()).policy(policy()).build();
+    let _held = limiter.try_acquire("app:a").await.unwrap().detach();
+    let busy = limiter.busy("app:", 10).await.unwrap();
+    assert!(busy.truncated, "the scan stopped before the end");
+    assert!(busy.keys.len() <= 1);
+}

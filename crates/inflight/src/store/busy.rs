@@ -11,7 +11,8 @@ use crate::error::StoreError;
 /// The most keys one listing answers with; a larger `limit` is taken as this.
 pub const MAX_BUSY: usize = 1000;
 
-/// The most keys one listing examines before it answers with what it found (`truncated`).
+/// The most keys one listing examines before it answers with what it found (`truncated`): in memory,
+/// keys of the store; on Redis, names its `SCAN` calls look at (their `COUNT` each), matching or not.
 pub const MAX_EXAMINED: usize = 10_000;
 
 /// The longest a listing of a remote store keeps scanning before it answers with what it found

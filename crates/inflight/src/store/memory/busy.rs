@@ -14,8 +14,8 @@ impl<C: Clock> MemoryStore<C> {
         // The cells first (no cell is locked while the map's shards are), then each one on its own.
         let mut cells: Vec<Arc<Cell<C>>> = Vec::new();
         let mut truncated = false;
-        for entry in self.inner.keys.iter() {
-            if cells.len() == MAX_EXAMINED {
+        for (examined, entry) in self.inner.keys.iter().enumerate() {
+            if examined == MAX_EXAMINED {
                 truncated = true;
                 break;
             }

@@ -32,7 +32,8 @@ impl RedisStore {
         let (mut cursor, mut examined, mut found) = (0u64, 0usize, Vec::new());
         loop {
             let (next, names) = self.scan_page(cursor, &pattern).await?;
-            examined += names.len();
+            // What Redis looked at: about COUNT names a call, whether they matched or not.
+            examined += SCAN_COUNT;
             let keys: Vec<String> = names
                 .iter()
                 .filter_map(|name| user_key(&self.prefix, name))
