@@ -140,12 +140,15 @@ impl Metrics {
             AdmissionResult::Rejected => (&self.rejected, "rejected"),
             AdmissionResult::Error => (&self.errors, "error"),
         };
-        if let Some(n) = match result {
-            AdmissionResult::Admitted => Some(0),
-            AdmissionResult::Rejected => Some(1),
-            AdmissionResult::Error => None,
-        } {
-            self.tally[n].fetch_add(1, Ordering::Relaxed);
+        let [admitted, refused] = &*self.tally;
+        match result {
+            AdmissionResult::Admitted => {
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+            AdmissionResult::Rejected => {
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+            AdmissionResult::Error => {}
         }
         if self.per_key {
             metrics::counter!("inflight_admissions_total", "result" => label, "key" => key.to_owned())
