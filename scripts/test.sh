@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. The Redis tests start their own redis-server processes on free ports,
-# so the only thing needed beside Rust is the redis-server binary: installed here when it is missing. Then the
+# so what is needed beside Rust is the redis-server binary (and chromium, for the status page's tests):
+# installed here when missing. Then the
 # Python client's tests (clients/python), in a venv made here (target/pyvenv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/install.sh
-install_missing redis-server=redis-server,redis-tools
+# The status page's tests run it in headless Chromium (Debian's chromium package).
+install_missing redis-server=redis-server,redis-tools chromium=chromium
 
 # Each part's output is also kept, so that the last line can sum up every test that ran.
 log=$(mktemp)

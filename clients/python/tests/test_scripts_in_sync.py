@@ -17,6 +17,7 @@ def test_packaged_scripts_are_copies_of_the_rust_sources() -> None:
     names = sorted(p.name for p in SOURCE.glob("*.lua"))
     assert names == [
         "batch.lua",
+        "busy.lua",
         "common.lua",
         "dify.lua",
         "index.lua",

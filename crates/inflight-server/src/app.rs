@@ -10,8 +10,10 @@ use inflight::{
 
 use crate::metrics::{AdmissionResult, Metrics};
 
+mod busy;
 mod charge;
 
+pub use busy::BusyLister;
 pub use charge::{quota_error, Charge};
 
 /// The state of one worker of a server.
@@ -30,6 +32,10 @@ pub struct App<S: Wakeups> {
     pub metrics: Metrics,
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
+    /// Lists the busy keys through the limiter (`GET /v1/keys`, the status page).
+    pub busy: BusyLister,
+    /// The status page's state: its clients and its per-second counts.
+    pub status: crate::status::Board,
 }
 
 impl<S: Wakeups> App<S> {
@@ -270,7 +276,7 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
 }
 
 /// Compares without an early exit, so the time taken says nothing about where a guess went wrong.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

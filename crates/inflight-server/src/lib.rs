@@ -15,11 +15,12 @@ pub mod incoming;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod status;
 
 use std::sync::Arc;
 
 use inflight::quota::QuotaStats;
-use inflight::{Limiter, MemoryStore, Quota, QuotaStore, SharedPolicy, Wakeups};
+use inflight::{BusyKeys, Limiter, MemoryStore, Quota, QuotaStore, SharedPolicy, Wakeups};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -71,7 +72,7 @@ impl Shared {
 
 /// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
 /// workers `shared`.
-pub fn app<S: Wakeups + QuotaStore>(
+pub fn app<S: Wakeups + QuotaStore + BusyKeys>(
     settings: &Settings,
     shared: &Shared,
     store: S,
@@ -96,6 +97,7 @@ pub fn app<S: Wakeups + QuotaStore>(
                 .ends_with("+cluster"),
         )
         .build();
+    let busy = app::BusyLister::new(limiter.clone());
     Ok(Arc::new(App {
         limiter,
         quota,
@@ -104,5 +106,7 @@ pub fn app<S: Wakeups + QuotaStore>(
         overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
+        busy,
+        status: status::Board::default(),
     }))
 }

@@ -181,7 +181,7 @@ fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
 }
 
 /// Serves until a signal, each worker with an app over a store from `store`.
-async fn run<S: Wakeups + QuotaStore>(
+async fn run<S: Wakeups + QuotaStore + inflight::BusyKeys>(
     settings: Settings,
     proxy: Option<ProxySettings>,
     shared: Shared,

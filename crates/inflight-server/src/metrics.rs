@@ -81,6 +81,8 @@ pub struct Metrics {
     store: [(&'static str, metrics::Histogram); 7],
     upstream: metrics::Histogram,
     in_flight: Arc<InFlight>,
+    /// Admissions admitted and refused so far, for the status page's figures per minute.
+    tally: Arc<[AtomicU64; 2]>,
 }
 
 /// What `inflight_in_flight` counts, for one server.
@@ -165,6 +167,7 @@ impl Metrics {
             releases: metrics::counter!("inflight_releases_total"),
             in_flight: Arc::default(),
             upstream: metrics::histogram!("inflight_upstream_duration_seconds"),
+            tally: Arc::default(),
             store: STORE_OPS.map(|op| {
                 (
                     op,
@@ -181,6 +184,16 @@ impl Metrics {
             AdmissionResult::Rejected => (&self.rejected, "rejected"),
             AdmissionResult::Error => (&self.errors, "error"),
         };
+        let [admitted, refused] = &*self.tally;
+        match result {
+            AdmissionResult::Admitted => {
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+            AdmissionResult::Rejected => {
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+            AdmissionResult::Error => {}
+        }
         if self.per_key {
             metrics::counter!("inflight_admissions_total", "result" => label, "key" => key.to_owned())
                 .increment(1);
@@ -219,6 +232,15 @@ impl Metrics {
     /// Records how long the upstream took until its response headers.
     pub fn upstream_latency(&self, took: Duration) {
         self.upstream.record(took.as_secs_f64());
+    }
+
+    /// Admissions of this server so far: (admitted, refused).
+    pub fn admissions(&self) -> (u64, u64) {
+        let [admitted, refused] = &*self.tally;
+        (
+            admitted.load(Ordering::Relaxed),
+            refused.load(Ordering::Relaxed),
+        )
     }
 
     /// Counts a release.

@@ -85,12 +85,13 @@ pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
 pub use id::PermitId;
 pub use limiter::{
-    Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_MAX_WAITERS, RECHECK, SHUTDOWN_DRAIN,
+    Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_MAX_WAITERS, RECHECK,
+    SHUTDOWN_DRAIN,
 };
 pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};
-pub use store::{Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
+pub use store::{BusyKeys, Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
 #[cfg(feature = "redis")]
 pub use store::{Layout, RedisStore, RedisStoreBuilder};

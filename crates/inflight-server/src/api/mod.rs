@@ -18,6 +18,9 @@ use crate::app::{check_name, App};
 use crate::config::MAX_LEASE;
 use crate::error::ApiError;
 
+mod keys;
+
+pub use keys::{query, BusyJson, DEFAULT_LIMIT};
 mod permits;
 mod quotas;
 
@@ -37,6 +40,7 @@ pub fn router<S: Wakeups>(app: Arc<App<S>>) -> Router {
             "/v1/permits/{id}",
             put(permits::renew_recorded::<S>).delete(permits::release_recorded::<S>),
         )
+        .route("/v1/keys", get(keys::list::<S>))
         .route("/v1/keys/{key}", get(status::<S>))
         .route(
             "/v1/keys/{key}/limit",

@@ -257,7 +257,7 @@ impl<S: Wakeups> Worker<S> {
             };
             let served = Served {
                 listener,
-                routes: Routes::new(&app, self.upstream.as_deref()),
+                routes: Routes::new(&app, self.upstream.as_deref(), &self.stopping),
                 health: Routes::health(&app),
                 gate: self.gates.served,
                 tls: self.bounds.tls.clone(),
@@ -266,7 +266,7 @@ impl<S: Wakeups> Worker<S> {
                 if let Some(admin) = admin {
                     let served = Served {
                         listener: admin,
-                        routes: Routes::new(&app, None),
+                        routes: Routes::new(&app, None, &self.stopping),
                         health: Routes::health(&app),
                         gate: self.gates.admin,
                         // Plain HTTP: the admin listener is for the operator's tools, on loopback by

@@ -15,6 +15,7 @@ use crate::api;
 use crate::app::App;
 use crate::incoming::RequestBody;
 use crate::proxy::{Peer, Proxy, Upstream};
+use crate::status;
 
 /// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
 /// forwarded (straight to the proxy, past axum's router).
@@ -33,11 +34,16 @@ impl<S: Wakeups> Clone for Routes<S> {
 }
 
 impl<S: Wakeups> Routes<S> {
-    /// The API at the root; or with an upstream, the API under `/_inflight` and everything else forwarded.
-    pub(super) fn new(app: &Arc<App<S>>, upstream: Option<&Upstream>) -> Self {
+    /// The API and the status page at the root (their streams end when `stopping` turns true); or with
+    /// an upstream, the API under `/_inflight` and everything else forwarded.
+    pub(super) fn new(
+        app: &Arc<App<S>>,
+        upstream: Option<&Upstream>,
+        stopping: &tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
         match upstream {
             None => Self {
-                api: api::router(app.clone()),
+                api: api::router(app.clone()).merge(status::router(app, stopping.clone())),
                 proxy: None,
             },
             Some(upstream) => {

@@ -1,6 +1,7 @@
 //! In-process servers on port-0 listeners, an upstream to proxy to, and stores to run them on.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod browser;
 pub mod process;
 pub mod raw;
 
@@ -15,7 +16,7 @@ use axum::routing::{any, get};
 use axum::serve::ListenerExt;
 use axum::Router;
 use http::StatusCode;
-use inflight::{QuotaStore, Wakeups};
+use inflight::{BusyKeys, QuotaStore, Wakeups};
 use inflight_server::config::Layered;
 use inflight_server::{proxy, server, ProxySettings, Settings};
 use tokio::sync::{oneshot, Semaphore};
@@ -115,7 +116,7 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
     settings
 }
 
-async fn start<S: Wakeups + QuotaStore>(
+async fn start<S: Wakeups + QuotaStore + BusyKeys>(
     settings: &Settings,
     stores: Stores<S>,
     upstream: Option<proxy::Upstream>,
@@ -143,14 +144,14 @@ async fn start<S: Wakeups + QuotaStore>(
     }
 }
 
-pub async fn start_api<S: Wakeups + QuotaStore>(
+pub async fn start_api<S: Wakeups + QuotaStore + BusyKeys>(
     settings: &Settings,
     stores: Stores<S>,
 ) -> Server<S> {
     start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Wakeups + QuotaStore>(
+pub async fn start_proxy<S: Wakeups + QuotaStore + BusyKeys>(
     settings: &ProxySettings,
     stores: Stores<S>,
 ) -> Server<S> {
@@ -364,7 +365,7 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
-    type S: Wakeups + QuotaStore;
+    type S: Wakeups + QuotaStore + BusyKeys;
     fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }

@@ -6,12 +6,14 @@
 
 mod acquire;
 mod admission;
+mod busy;
 mod releaser;
 mod remote;
 mod renewer;
 mod wait;
 
 pub use acquire::TryAcquire;
+pub use busy::{Busiest, Busy};
 pub use wait::{DEFAULT_MAX_WAITERS, RECHECK};
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -46,6 +46,11 @@ impl Waiters {
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How many of this process's waiters queue on `key`.
+    pub(super) fn on(&self, key: &str) -> usize {
+        self.lock().get(key).map_or(0, VecDeque::len)
+    }
+
     /// True when no waiter of this process waits on any of `keys`.
     fn idle(&self, keys: &[&str]) -> bool {
         let queues = self.lock();

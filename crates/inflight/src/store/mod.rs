@@ -2,9 +2,10 @@
 //!
 //! A store makes each decision in one atomic step. [`MemoryStore`] is the reference implementation;
 //! every store passes the same behaviour suite. [`Store`] is what every limiter needs; a capability
-//! beyond it (quota: [`crate::QuotaStore`]; wake-ups for waiters) gets a small trait of its own rather
+//! beyond it (quota: [`crate::QuotaStore`]; wake-ups for waiters; [`BusyKeys`]) gets a small trait of its own rather
 //! than growing this one.
 
+pub(crate) mod busy;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -12,6 +13,7 @@ pub(crate) mod wake;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Layout, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use busy::{BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_BUSY, MAX_EXAMINED};
 pub use memory::MemoryStore;
 pub use wake::{Interest, Wakeups};
 

@@ -67,6 +67,20 @@ impl KeyState {
         reclaimed
     }
 
+    /// The in-flight count without the leases that have expired by `now` (nothing is reclaimed).
+    pub(super) fn live(&self, now: u64) -> u32 {
+        if now < self.next_expiry_ms {
+            return self.in_flight;
+        }
+        let expired: u32 = self
+            .leases
+            .values()
+            .filter(|lease| lease.expires_at_ms <= now)
+            .map(|lease| lease.weight)
+            .sum();
+        self.in_flight - expired
+    }
+
     pub(super) fn limit(&self, limits: ClassLimits) -> Limit {
         limits.resolve(self.override_limit)
     }

@@ -8,6 +8,7 @@
 //! ones are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys
 //! idle for a while, so memory stays bounded however many keys pass through.
 
+mod busy;
 mod cell;
 mod index;
 mod key;

@@ -10,6 +10,7 @@
 mod across;
 mod batch;
 mod builder;
+mod busy;
 mod cluster;
 mod conn;
 mod dify;

@@ -18,3 +18,5 @@ pub(super) static DIFY: LazyLock<Script> = script!("scripts/dify.lua");
 /// Alone (it reads no user key): the index of overrides on Redis Cluster.
 pub(super) static INDEX: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/index.lua")));
+/// The busy keys' counts, read only (`busy.rs`).
+pub(super) static BUSY: LazyLock<Script> = script!("scripts/busy.lua");

@@ -1,0 +1,129 @@
+//! The status page's one task per worker: each second it samples the counters into the ring and, while
+//! a page is watching, lists the busy keys (timed: the store's health and latency) and publishes what the
+//! pages show; at once when a new page connects.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use inflight::{StoreError, Wakeups};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::Board;
+use crate::api::BusyJson;
+use crate::app::App;
+
+/// How many keys the page shows.
+pub const PAGE_KEYS: usize = 20;
+
+/// How long one look at the store may take before the page says it is unavailable.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a page is sent, as JSON in each event.
+#[derive(Serialize)]
+struct Snapshot {
+    /// When, in ms since the Unix epoch.
+    at_ms: u64,
+    /// The busiest keys (none when the store cannot list them; see `store.listing`).
+    #[serde(flatten)]
+    busy: BusyJson,
+    per_minute: PerMinute,
+    store: Health,
+}
+
+#[derive(Serialize)]
+struct PerMinute {
+    admitted: u64,
+    refused: u64,
+    reclaimed: u64,
+}
+
+#[derive(Serialize)]
+struct Health {
+    ok: bool,
+    latency_ms: f64,
+    /// Why the store did not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    /// False when the store cannot list busy keys (a cluster, Dify's layout): only its health is shown.
+    listing: bool,
+}
+
+/// Runs until the worker stops (or its app is gone).
+pub(super) async fn run<S: Wakeups>(app: Weak<App<S>>, mut stopping: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(board) = app.upgrade().map(|app| app.status.clone()) else {
+        return;
+    };
+    loop {
+        let sampled = tokio::select! {
+            _ = tick.tick() => true,
+            () = board.inner.wake.notified() => false,
+            _ = stopping.wait_for(|stop| *stop) => return,
+        };
+        let Some(app) = app.upgrade() else { return };
+        if sampled {
+            let (admitted, refused) = app.metrics.admissions();
+            let reclaimed = app.limiter.stats().reclaimed.load(Ordering::Relaxed);
+            board.ring().sample([admitted, refused, reclaimed]);
+        }
+        if board.inner.snapshot.receiver_count() > 0 {
+            let snapshot = snapshot(&app, &board).await;
+            let json = serde_json::to_string(&snapshot).unwrap_or_default();
+            board.inner.snapshot.send_replace(Arc::from(json));
+        }
+    }
+}
+
+async fn snapshot<S: Wakeups>(app: &App<S>, board: &Board) -> Snapshot {
+    let [admitted, refused, reclaimed] = board.ring().per_minute();
+    let started = Instant::now();
+    let listed = tokio::time::timeout(STORE_TIMEOUT, app.busy.list("", PAGE_KEYS)).await;
+    let listed = listed.unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
+    let (busy, store) = match listed {
+        Ok(busy) => (busy.into(), health(started, None, true)),
+        Err(StoreError::Unsupported(why)) => {
+            // Its health, then, from the cheapest call there is.
+            let started = Instant::now();
+            let maintained =
+                tokio::time::timeout(STORE_TIMEOUT, app.limiter.store().maintain()).await;
+            let error = match maintained {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(_) => Some("timed out".to_owned()),
+            };
+            tracing::debug!(%why, "the status page lists no busy keys");
+            (
+                inflight::Busiest::default().into(),
+                health(started, error, false),
+            )
+        }
+        Err(error) => (
+            inflight::Busiest::default().into(),
+            health(started, Some(error.to_string()), true),
+        ),
+    };
+    Snapshot {
+        at_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        busy,
+        per_minute: PerMinute {
+            admitted,
+            refused,
+            reclaimed,
+        },
+        store,
+    }
+}
+
+fn health(started: Instant, error: Option<String>, listing: bool) -> Health {
+    Health {
+        ok: error.is_none(),
+        latency_ms: (started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
+        error,
+        listing,
+    }
+}

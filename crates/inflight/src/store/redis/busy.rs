@@ -1,0 +1,200 @@
+//! [`BusyKeys`] on Redis: `SCAN` over the lease sets under the prefix (`MATCH`, `COUNT` per call), each
+//! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`]. One
+//! server or Sentinel's primary; a cluster (one scan per primary) and Dify's layout are not supported.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::error::retried;
+use super::keys::KeyNames;
+use super::{number, scripts, Layout, RedisStore};
+use crate::error::StoreError;
+use crate::store::busy::{busiest, BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_EXAMINED};
+
+/// The `COUNT` of each `SCAN` call: names examined per round trip.
+const SCAN_COUNT: usize = 500;
+
+impl RedisStore {
+    async fn busy_scan(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
+        if self.layout == Layout::Dify {
+            return Err(StoreError::Unsupported(
+                "listing busy keys under the Dify layout".into(),
+            ));
+        }
+        if self.conn.is_cluster() {
+            return Err(StoreError::Unsupported(
+                "listing busy keys on Redis Cluster".into(),
+            ));
+        }
+        let pattern = scan_pattern(&self.prefix, prefix);
+        let started = Instant::now();
+        let (mut cursor, mut examined, mut found) = (0u64, 0usize, Vec::new());
+        loop {
+            let (next, names) = self.scan_page(cursor, &pattern).await?;
+            // What Redis looked at: about COUNT names a call, whether they matched or not.
+            examined += SCAN_COUNT;
+            let keys: Vec<String> = names
+                .iter()
+                .filter_map(|name| user_key(&self.prefix, name))
+                .filter(|key| key.starts_with(prefix))
+                .collect();
+            found.extend(self.counts(keys).await?);
+            cursor = next;
+            if cursor == 0 {
+                return Ok(busiest(found, limit, false));
+            }
+            if examined >= MAX_EXAMINED || started.elapsed() >= BUSY_TIME_BUDGET {
+                return Ok(busiest(found, limit, true));
+            }
+        }
+    }
+
+    async fn scan_page(
+        &self,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        retried(|| {
+            let mut conn = self.conn.clone();
+            async move {
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .query_async(&mut conn)
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// The busy ones of `keys`, with their counts.
+    async fn counts(&self, keys: Vec<String>) -> Result<Vec<BusyKey>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocation = scripts::BUSY.prepare_invoke();
+        for key in &keys {
+            KeyNames::new(&self.prefix, key, false).declare(&mut invocation);
+        }
+        invocation.arg(self.offset());
+        let invocation = &invocation;
+        let out: Vec<i64> = retried(|| {
+            let mut conn = self.conn.clone();
+            async move { invocation.invoke_async(&mut conn).await }
+        })
+        .await?;
+        if out.len() != keys.len() * 2 {
+            return Err(StoreError::Protocol(format!(
+                "busy answered {} numbers for {} keys",
+                out.len(),
+                keys.len()
+            )));
+        }
+        let mut busy = Vec::new();
+        for (key, pair) in keys.into_iter().zip(out.chunks_exact(2)) {
+            let (in_flight, override_limit): (u32, u32) = (number(pair[0])?, number(pair[1])?);
+            if in_flight > 0 {
+                busy.push(BusyKey {
+                    key: Arc::from(key),
+                    in_flight,
+                    override_limit: (override_limit > 0).then_some(override_limit),
+                });
+            }
+        }
+        Ok(busy)
+    }
+}
+
+impl BusyKeys for RedisStore {
+    /// `SCAN`s the lease sets of the keys under `prefix`; [`StoreError::Unsupported`] on a cluster or
+    /// under Dify's layout.
+    fn busy(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> impl Future<Output = Result<BusyList, StoreError>> + Send {
+        self.busy_scan(prefix, limit)
+    }
+}
+
+/// The `MATCH` pattern of the lease sets of the user keys starting with `key_prefix`:
+/// `<prefix>{<escaped key prefix>*}:leases`, with the glob's own characters escaped.
+fn scan_pattern(prefix: &str, key_prefix: &str) -> String {
+    // The escaped name of the prefix, less what closes the tag: escaping is per character, so every
+    // longer key's escaped name starts with it.
+    let names = KeyNames::new("", key_prefix, false);
+    let tag = names.tag();
+    let escaped = if key_prefix.is_empty() {
+        ""
+    } else {
+        &tag[1..tag.len() - 1]
+    };
+    let mut pattern = glob_escape(prefix);
+    pattern.push('{');
+    pattern.push_str(&glob_escape(escaped));
+    pattern.push_str("*}:leases");
+    pattern
+}
+
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The user key of a lease set's name `<prefix>{<escaped key>}:leases`, if it is one.
+fn user_key(prefix: &str, name: &str) -> Option<String> {
+    let escaped = name
+        .strip_prefix(prefix)?
+        .strip_prefix('{')?
+        .strip_suffix("}:leases")?;
+    if escaped == "%" {
+        return Some(String::new());
+    }
+    let bytes = escaped.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = escaped.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_sets_name_gives_back_its_user_key() {
+        for key in ["app-1", "a}b{c", "%", "x}:leases", "ünï:*?[]\\", "a\nb", ""] {
+            let name = KeyNames::new("inflight:", key, false).leases().to_string();
+            assert_eq!(user_key("inflight:", &name).as_deref(), Some(key), "{name}");
+        }
+        assert_eq!(user_key("inflight:", "inflight:{a}:permits"), None);
+        assert_eq!(user_key("inflight:", "other:{a}:leases"), None);
+    }
+
+    #[test]
+    fn the_pattern_escapes_glob_characters_and_the_keys_own_escapes() {
+        assert_eq!(scan_pattern("inflight:", ""), "inflight:{*}:leases");
+        assert_eq!(scan_pattern("inflight:", "app:"), "inflight:{app:*}:leases");
+        assert_eq!(scan_pattern("p*[", "a*?{"), "p\\*\\[{a\\*\\?%7B*}:leases");
+        assert_eq!(scan_pattern("p:", "x\\]"), "p:{x\\\\\\]*}:leases");
+    }
+}
