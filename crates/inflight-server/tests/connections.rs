@@ -161,21 +161,17 @@ async fn at_the_connection_cap_serve_answers_health_checks_from_its_reserve() {
 #[tokio::test]
 async fn at_the_connection_cap_the_proxy_waits_and_its_admin_listener_answers() {
     let upstream = common::Upstream::start().await;
-    let (_server, started) = Running::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
+    let (_server, started) = Running::start(&common::process::proxy_args(
         &upstream.base,
-        "--workers",
-        "2",
-        "--max-connections",
-        "2",
-        "--on-missing-key",
-        "pass",
-    ]);
+        &[
+            "--workers",
+            "2",
+            "--max-connections",
+            "2",
+            "--on-missing-key",
+            "pass",
+        ],
+    ));
     assert!(started.contains("max_connections=2"), "{started}");
     let (base, admin) = (listen_of(&started), admin_of(&started));
     let mut held = Vec::new();

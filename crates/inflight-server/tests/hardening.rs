@@ -215,17 +215,10 @@ async fn overrides_are_bounded_on_redis() {
 async fn the_proxys_api_is_not_on_the_proxied_port() {
     use common::process::{admin_of, listen_of, Running};
     let upstream = common::Upstream::start().await;
-    let (mut server, started) = Running::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
+    let (mut server, started) = Running::start(&common::process::proxy_args(
         &upstream.base,
-        "--default-limit",
-        "8",
-    ]);
+        &["--default-limit", "8"],
+    ));
     let (base, admin) = (
         format!("http://{}", listen_of(&started)),
         admin_of(&started),

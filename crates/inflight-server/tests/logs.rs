@@ -18,21 +18,17 @@ const IN_QUERY: &str = "the-query-secret-0b5a13";
 /// A JSON proxy in front of `upstream` (limit 1 per API key), with `args` and `env` besides; its
 /// proxied base URL and its start line.
 fn proxy(upstream: &Upstream, args: &[&str], env: &[(&str, &str)]) -> (Running, String, Value) {
-    let mut all = vec![
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
+    let mut all = common::process::proxy_args(
         &upstream.base,
-        "--workers",
-        "1",
-        "--default-limit",
-        "1",
-        "--key",
-        "user:{header:X-Api-Key}",
-    ];
+        &[
+            "--workers",
+            "1",
+            "--default-limit",
+            "1",
+            "--key",
+            "user:{header:X-Api-Key}",
+        ],
+    );
     all.extend_from_slice(args);
     let (server, started) = Running::start_with_env(&all, env);
     let started: Value = serde_json::from_str(&started).expect("the start line is JSON");

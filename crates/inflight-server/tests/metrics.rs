@@ -193,21 +193,17 @@ fn serve() -> (Running, String) {
 /// A proxy to `upstream` (with `extra` settings), its proxied port and its admin listener.
 fn proxy(upstream: &Upstream, extra: &[&str]) -> (Running, String, String) {
     let max_wait = format!("{WAIT_MS}ms");
-    let mut args = vec![
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
+    let mut args = common::process::proxy_args(
         &upstream.base,
-        "--workers",
-        "2",
-        "--default-limit",
-        "1",
-        "--max-wait",
-        &max_wait,
-    ];
+        &[
+            "--workers",
+            "2",
+            "--default-limit",
+            "1",
+            "--max-wait",
+            &max_wait,
+        ],
+    );
     args.extend_from_slice(extra);
     let (server, started) = Running::start(&args);
     let proxied = format!("http://{}", listen_of(&started));

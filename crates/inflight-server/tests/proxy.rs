@@ -603,19 +603,10 @@ async fn a_chunked_answer_loses_its_content_length_and_connect_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_exits_at_once() {
     let upstream = Upstream::start().await;
-    let (mut server, started) = Running::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
+    let (mut server, started) = Running::start(&common::process::proxy_args(
         &upstream.base,
-        "--default-limit",
-        "10",
-        "--shutdown-grace",
-        "60s",
-    ]);
+        &["--default-limit", "10", "--shutdown-grace", "60s"],
+    ));
     let listen = listen_of(&started);
     let mut stream = keyed(&Client::new(), format!("http://{listen}/forever"), "k").await;
     assert!(stream.chunk().await.unwrap().is_some());

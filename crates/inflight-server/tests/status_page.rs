@@ -383,17 +383,10 @@ async fn chromium_follows_a_release_in_one_page() {
 async fn the_proxy_serves_the_page_on_its_admin_listener_only() {
     use common::process::{admin_of, listen_of, Running};
     let upstream = common::Upstream::start().await;
-    let (_server, started) = Running::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
+    let (_server, started) = Running::start(&common::process::proxy_args(
         &upstream.base,
-        "--default-limit",
-        "8",
-    ]);
+        &["--default-limit", "8"],
+    ));
     let (base, admin) = (
         format!("http://{}", listen_of(&started)),
         format!("http://{}", admin_of(&started)),

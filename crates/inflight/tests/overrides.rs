@@ -9,25 +9,6 @@ use std::time::{Duration, Instant};
 use inflight::{AcquireError, FailurePolicy, Limiter, Policy, RedisStore};
 use support::TestRedis;
 
-/// How many scripts Redis has run so far.
-fn scripts_run(redis: &TestRedis) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.client())
-        .unwrap();
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 fn limiter(store: RedisStore) -> Limiter<RedisStore> {
     Limiter::builder(store)
         .policy(Policy::new(0, 0))
@@ -60,11 +41,11 @@ async fn until_counted(
 async fn until_ready(redis: &TestRedis, limiter: &Limiter<RedisStore>) {
     let started = Instant::now();
     loop {
-        let before = scripts_run(redis);
+        let before = redis.scripts_run();
         for _ in 0..10 {
             drop(limiter.try_acquire("probe").await.unwrap());
         }
-        if scripts_run(redis) == before {
+        if redis.scripts_run() == before {
             return;
         }
         assert!(started.elapsed() < Duration::from_secs(5), "never ready");
@@ -77,7 +58,7 @@ async fn unlimited_keys_are_admitted_without_a_script_and_overridden_ones_with_o
     let redis = TestRedis::start();
     let limiter = limiter(redis.store());
     until_ready(&redis, &limiter).await;
-    let before = scripts_run(&redis);
+    let before = redis.scripts_run();
     for n in 0..500 {
         let permit = limiter.try_acquire(&format!("app:{n}")).await.unwrap();
         assert!(!permit.is_counted());
@@ -87,7 +68,7 @@ async fn unlimited_keys_are_admitted_without_a_script_and_overridden_ones_with_o
         .await;
     assert!(!many.unwrap().is_counted());
     assert_eq!(
-        scripts_run(&redis),
+        redis.scripts_run(),
         before,
         "no script for an unlimited key"
     );

@@ -67,6 +67,27 @@ impl TestRedis {
             .expect("connect to the test redis")
     }
 
+    /// How many scripts (EVAL and EVALSHA) the server has run so far.
+    pub fn scripts_run(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.client())
+            .expect("INFO commandstats");
+        info.lines()
+            .filter(|line| {
+                line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")
+            })
+            .filter_map(|line| {
+                line.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// Kills the server (SIGKILL): everything it held is gone.
     pub fn stop(&mut self) {
         if let Some(mut server) = self.server.take() {

@@ -125,3 +125,19 @@ pub fn admin_of(started: &str) -> String {
         .map(|addr| addr.trim_end_matches('"').to_owned())
         .unwrap_or_else(|| panic!("no admin= in {started}"))
 }
+
+/// The arguments of `inflight proxy` on free ports (`--listen` and `--admin-listen` 127.0.0.1:0) in
+/// front of `upstream`, then `more`.
+pub fn proxy_args<'a>(upstream: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+    ];
+    args.extend_from_slice(more);
+    args
+}

@@ -9,22 +9,6 @@ use inflight::StoreError;
 
 use crate::support::TestRedis;
 
-/// How many scripts the server has run (EVAL and EVALSHA).
-fn scripts_run(conn: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_eval"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Runs `check` until it is true, for at most 5 s; panics with `what` otherwise.
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -37,7 +21,6 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmetered_reservations_cost_no_round_trip_and_a_funded_key_is_seen_soon() {
     let server = TestRedis::start();
-    let mut conn = server.client();
     let here = Quota::new(server.store());
     let elsewhere = Quota::new(server.store());
 
@@ -45,11 +28,11 @@ async fn unmetered_reservations_cost_no_round_trip_and_a_funded_key_is_seen_soon
     eventually(
         "reservations on an unmetered key run no script",
         async || {
-            let before = scripts_run(&mut conn);
+            let before = server.scripts_run();
             for _ in 0..50 {
                 assert!(!here.reserve("free:f1", 1).await.unwrap().is_metered());
             }
-            scripts_run(&mut conn) == before
+            server.scripts_run() == before
         },
     )
     .await;
