@@ -198,18 +198,31 @@ async fn redis_dify_layout_says_unsupported() {
     );
 }
 
-#[tokio::test]
-async fn redis_cluster_says_unsupported() {
+/// On a cluster every primary is scanned, keys with a hash tag of their own included, and the whole
+/// scenario holds as on one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_lists_busy_keys_of_every_primary() {
     let cluster = support::TestCluster::shared();
     let store = cluster
         .store_builder(&support::unique_prefix("busy"))
         .open()
         .unwrap();
-    let error = store.busy("", 10).await.unwrap_err();
-    assert!(
-        matches!(error, inflight::StoreError::Unsupported(_)),
-        "{error:?}"
-    );
+    let limiter = Limiter::builder(store).policy(policy()).build();
+    let mut held = Vec::new();
+    for i in 0..30 {
+        held.push(limiter.try_acquire(&format!("spread:{i}")).await.unwrap());
+    }
+    held.push(limiter.try_acquire("{t1}:app:a").await.unwrap());
+    held.push(limiter.try_acquire("{t1}:tenant").await.unwrap());
+    let (keys, truncated) = listed(&limiter, "spread:", 100).await;
+    assert_eq!((keys.len(), truncated), (30, false), "{keys:?}");
+    let (keys, _) = listed(&limiter, "{t1}", 100).await;
+    let mut tagged: Vec<&str> = keys.iter().map(|(key, _, _)| key.as_str()).collect();
+    tagged.sort_unstable();
+    assert_eq!(tagged, ["{t1}:app:a", "{t1}:tenant"]);
+    drop(held);
+    until_listed(&limiter, "", &[]).await;
+    lists_busy_keys(limiter).await;
 }
 
 #[tokio::test]

@@ -46,7 +46,7 @@ struct Health {
     /// Why the store did not answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
-    /// False when the store cannot list busy keys (a cluster, Dify's layout): only its health is shown.
+    /// False when the store cannot list busy keys (Dify's layout): only its health is shown.
     listing: bool,
 }
 

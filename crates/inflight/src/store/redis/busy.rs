@@ -1,6 +1,7 @@
 //! [`BusyKeys`] on Redis: `SCAN` over the lease sets under the prefix (`MATCH`, `COUNT` per call), each
-//! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`]. One
-//! server or Sentinel's primary; a cluster (one scan per primary) and Dify's layout are not supported.
+//! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`] in all.
+//! On a cluster, one scan per primary (found with `CLUSTER SLOTS`, each reached through a slot it
+//! serves), and each page's counts read slot by slot. Dify's layout is not supported.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,63 +23,135 @@ impl RedisStore {
                 "listing busy keys under the Dify layout".into(),
             ));
         }
-        if self.conn.is_cluster() {
-            return Err(StoreError::Unsupported(
-                "listing busy keys on Redis Cluster".into(),
-            ));
-        }
-        let pattern = scan_pattern(&self.prefix, prefix);
+        let cluster = self.conn.is_cluster();
+        // On a cluster a key with a hash tag of its own is named `{tag}<escaped key>`: the prefix is
+        // then matched after the names are read.
+        let pattern = match cluster {
+            true => format!("{}{{*:leases", glob_escape(&self.prefix)),
+            false => scan_pattern(&self.prefix, prefix),
+        };
+        let nodes = match cluster {
+            true => self.primaries().await?,
+            false => vec![0],
+        };
         let started = Instant::now();
-        let (mut cursor, mut examined, mut found) = (0u64, 0usize, Vec::new());
-        loop {
-            let (next, names) = self.scan_page(cursor, &pattern).await?;
-            // What Redis looked at: about COUNT names a call, whether they matched or not.
-            examined += SCAN_COUNT;
-            let keys: Vec<String> = names
-                .iter()
-                .filter_map(|name| user_key(&self.prefix, name))
-                .filter(|key| key.starts_with(prefix))
-                .collect();
-            found.extend(self.counts(keys).await?);
-            cursor = next;
-            if cursor == 0 {
-                return Ok(busiest(found, limit, false));
-            }
-            if examined >= MAX_EXAMINED || started.elapsed() >= BUSY_TIME_BUDGET {
-                return Ok(busiest(found, limit, true));
+        let (mut examined, mut found) = (0usize, Vec::new());
+        for node in nodes {
+            let mut cursor = 0u64;
+            loop {
+                let (next, names) = self.scan_page(node, cursor, &pattern).await?;
+                // What Redis looked at: about COUNT names a call, whether they matched or not.
+                examined += SCAN_COUNT;
+                let keys: Vec<String> = names
+                    .iter()
+                    .filter_map(|name| user_key(&self.prefix, name))
+                    .filter(|key| key.starts_with(prefix))
+                    .collect();
+                found.extend(self.counts(keys).await?);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+                if examined >= MAX_EXAMINED || started.elapsed() >= BUSY_TIME_BUDGET {
+                    return Ok(busiest(found, limit, true));
+                }
             }
         }
+        Ok(busiest(found, limit, false))
     }
 
-    async fn scan_page(
-        &self,
-        cursor: u64,
-        pattern: &str,
-    ) -> Result<(u64, Vec<String>), StoreError> {
-        retried(|| {
+    /// A slot of each primary of the cluster, from `CLUSTER SLOTS`.
+    async fn primaries(&self) -> Result<Vec<u16>, StoreError> {
+        let answer: redis::Value = retried(|| {
             let mut conn = self.conn.clone();
             async move {
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
                     .query_async(&mut conn)
                     .await
             }
         })
-        .await
+        .await?;
+        let unexpected = || StoreError::Protocol("unexpected answer to CLUSTER SLOTS".into());
+        let redis::Value::Array(ranges) = answer else {
+            return Err(unexpected());
+        };
+        let mut primaries: Vec<(redis::Value, u16)> = Vec::new();
+        for range in ranges {
+            let redis::Value::Array(range) = range else {
+                return Err(unexpected());
+            };
+            let (Some(redis::Value::Int(start)), Some(redis::Value::Array(node))) =
+                (range.first(), range.get(2))
+            else {
+                return Err(unexpected());
+            };
+            // The node by its address (its first two fields).
+            let address = redis::Value::Array(node.iter().take(2).cloned().collect());
+            if !primaries.iter().any(|(known, _)| *known == address) {
+                let start = u16::try_from(*start).map_err(|_| unexpected())?;
+                primaries.push((address, start));
+            }
+        }
+        Ok(primaries.into_iter().map(|(_, slot)| slot).collect())
     }
 
-    /// The busy ones of `keys`, with their counts.
+    /// One page of the scan of the primary that serves `slot` (on one server: the server).
+    async fn scan_page(
+        &self,
+        slot: u16,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT);
+        let page = retried(|| self.conn.on_primary_of(slot, &scan)).await?;
+        redis::from_redis_value(page)
+            .map_err(|e| StoreError::Protocol(format!("unexpected answer to SCAN: {e}")))
+    }
+
+    /// The busy ones of `keys`, with their counts: one `busy.lua` call per slot (one in all on one
+    /// server), all at once.
     async fn counts(&self, keys: Vec<String>) -> Result<Vec<BusyKey>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        let names = self.names(&keys);
+        let groups = match self.conn.is_cluster() {
+            true => super::across::groups(&names),
+            false => vec![(0..keys.len()).collect()],
+        };
+        let calls = groups.iter().map(|group| self.count_group(&names, group));
+        let answers = futures_util::future::try_join_all(calls).await?;
+        let mut busy = Vec::new();
+        for (group, out) in groups.iter().zip(answers) {
+            for (&i, pair) in group.iter().zip(out.chunks_exact(2)) {
+                let (in_flight, override_limit): (u32, u32) = (number(pair[0])?, number(pair[1])?);
+                if in_flight > 0 {
+                    busy.push(BusyKey {
+                        key: Arc::from(keys[i].as_str()),
+                        in_flight,
+                        override_limit: (override_limit > 0).then_some(override_limit),
+                    });
+                }
+            }
+        }
+        Ok(busy)
+    }
+
+    /// `busy.lua` on the keys `group` of `names` (all in one slot): two numbers a key.
+    async fn count_group(
+        &self,
+        names: &[KeyNames],
+        group: &[usize],
+    ) -> Result<Vec<i64>, StoreError> {
         let mut invocation = scripts::BUSY.prepare_invoke();
-        for key in &keys {
-            KeyNames::new(&self.prefix, key, false).declare(&mut invocation);
+        for &i in group {
+            names[i].declare(&mut invocation);
         }
         invocation.arg(self.offset());
         let invocation = &invocation;
@@ -87,31 +160,20 @@ impl RedisStore {
             async move { invocation.invoke_async(&mut conn).await }
         })
         .await?;
-        if out.len() != keys.len() * 2 {
+        if out.len() != group.len() * 2 {
             return Err(StoreError::Protocol(format!(
                 "busy answered {} numbers for {} keys",
                 out.len(),
-                keys.len()
+                group.len()
             )));
         }
-        let mut busy = Vec::new();
-        for (key, pair) in keys.into_iter().zip(out.chunks_exact(2)) {
-            let (in_flight, override_limit): (u32, u32) = (number(pair[0])?, number(pair[1])?);
-            if in_flight > 0 {
-                busy.push(BusyKey {
-                    key: Arc::from(key),
-                    in_flight,
-                    override_limit: (override_limit > 0).then_some(override_limit),
-                });
-            }
-        }
-        Ok(busy)
+        Ok(out)
     }
 }
 
 impl BusyKeys for RedisStore {
-    /// `SCAN`s the lease sets of the keys under `prefix`; [`StoreError::Unsupported`] on a cluster or
-    /// under Dify's layout.
+    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary);
+    /// [`StoreError::Unsupported`] under Dify's layout.
     fn busy(
         &self,
         prefix: &str,
@@ -151,12 +213,16 @@ fn glob_escape(text: &str) -> String {
     out
 }
 
-/// The user key of a lease set's name `<prefix>{<escaped key>}:leases`, if it is one.
+/// The user key of a lease set's name `<prefix>{<escaped key>}:leases` (on a cluster, for a key with a
+/// hash tag of its own, `<prefix>{<tag>}<escaped key>:leases`), if it is one.
 fn user_key(prefix: &str, name: &str) -> Option<String> {
-    let escaped = name
+    let (tag, after) = name
         .strip_prefix(prefix)?
         .strip_prefix('{')?
-        .strip_suffix("}:leases")?;
+        .strip_suffix(":leases")?
+        .split_once('}')?;
+    // An escaped key holds no brace: the tag is the key, or the key follows it.
+    let escaped = if after.is_empty() { tag } else { after };
     if escaped == "%" {
         return Some(String::new());
     }
@@ -184,6 +250,10 @@ mod tests {
     fn a_lease_sets_name_gives_back_its_user_key() {
         for key in ["app-1", "a}b{c", "%", "x}:leases", "ünï:*?[]\\", "a\nb", ""] {
             let name = KeyNames::new("inflight:", key, false).leases().to_string();
+            assert_eq!(user_key("inflight:", &name).as_deref(), Some(key), "{name}");
+        }
+        for key in ["{t1}:app:a1", "{t1}", "{}x", "a{b}c"] {
+            let name = KeyNames::new("inflight:", key, true).leases().to_string();
             assert_eq!(user_key("inflight:", &name).as_deref(), Some(key), "{name}");
         }
         assert_eq!(user_key("inflight:", "inflight:{a}:permits"), None);

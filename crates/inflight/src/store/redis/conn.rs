@@ -36,6 +36,21 @@ impl Conn {
         matches!(self, Conn::Cluster { .. })
     }
 
+    /// Sends `cmd` to the primary that serves `slot` on a cluster (through the cluster client's own
+    /// slot map), to the one server otherwise.
+    pub(super) async fn on_primary_of(&self, slot: u16, cmd: &Cmd) -> RedisResult<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        match self {
+            Conn::Cluster { conn, .. } => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let mut conn = conn.clone();
+                conn.route_command(cmd.clone(), RoutingInfo::SingleNode(route))
+                    .await
+            }
+            other => cmd.query_async(&mut other.clone()).await,
+        }
+    }
+
     /// A client to subscribe with, for the `attempt`th try: PUBLISH reaches every node of a cluster,
     /// so any node will do, and a node that fails makes the next attempt use the next one.
     pub(super) async fn pubsub_client(&self, attempt: usize) -> RedisResult<Client> {
