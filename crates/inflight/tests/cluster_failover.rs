@@ -6,11 +6,11 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use inflight::{Limiter, Policy, RedisStore};
+use support::failover::Probe;
 use support::{unique_prefix, TestCluster};
 
 /// RELIABILITY.md: admissions on the lost primary's slots work again within this after the kill
@@ -39,39 +39,7 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
         .find(|key| cluster.primary_of_slot(cluster.slot_of(key)) != Some(victim))
         .unwrap();
 
-    let holding = Arc::new(AtomicU32::new(0));
-    let most = Arc::new(AtomicU32::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    // When admissions on `k` succeeded, and when the store could not answer (refusals for a full key
-    // are neither).
-    let events = Arc::new(Mutex::new((Vec::<Instant>::new(), Vec::<Instant>::new())));
-    let workers: Vec<_> = (0..8)
-        .map(|_| {
-            let (limiter, holding, most, stop) =
-                (limiter.clone(), holding.clone(), most.clone(), stop.clone());
-            let events = events.clone();
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    match limiter.try_acquire("k").await {
-                        Ok(permit) => {
-                            events.lock().unwrap().0.push(Instant::now());
-                            let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
-                            most.fetch_max(now, Ordering::SeqCst);
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            holding.fetch_sub(1, Ordering::SeqCst);
-                            let _ = permit.release().await;
-                        }
-                        Err(err) => {
-                            if !err.is_full() {
-                                events.lock().unwrap().1.push(Instant::now());
-                            }
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
+    let probe = Probe::start(&limiter, "k");
     // A holder on the victim's slots that keeps its permit through the failover, renewed by the
     // limiter (re-added if the replica had not received its lease).
     let mut same_primary = (0..1000).map(|i| format!("l{i}"));
@@ -80,11 +48,7 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
         .unwrap();
     let kept = limiter.try_acquire(&kept_key).await.unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        most.load(Ordering::SeqCst),
-        LIMIT,
-        "the workers fill k before the kill"
-    );
+    assert_eq!(probe.most(), LIMIT, "the workers fill k before the kill");
 
     // Writes the replica never receives: its link cut and the replica held asleep, two permits are
     // taken on the victim's slots, then the victim is killed. The promoted replica will not know them.
@@ -120,21 +84,7 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
     assert!(other.is_ok(), "{elsewhere} on another primary: {other:?}");
     drop(other);
     // Back: a success after the last store error, with no error for 500 ms since.
-    let back = loop {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let (successes, errors) = &*events.lock().unwrap();
-        let last_error = errors.last().copied().filter(|t| *t > killed);
-        let after = last_error.unwrap_or(killed);
-        if let Some(first) = successes.iter().find(|t| **t > after) {
-            if after.elapsed() > Duration::from_millis(500) {
-                break first.duration_since(killed);
-            }
-        }
-        assert!(
-            killed.elapsed() < BACK_WITHIN * 3,
-            "admissions never came back"
-        );
-    };
+    let back = probe.back_after(killed, BACK_WITHIN * 3).await;
     // The lost permits' holders re-add them with their next renewal (every third of the lease).
     let readding = Instant::now();
     while limiter
@@ -152,12 +102,8 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
     }
     let readded = limiter.stats().readded.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for worker in workers {
-        worker.await.unwrap();
-    }
-    let over = most.load(Ordering::SeqCst).saturating_sub(LIMIT);
-    let errors = events.lock().unwrap().1.len();
+    let (most, errors) = probe.stop().await;
+    let over = most.saturating_sub(LIMIT);
     eprintln!(
         "failover: admissions on k back {back:?} after the kill ({errors} store errors); \
          {readded} leases re-added; holders over the limit at most {over}"

@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use inflight::{Limiter, Policy, RedisStore};
+use support::failover::Probe;
 use support::TestSentinel;
 
 /// RELIABILITY.md: admissions work again within down-after + 2 x failover-timeout + 3 s after the
@@ -42,39 +42,9 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
     assert!(limiter.try_acquire("o").await.unwrap_err().is_full());
     drop(one);
 
-    let holding = Arc::new(AtomicU32::new(0));
-    let most = Arc::new(AtomicU32::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let events = Arc::new(Mutex::new((Vec::<Instant>::new(), Vec::<Instant>::new())));
-    let workers: Vec<_> = (0..8)
-        .map(|_| {
-            let (limiter, holding, most, stop) =
-                (limiter.clone(), holding.clone(), most.clone(), stop.clone());
-            let events = events.clone();
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    match limiter.try_acquire("k").await {
-                        Ok(permit) => {
-                            events.lock().unwrap().0.push(Instant::now());
-                            let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
-                            most.fetch_max(now, Ordering::SeqCst);
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            holding.fetch_sub(1, Ordering::SeqCst);
-                            let _ = permit.release().await;
-                        }
-                        Err(err) => {
-                            if !err.is_full() {
-                                events.lock().unwrap().1.push(Instant::now());
-                            }
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
+    let probe = Probe::start(&limiter, "k");
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(most.load(Ordering::SeqCst), LIMIT, "the workers fill k");
+    assert_eq!(probe.most(), LIMIT, "the workers fill k");
 
     // Writes the replica never receives: its link cut and the replica held asleep, two permits are
     // taken, then the primary is killed. The new primary will not know them.
@@ -100,24 +70,7 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
     topology.kill_primary();
     sleeper.join().unwrap();
 
-    let back = loop {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let (successes, errors) = &*events.lock().unwrap();
-        let after = errors
-            .last()
-            .copied()
-            .filter(|t| *t > killed)
-            .unwrap_or(killed);
-        if let Some(first) = successes.iter().find(|t| **t > after) {
-            if after.elapsed() > Duration::from_millis(500) {
-                break first.duration_since(killed);
-            }
-        }
-        assert!(
-            killed.elapsed() < BACK_WITHIN * 3,
-            "admissions never came back"
-        );
-    };
+    let back = probe.back_after(killed, BACK_WITHIN * 3).await;
     assert_eq!(
         topology.named_primary(),
         Some(replica),
@@ -142,12 +95,8 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let readded = limiter.stats().readded.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Relaxed);
-    for worker in workers {
-        worker.await.unwrap();
-    }
-    let over = most.load(Ordering::SeqCst).saturating_sub(LIMIT);
-    let errors = events.lock().unwrap().1.len();
+    let (most, errors) = probe.stop().await;
+    let over = most.saturating_sub(LIMIT);
     eprintln!(
         "sentinel failover: admissions back {back:?} after the kill ({errors} store errors); \
          {readded} leases re-added; holders over the limit at most {over}"

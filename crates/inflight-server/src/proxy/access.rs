@@ -32,7 +32,11 @@ pub(super) struct Access {
 impl Access {
     /// The record of `request`, arrived now.
     pub(super) fn new<B>(request: &Request<B>, metrics: &Metrics, log: bool) -> Self {
-        let mut path = request.uri().path().to_owned();
+        // What only the line shows is kept only when there is a line.
+        let mut path = match log {
+            true => request.uri().path().to_owned(),
+            false => String::new(),
+        };
         if path.len() > MAX_PATH {
             let mut end = MAX_PATH;
             while !path.is_char_boundary(end) {
@@ -60,6 +64,9 @@ impl Access {
         self.class = class_of(policy, first).to_owned();
         let per_key = self.metrics.per_key();
         self.first_key = per_key.then(|| first.clone());
+        if !self.log {
+            return;
+        }
         let shown: Vec<String> = keys
             .iter()
             .map(|key| if per_key { key.clone() } else { hash(key) })
@@ -124,11 +131,7 @@ impl Drop for Line {
 /// The first 16 hex digits of the SHA-256 of `key` (as `{bearer_hash}` makes them): the same key gives
 /// the same hash, so lines can be followed by key without showing it.
 fn hash(key: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    digest.as_ref()[..8]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    String::from_utf8_lossy(&super::keys::short_hash(key)).into_owned()
 }
 
 #[cfg(test)]

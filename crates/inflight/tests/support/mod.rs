@@ -1,6 +1,7 @@
 //! Helpers of the inflight tests.
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod failover;
 pub mod ops;
 
 pub use test_support::{unique_prefix, TestCluster, TestRedis, TestSentinel};
