@@ -14,8 +14,10 @@ use support::failover::Probe;
 use support::{unique_prefix, TestCluster};
 
 /// RELIABILITY.md: admissions on the lost primary's slots work again within this after the kill
-/// (`cluster-node-timeout` 500 ms here; the bound is 2 x node timeout + 3 s).
-const BACK_WITHIN: Duration = Duration::from_secs(4);
+/// (`cluster-node-timeout` 500 ms here): 2 x node timeout + 3 s, plus the 4 s after which Redis
+/// retries an election that did not get its votes in time (2 x max(2 x node timeout, 2 s)), which
+/// happens on a loaded machine (6.7 s was measured once in CI, 1.4-2.2 s otherwise).
+const BACK_WITHIN: Duration = Duration::from_secs(8);
 const LIMIT: u32 = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -108,6 +110,10 @@ async fn a_killed_primary_is_replaced_and_admissions_resume_within_the_bound() {
         "failover: admissions on k back {back:?} after the kill ({errors} store errors); \
          {readded} leases re-added; holders over the limit at most {over}"
     );
+    // Redis says in the replica's log how many elections it took (a retried one explains a slow run).
+    for line in cluster.log_lines(replica, "election") {
+        eprintln!("replica: {line}");
+    }
     // Re-added by renewals when the replica missed them: at most the permits held on the victim's
     // slots at the kill (the two lost, the kept one, k's). The link cut can lose its race with the
     // replication of the two writes, and then nothing needs re-adding; the Sentinel test shows

@@ -1,6 +1,7 @@
 //! A Redis Cluster of 3 primaries and 3 replicas on free ports, made with `redis-cli --cluster create`,
 //! stopped when dropped (or, for [`TestCluster::shared`], when the test process ends).
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
@@ -15,6 +16,7 @@ pub const NODE_TIMEOUT_MS: u64 = 500;
 
 /// A cluster of this test's own.
 pub struct TestCluster {
+    dir: PathBuf,
     ports: Vec<u16>,
     nodes: Mutex<Vec<Option<Child>>>,
     watchdog: Mutex<Watchdog>,
@@ -60,6 +62,7 @@ impl TestCluster {
             procs::wait_ping(port);
         }
         let cluster = Self {
+            dir,
             ports,
             nodes: Mutex::new(nodes),
             watchdog: Mutex::new(watchdog),
@@ -238,6 +241,16 @@ impl TestCluster {
     /// A plain connection to one node.
     pub fn node(&self, port: u16) -> redis::Connection {
         procs::connect(port).expect("connect to a cluster node")
+    }
+
+    /// The lines of the node's log that contain `word` (the log is kept while the cluster runs).
+    pub fn log_lines(&self, port: u16, word: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join(format!("{port}.log")))
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains(word))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Kills the node on `port` with SIGKILL (its data is gone with it).
