@@ -108,7 +108,7 @@ pub struct Settings {
     pub max_overrides: usize,
     /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'
     /// (`*` matches any run of characters; the rule with the longest literal prefix wins; keys matching
-    /// none have --default-limit and --max-limit). In the file: [[limits]] keys = "tenant:*", default = 50,
+    /// none have --default-limit and --max-limit). In the file: `[[limits]]` keys = "tenant:*", default = 50,
     /// max = 200. Several in the variable: separated by `;`. SIGHUP re-reads them.
     #[arg(help_heading = "Limits")]
     #[arg(long = "limit", env = "INFLIGHT_LIMITS", value_name = "RULE")]
