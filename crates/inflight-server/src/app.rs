@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inflight::store::IndexOp;
 use inflight::{
     AcquireError, AcquireOptions, KeyRefused, Keys, Lease, Limiter, Permit, PermitId, Renewal,
     StoreError, Wakeups,
@@ -122,17 +123,24 @@ impl<S: Wakeups> App<S> {
         lease
     }
 
-    /// Renews a lease handed out over HTTP.
+    /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (the
+    /// record is looked up while the lease is renewed).
     pub async fn renew(
         &self,
         key: &str,
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Renewal, StoreError> {
-        let renewal = self
-            .timed("renew", self.limiter.renew(key, id, lease))
-            .await?;
+        let renewal = self.timed("renew", self.limiter.renew(key, id, lease));
+        let record = self.timed("record", self.limiter.store().index(id, IndexOp::Get));
+        let (renewal, record) = futures_util::future::join(renewal, record).await;
+        let renewal = renewal?;
         self.count_renewal(key, id, &renewal);
+        let charged = record?.filter(|recorded| *recorded.keys == [Arc::from(key)]);
+        if let (Some(recorded), Renewal::Renewed(_) | Renewal::Readded(_)) = (charged, &renewal) {
+            let lease = lease.unwrap_or(Duration::from_millis(recorded.lease_ms));
+            self.keep_charged(&recorded, id, lease).await?;
+        }
         Ok(renewal)
     }
 
@@ -198,10 +206,16 @@ impl<S: Wakeups> App<S> {
         let found = self
             .timed("renew", self.limiter.renew_recorded(id, lease))
             .await?;
-        if let Some((keys, renewal)) = &found {
-            self.count_renewal(&keys[0], id, renewal);
+        let Some((recorded, renewal)) = found else {
+            return Ok(None);
+        };
+        self.count_renewal(&recorded.keys[0], id, &renewal);
+        if let (Some(quota), Renewal::Renewed(_) | Renewal::Readded(_)) =
+            (&recorded.quota, &renewal)
+        {
+            self.extend_reservation(quota, id).await?;
         }
-        Ok(found)
+        Ok(Some((recorded.keys, renewal)))
     }
 
     /// Releases a lease on several keys handed out over HTTP, found by its id.

@@ -233,8 +233,28 @@ async fn committing_on_admission_charges_upstream_errors_too<M: Make>() {
     settles_to(&http, &api, (1, 0)).await;
 }
 
+/// A stream that outlasts `--quota-ttl` is still charged when it reaches its end: the proxy extends the
+/// reservation it holds while the response runs.
+async fn a_stream_longer_than_the_quota_ttl_is_charged<M: Make>() {
+    let redis = M::redis();
+    let (base, gate, _hits) = upstream().await;
+    let mut serve = limits(1, 0);
+    serve.quota.quota_ttl = Duration::from_secs(1);
+    let server = start_proxy(&charging(&base, serve), M::stores(&redis)).await;
+    let (http, api) = (Client::new(), server.url("/_inflight"));
+    fund(&http, &api, 10).await;
+    let mut stream = from_t1(&http, server.url("/sse")).send().await.unwrap();
+    assert_eq!(stream.chunk().await.unwrap().unwrap(), "data: 0\n\n");
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    settles_to(&http, &api, (9, 1)).await;
+    gate.add_permits(2);
+    while stream.chunk().await.unwrap().is_some() {}
+    settles_to(&http, &api, (9, 0)).await;
+}
+
 per_store!(
     a_charge_is_committed_only_when_the_answer_reached_its_end,
     an_unreachable_upstream_is_not_charged,
     committing_on_admission_charges_upstream_errors_too,
+    a_stream_longer_than_the_quota_ttl_is_charged,
 );

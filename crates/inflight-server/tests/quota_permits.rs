@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{get_json, limits, start_api, Make};
 use inflight_server::config::QuotaCommit;
 use reqwest::{Client, StatusCode};
@@ -248,8 +250,58 @@ async fn committing_on_admission_charges_what_was_admitted<M: Make>() {
     );
 }
 
+/// Work that outlasts `--quota-ttl` is still charged while its permit is renewed: each renewal, by key
+/// and id or by id alone, extends the permit's reservation. A permit not renewed keeps its lease here
+/// (10 s) but its reservation expires with the ttl: refunded, and its release then charges nothing.
+async fn renewals_keep_a_charge_past_the_quota_ttl<M: Make>() {
+    let redis = M::redis();
+    let mut settings = limits(3, 0);
+    settings.quota.quota_ttl = Duration::from_secs(1);
+    let server = start_api(&settings, M::stores(&redis)).await;
+    let (http, base) = (Client::new(), server.base.clone());
+    let set = json!({"balance": 5});
+    send(http.put(server.url("/v1/quotas/t1")).json(&set)).await;
+    let permits = server.url("/v1/keys/app/permits");
+    let charged = json!({"quota": {"key": "t1"}, "lease_ms": 10_000});
+    let mut per_key = Vec::new();
+    for _ in 0..2 {
+        let (status, permit) = send(http.post(&permits).json(&charged)).await;
+        assert_eq!(status, StatusCode::CREATED, "{permit}");
+        per_key.push(format!("{permits}/{}", permit["id"].as_str().unwrap()));
+    }
+    let (renewed, idle) = (&per_key[0], &per_key[1]);
+    let both = json!({"keys": ["app", "global"], "quota": {"key": "t1"}, "lease_ms": 10_000});
+    let (status, permit) = send(http.post(server.url("/v1/permits")).json(&both)).await;
+    assert_eq!(status, StatusCode::CREATED, "{permit}");
+    let by_id = server.url(&format!("/v1/permits/{}", permit["id"].as_str().unwrap()));
+    assert_eq!(figures(&http, &base, "t1").await, (json!(2), 3));
+    // Three ttls of work, renewed every 400 ms.
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        for url in [renewed, &by_id] {
+            let response = http.put(url).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK, "{url}");
+        }
+    }
+    assert_eq!(
+        figures(&http, &base, "t1").await,
+        (json!(3), 2),
+        "the idle permit's reservation expired; the renewed ones are held"
+    );
+    for url in [renewed, &by_id, idle] {
+        let response = http.delete(format!("{url}?outcome=success")).send().await;
+        assert_eq!(response.unwrap().status(), StatusCode::NO_CONTENT, "{url}");
+    }
+    assert_eq!(
+        figures(&http, &base, "t1").await,
+        (json!(3), 0),
+        "the renewed two committed, the idle one refunded"
+    );
+}
+
 per_store!(
     a_permit_with_a_quota_settles_when_released,
     a_permit_on_several_keys_settles_through_any_server,
     committing_on_admission_charges_what_was_admitted,
+    renewals_keep_a_charge_past_the_quota_ttl,
 );

@@ -126,6 +126,42 @@ impl<S: Wakeups> App<S> {
         self.timed("record", recorded).await
     }
 
+    /// Extends the reservation `id` of `quota_key` by the quota's ttl, as its permit was renewed: work
+    /// that outlasts the ttl is still charged. One no longer open (it expired) is logged.
+    pub async fn extend_reservation(
+        &self,
+        quota_key: &str,
+        id: &PermitId,
+    ) -> Result<(), StoreError> {
+        match self
+            .timed("quota", self.quota.extend(quota_key, id, None))
+            .await
+        {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => {
+                tracing::warn!(key = %quota_key, %id, "a renewed permit's reservation had expired (refunded)");
+                Ok(())
+            }
+            Err(QuotaError::Store(error)) => Err(error),
+            Err(other) => Err(StoreError::Protocol(other.to_string())),
+        }
+    }
+
+    /// A renewed single-key permit's charge kept: its reservation extended and its record (which the
+    /// per-key renewal does not touch) kept as long as the lease it renewed, or the reservation.
+    pub(super) async fn keep_charged(
+        &self,
+        recorded: &Recorded,
+        id: &PermitId,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let Some(quota) = &recorded.quota else {
+            return Ok(());
+        };
+        self.extend_reservation(quota, id).await?;
+        self.record_charged(&recorded.keys, id, lease, quota).await
+    }
+
     /// Releases a lease on `keys` lent a moment ago whose record could not be written (its client could
     /// not renew it by id).
     pub async fn release_all_lent(&self, keys: &[Arc<str>], id: &PermitId) {

@@ -21,7 +21,8 @@ pub struct QuotaSettings {
     #[arg(default_value = "on_success")]
     pub quota_commit: QuotaCommit,
     /// How long a reservation lasts unless settled, when its request names no ttl: then the store
-    /// refunds it (so a crashed worker loses no credit). Work that runs longer is not charged.
+    /// refunds it (so a crashed worker loses no credit). A permit's reservation is extended by as much
+    /// at each renewal of the permit, and the proxy's while its response runs, so long work is charged.
     #[arg(long, env = "INFLIGHT_QUOTA_TTL", value_name = "DURATION")]
     #[arg(default_value = "1h", value_parser = text::parse)]
     #[serde(with = "text")]

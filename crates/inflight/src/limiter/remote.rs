@@ -108,13 +108,13 @@ impl<S: Store> Limiter<S> {
         self.core.store.index(id, op).await.map(drop)
     }
 
-    /// Renews the lease recorded under `id` ([`Limiter::record`]); its keys and the renewal, or `None`
-    /// when nothing is recorded (released, or ended).
+    /// Renews the lease recorded under `id` ([`Limiter::record`]); its record (as renewed) and the
+    /// renewal, or `None` when nothing is recorded (released, or ended).
     pub async fn renew_recorded(
         &self,
         id: &PermitId,
         lease: Option<Duration>,
-    ) -> Result<Option<(Keys, Renewal)>, StoreError> {
+    ) -> Result<Option<(Recorded, Renewal)>, StoreError> {
         let Some(Recorded {
             keys,
             lease_ms,
@@ -141,7 +141,12 @@ impl<S: Store> Limiter<S> {
             }
             Renewal::Lost => drop(self.core.store.index(id, IndexOp::Remove).await?),
         }
-        Ok(Some((keys, renewal)))
+        let recorded = Recorded {
+            keys,
+            lease_ms,
+            quota,
+        };
+        Ok(Some((recorded, renewal)))
     }
 
     /// Releases the lease recorded under `id` and forgets the record; its keys and whether the lease

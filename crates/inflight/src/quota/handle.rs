@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::reservation::{Owner, Reservation};
 use super::run::CommitOn;
 use super::{
-    Balance, Fund, QuotaStore, Reserve, Settle, Settlement, DEFAULT_RESERVATION_TTL, MAX_BALANCE,
-    MAX_RESERVATION_TTL,
+    Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, DEFAULT_RESERVATION_TTL,
+    MAX_BALANCE, MAX_RESERVATION_TTL,
 };
 use crate::clock::millis;
 use crate::error::StoreError;
@@ -35,6 +35,12 @@ pub(super) trait Backend: Send + Sync + 'static {
         id: &'a PermitId,
         settle: Settle,
     ) -> BoxFuture<'a, Result<Settlement, StoreError>>;
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        id: &'a PermitId,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Extension, StoreError>>;
 }
 
 impl<Q: QuotaStore> Backend for Q {
@@ -63,6 +69,15 @@ impl<Q: QuotaStore> Backend for Q {
         settle: Settle,
     ) -> BoxFuture<'a, Result<Settlement, StoreError>> {
         Box::pin(QuotaStore::settle(self, key, id, settle))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        id: &'a PermitId,
+        ttl_ms: u64,
+    ) -> BoxFuture<'a, Result<Extension, StoreError>> {
+        Box::pin(QuotaStore::extend(self, key, id, ttl_ms))
     }
 }
 
@@ -202,8 +217,10 @@ impl Quota {
         }
     }
 
-    /// How long a reservation stays open unless settled (kept between 1 ms and
-    /// [`MAX_RESERVATION_TTL`]). Work that may run longer loses its charge: the store refunds it.
+    /// How long a reservation stays open unless settled or extended (kept between 1 ms and
+    /// [`MAX_RESERVATION_TTL`]): how long after its holder's death the store refunds it. A
+    /// [`Reservation`] held in this process is extended by a ttl every third of one, so work may run
+    /// longer; one held elsewhere is extended with [`Quota::extend`].
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl_ms = millis(ttl).clamp(1, millis(MAX_RESERVATION_TTL));
@@ -283,13 +300,7 @@ impl Quota {
         if amount == 0 || amount > MAX_BALANCE {
             return Err(QuotaError::Invalid("amounts are between 1 and 10^15"));
         }
-        let ttl_ms = match ttl {
-            None => self.ttl_ms,
-            Some(ttl) if ttl.is_zero() || ttl > MAX_RESERVATION_TTL => {
-                return Err(QuotaError::Invalid("a ttl is between 1 ms and 24 h"))
-            }
-            Some(ttl) => millis(ttl).max(1),
-        };
+        let ttl_ms = self.ttl_ms(ttl)?;
         let generated = id.is_none();
         let id = id.unwrap_or_else(PermitId::generate);
         if id.is_empty() {
@@ -320,6 +331,7 @@ impl Quota {
                     amount,
                     balance,
                     expires_at_ms,
+                    ttl_ms,
                     owner,
                 ))
             }
@@ -352,6 +364,34 @@ impl Quota {
         let settlement = self.backend.settle(key, id, settle).await?;
         self.stats.settled(key, settle, &settlement);
         Ok(settlement)
+    }
+
+    /// Moves the deadline of the open reservation `id` of `key`, held elsewhere, to `ttl` (default: the
+    /// handle's) from now: its new deadline (ms since the Unix epoch, store clock), or `None` when it
+    /// is not open (settled, expired, never made, or the key is unmetered).
+    pub async fn extend(
+        &self,
+        key: &str,
+        id: &PermitId,
+        ttl: Option<Duration>,
+    ) -> Result<Option<u64>, QuotaError> {
+        let ttl_ms = self.ttl_ms(ttl)?;
+        if id.is_empty() {
+            return Ok(None);
+        }
+        let extension = self.backend.extend(key, id, ttl_ms).await?;
+        self.stats.saw(key, extension.balance().as_ref());
+        Ok(extension.expires_at_ms())
+    }
+
+    fn ttl_ms(&self, ttl: Option<Duration>) -> Result<u64, QuotaError> {
+        match ttl {
+            None => Ok(self.ttl_ms),
+            Some(ttl) if ttl.is_zero() || ttl > MAX_RESERVATION_TTL => {
+                Err(QuotaError::Invalid("a ttl is between 1 ms and 24 h"))
+            }
+            Some(ttl) => Ok(millis(ttl).max(1)),
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! A [`QuotaStore`] keeps the balances. A **reservation** takes an amount from a key's balance at once
 //! (never below zero) and holds it until it is **committed** (spent) or **refunded** (given back),
 //! exactly once, idempotent by its id; one that is not settled within its ttl is refunded by the store
-//! itself, so a crashed worker loses no credit. A key whose balance was never set is **unmetered**:
+//! itself, so a crashed worker loses no credit. While its holder works, a reservation is **extended**
+//! (a [`Reservation`] held in this process extends itself; one held elsewhere is extended with
+//! [`Quota::extend`]), so work may outlast the ttl. A key whose balance was never set is **unmetered**:
 //! reservations on it succeed and record nothing.
 //!
 //! [`Quota`] is the handle the rest of a program uses: a [`Reservation`] settles itself (refunds) when it
@@ -97,6 +99,39 @@ pub enum Reserve {
     Unmetered,
 }
 
+/// The store's answer to an extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extension {
+    /// The reservation's deadline moved to `expires_at_ms`.
+    Extended {
+        /// Its new deadline (ms since the Unix epoch, store clock).
+        expires_at_ms: u64,
+        /// The key's balance.
+        balance: Balance,
+    },
+    /// No open reservation under the id (settled, expired, never made): nothing changed. The key's
+    /// balance, or `None` for an unmetered key.
+    NotOpen(Option<Balance>),
+}
+
+impl Extension {
+    /// The new deadline; `None` when nothing was extended.
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        match self {
+            Self::Extended { expires_at_ms, .. } => Some(*expires_at_ms),
+            Self::NotOpen(_) => None,
+        }
+    }
+
+    /// The key's balance (`None`: unmetered).
+    pub fn balance(&self) -> Option<Balance> {
+        match self {
+            Self::Extended { balance, .. } => Some(*balance),
+            Self::NotOpen(balance) => *balance,
+        }
+    }
+}
+
 /// How to settle a reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Settle {
@@ -170,4 +205,13 @@ pub trait QuotaStore: Clone + Send + Sync + 'static {
         id: &PermitId,
         settle: Settle,
     ) -> impl Future<Output = Result<Settlement, StoreError>> + Send;
+
+    /// Moves the deadline of the open reservation `id` of `key` to `ttl_ms` from now, as its holder
+    /// still works.
+    fn extend(
+        &self,
+        key: &str,
+        id: &PermitId,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Extension, StoreError>> + Send;
 }

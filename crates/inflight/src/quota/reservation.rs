@@ -1,14 +1,18 @@
 //! [`Reservation`]: an amount held from a key's balance, settled exactly once: committed or refunded by
-//! its holder, refunded when dropped unsettled, refunded by the store when its ttl passes.
+//! its holder, refunded when dropped unsettled, refunded by the store when its ttl passes with no
+//! extension (its holder's process gone).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::task::AbortHandle;
 
 use super::handle::{Backend, QuotaStats};
-use super::{Balance, Settle, Settlement};
+use super::{Balance, Extension, Settle, Settlement};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::permit::BoxFuture;
@@ -24,8 +28,9 @@ pub(super) struct Owner {
 ///
 /// Settle it with [`Reservation::commit`] (spent) or [`Reservation::refund`] (given back). Dropped
 /// unsettled (the work failed, was cancelled or panicked), it is refunded in the background on the
-/// current Tokio runtime; should its process die, the store refunds it once its ttl passes. A
-/// reservation on an unmetered key holds nothing and settling it does nothing.
+/// current Tokio runtime. While it is held, a task on that runtime extends it by its ttl every third of
+/// one, so work may outlast the ttl; should its process die, the store refunds it once a ttl passes
+/// with no extension. A reservation on an unmetered key holds nothing and settling it does nothing.
 #[must_use = "the reservation is refunded as soon as it is dropped"]
 pub struct Reservation {
     key: Arc<str>,
@@ -35,6 +40,21 @@ pub struct Reservation {
     expires_at_ms: u64,
     /// Set while it is to be settled here.
     owner: Option<Owner>,
+    /// The task that extends it while it is held.
+    keeper: Option<Keeper>,
+}
+
+/// The task that extends a held reservation, stopped when dropped.
+struct Keeper {
+    task: AbortHandle,
+    /// While this lives, the reservation is held: a keeper that finds it no longer open says so.
+    _held: Arc<()>,
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A reservation handed off by [`Reservation::detach`]: whoever holds it settles it by key and id
@@ -63,6 +83,7 @@ impl Reservation {
             balance: None,
             expires_at_ms: 0,
             owner: Some(owner),
+            keeper: None,
         }
     }
 
@@ -72,8 +93,10 @@ impl Reservation {
         amount: u64,
         balance: Balance,
         expires_at_ms: u64,
+        ttl_ms: u64,
         owner: Owner,
     ) -> Self {
+        let keeper = keep(&owner, key.clone(), id.clone(), ttl_ms);
         Self {
             key,
             id,
@@ -81,6 +104,7 @@ impl Reservation {
             balance: Some(balance),
             expires_at_ms,
             owner: Some(owner),
+            keeper,
         }
     }
 
@@ -92,12 +116,14 @@ impl Reservation {
             balance: None,
             expires_at_ms: 0,
             owner: None,
+            keeper: None,
         }
     }
 
-    /// Nothing to settle on drop any more.
-    pub(super) fn disarm(&mut self) {
-        self.owner = None;
+    /// Nothing to settle on drop any more, nor to extend: returns who would have settled it.
+    pub(super) fn disarm(&mut self) -> Option<Owner> {
+        self.keeper = None;
+        self.owner.take()
     }
 
     /// The key charged.
@@ -120,8 +146,8 @@ impl Reservation {
         self.balance
     }
 
-    /// When the store refunds the reservation unless it is settled first (ms since the Unix epoch,
-    /// store clock); 0 for an unmetered key.
+    /// When the store refunds the reservation unless it is settled or extended first (ms since the
+    /// Unix epoch, store clock), as first answered; 0 for an unmetered key.
     pub fn expires_at_ms(&self) -> u64 {
         self.expires_at_ms
     }
@@ -145,7 +171,7 @@ impl Reservation {
 
     /// Commits or refunds, as `settle` says.
     pub fn settle(mut self, settle: Settle) -> Settling {
-        let future = match self.owner.take() {
+        let future = match self.disarm() {
             Some(owner) => settling(owner, self.key.clone(), self.id.clone(), settle),
             None => Box::pin(std::future::ready(Ok(Settlement::NotFound(self.balance)))),
         };
@@ -157,7 +183,7 @@ impl Reservation {
     /// Hands the reservation off: dropping it no longer refunds it, and its holder settles it by key and
     /// id before it expires.
     pub fn detach(mut self) -> DetachedReservation {
-        self.owner = None;
+        self.disarm();
         DetachedReservation {
             key: self.key.clone(),
             id: self.id.clone(),
@@ -170,7 +196,7 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(owner) = self.owner.take() {
+        if let Some(owner) = self.disarm() {
             let refund = settling(owner, self.key.clone(), self.id.clone(), Settle::Refund);
             background(Box::pin(async move { drop(refund.await) }));
         }
@@ -238,6 +264,44 @@ fn settling(
             }
         }
         settled
+    })
+}
+
+/// Extends the reservation by `ttl_ms` every third of it, on the current Tokio runtime, until it is
+/// aborted or finds the reservation no longer open; `None` without a runtime (the reservation then
+/// ends with its ttl).
+fn keep(owner: &Owner, key: Arc<str>, id: PermitId, ttl_ms: u64) -> Option<Keeper> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let owner = owner.clone();
+    let held = Arc::new(());
+    let still_held = Arc::downgrade(&held);
+    let every = Duration::from_millis((ttl_ms / 3).max(1));
+    let keeper = runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let extension = owner.backend.extend(&key, &id, ttl_ms).await;
+            if let Ok(extension) = &extension {
+                owner.stats.saw(&key, extension.balance().as_ref());
+            }
+            match extension {
+                Ok(Extension::Extended { .. }) => {}
+                Ok(Extension::NotOpen(_)) => {
+                    // (Settled a moment ago, as the keeper was stopped: nothing to say.)
+                    if still_held.strong_count() == 0 {
+                        return;
+                    }
+                    tracing::warn!(%key, %id, "a held reservation was no longer open: it expired (refunded) before it was settled");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, %key, %id, "a held reservation was not extended; trying again");
+                }
+            }
+        }
+    });
+    Some(Keeper {
+        task: keeper.abort_handle(),
+        _held: held,
     })
 }
 

@@ -846,7 +846,7 @@ pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(&*found, names.as_slice());
+        assert_eq!(&*found.keys, names.as_slice());
         assert!(matches!(renewal, Renewal::Renewed(grant) if grant.in_flight == 1));
     }
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);

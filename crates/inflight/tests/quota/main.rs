@@ -1,9 +1,11 @@
-//! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), bounds and
-//! an independent ledger under contention (ledger.rs), and, on a real Redis, holders in other processes
+//! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), reservations
+//! extended while their holders work (extend.rs), bounds and an independent ledger under contention
+//! (ledger.rs), and, on a real Redis, holders in other processes
 //! killed with SIGKILL and processes churning at once (processes.rs), and the view of metered keys
 //! (view.rs).
 #![allow(missing_docs, unreachable_pub)]
 
+mod extend;
 mod ledger;
 mod processes;
 mod scenarios;
@@ -132,6 +134,8 @@ per_store!(
     scenarios::an_open_id_is_reserved_once_and_a_settled_one_not_again,
     scenarios::committing_on_admission_charges_work_that_fails,
     scenarios::an_unmetered_key_records_nothing,
+    extend::extending_moves_only_an_open_reservations_deadline,
+    extend::a_held_reservation_extends_itself_while_its_holder_works,
     ledger::balances_are_set_and_topped_up_within_bounds,
     ledger::balance_is_conserved_and_never_negative_under_contention,
     ledger::a_permits_record_keeps_its_quota_key_across_renewals,

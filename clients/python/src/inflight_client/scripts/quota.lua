@@ -12,12 +12,14 @@
 --   'b' balance
 --   'r' reserve: ARGV[5] id, ARGV[6] amount, ARGV[7] ttl ms
 --   's' settle:  ARGV[5] id, ARGV[6] 'c' (commit) or 'r' (refund)
+--   'e' extend:  ARGV[5] id, ARGV[6] ttl ms (the open reservation's deadline moves to a ttl from now)
 -- Returns {outcome, balance, reserved, expired (reservations refunded by this call), expires_at_ms}:
 --   every operation: -1 the key is unmetered (nothing recorded);
 --   fund: 1 done, -2 the balance would pass the largest (nothing changed); balance: 1;
 --   reserve: 1 reserved (an id already open: its deadline moved, nothing taken again), 0 exhausted,
 --            2 the id ended a moment ago (nothing taken), -3 too many open (nothing taken);
---   settle: 1 settled, 2 settled that way already, 0 no open reservation under the id.
+--   settle: 1 settled, 2 settled that way already, 0 no open reservation under the id;
+--   extend: 1 extended, 0 no open reservation under the id (nothing changed).
 -- Atomic so that the balance never goes below zero and every amount is in exactly one place: the
 -- balance, an open reservation, or spent; and so that a reservation is settled once.
 set_now(tonumber(ARGV[2]))
@@ -77,6 +79,12 @@ if op == 'b' then return state(1, expired) end
 local id = ARGV[5]
 local held = redis.call('HGET', amounts, id)
 local amount = held and tonumber(held)
+if op == 'e' then
+  if not amount then return state(0, expired) end
+  local deadline = now + tonumber(ARGV[6])
+  redis.call('ZADD', open, int(deadline), id)
+  return state(1, expired, deadline)
+end
 if op == 'r' then
   local deadline = now + tonumber(ARGV[7])
   if amount then

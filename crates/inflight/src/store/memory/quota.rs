@@ -14,8 +14,8 @@ use crate::clock::{millis, Clock};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::quota::{
-    Balance, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE, MAX_OPEN_RESERVATIONS,
-    MAX_QUOTAS, SETTLED_MEMORY,
+    Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
+    MAX_OPEN_RESERVATIONS, MAX_QUOTAS, SETTLED_MEMORY,
 };
 
 /// Every metered key's account.
@@ -93,6 +93,15 @@ impl Account {
         }
     }
 
+    /// Moves an open reservation's deadline; `None` when `id` is not open.
+    fn extend(&mut self, id: &PermitId, deadline: u64) -> Option<u64> {
+        let (_, old, seq) = self.open.get_mut(id)?;
+        self.deadlines.remove(&(*old, *seq));
+        *old = deadline;
+        self.deadlines.insert((deadline, *seq), id.clone());
+        Some(deadline)
+    }
+
     fn reserve(
         &mut self,
         id: &PermitId,
@@ -102,14 +111,11 @@ impl Account {
         expired: u32,
     ) -> Reserve {
         let deadline = now.saturating_add(ttl_ms);
-        if let Some((_, old, seq)) = self.open.get_mut(id) {
-            // Held already: the same reservation, its deadline moved.
-            self.deadlines.remove(&(*old, *seq));
-            *old = deadline;
-            self.deadlines.insert((deadline, *seq), id.clone());
+        // Held already: the same reservation, its deadline moved.
+        if let Some(expires_at_ms) = self.extend(id, deadline) {
             return Reserve::Reserved {
                 balance: self.balance(expired),
-                expires_at_ms: deadline,
+                expires_at_ms,
             };
         }
         if self.settled.contains_key(id) {
@@ -239,5 +245,25 @@ impl<C: Clock> QuotaStore for MemoryStore<C> {
             account.settle(id, settle, now, expired)
         });
         ready(Ok(settled.unwrap_or(Settlement::NotFound(None))))
+    }
+
+    fn extend(
+        &self,
+        key: &str,
+        id: &PermitId,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Extension, StoreError>> + Send {
+        let extended = self.with_account(key, |account, now, expired| {
+            let moved = account.extend(id, now.saturating_add(ttl_ms));
+            let balance = account.balance(expired);
+            match moved {
+                Some(expires_at_ms) => Extension::Extended {
+                    expires_at_ms,
+                    balance,
+                },
+                None => Extension::NotOpen(Some(balance)),
+            }
+        });
+        ready(Ok(extended.unwrap_or(Extension::NotOpen(None))))
     }
 }

@@ -26,8 +26,8 @@ use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::quota::{
-    Balance, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE, MAX_OPEN_RESERVATIONS,
-    MAX_QUOTAS, SETTLED_MEMORY,
+    Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
+    MAX_OPEN_RESERVATIONS, MAX_QUOTAS, SETTLED_MEMORY,
 };
 
 /// The view of the keys with a balance, shared by a store's clones.
@@ -207,6 +207,27 @@ impl QuotaStore for RedisStore {
                 0 => Ok(Settlement::NotFound(Some(answer.balance))),
                 -1 => Ok(Settlement::NotFound(None)),
                 other => Err(unexpected("settle", other)),
+            }
+        }
+    }
+
+    fn extend(
+        &self,
+        key: &str,
+        id: &PermitId,
+        ttl_ms: u64,
+    ) -> impl Future<Output = Result<Extension, StoreError>> + Send {
+        let id = Member(id);
+        async move {
+            let answer = self.quota_call(key, "e", &[&id, &ttl_ms], true).await?;
+            match answer.outcome {
+                1 => Ok(Extension::Extended {
+                    expires_at_ms: answer.expires_at_ms,
+                    balance: answer.balance,
+                }),
+                0 => Ok(Extension::NotOpen(Some(answer.balance))),
+                -1 => Ok(Extension::NotOpen(None)),
+                other => Err(unexpected("extend", other)),
             }
         }
     }
