@@ -65,23 +65,30 @@ impl<S: Wakeups> App<S> {
             self.timed("acquire", admission).await
         } else {
             let admission = self.limiter.acquire(key, options.max_wait(wait));
-            self.waited(key, admission).await
+            self.waited(key, wait, admission, AcquireError::is_full)
+                .await
         };
         self.count_admission(key, outcome.as_ref().err());
         outcome
     }
 
-    /// Runs an admission that may wait, counted in the waiting gauge of `key`'s class meanwhile.
+    /// Runs an admission that may wait up to `wait`, counted in the waiting gauge of `key`'s class
+    /// meanwhile. A wait times out when it ran its course and the key was still `full`: a refusal at
+    /// once (the key's queue is full) or a store error is not a timeout.
     async fn waited<T, E>(
         &self,
         key: &str,
+        wait: Duration,
         admission: impl std::future::Future<Output = Result<T, E>>,
+        full: impl Fn(&E) -> bool,
     ) -> Result<T, E> {
         let policy = self.limiter.policy();
         let waiting = self.metrics.waiting(crate::metrics::class_of(&policy, key));
         let started = Instant::now();
         let outcome = admission.await;
-        waiting.done(started.elapsed(), outcome.is_err());
+        let waited = started.elapsed();
+        let timed_out = outcome.as_ref().err().is_some_and(full) && waited >= wait;
+        waiting.done(waited, timed_out);
         outcome
     }
 
@@ -108,7 +115,8 @@ impl<S: Wakeups> App<S> {
         } else {
             let admission = self.limiter.acquire_all(keys, options.max_wait(wait));
             let first = keys.first().copied().unwrap_or_default();
-            self.waited(first, admission).await
+            let full = |refused: &KeyRefused| refused.error.is_full();
+            self.waited(first, wait, admission, full).await
         };
         let first = keys.first().copied().unwrap_or_default();
         self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));

@@ -10,7 +10,7 @@
 //! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit / record / quota |
 //! | `inflight_waiting` | gauge | `class` = the key's `[[limits]]` pattern, or `default`: admissions waiting for a slot |
 //! | `inflight_wait_duration_seconds` | histogram | how long admissions that could wait waited |
-//! | `inflight_wait_timeouts_total` | counter | waits that ended without a slot |
+//! | `inflight_wait_timeouts_total` | counter | waits that ran their course without a slot |
 //! | `inflight_reservations_total` | counter | `outcome` = committed / refunded / expired (refunded by the store when their ttl passed) |
 //! | `inflight_proxy_requests_total` | counter | `status_class` = 1xx..5xx, `class`, `result` = admitted / unlimited / refused / error |
 //! | `inflight_upstream_duration_seconds` | histogram | the proxy's upstream, until its response headers |

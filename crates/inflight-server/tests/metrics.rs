@@ -241,6 +241,58 @@ async fn serve_and_proxy_count_the_same_work_the_same_way() {
     assert_eq!(upstream.hits(), 2);
 }
 
+/// A wait refused at once because its key's queue is full (`--max-waiters 1`) is a refusal, not a wait
+/// that timed out: `inflight_wait_timeouts_total` counts only waits that ran their course.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_wait_queue_is_a_refusal_not_a_wait_timeout() {
+    let http = Client::new();
+    // One worker, so that every request meets the same queue.
+    let (_server, started) = Running::start(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+        "--default-limit",
+        "1",
+        "--max-waiters",
+        "1",
+    ]);
+    let api = format!("http://{}", listen_of(&started));
+    let (metrics, permits) = (
+        format!("{api}/metrics"),
+        format!("{api}/v1/keys/app:1/permits"),
+    );
+    let acquire = |wait_ms: u64| {
+        http.post(&permits)
+            .json(&json!({ "wait_ms": wait_ms }))
+            .send()
+    };
+    let held: Value = acquire(0).await.unwrap().json().await.unwrap();
+    let waiter = tokio::spawn(acquire(10_000));
+    until(&http, &metrics, "inflight_waiting{class=\"default\"}", 1.0).await;
+    let asked = Instant::now();
+    let refused = acquire(10_000).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(asked.elapsed() < Duration::from_secs(5), "refused at once");
+    let scrape = Scrape::of(&http, &metrics).await;
+    check(
+        "serve",
+        "queue full",
+        &scrape,
+        &[
+            ("inflight_admissions_total{result=\"rejected\"}", 1.0),
+            ("inflight_wait_timeouts_total", 0.0),
+        ],
+    );
+    let released = http.delete(format!("{permits}/{}", held["id"].as_str().unwrap()));
+    assert_eq!(
+        released.send().await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(waiter.await.unwrap().unwrap().status(), StatusCode::CREATED);
+}
+
 /// Every `inflight_*` name in `text`.
 fn names_in(text: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
