@@ -35,7 +35,7 @@ const RECORDED: &[(&str, Kind, &str)] = &[
     (
         "inflight_wait_timeouts_total",
         Kind::Counter,
-        "Waits that ended without a slot.",
+        "Waits that ran their course without a slot (a full queue's refusal at once is not one).",
     ),
     (
         "inflight_store_duration_seconds",

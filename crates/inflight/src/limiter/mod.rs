@@ -97,7 +97,7 @@ pub struct LimiterStats {
     pub readded: AtomicU64,
     /// Admissions waiting for a slot now ([`Limiter::acquire`]).
     pub waiting: AtomicU64,
-    /// Waits that ended without a slot.
+    /// Waits that ran their course without a slot (a full queue refuses at once, uncounted here).
     pub wait_timeouts: AtomicU64,
 }
 
