@@ -1,6 +1,7 @@
 //! Quotas over HTTP: balances (`PUT|GET /v1/quotas/{key}`, `POST .../top-up`) and reservations held by
-//! remote callers (`POST .../reservations`, `POST .../reservations/{id}/commit`, `DELETE
-//! .../reservations/{id}` to refund); and the `"quota"` of an acquire body.
+//! remote callers (`POST .../reservations`, `PUT .../reservations/{id}` to extend, `POST
+//! .../reservations/{id}/commit`, `DELETE .../reservations/{id}` to refund); and the `"quota"` of an
+//! acquire body.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +11,10 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, post, put};
+use axum::routing::{post, put};
 use axum::{Json, Router};
 use inflight::quota::{
-    Balance, DetachedReservation, Fund, Settle, Settlement, MAX_RESERVATION_TTL,
+    Balance, DetachedReservation, Extension, Fund, Settle, Settlement, MAX_RESERVATION_TTL,
 };
 use inflight::{PermitId, Wakeups};
 use serde::{Deserialize, Serialize};
@@ -28,7 +29,10 @@ pub(super) fn routes<S: Wakeups>() -> Router<Arc<App<S>>> {
         .route("/v1/quotas/{key}", put(set_balance::<S>).get(balance::<S>))
         .route("/v1/quotas/{key}/top-up", post(top_up::<S>))
         .route("/v1/quotas/{key}/reservations", post(reserve::<S>))
-        .route("/v1/quotas/{key}/reservations/{id}", delete(refund::<S>))
+        .route(
+            "/v1/quotas/{key}/reservations/{id}",
+            put(extend::<S>).delete(refund::<S>),
+        )
         .route(
             "/v1/quotas/{key}/reservations/{id}/commit",
             post(commit::<S>),
@@ -166,6 +170,23 @@ struct TopUpBody {
     amount: u64,
 }
 
+/// A reservation extended, as `PUT .../reservations/{id}` answers it (`balance` and `expires_at_ms`
+/// null: the key is unmetered).
+#[derive(Debug, Serialize)]
+struct ExtendedJson {
+    id: String,
+    key: String,
+    balance: Option<u64>,
+    reserved: u64,
+    expires_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendBody {
+    ttl_ms: Option<u64>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReserveBody {
@@ -242,15 +263,7 @@ async fn reserve<S: Wakeups>(
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
     let request: ReserveBody = body(bytes)?;
-    let ttl = match request.ttl_ms {
-        None => None,
-        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_RESERVATION_TTL => {
-            return Err(ApiError::invalid_request(
-                "ttl_ms must be between 1 and 86400000.",
-            ))
-        }
-        Some(ms) => Some(Duration::from_millis(ms)),
-    };
+    let ttl = ttl(request.ttl_ms)?;
     let reserved = app.quota.reserve_with(&key, request.amount, None, ttl);
     let reservation = app
         .timed("quota", reserved)
@@ -259,6 +272,55 @@ async fn reserve<S: Wakeups>(
     // The caller holds it from here: it commits or refunds it over HTTP, or it expires.
     let body = reservation_json(&reservation.detach());
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// A reservation's `ttl_ms`, checked (none: the quota's ttl).
+fn ttl(ttl_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
+    match ttl_ms {
+        None => Ok(None),
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_RESERVATION_TTL => Err(
+            ApiError::invalid_request("ttl_ms must be between 1 and 86400000."),
+        ),
+        Some(ms) => Ok(Some(Duration::from_millis(ms))),
+    }
+}
+
+/// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now, as its
+/// holder still works.
+async fn extend<S: Wakeups>(
+    State(app): State<Arc<App<S>>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<ExtendedJson>, ApiError> {
+    let Path((key, id)) =
+        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    let request: ExtendBody = body(bytes)?;
+    let permit_id = PermitId::from(id.as_str());
+    let extended = app.quota.extend(&key, &permit_id, ttl(request.ttl_ms)?);
+    let extension = app
+        .timed("quota", extended)
+        .await
+        .map_err(|error| quota_error(&key, error))?;
+    let answer = |balance: Option<Balance>, expires_at_ms| {
+        Json(ExtendedJson {
+            id,
+            key,
+            balance: balance.map(|b| b.balance),
+            reserved: balance.map_or(0, |b| b.reserved),
+            expires_at_ms,
+        })
+    };
+    match extension {
+        Extension::Extended {
+            expires_at_ms,
+            balance,
+        } => Ok(answer(Some(balance), Some(expires_at_ms))),
+        // An unmetered key holds nothing: nothing to extend, nothing missing.
+        Extension::NotOpen(None) => Ok(answer(None, None)),
+        Extension::NotOpen(Some(_)) => Err(reservation_not_found()),
+    }
 }
 
 fn reservation_not_found() -> ApiError {

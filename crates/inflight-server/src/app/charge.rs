@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use inflight::quota::{CommitOn, DetachedReservation, QuotaError, Settle, Settlement};
+use inflight::quota::{CommitOn, DetachedReservation, Extension, QuotaError, Settle, Settlement};
 use inflight::store::{IndexOp, Recorded};
 use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, StoreError, Wakeups};
 
@@ -137,8 +137,8 @@ impl<S: Wakeups> App<S> {
             .timed("quota", self.quota.extend(quota_key, id, None))
             .await
         {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => {
+            Ok(Extension::Extended { .. } | Extension::NotOpen(None)) => Ok(()),
+            Ok(Extension::NotOpen(Some(_))) => {
                 tracing::warn!(key = %quota_key, %id, "a renewed permit's reservation had expired (refunded)");
                 Ok(())
             }

@@ -367,21 +367,21 @@ impl Quota {
     }
 
     /// Moves the deadline of the open reservation `id` of `key`, held elsewhere, to `ttl` (default: the
-    /// handle's) from now: its new deadline (ms since the Unix epoch, store clock), or `None` when it
-    /// is not open (settled, expired, never made, or the key is unmetered).
+    /// handle's; 1 ms to 24 h) from now, as its holder still works. Extending one that is not open
+    /// (settled, expired, never made) changes nothing and says so.
     pub async fn extend(
         &self,
         key: &str,
         id: &PermitId,
         ttl: Option<Duration>,
-    ) -> Result<Option<u64>, QuotaError> {
+    ) -> Result<Extension, QuotaError> {
         let ttl_ms = self.ttl_ms(ttl)?;
         if id.is_empty() {
-            return Ok(None);
+            return Ok(Extension::NotOpen(self.balance(key).await?));
         }
         let extension = self.backend.extend(key, id, ttl_ms).await?;
         self.stats.saw(key, extension.balance().as_ref());
-        Ok(extension.expires_at_ms())
+        Ok(extension)
     }
 
     fn ttl_ms(&self, ttl: Option<Duration>) -> Result<u64, QuotaError> {

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use inflight::quota::{Fund, QuotaError, Settle, Settlement, MAX_RESERVATION_TTL};
+use inflight::quota::{Extension, Fund, QuotaError, Settle, Settlement, MAX_RESERVATION_TTL};
 use inflight::PermitId;
 
 use crate::scenarios::figures;
@@ -19,7 +19,7 @@ pub async fn extending_moves_only_an_open_reservations_deadline<F: Fixture>(f: F
     for _ in 0..4 {
         f.advance(TTL * 3 / 4);
         let extended = quota.extend("tenant:t1", &held.id, None).await.unwrap();
-        let moved = extended.expect("still open");
+        let moved = extended.expires_at_ms().expect("still open");
         assert!(moved > deadline, "{moved} after {deadline}");
         deadline = moved;
     }
@@ -35,12 +35,28 @@ pub async fn extending_moves_only_an_open_reservations_deadline<F: Fixture>(f: F
         let quota = quota.clone();
         async move { quota.extend(key, &id, None).await.unwrap() }
     };
-    assert_eq!(extend("tenant:t1", held.id.clone()).await, None, "settled");
+    let not_open = |extension: Extension| match extension {
+        Extension::NotOpen(Some(b)) => (b.balance, b.reserved),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        not_open(extend("tenant:t1", held.id.clone()).await),
+        (3, 0),
+        "settled"
+    );
     let lost = quota.reserve("tenant:t1", 1).await.unwrap().detach();
     f.advance(TTL);
-    assert_eq!(extend("tenant:t1", lost.id.clone()).await, None, "expired");
-    assert_eq!(extend("tenant:t1", PermitId::from("never")).await, None);
-    assert_eq!(extend("free:f1", lost.id.clone()).await, None, "unmetered");
+    assert_eq!(
+        not_open(extend("tenant:t1", lost.id.clone()).await),
+        (3, 0),
+        "expired"
+    );
+    assert_eq!(
+        not_open(extend("tenant:t1", PermitId::from("never")).await),
+        (3, 0)
+    );
+    let unmetered = extend("free:f1", lost.id.clone()).await;
+    assert_eq!(unmetered, Extension::NotOpen(None), "unmetered");
     assert_eq!(figures(&quota, "tenant:t1").await, (3, 0));
     assert_eq!(quota.stats().expired.load(Ordering::SeqCst), 1);
     let too_long = quota
