@@ -176,16 +176,19 @@ async fn through_proxy(
     (middle, end)
 }
 
-fn serve() -> (Running, String) {
-    let (server, started) = Running::start(&[
+/// `inflight serve` with a default limit of 1, on `workers` workers (and `extra` settings); its API.
+fn serve(workers: &str, extra: &[&str]) -> (Running, String) {
+    let mut args = vec![
         "serve",
         "--listen",
         "127.0.0.1:0",
         "--workers",
-        "2",
+        workers,
         "--default-limit",
         "1",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let (server, started) = Running::start(&args);
     let api = format!("http://{}", listen_of(&started));
     (server, api)
 }
@@ -214,7 +217,7 @@ fn proxy(upstream: &Upstream, extra: &[&str]) -> (Running, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_and_proxy_count_the_same_work_the_same_way() {
     let http = Client::new();
-    let (_serve, api) = serve();
+    let (_serve, api) = serve("2", &[]);
     let (served_middle, served_end) = through_serve(&http, &api).await;
     check("serve", "middle", &served_middle, MIDDLE);
     check("serve", "end", &served_end, END);
@@ -247,18 +250,7 @@ async fn serve_and_proxy_count_the_same_work_the_same_way() {
 async fn a_full_wait_queue_is_a_refusal_not_a_wait_timeout() {
     let http = Client::new();
     // One worker, so that every request meets the same queue.
-    let (_server, started) = Running::start(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--default-limit",
-        "1",
-        "--max-waiters",
-        "1",
-    ]);
-    let api = format!("http://{}", listen_of(&started));
+    let (_server, api) = serve("1", &["--max-waiters", "1"]);
     let (metrics, permits) = (
         format!("{api}/metrics"),
         format!("{api}/v1/keys/app:1/permits"),
@@ -456,18 +448,7 @@ async fn the_dashboard_the_alerts_and_the_docs_name_only_exported_metrics() {
 async fn store_up_follows_the_store() {
     let mut redis = common::TestRedis::start();
     let url = redis.url();
-    let (_server, started) = Running::start(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--workers",
-        "1",
-        "--default-limit",
-        "1",
-        "--store",
-        &url,
-    ]);
-    let api = format!("http://{}", listen_of(&started));
+    let (_server, api) = serve("1", &["--store", &url]);
     let (http, metrics) = (Client::new(), format!("{api}/metrics"));
     until(&http, &metrics, "inflight_store_up", 1.0).await;
     redis.stop();

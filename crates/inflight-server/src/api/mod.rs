@@ -132,6 +132,17 @@ fn checked_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiE
     Ok(key)
 }
 
+/// The key and the id of a `.../{key}/.../{id}` path, checked.
+fn checked_key_and_id(
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(String, String), ApiError> {
+    let Path((key, id)) =
+        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    Ok((key, id))
+}
+
 /// A JSON body; an empty body is the defaults.
 fn body<T: DeserializeOwned + Default>(
     bytes: Result<Bytes, BytesRejection>,
@@ -232,10 +243,7 @@ async fn renew<S: Wakeups>(
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PermitJson>, ApiError> {
-    let Path((key, id)) =
-        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
-    check_name(&key).map_err(ApiError::invalid_key)?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
+    let (key, id) = checked_key_and_id(path)?;
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
     let id = PermitId::from(id);
@@ -273,10 +281,7 @@ async fn release<S: Wakeups>(
     path: Result<Path<(String, String)>, PathRejection>,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
-    let Path((key, id)) =
-        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
-    check_name(&key).map_err(ApiError::invalid_key)?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
+    let (key, id) = checked_key_and_id(path)?;
     let settle = quotas::outcome(&uri)?;
     let id = PermitId::from(id);
     app.release_settled(&key, &id, settle).await?;

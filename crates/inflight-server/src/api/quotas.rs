@@ -19,7 +19,9 @@ use inflight::quota::{
 use inflight::{PermitId, Wakeups};
 use serde::{Deserialize, Serialize};
 
-use super::{body, checked_key, lease, options, permit_json, require_admin, AcquireBody};
+use super::{
+    body, checked_key, checked_key_and_id, lease, options, permit_json, require_admin, AcquireBody,
+};
 use crate::app::{check_name, quota_error, App, Charge};
 use crate::error::ApiError;
 
@@ -292,10 +294,7 @@ async fn extend<S: Wakeups>(
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ExtendedJson>, ApiError> {
-    let Path((key, id)) =
-        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
-    check_name(&key).map_err(ApiError::invalid_key)?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
+    let (key, id) = checked_key_and_id(path)?;
     let request: ExtendBody = body(bytes)?;
     let permit_id = PermitId::from(id.as_str());
     let extended = app.quota.extend(&key, &permit_id, ttl(request.ttl_ms)?);
@@ -336,10 +335,7 @@ async fn settle<S: Wakeups>(
     path: Result<Path<(String, String)>, PathRejection>,
     settle: Settle,
 ) -> Result<Json<QuotaJson>, ApiError> {
-    let Path((key, id)) =
-        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
-    check_name(&key).map_err(ApiError::invalid_key)?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
+    let (key, id) = checked_key_and_id(path)?;
     match app.settle(&key, &PermitId::from(id), settle).await? {
         Settlement::Settled(balance) | Settlement::Already(balance) => {
             Ok(quota_json(key, Some(balance)))
