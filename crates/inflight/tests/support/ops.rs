@@ -92,18 +92,20 @@ pub fn coarse_op() -> impl Strategy<Value = Op> {
 }
 
 /// Coarse operations crowding two keys with up to 256 permits each, so that the Redis store's sorted sets
-/// grow past their compact encoding (more than 128 members), expire and empty again.
+/// grow past their compact encoding (more than 128 members), expire and empty again. Their times are
+/// whole 2.5 s steps: a sequence of hundreds of round trips may take over half a second of Redis's own
+/// time on a loaded machine, and that must not cross a step.
 pub fn crowded_op() -> impl Strategy<Value = Op> {
     // Most operations on the first key, so that it fills up.
     let key = || prop_oneof![4 => Just(0u8), 1 => Just(1u8)];
     prop_oneof![
         12 => (key(), any::<u8>(), prop_oneof![8 => Just(1u32), 1 => 2..4u32], 0..4u64)
-            .prop_map(|(key, id, weight, l)| Op::Acquire { key, also: None, id, weight, lease_ms: (l + 1) * 10_000 }),
+            .prop_map(|(key, id, weight, l)| Op::Acquire { key, also: None, id, weight, lease_ms: (l + 1) * 50_000 }),
         3 => (key(), any::<u8>()).prop_map(|(key, id)| Op::Release { key, id }),
         2 => (key(), any::<u8>(), 0..4u64)
-            .prop_map(|(key, id, l)| Op::Renew { key, id, lease_ms: Some((l + 1) * 10_000) }),
+            .prop_map(|(key, id, l)| Op::Renew { key, id, lease_ms: Some((l + 1) * 50_000) }),
         1 => (key(), 120..400u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
-        1 => (0..6u64).prop_map(|half_seconds| Op::Advance { ms: half_seconds * 500 }),
+        1 => (0..6u64).prop_map(|steps| Op::Advance { ms: steps * 2_500 }),
     ]
 }
 
@@ -123,7 +125,7 @@ pub fn crowded_sequences(
             also: None,
             id,
             weight: 1,
-            lease_ms: 40_000,
+            lease_ms: 200_000,
         });
         (policy, crowd.chain(ops).collect())
     })
