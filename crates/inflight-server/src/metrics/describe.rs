@@ -84,6 +84,11 @@ const RECORDED: &[(&str, Kind, &str)] = &[
         Kind::Histogram,
         "How long the upstream took to send its response headers (connecting and sending included).",
     ),
+    (
+        "inflight_tls_handshake_failures_total",
+        Kind::Counter,
+        "Connections to a TLS port closed in their handshake, by reason: timeout or error.",
+    ),
 ];
 
 /// The help of `inflight_in_flight`.

@@ -156,6 +156,11 @@ pub(super) async fn serve<S: Wakeups>(
         tls,
     } = served;
     let connections = GracefulShutdown::new();
+    if tls.is_some() {
+        // Exported from the start, so that a rate over them is defined before the first failure.
+        handshake_failure(true).increment(0);
+        handshake_failure(false).increment(0);
+    }
     let (open, reserve) = (builder(bounds, true), builder(bounds, false));
     let (open, reserve) = (Arc::new(open), Arc::new(reserve));
     let limits = &bounds.connections;
@@ -193,7 +198,11 @@ pub(super) async fn serve<S: Wakeups>(
                     // sees the TLS alert, or the connection closed.
                     match tls.accept(io, connection.limits.header_timeout).await {
                         Ok(io) => connection.serve(io).await,
-                        Err(error) => tracing::debug!(%error, "TLS handshake failed"),
+                        Err(error) => {
+                            handshake_failure(error.kind() == std::io::ErrorKind::TimedOut)
+                                .increment(1);
+                            tracing::debug!(%error, "TLS handshake failed");
+                        }
                     }
                 });
             }
@@ -210,4 +219,11 @@ pub(super) async fn serve<S: Wakeups>(
         cut.send_replace(true);
         let _ = tokio::time::timeout(CUT_WAIT, closed).await;
     }
+}
+
+/// The count of connections closed in their TLS handshake: not done within the bound (`timed_out`), or
+/// failed.
+fn handshake_failure(timed_out: bool) -> metrics::Counter {
+    let reason = if timed_out { "timeout" } else { "error" };
+    metrics::counter!("inflight_tls_handshake_failures_total", "reason" => reason)
 }

@@ -295,12 +295,12 @@ async fn the_binary_serves_tls_and_reloads_its_certificate_on_sighup() {
         "--tls-key",
         key.to_str().unwrap(),
     ];
-    let (server, started) = Running::start(&args);
-    assert!(started.contains("tls=true"), "{started}");
-    let addr: SocketAddr = listen_of(&started).parse().unwrap();
+    let (server, started_line) = Running::start(&args);
+    assert!(started_line.contains("tls=true"), "{started_line}");
+    let addr: SocketAddr = listen_of(&started_line).parse().unwrap();
     let first = connect(addr, &files.der, &[b"h2"]).await;
     assert_eq!(peer_cert(&first), files.der);
-    let admin = format!("http://{}/healthz", admin_of(&started));
+    let admin = format!("http://{}/healthz", admin_of(&started_line));
     let health = reqwest::get(&admin).await.unwrap();
     assert_eq!(
         health.status(),
@@ -327,4 +327,45 @@ async fn the_binary_serves_tls_and_reloads_its_certificate_on_sighup() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(first);
+
+    // A client that speaks plain HTTP to the TLS port is closed in its handshake, and counted.
+    let metrics = format!("http://{}/metrics", admin_of(&started_line));
+    let failures = || async {
+        let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+        let line = "inflight_tls_handshake_failures_total{reason=\"error\"} ";
+        text.lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map_or(0.0, |n| n.parse::<f64>().unwrap())
+    };
+    let before = failures().await;
+    let text = reqwest::get(&metrics).await.unwrap().text().await.unwrap();
+    for exported in [
+        "# HELP inflight_tls_handshake_failures_total ",
+        "inflight_tls_handshake_failures_total{reason=\"timeout\"} 0",
+    ] {
+        assert!(text.contains(exported), "{exported} in\n{text}");
+    }
+    let documented = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/metrics.md"
+    ));
+    assert!(documented
+        .unwrap()
+        .contains("`inflight_tls_handshake_failures_total`"));
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(WAIT, plain.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the plain client was closed");
+    let started = Instant::now();
+    while failures().await < before + 1.0 {
+        assert!(
+            started.elapsed() < WAIT,
+            "the failed handshake was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
