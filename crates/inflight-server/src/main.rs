@@ -6,6 +6,7 @@ use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, LogFormat, ProxySettings};
 use inflight_server::server::{self, Workers};
 use inflight_server::{Settings, Shared};
+use tracing_subscriber::EnvFilter;
 
 // hyper allocates and frees buffers and header maps for every request and response: mimalloc serves
 // those small, short-lived allocations (BENCHMARKS.md has the comparison with the system allocator).
@@ -57,9 +58,8 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
         Command::Bench(args) => {
             // `bench` has no log settings: text, at INFLIGHT_LOG's level (info when unset or invalid).
             let level = std::env::var("INFLIGHT_LOG").unwrap_or_default();
-            let filter = tracing_subscriber::EnvFilter::try_new(level)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-            init_logging(LogFormat::Text, filter);
+            let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+            drop(init_logging(LogFormat::Text, filter));
             return bench(args).await;
         }
         Command::CheckConfig(args) => {
@@ -71,10 +71,10 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
             return Ok(());
         }
     };
-    init_logging(settings.logging.log_format, settings.logging.filter()?);
+    let log = init_logging(settings.logging.log_format, settings.logging.filter()?);
     let shared = Shared::new(&settings)?;
     let tls = server::Tls::load(&settings.tls)?;
-    reload_on_hangup(cli.command, matches, shared.clone(), tls.clone());
+    reload_on_hangup(cli.command, matches, shared.clone(), tls.clone(), log);
     if settings.store.starts_with("memory://") {
         // Every worker's limiter over the one embedded store (clones share it).
         let store = MemoryStore::new().max_overrides(settings.max_overrides);
@@ -85,38 +85,53 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stderr, in `format`, the lines that `filter` lets through.
-fn init_logging(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
+/// Puts another filter of log lines in force.
+type LogReload = Box<dyn Fn(EnvFilter) -> Result<(), tracing_subscriber::reload::Error> + Send>;
+
+/// Logs to stderr, in `format`, the lines that `filter` lets through; returns what replaces the filter.
+fn init_logging(format: LogFormat, filter: EnvFilter) -> LogReload {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
         // A log that cannot be written (stderr closed or full) is lost, not a panic of the server.
         .log_internal_errors(false);
     match format {
-        LogFormat::Text => builder
-            .with_target(false)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
+        LogFormat::Text => {
+            let builder = builder
+                .with_target(false)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            Box::new(move |filter| handle.reload(filter))
+        }
         // One object a line, the event's fields at its top level, with its target (inflight::access
         // for the proxy's access lines).
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .init(),
+        LogFormat::Json => {
+            let builder = builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            builder.init();
+            Box::new(move |filter| handle.reload(filter))
+        }
     }
 }
 
 /// On SIGHUP, reads the settings again (the file with them) and puts their limits in force in every
 /// worker; permits held stay held. With TLS, it reads the certificate and key files again too: new
-/// connections get the new certificate, open ones keep theirs. Other settings need a restart. Bad
-/// settings (a bad certificate file among them) keep the limits and the certificate as they are.
+/// connections get the new certificate, open ones keep theirs. And the log level (`log_level`) is
+/// put in force. Other settings need a restart. Bad settings (a bad certificate file or log level among
+/// them) keep the limits, the certificate and the log level as they are.
 fn reload_on_hangup(
     command: Command,
     matches: clap::ArgMatches,
     shared: Shared,
     tls: Option<server::Tls>,
+    log: LogReload,
 ) {
     #[cfg(unix)]
     {
@@ -133,16 +148,20 @@ fn reload_on_hangup(
                 };
                 let reloaded = settings.and_then(|settings| {
                     let policy = settings.policy()?;
+                    let filter = settings.logging.filter()?;
                     if let Some(tls) = &tls {
                         tls.reload(&settings.tls)?;
                     }
-                    Ok(policy)
+                    Ok((policy, filter, settings.logging.log_level))
                 });
                 match reloaded {
-                    Ok(policy) => {
+                    Ok((policy, filter, log_level)) => {
                         let rules = policy.rules().len();
                         shared.policy.set(policy);
-                        tracing::info!(rules, tls = tls.is_some(), "limits reloaded");
+                        if let Err(error) = log(filter) {
+                            tracing::error!(%error, "the log level could not be changed");
+                        }
+                        tracing::info!(rules, tls = tls.is_some(), %log_level, "limits reloaded");
                     }
                     Err(error) => {
                         tracing::error!(
@@ -155,7 +174,7 @@ fn reload_on_hangup(
         });
     }
     #[cfg(not(unix))]
-    let _ = (command, matches, shared, tls);
+    let _ = (command, matches, shared, tls, log);
 }
 
 /// A worker's own Redis store (its connection and its batches on the worker's runtime).

@@ -190,6 +190,69 @@ async fn inflight_log_takes_directives_from_the_environment() {
     assert!(access_lines(&lines).is_empty(), "{lines:?}");
 }
 
+/// SIGHUP puts the file's `log_level` in force: the access lines, off at the start, are written after
+/// the reload; and a bad level in the file is refused, keeping the one in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_puts_the_files_log_level_in_force() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("inflight.toml");
+    std::fs::write(&file, "log_level = \"info,inflight::access=off\"\n").unwrap();
+    let config = file.to_str().unwrap();
+    let (server, base, _) = proxy(
+        &upstream,
+        &["--log-format", "json", "--config", config],
+        &[],
+    );
+    let http = Client::new();
+    let get = |path: String| {
+        let request = http
+            .get(format!("{base}{path}"))
+            .header("x-api-key", API_KEY);
+        async move {
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), StatusCode::OK);
+            answer.bytes().await.unwrap();
+        }
+    };
+    get("/echo/before".into()).await;
+    std::fs::write(&file, "log_level = \"info\"\n").unwrap();
+    server.signal("-HUP");
+    // Requests until a while after the reload must have happened (it takes a moment).
+    for n in 0..20 {
+        get(format!("/echo/after-{n}")).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::write(&file, "log_level = \"info,[=nonsense\"\n").unwrap();
+    server.signal("-HUP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    get("/echo/kept".into()).await;
+    let (lines, text) = stop(server);
+    let paths: Vec<&str> = access_lines(&lines)
+        .iter()
+        .filter_map(|line| line["path"].as_str())
+        .collect();
+    assert!(!paths.contains(&"/echo/before"), "{paths:?}");
+    assert!(
+        paths.contains(&"/echo/after-19"),
+        "the reloaded level: {text}"
+    );
+    assert!(
+        paths.contains(&"/echo/kept"),
+        "a bad level keeps the one in force: {text}"
+    );
+    let reloaded = lines
+        .iter()
+        .filter(|l| l["message"] == "limits reloaded")
+        .count();
+    let refused = lines.iter().filter(|l| {
+        l["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("reload refused"))
+    });
+    assert_eq!((reloaded, refused.count()), (1, 1), "{text}");
+}
+
 /// `inflight serve ARGS` that exits at once: its stderr.
 fn refused(args: &[&str]) -> String {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_inflight"))

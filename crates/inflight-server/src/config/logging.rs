@@ -14,7 +14,7 @@ pub struct LoggingSettings {
     #[arg(default_value = "text")]
     pub log_format: LogFormat,
     /// Which lines are written: a level (error, warn, info, debug, trace) or tracing directives, e.g.
-    /// 'info,inflight::access=off'.
+    /// 'info,inflight::access=off'. SIGHUP puts it in force again.
     #[arg(long, env = "INFLIGHT_LOG", value_name = "DIRECTIVES")]
     #[arg(default_value = "info")]
     pub log_level: String,
