@@ -6,7 +6,7 @@ mod support;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use inflight::{ClassLimits as Policy, ManualClock, MemoryStore, RedisStore};
 use proptest::prelude::*;
@@ -41,9 +41,10 @@ fn without_times(outcome: Outcome) -> Outcome {
 
 /// Runs `cases` random sequences on a fresh pair of stores each (the memory store on its own clock, the
 /// Redis store under its own prefix), comparing every decision. One by one, each operation goes to both
-/// stores in turn; `batched`, the whole sequence is sent to Redis at once, so that its operations reach
-/// Redis together in batches (in order), and the decisions must still be those of the operations one
-/// by one.
+/// stores in turn, and the memory store's clock also follows the real time that passes, as Redis's
+/// does: however long a sequence takes on a loaded machine, the two clocks stay a round trip apart.
+/// `batched`, the whole sequence is sent to Redis at once, so that its operations reach Redis together
+/// in batches (in order), and the decisions must still be those of the operations one by one.
 fn agree(
     cases: u32,
     sequences: impl Strategy<Value = (Policy, Vec<Op>)>,
@@ -80,11 +81,21 @@ fn agree(
             apply_store(shared, &advance, policy, &mut holds, op).await
         };
         let mut holds = Vec::new();
-        let want: Vec<Outcome> = ops.iter().map(|op| on_memory(&mut holds, op)).collect();
-        let got: Vec<Outcome> = if batched {
-            rt.block_on(futures_util::future::join_all(ops.iter().map(on_redis)))
+        let (want, got): (Vec<Outcome>, Vec<Outcome>) = if batched {
+            let want = ops.iter().map(|op| on_memory(&mut holds, op)).collect();
+            let got = rt.block_on(futures_util::future::join_all(ops.iter().map(on_redis)));
+            (want, got)
         } else {
-            ops.iter().map(|op| rt.block_on(on_redis(op))).collect()
+            let started = Instant::now();
+            let mut followed = Duration::ZERO;
+            ops.iter()
+                .map(|op| {
+                    let now = started.elapsed();
+                    clock.advance(now - followed);
+                    followed = now;
+                    (on_memory(&mut holds, op), rt.block_on(on_redis(op)))
+                })
+                .unzip()
         };
         for (step, (got, want)) in got.into_iter().zip(want).enumerate() {
             prop_assert_eq!(
