@@ -14,7 +14,7 @@ install_missing redis-server=redis-server,redis-tools chromium=chromium
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace --all-features "$@" 2>&1 | tee "$log" || status=$?
+cargo test --workspace --all-features --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 
 # The Python client (clients/python), in a venv of its own, against real redis-server and inflight processes:
 # the cross-language tests use target/debug/inflight, which cargo test has just built for its own
