@@ -132,7 +132,8 @@ impl<S: Wakeups> App<S> {
     }
 
     /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (the
-    /// record is looked up while the lease is renewed).
+    /// record is looked up while the lease is renewed; a failed lookup is logged, and the renewal
+    /// answered all the same).
     pub async fn renew(
         &self,
         key: &str,
@@ -144,10 +145,14 @@ impl<S: Wakeups> App<S> {
         let (renewal, record) = futures_util::future::join(renewal, record).await;
         let renewal = renewal?;
         self.count_renewal(key, id, &renewal);
-        let charged = record?.filter(|recorded| *recorded.keys == [Arc::from(key)]);
+        let record = record.unwrap_or_else(|error| {
+            tracing::warn!(%error, %id, "a renewed permit's record could not be read: a reservation it has is not extended");
+            None
+        });
+        let charged = record.filter(|recorded| *recorded.keys == [Arc::from(key)]);
         if let (Some(recorded), Renewal::Renewed(_) | Renewal::Readded(_)) = (charged, &renewal) {
             let lease = lease.unwrap_or(Duration::from_millis(recorded.lease_ms));
-            self.keep_charged(&recorded, id, lease).await?;
+            self.keep_charged(&recorded, id, lease).await;
         }
         Ok(renewal)
     }
@@ -218,10 +223,10 @@ impl<S: Wakeups> App<S> {
             return Ok(None);
         };
         self.count_renewal(&recorded.keys[0], id, &renewal);
-        if let (Some(quota), Renewal::Renewed(_) | Renewal::Readded(_)) =
-            (&recorded.quota, &renewal)
-        {
-            self.extend_reservation(quota, id).await?;
+        if let Renewal::Renewed(_) | Renewal::Readded(_) = renewal {
+            // (The limiter wrote the record again for its lease; a reservation's may be longer.)
+            let lease = Duration::from_millis(recorded.lease_ms);
+            self.keep_charged(&recorded, id, lease).await;
         }
         Ok(Some((recorded.keys, renewal)))
     }

@@ -166,7 +166,7 @@ fn reload_on_hangup(
                     Err(error) => {
                         tracing::error!(
                             %error,
-                            "reload refused: the limits and the certificate stay as they were"
+                            "reload refused: the limits, the certificate and the log level stay as they were"
                         );
                     }
                 }

@@ -299,9 +299,45 @@ async fn renewals_keep_a_charge_past_the_quota_ttl<M: Make>() {
     );
 }
 
+/// A renewal by id keeps a charged permit's record as long as its reservation, as the per-key renewal
+/// does: a release after the record of a short lease would have gone (2 x lease + 1 s) still finds it
+/// and commits the charge.
+async fn a_renewal_by_id_keeps_the_record_as_long_as_the_reservation<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
+    let (http, base) = (Client::new(), server.base.clone());
+    send(
+        http.put(server.url("/v1/quotas/t1"))
+            .json(&json!({"balance": 5})),
+    )
+    .await;
+    let both = json!({"keys": ["app", "global"], "quota": {"key": "t1"}, "lease_ms": 300});
+    let (status, permit) = send(http.post(server.url("/v1/permits")).json(&both)).await;
+    assert_eq!(status, StatusCode::CREATED, "{permit}");
+    let by_id = server.url(&format!("/v1/permits/{}", permit["id"].as_str().unwrap()));
+    assert_eq!(
+        http.put(&by_id).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    // Past the record of a 300 ms lease (1.6 s), well within the reservation's hour.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let released = http
+        .delete(format!("{by_id}?outcome=success"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        figures(&http, &base, "t1").await,
+        (json!(4), 0),
+        "committed"
+    );
+}
+
 per_store!(
     a_permit_with_a_quota_settles_when_released,
     a_permit_on_several_keys_settles_through_any_server,
     committing_on_admission_charges_what_was_admitted,
     renewals_keep_a_charge_past_the_quota_ttl,
+    a_renewal_by_id_keeps_the_record_as_long_as_the_reservation,
 );

@@ -126,40 +126,32 @@ impl<S: Wakeups> App<S> {
         self.timed("record", recorded).await
     }
 
-    /// Extends the reservation `id` of `quota_key` by the quota's ttl, as its permit was renewed: work
-    /// that outlasts the ttl is still charged. One no longer open (it expired) is logged.
-    pub async fn extend_reservation(
-        &self,
-        quota_key: &str,
-        id: &PermitId,
-    ) -> Result<(), StoreError> {
-        match self
-            .timed("quota", self.quota.extend(quota_key, id, None))
-            .await
-        {
-            Ok(Extension::Extended { .. } | Extension::NotOpen(None)) => Ok(()),
+    /// A renewed permit's charge kept: its reservation extended by the quota's ttl (or by the `lease`,
+    /// when longer, so that it outlives the lease between renewals), so that work which outlasts the
+    /// ttl is still charged, and its record kept as long. A failure is logged, not answered: the
+    /// renewal itself was done, and a charge not extended is only refunded when its ttl passes.
+    pub(super) async fn keep_charged(&self, recorded: &Recorded, id: &PermitId, lease: Duration) {
+        let Some(quota) = &recorded.quota else {
+            return;
+        };
+        let ttl = self.quota.ttl().max(lease);
+        let extended = self.quota.extend(quota, id, Some(ttl));
+        let kept = match self.timed("quota", extended).await {
+            // (Only an open one's record is written again: a release may have just removed it.)
+            Ok(Extension::Extended { .. }) => self
+                .record_charged(&recorded.keys, id, lease, quota)
+                .await
+                .map_err(QuotaError::Store),
+            Ok(Extension::NotOpen(None)) => Ok(()),
             Ok(Extension::NotOpen(Some(_))) => {
-                tracing::warn!(key = %quota_key, %id, "a renewed permit's reservation had expired (refunded)");
+                tracing::warn!(key = %quota, %id, "a renewed permit's reservation had expired (refunded)");
                 Ok(())
             }
-            Err(QuotaError::Store(error)) => Err(error),
-            Err(other) => Err(StoreError::Protocol(other.to_string())),
-        }
-    }
-
-    /// A renewed single-key permit's charge kept: its reservation extended and its record (which the
-    /// per-key renewal does not touch) kept as long as the lease it renewed, or the reservation.
-    pub(super) async fn keep_charged(
-        &self,
-        recorded: &Recorded,
-        id: &PermitId,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        let Some(quota) = &recorded.quota else {
-            return Ok(());
+            Err(error) => Err(error),
         };
-        self.extend_reservation(quota, id).await?;
-        self.record_charged(&recorded.keys, id, lease, quota).await
+        if let Err(error) = kept {
+            tracing::warn!(%error, key = %quota, %id, "a renewed permit's reservation was not extended");
+        }
     }
 
     /// Releases a lease on `keys` lent a moment ago whose record could not be written (its client could

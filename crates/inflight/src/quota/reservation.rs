@@ -28,9 +28,9 @@ pub(super) struct Owner {
 ///
 /// Settle it with [`Reservation::commit`] (spent) or [`Reservation::refund`] (given back). Dropped
 /// unsettled (the work failed, was cancelled or panicked), it is refunded in the background on the
-/// current Tokio runtime. While it is held, a task on that runtime extends it by its ttl every third of
-/// one, so work may outlast the ttl; should its process die, the store refunds it once a ttl passes
-/// with no extension. A reservation on an unmetered key holds nothing and settling it does nothing.
+/// current Tokio runtime. While it is held, a task on that runtime (which needs its timers enabled, as
+/// the limiter's renewals do) extends it by its ttl every third of one, so work may outlast the ttl;
+/// should its process die, the store refunds it once a ttl passes with no extension. A reservation on an unmetered key holds nothing and settling it does nothing.
 #[must_use = "the reservation is refunded as soon as it is dropped"]
 pub struct Reservation {
     key: Arc<str>,
@@ -276,15 +276,18 @@ fn keep(owner: &Owner, key: Arc<str>, id: PermitId, ttl_ms: u64) -> Option<Keepe
     let held = Arc::new(());
     let still_held = Arc::downgrade(&held);
     let every = Duration::from_millis((ttl_ms / 3).max(1));
+    // After a failure, sooner: a third of the ttl twice more would let it expire while held.
+    let again = Duration::from_millis((ttl_ms / 10).max(1));
+    let mut wait = every;
     let keeper = runtime.spawn(async move {
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(wait).await;
             let extension = owner.backend.extend(&key, &id, ttl_ms).await;
             if let Ok(extension) = &extension {
                 owner.stats.saw(&key, extension.balance().as_ref());
             }
             match extension {
-                Ok(Extension::Extended { .. }) => {}
+                Ok(Extension::Extended { .. }) => wait = every,
                 Ok(Extension::NotOpen(_)) => {
                     // (Settled a moment ago, as the keeper was stopped: nothing to say.)
                     if still_held.strong_count() == 0 {
@@ -295,6 +298,7 @@ fn keep(owner: &Owner, key: Arc<str>, id: PermitId, ttl_ms: u64) -> Option<Keepe
                 }
                 Err(error) => {
                     tracing::warn!(%error, %key, %id, "a held reservation was not extended; trying again");
+                    wait = again;
                 }
             }
         }
