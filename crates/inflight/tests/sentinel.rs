@@ -17,6 +17,22 @@ use support::TestSentinel;
 const BACK_WITHIN: Duration = Duration::from_millis(400 + 2 * 1000 + 3000);
 const LIMIT: u32 = 4;
 
+/// Returns once the node that `probe` is connected to no longer answers a PING within 50 ms: its DEBUG
+/// SLEEP has begun.
+fn wait_asleep(mut probe: redis::Connection) {
+    probe
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let started = Instant::now();
+    while redis::cmd("PING").query::<String>(&mut probe).is_ok() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the replica never slept"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() {
     let topology = TestSentinel::start();
@@ -46,8 +62,16 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(probe.most(), LIMIT, "the workers fill k");
 
-    // Writes the replica never receives: its link cut and the replica held asleep, two permits are
-    // taken, then the primary is killed. The new primary will not know them.
+    // Writes the replica never receives: the replica held asleep (so that it cannot connect again
+    // and catch up), then its link cut, two permits are taken, and the primary is killed. The new
+    // primary will not know them.
+    let replica = topology.replica();
+    let (mut conn, pinger) = (topology.node(replica), topology.node(replica));
+    let sleeper = std::thread::spawn(move || {
+        let _: redis::RedisResult<()> =
+            redis::cmd("DEBUG").arg("SLEEP").arg("0.3").query(&mut conn);
+    });
+    wait_asleep(pinger);
     let mut primary = topology.node(topology.primary());
     let _: redis::Value = redis::cmd("CLIENT")
         .arg("KILL")
@@ -55,13 +79,6 @@ async fn a_failover_is_followed_and_renewals_readd_what_the_new_primary_lacks() 
         .arg("replica")
         .query(&mut primary)
         .unwrap();
-    let replica = topology.replica();
-    let mut conn = topology.node(replica);
-    let sleeper = std::thread::spawn(move || {
-        let _: redis::RedisResult<()> =
-            redis::cmd("DEBUG").arg("SLEEP").arg("0.3").query(&mut conn);
-    });
-    std::thread::sleep(Duration::from_millis(20));
     let lost = [
         limiter.try_acquire("lost").await.unwrap(),
         limiter.try_acquire("lost").await.unwrap(),
