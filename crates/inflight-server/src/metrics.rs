@@ -58,9 +58,7 @@ pub const MAX_BALANCE_KEYS: usize = 10_000;
 /// The class of `key` in metrics' labels: the pattern of its `[[limits]]` rule, or `default`.
 pub fn class_of<'p>(policy: &'p inflight::Policy, key: &str) -> &'p str {
     policy
-        .rules()
-        .iter()
-        .find(|rule| rule.matches(key))
+        .rule_for(key)
         .map_or("default", |rule| rule.pattern())
 }
 

@@ -301,17 +301,10 @@ fn a_log_that_cannot_be_written_does_not_stop_the_server() {
 }
 
 fn proxy(args: &[&str], env: &[(&str, &str)]) -> Result<String, String> {
-    let mut all = vec![
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--upstream",
-        "http://127.0.0.1:9",
-    ];
-    all.extend_from_slice(args);
-    start(&all, env)
+    start(
+        &common::process::proxy_args("http://127.0.0.1:9", args),
+        env,
+    )
 }
 
 #[test]

@@ -49,6 +49,18 @@ fn stop(mut server: Running) -> (Vec<Value>, String) {
     (parsed, lines.join("\n"))
 }
 
+/// GET `path` with the API key, answered 200 and read to its end.
+async fn get_ok(http: &Client, base: &str, path: &str) {
+    let answer = http
+        .get(format!("{base}{path}"))
+        .header("x-api-key", API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    answer.bytes().await.unwrap();
+}
+
 fn access_lines(lines: &[Value]) -> Vec<&Value> {
     lines
         .iter()
@@ -148,14 +160,7 @@ async fn access_log_false_writes_no_access_line() {
         &["--log-format", "json", "--access-log", "false"],
         &[],
     );
-    let answer = Client::new()
-        .get(format!("{base}/echo/one"))
-        .header("x-api-key", API_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), StatusCode::OK);
-    answer.bytes().await.unwrap();
+    get_ok(&Client::new(), &base, "/echo/one").await;
     assert_eq!(upstream.hits(), 1);
     let (lines, _) = stop(server);
     assert!(
@@ -177,14 +182,7 @@ async fn inflight_log_takes_directives_from_the_environment() {
         ("INFLIGHT_LOG", "info,inflight::access=off"),
     ];
     let (server, base, _) = proxy(&upstream, &[], &env);
-    let answer = Client::new()
-        .get(format!("{base}/echo/one"))
-        .header("x-api-key", API_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), StatusCode::OK);
-    answer.bytes().await.unwrap();
+    get_ok(&Client::new(), &base, "/echo/one").await;
     let (lines, _) = stop(server);
     assert!(!lines.is_empty());
     assert!(access_lines(&lines).is_empty(), "{lines:?}");
@@ -205,29 +203,19 @@ async fn sighup_puts_the_files_log_level_in_force() {
         &[],
     );
     let http = Client::new();
-    let get = |path: String| {
-        let request = http
-            .get(format!("{base}{path}"))
-            .header("x-api-key", API_KEY);
-        async move {
-            let answer = request.send().await.unwrap();
-            assert_eq!(answer.status(), StatusCode::OK);
-            answer.bytes().await.unwrap();
-        }
-    };
-    get("/echo/before".into()).await;
+    get_ok(&http, &base, "/echo/before").await;
     std::fs::write(&file, "log_level = \"info\"\n").unwrap();
     server.signal("-HUP");
     // Requests until a while after the reload must have happened (it takes a moment).
     for n in 0..20 {
-        get(format!("/echo/after-{n}")).await;
+        get_ok(&http, &base, &format!("/echo/after-{n}")).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     std::fs::write(&file, "log_level = \"info,[=nonsense\"\n").unwrap();
     server.signal("-HUP");
     // A while for the refused reload to be logged before the server stops.
     for _ in 0..20 {
-        get("/echo/kept".into()).await;
+        get_ok(&http, &base, "/echo/kept").await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (lines, text) = stop(server);
