@@ -92,6 +92,8 @@ pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};
-pub use store::{BusyKeys, Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
+pub use store::{
+    AnyStore, BusyKeys, Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups,
+};
 #[cfg(feature = "redis")]
 pub use store::{Layout, RedisStore, RedisStoreBuilder};

@@ -5,6 +5,7 @@
 //! beyond it (quota: [`crate::QuotaStore`]; wake-ups for waiters; [`BusyKeys`]) gets a small trait of its own rather
 //! than growing this one.
 
+mod any;
 pub(crate) mod busy;
 mod memory;
 #[cfg(feature = "redis")]
@@ -13,6 +14,7 @@ pub(crate) mod wake;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Layout, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use any::AnyStore;
 pub use busy::{BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_BUSY, MAX_EXAMINED};
 pub use memory::MemoryStore;
 pub use wake::{Interest, Wakeups};

@@ -67,6 +67,14 @@ impl<C: Clock> Clone for MemoryStore<C> {
     }
 }
 
+impl<C: Clock> std::fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("keys", &self.inner.keys.len())
+            .finish()
+    }
+}
+
 struct Inner<C> {
     keys: DashMap<Arc<str>, Arc<Cell<C>>, Hasher>,
     time: Arc<Time<C>>,
