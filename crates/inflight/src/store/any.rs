@@ -5,7 +5,6 @@
 //! without I/O ([`Store::hold`] answers in place). Library users with a store of their own keep
 //! [`crate::Limiter`]`<S>` for it.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use super::busy::{BusyKeys, BusyList};
@@ -68,35 +67,25 @@ macro_rules! each {
 }
 
 impl Store for AnyStore {
-    fn acquire(
-        &self,
-        req: AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        async move { each!(self, s => s.acquire(req).await) }
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
+        each!(self, s => s.acquire(req).await)
     }
 
-    fn release(
-        &self,
-        keys: &[Arc<str>],
-        id: &PermitId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move { each!(self, s => s.release(keys, id).await) }
+    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+        each!(self, s => s.release(keys, id).await)
     }
 
-    fn renew(
-        &self,
-        batch: &[RenewRequest],
-    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
-        async move { each!(self, s => s.renew(batch).await) }
+    async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
+        each!(self, s => s.renew(batch).await)
     }
 
-    fn status(
+    async fn status(
         &self,
         key: &str,
         limits: ClassLimits,
         change: OverrideChange,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        async move { each!(self, s => s.status(key, limits, change).await) }
+    ) -> Result<KeyStatus, StoreError> {
+        each!(self, s => s.status(key, limits, change).await)
     }
 
     #[inline]
@@ -110,16 +99,12 @@ impl Store for AnyStore {
         each!(self, s => s.hold(keys, limits, weight, given_id))
     }
 
-    fn index(
-        &self,
-        id: &PermitId,
-        op: IndexOp<'_>,
-    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send {
-        async move { each!(self, s => s.index(id, op).await) }
+    async fn index(&self, id: &PermitId, op: IndexOp<'_>) -> Result<Option<Recorded>, StoreError> {
+        each!(self, s => s.index(id, op).await)
     }
 
-    fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { each!(self, s => s.maintain().await) }
+    async fn maintain(&self) -> Result<(), StoreError> {
+        each!(self, s => s.maintain().await)
     }
 }
 
@@ -130,56 +115,40 @@ impl Wakeups for AnyStore {
 }
 
 impl BusyKeys for AnyStore {
-    fn busy(
-        &self,
-        prefix: &str,
-        limit: usize,
-    ) -> impl Future<Output = Result<BusyList, StoreError>> + Send {
-        async move { each!(self, s => s.busy(prefix, limit).await) }
+    async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
+        each!(self, s => s.busy(prefix, limit).await)
     }
 }
 
 impl QuotaStore for AnyStore {
-    fn fund(
-        &self,
-        key: &str,
-        fund: Fund,
-    ) -> impl Future<Output = Result<Balance, StoreError>> + Send {
-        async move { each!(self, s => s.fund(key, fund).await) }
+    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
+        each!(self, s => s.fund(key, fund).await)
     }
 
-    fn balance(
-        &self,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<Balance>, StoreError>> + Send {
-        async move { each!(self, s => s.balance(key).await) }
+    async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
+        each!(self, s => s.balance(key).await)
     }
 
-    fn reserve(
+    async fn reserve(
         &self,
         key: &str,
         id: &PermitId,
         amount: u64,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<Reserve, StoreError>> + Send {
-        async move { each!(self, s => s.reserve(key, id, amount, ttl_ms).await) }
+    ) -> Result<Reserve, StoreError> {
+        each!(self, s => s.reserve(key, id, amount, ttl_ms).await)
     }
 
-    fn settle(
+    async fn settle(
         &self,
         key: &str,
         id: &PermitId,
         settle: Settle,
-    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
-        async move { each!(self, s => s.settle(key, id, settle).await) }
+    ) -> Result<Settlement, StoreError> {
+        each!(self, s => s.settle(key, id, settle).await)
     }
 
-    fn extend(
-        &self,
-        key: &str,
-        id: &PermitId,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Extension, StoreError>> + Send {
-        async move { each!(self, s => s.extend(key, id, ttl_ms).await) }
+    async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
+        each!(self, s => s.extend(key, id, ttl_ms).await)
     }
 }
