@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::releaser::Unfinished;
+use super::settler::Unsettled;
 use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
@@ -217,10 +217,10 @@ impl<S: Store> Limiter<S> {
         // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
         // admission may still have been made: its lease is then released in the background instead of
         // holding a slot until it expires. Only for a generated id, which no other permit can hold.
-        let mut unanswered = Unfinished::new(&core.releaser, shared.clone(), id.clone(), lease_ms);
-        unanswered.armed = generated;
+        let release = core.release_of(shared.clone(), id.clone(), lease_ms);
+        let mut unanswered = Unsettled::new(&core.settler, release, generated);
         let answer = core.store.acquire(request).await;
-        unanswered.armed = generated && matches!(&answer, Err(error) if error.is_transient());
+        unanswered.disarm_unless(matches!(&answer, Err(error) if error.is_transient()));
         drop(unanswered);
         match answer {
             Ok(admission) => {

@@ -2,19 +2,21 @@
 //! their leases and releases them.
 //!
 //! `admission.rs` decides one admission and `acquire.rs` is its future; `renewer.rs` renews the leases of
-//! live permits; `releaser.rs` owns every release that runs in the background.
+//! live permits and keeps reservations open; `settler.rs` owns everything settled in the background.
 
 mod acquire;
 mod admission;
 mod busy;
-mod releaser;
 mod remote;
 mod renewer;
+mod settler;
 mod wait;
 
 pub use acquire::TryAcquire;
 pub use busy::{Busiest, Busy};
 pub use wait::{DEFAULT_MAX_WAITERS, RECHECK};
+pub(crate) use renewer::Extend;
+pub(crate) use settler::{Attempt, Deferred, Settler};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,9 +28,10 @@ use crate::failure::{Breaker, FailurePolicy};
 use crate::options::{DEFAULT_LEASE, MAX_LEASE};
 use crate::permit::{BoxFuture, Owner, PermitState};
 use crate::policy::{ClassLimits, Policy, SharedPolicy};
-use crate::store::{KeyStatus, MemoryStore, OverrideChange, Store};
-use releaser::Releaser;
+use crate::id::PermitId;
+use crate::store::{KeyStatus, Keys, MemoryStore, OverrideChange, Store};
 use renewer::Registry;
+use settler::Unsettled;
 
 /// How long [`Limiter::release_held`] waits for releases already running in the background.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
@@ -107,7 +110,7 @@ struct Core<S> {
     policy: SharedPolicy,
     lease_ms: u64,
     registry: Registry,
-    releaser: Releaser<S>,
+    settler: Settler,
     stats: LimiterStats,
     on_store_failure: FailurePolicy,
     breaker: Breaker,
@@ -171,7 +174,7 @@ impl<S: Store> LimiterBuilder<S> {
         let fallback = matches!(self.on_store_failure, FailurePolicy::FailOpenLocal { .. })
             .then(|| self.fallback.unwrap_or_default());
         let core = Arc::new(Core {
-            releaser: Releaser::start(self.store.clone()),
+            settler: Settler::start(),
             store: self.store,
             policy: self.policy,
             lease_ms,
@@ -273,9 +276,25 @@ impl<S: Store> Limiter<S> {
             }
         });
         futures_util::future::join_all(releases).await;
-        if !core.releaser.flush(SHUTDOWN_DRAIN).await {
-            tracing::warn!("releases still running at shutdown; their leases will expire");
+        if !core.settler.flush(SHUTDOWN_DRAIN).await {
+            tracing::warn!("settlements still running at shutdown; the store's deadlines will settle them");
         }
+    }
+
+    /// What settles in the background what this limiter's permits and reservations leave.
+    pub(crate) fn settler(&self) -> &Settler {
+        &self.core.settler
+    }
+
+    /// Keeps a reservation held in this process open: the renewal task extends it every third of
+    /// `ttl_ms` until [`Limiter::stop_keeping`] is given the number returned.
+    pub(crate) fn keep_open(&self, key: Arc<str>, id: PermitId, ttl_ms: u64, extend: Extend) -> u64 {
+        self.core.registry.keep(key, id, ttl_ms, extend)
+    }
+
+    /// Stops extending the reservation numbered `number`.
+    pub(crate) fn stop_keeping(&self, number: u64) {
+        self.core.registry.unkeep(number);
     }
 
     /// Renews the lease of every permit this limiter holds now, without waiting for the renewal task.
@@ -299,6 +318,26 @@ impl<S> Core<S> {
     }
 }
 
+impl<S: Store> Core<S> {
+    /// The release of the lease `id` on `keys`, for the [`Settler`]: tried until the lease would end.
+    fn release_of(&self, keys: Keys, id: PermitId, lease_ms: u64) -> Deferred {
+        let store = self.store.clone();
+        let (key, within) = (keys[0].clone(), Duration::from_millis(lease_ms));
+        let attempt_id = id.clone();
+        let attempt: settler::Attempt = Box::new(move || {
+            let (store, keys, id) = (store.clone(), keys.clone(), attempt_id.clone());
+            Box::pin(async move { store.release(&keys, &id).await.map(drop) })
+        });
+        Deferred {
+            what: "release",
+            key,
+            id,
+            within,
+            attempt,
+        }
+    }
+}
+
 impl<S: Store> Owner for Core<S> {
     fn dropped(&self, state: Arc<PermitState>) {
         // Nothing to release when shutdown already did, or when the lease was lost (another permit of
@@ -306,8 +345,8 @@ impl<S: Store> Owner for Core<S> {
         if state.leave() && !state.released.load(Ordering::Acquire) {
             self.registry.remove(&state);
             if !state.lost.load(Ordering::Acquire) {
-                self.releaser
-                    .release(state.keys.clone(), state.id.clone(), state.lease_ms);
+                let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
+                self.settler.settle(release);
             }
         }
     }
@@ -325,16 +364,12 @@ impl<S: Store> Owner for Core<S> {
         }
         // Dropped before the store answers, or answered with a transient error: the release goes on in
         // the background like a dropped permit's.
-        let mut unfinished = releaser::Unfinished::new(
-            &self.releaser,
-            state.keys.clone(),
-            state.id.clone(),
-            state.lease_ms,
-        );
+        let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
+        let mut unsettled = Unsettled::new(&self.settler, release, true);
         Box::pin(async move {
-            let result = self.store.release(&unfinished.keys, &unfinished.id).await;
-            unfinished.armed = matches!(&result, Err(error) if error.is_transient());
-            drop(unfinished);
+            let result = self.store.release(&state.keys, &state.id).await;
+            unsettled.disarm_unless(matches!(&result, Err(error) if error.is_transient()));
+            drop(unsettled);
             result.map(drop)
         })
     }

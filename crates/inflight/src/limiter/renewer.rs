@@ -1,5 +1,6 @@
-//! The renewal task: renews the leases of live permits in batches and runs store maintenance. One task
-//! per limiter, not one per permit; [`Registry`] is what it renews.
+//! The renewal task: renews the leases of live permits in batches, extends the reservations held in this
+//! process, and runs store maintenance. One task per limiter, not one per permit or reservation;
+//! [`Registry`] is what it renews.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -7,11 +8,13 @@ use std::time::Duration;
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Core;
+use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::permit::PermitState;
+use crate::permit::{BoxFuture, PermitState};
 use crate::store::{Keys, RenewRequest, Renewal, Store};
 
 /// How often, at most, the task sleeps between passes; maintenance runs on this beat.
@@ -23,11 +26,16 @@ const BATCH: usize = 512;
 /// id share one).
 pub(super) struct Registry {
     permits: DashMap<(Keys, PermitId), Arc<PermitState>, foldhash::fast::RandomState>,
+    /// The reservations kept open, by the number [`Registry::keep`] gave them.
+    kept: DashMap<u64, Arc<Kept>, foldhash::fast::RandomState>,
+    next_kept: AtomicU64,
     /// The limiter clock as of the task's last pass: what admissions read to schedule renewals, so the
     /// hot path reads no clock. Stale by at most a tick, which only makes a renewal early.
     coarse_now_ms: AtomicU64,
-    /// The shortest lease seen: the task wakes at a third of it.
+    /// The shortest lease (or reservation ttl) seen: the task wakes at a third of it.
     min_lease_ms: AtomicU64,
+    /// Told when a shorter one arrives, so that the task does not sleep through its first renewal.
+    shorter: Arc<Notify>,
     epoch: Instant,
 }
 
@@ -35,8 +43,11 @@ impl Registry {
     pub(super) fn new(default_lease_ms: u64) -> Self {
         Self {
             permits: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            kept: DashMap::with_hasher(foldhash::fast::RandomState::default()),
+            next_kept: AtomicU64::new(0),
             coarse_now_ms: AtomicU64::new(0),
             min_lease_ms: AtomicU64::new(default_lease_ms),
+            shorter: Arc::default(),
             epoch: Instant::now(),
         }
     }
@@ -68,10 +79,7 @@ impl Registry {
     /// Renews `state` from now on; when a permit of this process already holds the same lease, that one
     /// is joined instead and returned.
     pub(super) fn insert(&self, state: Arc<PermitState>) -> Arc<PermitState> {
-        if state.lease_ms < self.min_lease_ms.load(Ordering::Relaxed) {
-            self.min_lease_ms
-                .fetch_min(state.lease_ms, Ordering::Relaxed);
-        }
+        self.shortest(state.lease_ms);
         match self.permits.entry(slot(&state.keys, &state.id)) {
             Entry::Occupied(held) if held.get().join() => held.get().clone(),
             Entry::Occupied(mut gone) => {
@@ -105,6 +113,36 @@ impl Registry {
             .collect()
     }
 
+    /// Extends a reservation every third of `ttl_ms` (a tenth after a failure) until [`Registry::unkeep`];
+    /// returns its number.
+    pub(super) fn keep(&self, key: Arc<str>, id: PermitId, ttl_ms: u64, extend: Extend) -> u64 {
+        self.shortest(ttl_ms);
+        let number = self.next_kept.fetch_add(1, Ordering::Relaxed);
+        let kept = Kept {
+            key,
+            id,
+            ttl_ms,
+            renew_at_ms: AtomicU64::new(self.renew_at(ttl_ms)),
+            extend,
+        };
+        self.kept.insert(number, Arc::new(kept));
+        number
+    }
+
+    /// Notes a lease (or ttl) of `ms`, waking the task when it is the shortest yet.
+    fn shortest(&self, ms: u64) {
+        if ms < self.min_lease_ms.load(Ordering::Relaxed)
+            && self.min_lease_ms.fetch_min(ms, Ordering::Relaxed) > ms
+        {
+            self.shorter.notify_one();
+        }
+    }
+
+    /// Stops extending the reservation numbered `number`.
+    pub(super) fn unkeep(&self, number: u64) {
+        self.kept.remove(&number);
+    }
+
     /// How many leases are being renewed.
     pub(super) fn len(&self) -> usize {
         self.permits.len()
@@ -118,7 +156,8 @@ impl Registry {
     /// The leases whose renewal is due by `now_ms` (`u64::MAX`: all of them); the shortest lease held sets
     /// the next tick.
     fn due(&self, now: u64, default_lease_ms: u64) -> Vec<Arc<PermitState>> {
-        let mut shortest = default_lease_ms;
+        let kept = self.kept.iter().map(|kept| kept.ttl_ms).min();
+        let mut shortest = kept.unwrap_or(u64::MAX).min(default_lease_ms);
         let due = self
             .permits
             .iter()
@@ -131,15 +170,33 @@ impl Registry {
     }
 }
 
+/// One try at extending a reservation held in this process: true while it is still open.
+pub(crate) type Extend = Box<dyn Fn() -> BoxFuture<'static, Result<bool, StoreError>> + Send + Sync>;
+
+/// A reservation held in this process, extended while its holder works.
+struct Kept {
+    key: Arc<str>,
+    id: PermitId,
+    ttl_ms: u64,
+    renew_at_ms: AtomicU64,
+    extend: Extend,
+}
+
 /// Runs until the limiter and all its permits are gone.
 pub(super) async fn run<S: Store>(core: Weak<Core<S>>) {
     let mut last_maintain = Instant::now();
+    let Some(shorter) = core.upgrade().map(|core| core.registry.shorter.clone()) else {
+        return;
+    };
     loop {
         let tick = match core.upgrade() {
             Some(core) => core.registry.tick(),
             None => return,
         };
-        tokio::time::sleep(tick).await;
+        tokio::select! {
+            () = tokio::time::sleep(tick) => {}
+            () = shorter.notified() => continue,
+        }
         let Some(core) = core.upgrade() else { return };
         let now = core.registry.now_ms();
         core.registry.coarse_now_ms.store(now, Ordering::Relaxed);
@@ -156,6 +213,7 @@ pub(super) async fn run<S: Store>(core: Weak<Core<S>>) {
 
 /// Renews every lease whose renewal is due by `now` (limiter clock), in batches.
 pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
+    extend_due(&core.registry, now).await;
     let due = core.registry.due(now, core.lease_ms);
     for chunk in due.chunks(BATCH) {
         let batch: Vec<RenewRequest> = chunk
@@ -182,6 +240,38 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
     }
 }
 
+/// Extends every reservation kept open whose extension is due by `now` (limiter clock), together.
+async fn extend_due(registry: &Registry, now: u64) {
+    let due: Vec<_> = registry
+        .kept
+        .iter()
+        .filter(|kept| kept.renew_at_ms.load(Ordering::Relaxed) <= now)
+        .map(|kept| (*kept.key(), kept.value().clone()))
+        .collect();
+    let extensions = due.iter().map(|(_, kept)| (kept.extend)());
+    let outcomes = futures_util::future::join_all(extensions).await;
+    for ((number, kept), outcome) in due.into_iter().zip(outcomes) {
+        let (key, id) = (&kept.key, &kept.id);
+        let next = match outcome {
+            Ok(true) => kept.ttl_ms / 3,
+            Ok(false) => {
+                // (Settled as the extension left: it is no longer kept, and nothing is wrong.)
+                if registry.kept.remove(&number).is_some() {
+                    tracing::warn!(%key, %id, "a held reservation was no longer open: it expired (refunded) before it was settled");
+                }
+                continue;
+            }
+            Err(error) => {
+                // Sooner after a failure: a third of the ttl twice more would let it expire while held.
+                tracing::warn!(%error, %key, %id, "a held reservation was not extended; trying again");
+                kept.ttl_ms / 10
+            }
+        };
+        kept.renew_at_ms
+            .store(now.saturating_add(next.max(1)), Ordering::Relaxed);
+    }
+}
+
 fn apply<S: Store>(core: &Core<S>, permit: &Arc<PermitState>, outcome: Renewal) {
     match outcome {
         Renewal::Renewed(grant) | Renewal::Readded(grant) => {
@@ -198,8 +288,8 @@ fn apply<S: Store>(core: &Core<S>, permit: &Arc<PermitState>, outcome: Renewal) 
             // A permit released while its renewal was on its way must not leave the lease behind, unless
             // another permit of this process holds the same lease since.
             if permit.released.load(Ordering::Acquire) && !core.registry.holds_other(permit) {
-                core.releaser
-                    .release(permit.keys.clone(), permit.id.clone(), permit.lease_ms);
+                let release = core.release_of(permit.keys.clone(), permit.id.clone(), permit.lease_ms);
+                core.settler.settle(release);
             }
         }
         Renewal::Lost => {

@@ -1,150 +1,29 @@
 //! [`Quota`]: the handle over a [`QuotaStore`] that the rest of a program uses; it checks the bounds,
 //! hands out [`Reservation`]s and counts how reservations end.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::reservation::{Owner, Reservation};
-use super::run::CommitOn;
-use super::{
+use super::reservation::Reservation;
+use super::stats::QuotaStats;
+use super::store::{
     Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, DEFAULT_RESERVATION_TTL,
     MAX_BALANCE, MAX_RESERVATION_TTL,
 };
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::permit::BoxFuture;
+use crate::limiter::Limiter;
+use crate::store::{AnyStore, Store};
 
-/// The store behind a [`Quota`], its futures boxed, so that neither `Quota` nor [`Reservation`] names a
-/// store type.
-pub(super) trait Backend: Send + Sync + 'static {
-    fn fund<'a>(&'a self, key: &'a str, fund: Fund) -> BoxFuture<'a, Result<Balance, StoreError>>;
-    fn balance<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Balance>, StoreError>>;
-    fn reserve<'a>(
-        &'a self,
-        key: &'a str,
-        id: &'a PermitId,
-        amount: u64,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Reserve, StoreError>>;
-    fn settle<'a>(
-        &'a self,
-        key: &'a str,
-        id: &'a PermitId,
-        settle: Settle,
-    ) -> BoxFuture<'a, Result<Settlement, StoreError>>;
-    fn extend<'a>(
-        &'a self,
-        key: &'a str,
-        id: &'a PermitId,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Extension, StoreError>>;
-}
-
-impl<Q: QuotaStore> Backend for Q {
-    fn fund<'a>(&'a self, key: &'a str, fund: Fund) -> BoxFuture<'a, Result<Balance, StoreError>> {
-        Box::pin(QuotaStore::fund(self, key, fund))
-    }
-
-    fn balance<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Balance>, StoreError>> {
-        Box::pin(QuotaStore::balance(self, key))
-    }
-
-    fn reserve<'a>(
-        &'a self,
-        key: &'a str,
-        id: &'a PermitId,
-        amount: u64,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Reserve, StoreError>> {
-        Box::pin(QuotaStore::reserve(self, key, id, amount, ttl_ms))
-    }
-
-    fn settle<'a>(
-        &'a self,
-        key: &'a str,
-        id: &'a PermitId,
-        settle: Settle,
-    ) -> BoxFuture<'a, Result<Settlement, StoreError>> {
-        Box::pin(QuotaStore::settle(self, key, id, settle))
-    }
-
-    fn extend<'a>(
-        &'a self,
-        key: &'a str,
-        id: &'a PermitId,
-        ttl_ms: u64,
-    ) -> BoxFuture<'a, Result<Extension, StoreError>> {
-        Box::pin(QuotaStore::extend(self, key, id, ttl_ms))
-    }
-}
-
-/// How reservations have ended, for metrics, and (when made with [`QuotaStats::with_balances`]) the
-/// last balance seen of each key. Handles made with [`Quota::with_stats`] share one.
-#[derive(Debug, Default)]
-pub struct QuotaStats {
-    /// Reservations committed (spent).
-    pub committed: AtomicU64,
-    /// Reservations refunded by their holders.
-    pub refunded: AtomicU64,
-    /// Reservations the store refunded because their ttl passed: a sign of crashed holders.
-    pub expired: AtomicU64,
-    /// The last balance each key was answered with, and how many keys it may hold.
-    balances: Option<(Mutex<Balances>, usize)>,
-}
-
-/// The last balance seen of each key.
-type Balances = HashMap<Box<str>, Balance>;
-
-impl QuotaStats {
-    /// Stats that also keep the last balance the store answered for each key, of at most `max` keys
-    /// (the first ones seen; later keys go untracked).
-    pub fn with_balances(max: usize) -> Self {
-        Self {
-            balances: Some((Mutex::default(), max)),
-            ..Self::default()
-        }
-    }
-
-    /// The last balance seen of each tracked key (empty unless made with
-    /// [`QuotaStats::with_balances`]). Each is as this process last saw it: another process may have
-    /// changed it since.
-    pub fn balances(&self) -> Vec<(Box<str>, Balance)> {
-        let Some((balances, _)) = &self.balances else {
-            return Vec::new();
-        };
-        let balances = balances.lock().unwrap_or_else(PoisonError::into_inner);
-        balances.iter().map(|(k, b)| (k.clone(), *b)).collect()
-    }
-
-    pub(super) fn saw(&self, key: &str, balance: Option<&Balance>) {
-        let Some(balance) = balance else { return };
-        if balance.expired > 0 {
-            self.expired
-                .fetch_add(u64::from(balance.expired), Ordering::Relaxed);
-        }
-        if let Some((balances, max)) = &self.balances {
-            let mut balances = balances.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(last) = balances.get_mut(key) {
-                *last = *balance;
-            } else if balances.len() < *max {
-                balances.insert(key.into(), *balance);
-            }
-        }
-    }
-
-    pub(super) fn settled(&self, key: &str, settle: Settle, settlement: &Settlement) {
-        self.saw(key, settlement.balance().as_ref());
-        if let Settlement::Settled(_) = settlement {
-            let counter = match settle {
-                Settle::Commit => &self.committed,
-                Settle::Refund => &self.refunded,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+/// When [`Quota::run`] commits a reservation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CommitOn {
+    /// Once the work has succeeded: work that fails, is cancelled or panics is refunded.
+    #[default]
+    Success,
+    /// Once the request is admitted, whatever becomes of the work (for operators who bill started runs).
+    Admission,
 }
 
 /// Why a reservation was not made (or a balance not changed).
@@ -186,7 +65,7 @@ impl QuotaError {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), inflight::quota::QuotaError> {
-/// let quota = Quota::new(MemoryStore::new());
+/// let quota = Quota::new(MemoryStore::new()); // or `limiter.quota()`, beside a limiter
 /// quota.fund("tenant:t1", Fund::Set(2)).await?;
 /// let first = quota.reserve("tenant:t1", 1).await?;
 /// let second = quota.reserve("tenant:t1", 1).await?;
@@ -198,23 +77,50 @@ impl QuotaError {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct Quota {
-    backend: Arc<dyn Backend>,
+///
+/// A quota works beside a [`Limiter`] of the same store ([`Limiter::quota`]), whose background task
+/// extends the reservations held in this process and finishes the settlements that dropped ones leave,
+/// with the retries and the shutdown flush of a dropped permit's release.
+pub struct Quota<S: Store + QuotaStore = AnyStore> {
+    limiter: Limiter<S>,
     ttl_ms: u64,
     commit_on: CommitOn,
     stats: Arc<QuotaStats>,
 }
 
-impl Quota {
-    /// Balances in `store`, reservations of [`DEFAULT_RESERVATION_TTL`], committed on success.
-    pub fn new(store: impl QuotaStore) -> Self {
+impl<S: Store + QuotaStore> Clone for Quota<S> {
+    fn clone(&self) -> Self {
         Self {
-            backend: Arc::new(store),
+            limiter: self.limiter.clone(),
+            ttl_ms: self.ttl_ms,
+            commit_on: self.commit_on,
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+impl<S: Store + QuotaStore> Limiter<S> {
+    /// Balances in this limiter's store: reservations of [`DEFAULT_RESERVATION_TTL`], committed on
+    /// success, kept open and settled in the background by this limiter's task.
+    pub fn quota(&self) -> Quota<S> {
+        Quota {
+            limiter: self.clone(),
             ttl_ms: millis(DEFAULT_RESERVATION_TTL),
             commit_on: CommitOn::default(),
             stats: Arc::default(),
         }
+    }
+}
+
+impl<S: Store + QuotaStore> Quota<S> {
+    /// Balances in `store`, with a [`Limiter`] of its own (no limits) for its background work; prefer
+    /// [`Limiter::quota`] beside a limiter.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime, like [`crate::LimiterBuilder::build`].
+    pub fn new(store: S) -> Self {
+        Limiter::builder(store).build().quota()
     }
 
     /// How long a reservation stays open unless settled or extended (kept between 1 ms and
@@ -265,20 +171,20 @@ impl Quota {
             Fund::Add(0) => return Err(QuotaError::Invalid("a top-up must be at least 1")),
             _ => {}
         }
-        let balance = self.backend.fund(key, fund).await?;
+        let balance = self.store().fund(key, fund).await?;
         self.stats.saw(key, Some(&balance));
         Ok(balance)
     }
 
     /// `key`'s balance; `None` for an unmetered key.
     pub async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
-        let balance = self.backend.balance(key).await?;
+        let balance = self.store().balance(key).await?;
         self.stats.saw(key, balance.as_ref());
         Ok(balance)
     }
 
     /// Reserves `amount` of `key`'s balance under a generated id for the handle's ttl.
-    pub async fn reserve(&self, key: &str, amount: u64) -> Result<Reservation, QuotaError> {
+    pub async fn reserve(&self, key: &str, amount: u64) -> Result<Reservation<S>, QuotaError> {
         self.reserve_with(key, amount, None, None).await
     }
 
@@ -296,7 +202,7 @@ impl Quota {
         amount: u64,
         id: Option<PermitId>,
         ttl: Option<Duration>,
-    ) -> Result<Reservation, QuotaError> {
+    ) -> Result<Reservation<S>, QuotaError> {
         if amount == 0 || amount > MAX_BALANCE {
             return Err(QuotaError::Invalid("amounts are between 1 and 10^15"));
         }
@@ -307,17 +213,13 @@ impl Quota {
             return Err(QuotaError::Invalid("reservation ids may not be empty"));
         }
         let key: Arc<str> = Arc::from(key);
-        let owner = Owner {
-            backend: self.backend.clone(),
-            stats: self.stats.clone(),
-        };
         // Until the store answers, a generated id's reservation can only be this call's: dropped
         // before the answer, it is refunded.
-        let mut unanswered = Reservation::pending(key.clone(), id.clone(), amount, owner.clone());
+        let mut unanswered = Reservation::pending(key.clone(), id.clone(), amount, self.clone());
         if !generated {
             unanswered.disarm();
         }
-        let decided = self.backend.reserve(&key, &id, amount, ttl_ms).await;
+        let decided = self.store().reserve(&key, &id, amount, ttl_ms).await;
         unanswered.disarm();
         match decided? {
             Reserve::Reserved {
@@ -329,10 +231,9 @@ impl Quota {
                     key,
                     id,
                     amount,
-                    balance,
-                    expires_at_ms,
+                    (balance, expires_at_ms),
                     ttl_ms,
-                    owner,
+                    self.clone(),
                 ))
             }
             Reserve::Exhausted { balance } => {
@@ -361,7 +262,7 @@ impl Quota {
         if id.is_empty() {
             return Ok(Settlement::NotFound(None));
         }
-        let settlement = self.backend.settle(key, id, settle).await?;
+        let settlement = self.store().settle(key, id, settle).await?;
         self.stats.settled(key, settle, &settlement);
         Ok(settlement)
     }
@@ -379,9 +280,17 @@ impl Quota {
         if id.is_empty() {
             return Ok(Extension::NotOpen(self.balance(key).await?));
         }
-        let extension = self.backend.extend(key, id, ttl_ms).await?;
+        let extension = self.store().extend(key, id, ttl_ms).await?;
         self.stats.saw(key, extension.balance().as_ref());
         Ok(extension)
+    }
+
+    pub(super) fn store(&self) -> &S {
+        self.limiter.store()
+    }
+
+    pub(super) fn limiter(&self) -> &Limiter<S> {
+        &self.limiter
     }
 
     fn ttl_ms(&self, ttl: Option<Duration>) -> Result<u64, QuotaError> {
@@ -395,7 +304,7 @@ impl Quota {
     }
 }
 
-impl std::fmt::Debug for Quota {
+impl<S: Store + QuotaStore> std::fmt::Debug for Quota<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Quota")
             .field("ttl_ms", &self.ttl_ms)

@@ -6,59 +6,39 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::task::AbortHandle;
-
-use super::handle::{Backend, QuotaStats};
-use super::{Balance, Extension, Settle, Settlement};
+use super::handle::Quota;
+use super::store::{Balance, Extension, QuotaStore, Settle, Settlement};
 use crate::error::StoreError;
 use crate::id::PermitId;
+use crate::limiter::{Attempt, Deferred, Settler};
 use crate::permit::BoxFuture;
-
-/// What settles a reservation: its store and the counters.
-#[derive(Clone)]
-pub(super) struct Owner {
-    pub(super) backend: Arc<dyn Backend>,
-    pub(super) stats: Arc<QuotaStats>,
-}
+use crate::store::{AnyStore, Store};
 
 /// An amount reserved from a key's balance under an id.
 ///
 /// Settle it with [`Reservation::commit`] (spent) or [`Reservation::refund`] (given back). Dropped
-/// unsettled (the work failed, was cancelled or panicked), it is refunded in the background on the
-/// current Tokio runtime. While it is held, a task on that runtime (which needs its timers enabled, as
-/// the limiter's renewals do) extends it by its ttl every third of one, so work may outlast the ttl;
-/// should its process die, the store refunds it once a ttl passes with no extension. A reservation on an unmetered key holds nothing and settling it does nothing.
+/// unsettled (the work failed, was cancelled or panicked), it is refunded in the background by its
+/// quota's limiter, on any thread, with a runtime or not. While it is held, that limiter's task
+/// extends it by its ttl every third of one, so work may outlast the ttl; should its process die, the
+/// store refunds it once a ttl passes with no extension. A reservation on an unmetered key holds
+/// nothing and settling it does nothing.
 #[must_use = "the reservation is refunded as soon as it is dropped"]
-pub struct Reservation {
+pub struct Reservation<S: Store + QuotaStore = AnyStore> {
     key: Arc<str>,
     id: PermitId,
     amount: u64,
     balance: Option<Balance>,
     expires_at_ms: u64,
-    /// Set while it is to be settled here.
-    owner: Option<Owner>,
-    /// The task that extends it while it is held.
-    keeper: Option<Keeper>,
-}
-
-/// The task that extends a held reservation, stopped when dropped.
-struct Keeper {
-    task: AbortHandle,
-    /// While this lives, the reservation is held: a keeper that finds it no longer open says so.
-    _held: Arc<()>,
-}
-
-impl Drop for Keeper {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    /// Set while it is to be settled here: its quota, and its number among the reservations that the
+    /// quota's limiter keeps open.
+    open: Option<(Quota<S>, Option<u64>)>,
 }
 
 /// A reservation handed off by [`Reservation::detach`]: whoever holds it settles it by key and id
-/// ([`super::Quota::settle`]) before `expires_at_ms`, or the store refunds it then.
+/// ([`Quota::settle`]) before `expires_at_ms`, or the store refunds it then.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DetachedReservation {
     /// The key charged.
@@ -73,38 +53,39 @@ pub struct DetachedReservation {
     pub expires_at_ms: u64,
 }
 
-impl Reservation {
+impl<S: Store + QuotaStore> Reservation<S> {
     /// What the store has yet to answer: while armed, dropping it refunds whatever the store may do.
-    pub(super) fn pending(key: Arc<str>, id: PermitId, amount: u64, owner: Owner) -> Self {
+    pub(super) fn pending(key: Arc<str>, id: PermitId, amount: u64, quota: Quota<S>) -> Self {
         Self {
             key,
             id,
             amount,
             balance: None,
             expires_at_ms: 0,
-            owner: Some(owner),
-            keeper: None,
+            open: Some((quota, None)),
         }
     }
 
+    /// An open reservation (its balance and deadline as answered), kept open while it is held.
     pub(super) fn open(
         key: Arc<str>,
         id: PermitId,
         amount: u64,
-        balance: Balance,
-        expires_at_ms: u64,
+        (balance, expires_at_ms): (Balance, u64),
         ttl_ms: u64,
-        owner: Owner,
+        quota: Quota<S>,
     ) -> Self {
-        let keeper = keep(&owner, key.clone(), id.clone(), ttl_ms);
+        let extend = extension(&quota, key.clone(), id.clone(), ttl_ms);
+        let kept = quota
+            .limiter()
+            .keep_open(key.clone(), id.clone(), ttl_ms, extend);
         Self {
             key,
             id,
             amount,
             balance: Some(balance),
             expires_at_ms,
-            owner: Some(owner),
-            keeper,
+            open: Some((quota, Some(kept))),
         }
     }
 
@@ -115,15 +96,17 @@ impl Reservation {
             amount,
             balance: None,
             expires_at_ms: 0,
-            owner: None,
-            keeper: None,
+            open: None,
         }
     }
 
     /// Nothing to settle on drop any more, nor to extend: returns who would have settled it.
-    pub(super) fn disarm(&mut self) -> Option<Owner> {
-        self.keeper = None;
-        self.owner.take()
+    pub(super) fn disarm(&mut self) -> Option<Quota<S>> {
+        let (quota, kept) = self.open.take()?;
+        if let Some(number) = kept {
+            quota.limiter().stop_keeping(number);
+        }
+        Some(quota)
     }
 
     /// The key charged.
@@ -171,12 +154,19 @@ impl Reservation {
 
     /// Commits or refunds, as `settle` says.
     pub fn settle(mut self, settle: Settle) -> Settling {
-        let future = match self.disarm() {
-            Some(owner) => settling(owner, self.key.clone(), self.id.clone(), settle),
-            None => Box::pin(std::future::ready(Ok(Settlement::NotFound(self.balance)))),
+        let Some(quota) = self.disarm() else {
+            let unmetered = Ok(Settlement::NotFound(self.balance));
+            return Settling {
+                future: Some(Box::pin(std::future::ready(unmetered))),
+                unfinished: None,
+            };
         };
+        let (key, id) = (self.key.clone(), self.id.clone());
+        let future = Box::pin(async move { quota.settle(&key, &id, settle).await });
+        let unfinished = self.deferred(settle);
         Settling {
             future: Some(future),
+            unfinished,
         }
     }
 
@@ -192,18 +182,54 @@ impl Reservation {
             expires_at_ms: self.expires_at_ms,
         }
     }
+
+    /// The settlement as the limiter's settler finishes it in the background (tried until a ttl from
+    /// now, past which the store refunds it), with that settler.
+    fn deferred(&self, settle: Settle) -> Option<(Deferred, Settler)> {
+        let quota = self.open.as_ref().map(|(quota, _)| quota.clone())?;
+        Some(deferred(quota, self.key.clone(), self.id.clone(), settle))
+    }
 }
 
-impl Drop for Reservation {
+/// A settlement for the limiter's settler, and the settler.
+fn deferred<S: Store + QuotaStore>(
+    quota: Quota<S>,
+    key: Arc<str>,
+    id: PermitId,
+    settle: Settle,
+) -> (Deferred, Settler) {
+    let (attempt_quota, attempt_key, attempt_id) = (quota.clone(), key.clone(), id.clone());
+    let attempt: Attempt = Box::new(move || {
+        let (quota, key, id) = (attempt_quota.clone(), attempt_key.clone(), attempt_id.clone());
+        Box::pin(async move { quota.settle(&key, &id, settle).await.map(drop) })
+    });
+    let within = quota.ttl().max(Duration::from_millis(1));
+    let what = match settle {
+        Settle::Commit => "commit",
+        Settle::Refund => "refund",
+    };
+    let deferred = Deferred {
+        what,
+        key,
+        id,
+        within,
+        attempt,
+    };
+    (deferred, quota.limiter().settler().clone())
+}
+
+impl<S: Store + QuotaStore> Drop for Reservation<S> {
     fn drop(&mut self) {
-        if let Some(owner) = self.disarm() {
-            let refund = settling(owner, self.key.clone(), self.id.clone(), Settle::Refund);
-            background(Box::pin(async move { drop(refund.await) }));
+        let refund = self.deferred(Settle::Refund);
+        if self.disarm().is_some() {
+            if let Some((deferred, settler)) = refund {
+                settler.settle(deferred);
+            }
         }
     }
 }
 
-impl fmt::Debug for Reservation {
+impl<S: Store + QuotaStore> fmt::Debug for Reservation<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
             .field("key", &self.key)
@@ -214,11 +240,13 @@ impl fmt::Debug for Reservation {
     }
 }
 
-/// The settlement of a [`Reservation`], as its store answers it. Dropped before it completes, it
-/// finishes in the background on the current Tokio runtime.
+/// The settlement of a [`Reservation`], as its store answers it. Dropped before it completes, it is
+/// finished in the background by the quota's limiter, like a dropped reservation's refund.
 #[must_use = "dropped, the settlement finishes in the background and its answer is lost"]
 pub struct Settling {
     future: Option<BoxFuture<'static, Result<Settlement, StoreError>>>,
+    /// What finishes it when it is dropped before its answer.
+    unfinished: Option<(Deferred, Settler)>,
 }
 
 impl Future for Settling {
@@ -236,8 +264,9 @@ impl Future for Settling {
 
 impl Drop for Settling {
     fn drop(&mut self) {
-        if let Some(future) = self.future.take() {
-            background(Box::pin(async move { drop(future.await) }));
+        if let (Some(future), Some((deferred, settler))) = (self.future.take(), self.unfinished.take()) {
+            let started = Box::pin(async move { future.await.map(drop) });
+            settler.settle_started(deferred, Some(started));
         }
     }
 }
@@ -249,80 +278,25 @@ impl fmt::Debug for Settling {
     }
 }
 
-fn settling(
-    owner: Owner,
+/// How the limiter's renewal task extends a reservation held here: by `ttl_ms`; false once it is no
+/// longer open.
+fn extension<S: Store + QuotaStore>(
+    quota: &Quota<S>,
     key: Arc<str>,
     id: PermitId,
-    settle: Settle,
-) -> BoxFuture<'static, Result<Settlement, StoreError>> {
-    Box::pin(async move {
-        let settled = owner.backend.settle(&key, &id, settle).await;
-        match &settled {
-            Ok(settlement) => owner.stats.settled(&key, settle, settlement),
-            Err(error) => {
-                tracing::warn!(%error, %key, %id, ?settle, "a reservation was not settled; it will expire and be refunded");
+    ttl_ms: u64,
+) -> crate::limiter::Extend {
+    let quota = quota.clone();
+    Box::new(move || {
+        let (quota, key, id) = (quota.clone(), key.clone(), id.clone());
+        Box::pin(async move {
+            let ttl = Some(Duration::from_millis(ttl_ms));
+            match quota.extend(&key, &id, ttl).await {
+                Ok(Extension::Extended { .. }) => Ok(true),
+                Ok(Extension::NotOpen(_)) => Ok(false),
+                Err(super::QuotaError::Store(error)) => Err(error),
+                Err(other) => Err(StoreError::Rejected(other.to_string())),
             }
-        }
-        settled
+        })
     })
-}
-
-/// Extends the reservation by `ttl_ms` every third of it, on the current Tokio runtime, until it is
-/// aborted or finds the reservation no longer open; `None` without a runtime (the reservation then
-/// ends with its ttl).
-fn keep(owner: &Owner, key: Arc<str>, id: PermitId, ttl_ms: u64) -> Option<Keeper> {
-    let runtime = tokio::runtime::Handle::try_current().ok()?;
-    let owner = owner.clone();
-    let held = Arc::new(());
-    let still_held = Arc::downgrade(&held);
-    let every = Duration::from_millis((ttl_ms / 3).max(1));
-    // After a failure, sooner: a third of the ttl twice more would let it expire while held.
-    let again = Duration::from_millis((ttl_ms / 10).max(1));
-    let mut wait = every;
-    let keeper = runtime.spawn(async move {
-        loop {
-            tokio::time::sleep(wait).await;
-            let extension = owner.backend.extend(&key, &id, ttl_ms).await;
-            if let Ok(extension) = &extension {
-                owner.stats.saw(&key, extension.balance().as_ref());
-            }
-            match extension {
-                Ok(Extension::Extended { .. }) => wait = every,
-                Ok(Extension::NotOpen(_)) => {
-                    // (Settled a moment ago, as the keeper was stopped: nothing to say.)
-                    if still_held.strong_count() == 0 {
-                        return;
-                    }
-                    tracing::warn!(%key, %id, "a held reservation was no longer open: it expired (refunded) before it was settled");
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, %key, %id, "a held reservation was not extended; trying again");
-                    wait = again;
-                }
-            }
-        }
-    });
-    Some(Keeper {
-        task: keeper.abort_handle(),
-        _held: held,
-    })
-}
-
-/// Runs `future` to its end without anyone waiting for it: polled once here (an in-process store is
-/// done then; a remote one has the request), then left to the current runtime.
-fn background(mut future: BoxFuture<'static, ()>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(
-            "no Tokio runtime to settle a reservation on; it will expire and be refunded"
-        );
-        return;
-    };
-    if future
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-        .is_pending()
-    {
-        runtime.spawn(future);
-    }
 }

@@ -2,18 +2,10 @@
 
 use std::future::Future;
 
-use super::handle::{Quota, QuotaError};
+use super::handle::{CommitOn, Quota, QuotaError};
+use super::store::QuotaStore;
 use crate::permit::Permit;
-
-/// When [`Quota::run`] commits a reservation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CommitOn {
-    /// Once the work has succeeded: work that fails, is cancelled or panics is refunded.
-    #[default]
-    Success,
-    /// Once the request is admitted, whatever becomes of the work (for operators who bill started runs).
-    Admission,
-}
+use crate::store::Store;
 
 /// Why [`Quota::run`] did not return the work's value.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +23,7 @@ pub enum RunError<E, R> {
     Work(E),
 }
 
-impl Quota {
+impl<S: Store + QuotaStore> Quota<S> {
     /// Runs `work` under a charge of `amount` to `key` and the permit `admit` grants: reserves the
     /// amount, then admits (`admit` is not polled when the quota is exhausted), then runs the work with
     /// the permit held, then settles. Under [`CommitOn::Success`] the reservation is committed only when

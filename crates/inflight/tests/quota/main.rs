@@ -33,7 +33,7 @@ pub trait Fixture: Send + Sync + 'static {
     fn settles_in_place(&self) -> bool;
 
     /// Quotas over the store, with reservations of [`TTL`].
-    fn quota(&self) -> Quota {
+    fn quota(&self) -> Quota<Self::S> {
         Quota::new(self.store()).with_ttl(TTL)
     }
 
@@ -134,6 +134,7 @@ per_store!(
     scenarios::an_open_id_is_reserved_once_and_a_settled_one_not_again,
     scenarios::committing_on_admission_charges_work_that_fails,
     scenarios::an_unmetered_key_records_nothing,
+    scenarios::a_reservation_dropped_off_the_runtime_is_refunded,
     extend::extending_moves_only_an_open_reservations_deadline,
     extend::a_held_reservation_extends_itself_while_its_holder_works,
     ledger::balances_are_set_and_topped_up_within_bounds,

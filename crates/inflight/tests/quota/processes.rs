@@ -187,7 +187,8 @@ fn balance_is_conserved_across_processes_against_an_independent_ledger() {
         .build()
         .unwrap();
     let store = rt.block_on(async { redis.store() });
-    let quota = Quota::new(store.clone());
+    // (A quota's limiter runs its background work on the runtime it is made in.)
+    let quota = rt.block_on(async { Quota::new(store.clone()) });
     rt.block_on(quota.fund("hot", Fund::Set(START))).unwrap();
     let children: Vec<_> = (0..3u64)
         .map(|seed| {

@@ -4,19 +4,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use inflight::quota::{CommitOn, Fund, Quota, QuotaError, RunError, Settle, Settlement};
-use inflight::{AcquireError, PermitId};
+use inflight::{AcquireError, PermitId, QuotaStore, Store};
 
 use crate::{Fixture, TTL};
 
 /// The key's (balance, reserved).
-pub async fn figures(quota: &Quota, key: &str) -> (u64, u64) {
+pub async fn figures<S: Store + QuotaStore>(quota: &Quota<S>, key: &str) -> (u64, u64) {
     let balance = quota.balance(key).await.unwrap().expect("metered");
     (balance.balance, balance.reserved)
 }
 
 /// Waits (at most 2 s) until the key's figures are `want`: a settlement in the background has landed.
 /// On the memory store it has landed before the drop that started it returned.
-pub async fn settles_to<F: Fixture>(f: &F, quota: &Quota, key: &str, want: (u64, u64)) {
+pub async fn settles_to<F: Fixture>(f: &F, quota: &Quota<F::S>, key: &str, want: (u64, u64)) {
     let started = Instant::now();
     loop {
         let now = figures(quota, key).await;
@@ -287,4 +287,19 @@ pub async fn an_unmetered_key_records_nothing<F: Fixture>(f: F) {
         None,
         "still unmetered"
     );
+}
+
+/// A reservation dropped where no Tokio runtime runs (a plain thread, a sync caller) is refunded by its
+/// quota's limiter, as a permit dropped there is released; before, it stayed reserved for a whole ttl.
+pub async fn a_reservation_dropped_off_the_runtime_is_refunded<F: Fixture>(f: F) {
+    let quota = f.quota();
+    quota.fund("tenant:t1", Fund::Set(5)).await.unwrap();
+    let reservation = quota.reserve("tenant:t1", 2).await.unwrap();
+    assert_eq!(figures(&quota, "tenant:t1").await, (3, 2));
+    std::thread::spawn(move || drop(reservation)).join().unwrap();
+    let started = Instant::now();
+    while figures(&quota, "tenant:t1").await != (5, 0) {
+        assert!(started.elapsed() < Duration::from_secs(5), "never refunded");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
