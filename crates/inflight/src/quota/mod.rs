@@ -17,6 +17,7 @@
 
 mod handle;
 mod reservation;
+mod reserve;
 mod run;
 mod stats;
 mod store;
