@@ -73,6 +73,7 @@ mod clock;
 mod error;
 mod failure;
 mod id;
+mod limit;
 mod limiter;
 mod options;
 mod permit;

@@ -3,14 +3,12 @@
 //! (from this process or, through the store, any other) or, in case a wake-up was lost, after
 //! [`RECHECK`].
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::queue::Place;
 use super::Limiter;
 use crate::error::{AcquireError, KeyRefused};
 use crate::options::AcquireOptions;
@@ -20,99 +18,6 @@ use crate::store::Wakeups;
 /// How long the head of a queue waits at most before asking the store again, in case the wake-up of a
 /// release was lost (a subscription that broke) or a lease expired (which no one announces).
 pub const RECHECK: Duration = Duration::from_secs(1);
-
-/// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says
-/// otherwise.
-pub const DEFAULT_MAX_WAITERS: usize = 1024;
-
-/// A key's queue: each waiter's turn, in arrival order.
-type Queue = VecDeque<Arc<Notify>>;
-
-/// The queues of this process's waiters, one per key that has any.
-pub(super) struct Waiters {
-    queues: Mutex<HashMap<Arc<str>, Queue>>,
-    pub(super) max_per_key: usize,
-}
-
-impl Waiters {
-    pub(super) fn new(max_per_key: usize) -> Self {
-        Self {
-            queues: Mutex::new(HashMap::new()),
-            max_per_key,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Queue>> {
-        self.queues.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How many of this process's waiters queue on `key`.
-    pub(super) fn on(&self, key: &str) -> usize {
-        self.lock().get(key).map_or(0, VecDeque::len)
-    }
-
-    /// True when no waiter of this process waits on any of `keys`.
-    fn idle(&self, keys: &[&str]) -> bool {
-        let queues = self.lock();
-        keys.iter().all(|key| !queues.contains_key(*key))
-    }
-
-    /// A place at the end of `key`'s queue, counted in `waiting` while it lasts, or `None` when the queue
-    /// is full.
-    fn join<'a>(&'a self, key: &str, waiting: &'a AtomicU64) -> Option<Place<'a>> {
-        let mut queues = self.lock();
-        let turn = Arc::new(Notify::new());
-        let queue = queues.entry(Arc::from(key)).or_default();
-        if queue.len() >= self.max_per_key {
-            if queue.is_empty() {
-                queues.remove(key);
-            }
-            return None;
-        }
-        queue.push_back(turn.clone());
-        if queue.len() == 1 {
-            turn.notify_one();
-        }
-        waiting.fetch_add(1, Ordering::Relaxed);
-        Some(Place {
-            waiters: self,
-            key: Arc::from(key),
-            turn,
-            waiting,
-        })
-    }
-}
-
-/// A waiter's place in a queue; leaving it (dropped: admitted, timed out, or cancelled) lets the next
-/// waiter be the head.
-struct Place<'a> {
-    waiters: &'a Waiters,
-    key: Arc<str>,
-    /// Notified (one stored permit) when this place becomes the head.
-    turn: Arc<Notify>,
-    waiting: &'a AtomicU64,
-}
-
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
-        let mut queues = self.waiters.lock();
-        let Some(queue) = queues.get_mut(&self.key) else {
-            return;
-        };
-        let was_head = queue
-            .front()
-            .is_some_and(|head| Arc::ptr_eq(head, &self.turn));
-        queue.retain(|turn| !Arc::ptr_eq(turn, &self.turn));
-        match queue.front() {
-            None => {
-                queues.remove(&self.key);
-            }
-            Some(next) if was_head => next.notify_one(),
-            Some(_) => {}
-        }
-    }
-}
 
 impl<S: Wakeups> Limiter<S> {
     /// Admits one request under `key`, waiting up to the options' [`AcquireOptions::max_wait`] for a

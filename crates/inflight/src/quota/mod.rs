@@ -30,4 +30,3 @@ pub use store::{
     Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, DEFAULT_RESERVATION_TTL,
     MAX_BALANCE, MAX_OPEN_RESERVATIONS, MAX_QUOTAS, MAX_RESERVATION_TTL, SETTLED_MEMORY,
 };
-

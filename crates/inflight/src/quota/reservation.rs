@@ -200,7 +200,11 @@ fn deferred<S: Store + QuotaStore>(
 ) -> (Deferred, Settler) {
     let (attempt_quota, attempt_key, attempt_id) = (quota.clone(), key.clone(), id.clone());
     let attempt: Attempt = Box::new(move || {
-        let (quota, key, id) = (attempt_quota.clone(), attempt_key.clone(), attempt_id.clone());
+        let (quota, key, id) = (
+            attempt_quota.clone(),
+            attempt_key.clone(),
+            attempt_id.clone(),
+        );
         Box::pin(async move { quota.settle(&key, &id, settle).await.map(drop) })
     });
     let within = quota.ttl().max(Duration::from_millis(1));
@@ -264,7 +268,9 @@ impl Future for Settling {
 
 impl Drop for Settling {
     fn drop(&mut self) {
-        if let (Some(future), Some((deferred, settler))) = (self.future.take(), self.unfinished.take()) {
+        if let (Some(future), Some((deferred, settler))) =
+            (self.future.take(), self.unfinished.take())
+        {
             let started = Box::pin(async move { future.await.map(drop) });
             settler.settle_started(deferred, Some(started));
         }

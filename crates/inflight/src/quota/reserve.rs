@@ -77,5 +77,4 @@ impl<S: Store + QuotaStore> Quota<S> {
             Reserve::Unmetered => Ok(Reservation::unmetered(key, id, amount)),
         }
     }
-
 }

@@ -296,7 +296,9 @@ pub async fn a_reservation_dropped_off_the_runtime_is_refunded<F: Fixture>(f: F)
     quota.fund("tenant:t1", Fund::Set(5)).await.unwrap();
     let reservation = quota.reserve("tenant:t1", 2).await.unwrap();
     assert_eq!(figures(&quota, "tenant:t1").await, (3, 2));
-    std::thread::spawn(move || drop(reservation)).join().unwrap();
+    std::thread::spawn(move || drop(reservation))
+        .join()
+        .unwrap();
     let started = Instant::now();
     while figures(&quota, "tenant:t1").await != (5, 0) {
         assert!(started.elapsed() < Duration::from_secs(5), "never refunded");

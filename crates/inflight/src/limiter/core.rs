@@ -1,0 +1,125 @@
+//! [`Core`]: what a limiter's handles, its permits and its background tasks share, and how a permit's
+//! lease is released through it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::queue;
+use super::registry::Registry;
+use super::settler::{self, Deferred, Settler, Unsettled};
+use crate::error::StoreError;
+use crate::failure::{Breaker, FailurePolicy};
+use crate::id::PermitId;
+use crate::permit::{BoxFuture, Owner, PermitState};
+use crate::policy::{ClassLimits, SharedPolicy};
+use crate::store::{Keys, MemoryStore, Store};
+
+/// Counters of what the limiter has seen, for metrics.
+#[derive(Debug, Default)]
+pub struct LimiterStats {
+    /// Expired leases that admissions reclaimed: their holders went away without releasing.
+    pub reclaimed: AtomicU64,
+    /// Held permits whose lease was gone at renewal and could not be re-added.
+    pub lost: AtomicU64,
+    /// Held permits whose lease was gone at renewal and was re-added (the store had lost it).
+    pub readded: AtomicU64,
+    /// Admissions waiting for a slot now ([`Limiter::acquire`]).
+    pub waiting: AtomicU64,
+    /// Waits that ran their course without a slot (a full queue refuses at once, uncounted here).
+    pub wait_timeouts: AtomicU64,
+}
+
+/// What the limiter's handles, its permits and its background tasks share.
+pub(super) struct Core<S> {
+    pub(super) store: S,
+    pub(super) policy: SharedPolicy,
+    pub(super) lease_ms: u64,
+    pub(super) registry: Registry,
+    pub(super) settler: Settler,
+    pub(super) stats: LimiterStats,
+    pub(super) on_store_failure: FailurePolicy,
+    pub(super) breaker: Breaker,
+    /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
+    pub(super) fallback: Option<MemoryStore>,
+    pub(super) waiters: queue::Waiters,
+}
+
+impl<S> Core<S> {
+    /// The limits of `key`'s class.
+    #[inline]
+    pub(super) fn limits(&self, key: &str) -> ClassLimits {
+        self.policy.with(|policy| policy.limits(key))
+    }
+
+    /// The limits of each key's class, in order.
+    pub(super) fn limits_of<K: AsRef<str>>(&self, keys: &[K]) -> Vec<ClassLimits> {
+        self.policy
+            .with(|policy| keys.iter().map(|key| policy.limits(key.as_ref())).collect())
+    }
+}
+
+impl<S: Store> Core<S> {
+    /// The release of the lease `id` on `keys`, for the [`Settler`]: tried until the lease would end.
+    pub(super) fn release_of(&self, keys: Keys, id: PermitId, lease_ms: u64) -> Deferred {
+        let store = self.store.clone();
+        let (key, within) = (keys[0].clone(), Duration::from_millis(lease_ms));
+        let attempt_id = id.clone();
+        let attempt: settler::Attempt = Box::new(move || {
+            let (store, keys, id) = (store.clone(), keys.clone(), attempt_id.clone());
+            Box::pin(async move { store.release(&keys, &id).await.map(drop) })
+        });
+        Deferred {
+            what: "release",
+            key,
+            id,
+            within,
+            attempt,
+        }
+    }
+}
+
+impl<S: Store> Owner for Core<S> {
+    fn dropped(&self, state: Arc<PermitState>) {
+        // Nothing to release when shutdown already did, or when the lease was lost (another permit of
+        // this process may hold the same id since).
+        if state.leave() && !state.released.load(Ordering::Acquire) {
+            self.registry.remove(&state);
+            if !state.lost.load(Ordering::Acquire) {
+                let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
+                self.settler.settle(release);
+            }
+        }
+    }
+
+    fn release(
+        self: Arc<Self>,
+        state: Arc<PermitState>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        if !state.leave() || state.released.load(Ordering::Acquire) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        self.registry.remove(&state);
+        if state.lost.load(Ordering::Acquire) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        // Dropped before the store answers, or answered with a transient error: the release goes on in
+        // the background like a dropped permit's.
+        let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
+        let mut unsettled = Unsettled::new(&self.settler, release, true);
+        Box::pin(async move {
+            let result = self.store.release(&state.keys, &state.id).await;
+            unsettled.disarm_unless(matches!(&result, Err(error) if error.is_transient()));
+            drop(unsettled);
+            result.map(drop)
+        })
+    }
+
+    fn detach(&self, state: &Arc<PermitState>) {
+        // No longer this limiter's to renew once no permit here holds it: a renewal already on its way
+        // must not re-add it, nor shutdown release it.
+        if state.leave() {
+            self.registry.remove(state);
+        }
+    }
+}
