@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::stream;
 use inflight::{AcquireError, AcquireOptions, ClassLimits, Limit, Policy, Renewal};
@@ -145,15 +146,19 @@ pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id
 /// With `a` full, admissions on `[b, a]` are refused again and again while a probe takes `b` alone: the
 /// probe never fails, because a refused admission never holds `b`, not even for a moment. (The keys share
 /// a hash tag: on Redis Cluster only keys of one slot are taken in one step; keys of several slots may
-/// hold a slot while they roll back, which `tests/cluster.rs` bounds.)
+/// hold a slot while they roll back, which `tests/cluster.rs` bounds.) The probe starts only once every
+/// refuser has been refused, and yields between its rounds, so the refusals overlap the probe whatever the
+/// runtime and however its threads are scheduled: no round of the probe can finish before they begin.
 pub async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment<F: Fixture>(f: F) {
     let limiter = f.limiter(Policy::new(1, 0));
     let (a, b) = ("{k}a", "{k}b");
     let _a = limiter.try_acquire(a).await.unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // The 4 refusers and the probe: passed once each refuser has been refused once.
+    let started = Arc::new(tokio::sync::Barrier::new(5));
     let refusers: Vec<_> = (0..4)
         .map(|_| {
-            let (limiter, stop) = (limiter.clone(), stop.clone());
+            let (limiter, stop, started) = (limiter.clone(), stop.clone(), started.clone());
             tokio::spawn(async move {
                 let mut refused = 0u32;
                 while !stop.load(Ordering::Relaxed) {
@@ -164,12 +169,18 @@ pub async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment
                     // `b` itself when the probe holds it.
                     assert!(err.error.is_full(), "{err:?}");
                     refused += 1;
+                    if refused == 1 {
+                        started.wait().await;
+                    }
                     tokio::task::yield_now().await;
                 }
                 refused
             })
         })
         .collect();
+    tokio::time::timeout(Duration::from_secs(10), started.wait())
+        .await
+        .expect("every refuser is refused once before the probe starts");
     for round in 0..300 {
         let probe = limiter
             .try_acquire_with(b, AcquireOptions::new().id("probe"))
@@ -179,6 +190,8 @@ pub async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment
             "round {round}: b alone was refused: {probe:?}"
         );
         probe.unwrap().release().await.unwrap();
+        // The refusers run between the rounds, on a runtime of one thread too.
+        tokio::task::yield_now().await;
     }
     stop.store(true, Ordering::Relaxed);
     let mut refused = 0;
