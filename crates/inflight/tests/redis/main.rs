@@ -27,7 +27,7 @@ async fn timing_sensitive() -> tokio::sync::RwLockReadGuard<'static, ()> {
 
 /// The body of the child processes; does nothing unless started by `spawn_child`.
 #[test]
-#[ignore = "entry point of child processes, started by the tests below"]
+#[ignore = "entry point of child processes, started by the tests of processes.rs"]
 fn child_process() {
     let Ok(role) = std::env::var("INFLIGHT_TEST_CHILD") else {
         return;
