@@ -1,25 +1,23 @@
-//! In-process servers on port-0 listeners, an upstream to proxy to, and stores to run them on.
+//! In-process servers on port-0 listeners, an upstream to proxy to (upstream.rs), and stores to run
+//! them on.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 pub mod browser;
 pub mod process;
 pub mod raw;
+mod upstream;
 
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+// Not every test binary proxies to an upstream.
+#[allow(unused_imports)]
+pub use upstream::Upstream;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
-use axum::extract::Request;
-use axum::routing::{any, get};
-use axum::serve::ListenerExt;
-use axum::Router;
-use http::StatusCode;
 use inflight::{BusyKeys, QuotaStore, Wakeups};
 use inflight_server::config::Layered;
 use inflight_server::{proxy, server, ProxySettings, Settings};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use test_support::TestRedis;
@@ -157,169 +155,6 @@ pub async fn start_proxy<S: Wakeups + QuotaStore + BusyKeys>(
 ) -> Server<S> {
     let upstream = inflight_server::upstream(settings).expect("valid test settings");
     start(&settings.serve, stores, Some(upstream)).await
-}
-
-/// An upstream API to proxy to.
-pub struct Upstream {
-    pub base: String,
-    /// Requests it has seen.
-    pub hits: Arc<AtomicUsize>,
-    /// Each permit lets `/sse` send its next event.
-    pub gate: Arc<Semaphore>,
-    /// Connections it has accepted.
-    pub connections: Arc<AtomicUsize>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Upstream {
-    pub async fn start() -> Self {
-        let hits = Arc::new(AtomicUsize::new(0));
-        let gate = Arc::new(Semaphore::new(0));
-        let (h1, h2, h3, h4, g) = (
-            hits.clone(),
-            hits.clone(),
-            hits.clone(),
-            hits.clone(),
-            gate.clone(),
-        );
-        let app = Router::new()
-            .route(
-                "/echo/{*rest}",
-                any(move |request: Request| {
-                    let hits = h1.clone();
-                    async move {
-                        hits.fetch_add(1, Ordering::SeqCst);
-                        echo(request).await
-                    }
-                }),
-            )
-            .route(
-                "/sse",
-                get(move || {
-                    let (hits, gate) = (h2.clone(), g.clone());
-                    async move {
-                        hits.fetch_add(1, Ordering::SeqCst);
-                        let events = futures_util::stream::unfold(0u32, move |n| {
-                            let gate = gate.clone();
-                            async move {
-                                if n == 3 {
-                                    return None;
-                                }
-                                if n > 0 {
-                                    gate.acquire().await.expect("gate").forget();
-                                }
-                                Some((
-                                    Ok::<_, Infallible>(Bytes::from(format!("data: {n}\n\n"))),
-                                    n + 1,
-                                ))
-                            }
-                        });
-                        (
-                            [("content-type", "text/event-stream")],
-                            Body::from_stream(events),
-                        )
-                    }
-                }),
-            )
-            .route(
-                "/forever",
-                get(|| async {
-                    let ticks = futures_util::stream::unfold((), |()| async {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        Some((
-                            Ok::<_, Infallible>(Bytes::from_static(b"data: tick\n\n")),
-                            (),
-                        ))
-                    });
-                    (
-                        [("content-type", "text/event-stream")],
-                        Body::from_stream(ticks),
-                    )
-                }),
-            )
-            .route("/empty", get(|| async { StatusCode::NO_CONTENT }))
-            .route(
-                "/delay/{ms}",
-                get(
-                    |axum::extract::Path(ms): axum::extract::Path<u64>| async move {
-                        tokio::time::sleep(Duration::from_millis(ms)).await;
-                        "late, but answered"
-                    },
-                ),
-            )
-            .route(
-                "/close",
-                get(|| async { ([("connection", "close")], "closing") }),
-            )
-            .route(
-                "/slow",
-                get(move || {
-                    let hits = h3.clone();
-                    async move {
-                        hits.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_secs(30)).await;
-                        "late"
-                    }
-                }),
-            )
-            .fallback(move || {
-                let hits = h4.clone();
-                async move {
-                    hits.fetch_add(1, Ordering::SeqCst);
-                    (StatusCode::NOT_FOUND, "no such route upstream")
-                }
-            });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let connections = Arc::new(AtomicUsize::new(0));
-        let accepted = connections.clone();
-        let listener = listener.tap_io(move |_| {
-            accepted.fetch_add(1, Ordering::SeqCst);
-        });
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        Self {
-            base,
-            hits,
-            gate,
-            connections,
-            task,
-        }
-    }
-
-    pub fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-
-    pub fn connections(&self) -> usize {
-        self.connections.load(Ordering::SeqCst)
-    }
-}
-
-async fn echo(request: Request) -> axum::Json<serde_json::Value> {
-    let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, 1 << 20)
-        .await
-        .unwrap_or_default();
-    let headers: serde_json::Map<String, serde_json::Value> = parts
-        .headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").into()))
-        .collect();
-    axum::Json(serde_json::json!({
-        "method": parts.method.as_str(),
-        "path": parts.uri.path(),
-        "query": parts.uri.query(),
-        "headers": headers,
-        "body": String::from_utf8_lossy(&body),
-    }))
 }
 
 /// The status of a request's answer.

@@ -1,120 +1,16 @@
-//! The live status page: `/status` and `/status/events` over HTTP, and the page itself in a real
-//! headless Chromium (Debian's `chromium`): it renders, shows a key that holds permits, and follows
-//! its release.
-#![allow(missing_docs)]
+//! `/status` and `/status/events` over HTTP: held keys, refusals per minute, bounded watchers, the
+//! admin token, and the proxy's admin listener.
 
-mod common;
-
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::browser::{browse, chromium};
-use common::{limits, start_api, Make, Memory};
 use futures_util::StreamExt;
-use inflight::MemoryStore;
-use inflight_server::{server, App, Settings};
+use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
-/// A one-worker server on the memory store whose app the test can see (its status board).
-struct Served {
-    base: String,
-    app: Arc<OnceLock<Arc<App<MemoryStore>>>>,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Served {
-    async fn start(settings: Settings) -> Self {
-        let mut settings = settings;
-        settings.workers = Some(1);
-        let listeners = server::bind("127.0.0.1:0".parse().unwrap(), 1).unwrap();
-        let base = format!("http://{}", listeners[0].local_addr().unwrap());
-        let seen: Arc<OnceLock<Arc<App<MemoryStore>>>> = Arc::default();
-        let make = {
-            let (settings, seen, store) = (settings.clone(), seen.clone(), MemoryStore::new());
-            let shared = inflight_server::Shared::new(&settings).unwrap();
-            move || {
-                let app = inflight_server::app(&settings, &shared, store.clone())?;
-                let _ = seen.set(app.clone());
-                Ok(app)
-            }
-        };
-        let workers = server::Workers::start(listeners, make, None, (&settings).into(), None)
-            .await
-            .unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(workers.run(async {
-            let _ = stopped.await;
-        }));
-        Self {
-            base,
-            app: seen,
-            stop: Some(stop),
-            task,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn board(&self) -> &inflight_server::status::Board {
-        &self.app.get().expect("the worker built its app").status
-    }
-
-    async fn shutdown(mut self) -> std::io::Result<()> {
-        let _ = self.stop.take().map(|stop| stop.send(()));
-        (&mut self.task).await.unwrap()
-    }
-}
-
-async fn acquire(http: &Client, base: &str, key: &str, weight: u32) -> Value {
-    let response = http
-        .post(format!("{base}/v1/keys/{key}/permits"))
-        .json(&json!({"weight": weight}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::CREATED);
-    response.json().await.unwrap()
-}
-
-async fn release(http: &Client, base: &str, key: &str, permit: &Value) {
-    let id = permit["id"].as_str().unwrap();
-    let response = http
-        .delete(format!("{base}/v1/keys/{key}/permits/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::NO_CONTENT);
-}
-
-/// The next event's JSON from an event stream (bounded).
-async fn next_event(
-    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
-    buffer: &mut String,
-) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            if let Some(data) = event.lines().find_map(|line| line.strip_prefix("data: ")) {
-                return serde_json::from_str(data).unwrap();
-            }
-            continue;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let chunk = tokio::time::timeout(left, stream.next())
-            .await
-            .expect("an event within 10 s")
-            .expect("the stream goes on")
-            .unwrap();
-        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
-}
+use crate::common;
+use crate::common::{limits, start_api, Make, Memory};
+use crate::{acquire, next_event, release, Served};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_is_self_contained_and_its_events_show_held_keys() {
@@ -274,107 +170,6 @@ async fn with_an_admin_token_the_page_and_its_events_need_it() {
             assert_eq!(response.headers()["referrer-policy"], "no-referrer");
         }
     }
-    served.shutdown().await.unwrap();
-}
-
-// --- In a real browser (common/browser.rs) ---
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_renders_a_held_key_and_its_release_and_a_screenshot() {
-    let Some(chromium) = chromium() else { return };
-    let served = Served::start(limits(4, 0)).await;
-    let http = Client::new();
-    let permit = acquire(&http, &served.base, "app:held", 3).await;
-
-    let dom = browse(&chromium, &["--dump-dom"], served.url("/status?events=1")).await;
-    assert!(
-        dom.contains(r#"data-events="1""#),
-        "the page got no update: {dom}"
-    );
-    assert!(
-        dom.contains(r#"data-key="app:held" data-in-flight="3" data-limit="4""#),
-        "the held key is not shown: {dom}"
-    );
-    assert!(dom.contains("3 / 4"), "{dom}");
-    assert!(dom.contains(r#"id="store-text">ok<"#), "{dom}");
-
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
-    let _ = std::fs::remove_file(&target);
-    let shot = format!("--screenshot={}", target.display());
-    browse(
-        &chromium,
-        &[&shot, "--window-size=1200,800", "--hide-scrollbars"],
-        served.url("/status?events=1"),
-    )
-    .await;
-    let png = std::fs::read(&target).expect("a screenshot was written");
-    assert!(png.len() > 1000, "{} bytes", png.len());
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
-
-    release(&http, &served.base, "app:held", &permit).await;
-    let dom = browse(&chromium, &["--dump-dom"], served.url("/status?events=1")).await;
-    assert!(dom.contains(r#"data-events="1""#), "{dom}");
-    assert!(
-        !dom.contains(r#"data-key="app:held""#),
-        "still shown: {dom}"
-    );
-    assert!(
-        dom.contains(r#"<div id="empty" style="display: block;">"#),
-        "{dom}"
-    );
-    served.shutdown().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_follows_a_release_in_one_page() {
-    let Some(chromium) = chromium() else { return };
-    let settings = Settings {
-        admin_token: Some("adm-s3cret".into()),
-        ..limits(4, 0)
-    };
-    let served = Served::start(settings).await;
-    let http = Client::new();
-    let permit = {
-        let response = http
-            .post(served.url("/v1/keys/app:held/permits"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::CREATED);
-        response.json::<Value>().await.unwrap()
-    };
-    // The page stops after 5 updates, one a second: held in the first ones, released in the last.
-    let page = tokio::spawn(browse(
-        &chromium,
-        &["--dump-dom"],
-        served.url("/status?events=5&token=adm-s3cret"),
-    ));
-    let started = Instant::now();
-    while served.board().clients() == 0 || !served.board().snapshot().contains("app:held") {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the page never watched"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // (Let an update or two showing the held key reach the page.)
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    release(&http, &served.base, "app:held", &permit).await;
-    let dom = page.await.unwrap();
-    assert!(dom.contains(r#"data-events="5""#), "{dom}");
-    let history: Vec<&str> = dom
-        .split(r#"<ol id="history">"#)
-        .nth(1)
-        .and_then(|rest| rest.split("</ol>").next())
-        .expect("the page's history")
-        .split("<li>")
-        .skip(1)
-        .map(|li| li.trim_end_matches("</li>"))
-        .collect();
-    assert_eq!(history.len(), 5, "{history:?}");
-    assert_eq!(history[0], "app:held=1", "{history:?}");
-    assert_eq!(history[4], "", "the release is shown: {history:?}");
-    assert!(!dom.contains(r#"data-key="app:held""#), "{dom}");
     served.shutdown().await.unwrap();
 }
 

@@ -1,0 +1,153 @@
+//! Every error code: bad input never gets a 500, and a store that is down gets a 503.
+
+use std::time::Duration;
+
+use reqwest::{Client, StatusCode};
+use serde_json::json;
+
+use crate::common;
+use crate::common::{get_text, limits, start_api, status_of, Make, TestRedis};
+use crate::per_store;
+use crate::{assert_error, body};
+
+async fn bad_input_gets_a_clear_error_and_never_a_500<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(2, 0), M::stores(&redis)).await;
+    let http = Client::new();
+    let long = "k".repeat(257);
+    for path in [
+        "/v1/keys//permits",
+        "/v1/keys/a%01b/permits",
+        &format!("/v1/keys/{long}/permits"),
+        "/v1/keys/%FF/permits",
+    ] {
+        assert_error(
+            http.post(server.url(path)).send().await.unwrap(),
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+        )
+        .await;
+    }
+    let url = server.url("/v1/keys/app/permits");
+    for bad in [
+        "{bad",
+        "[]",
+        "{\"weight\": 0}",
+        "{\"weight\": -1}",
+        "{\"lease_ms\": 0}",
+        "{\"lease_ms\": 99999999999}",
+        "{\"id\": \"\"}",
+        "{\"unknown\": 1}",
+        "{\"id\": 5}",
+    ] {
+        let response = http.post(&url).body(bad).send().await.unwrap();
+        assert_error(response, StatusCode::BAD_REQUEST, "invalid_request").await;
+    }
+    let heavy = http
+        .post(&url)
+        .json(&json!({"weight": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_error(heavy, StatusCode::BAD_REQUEST, "weight_exceeds_limit").await;
+    let limit = http
+        .put(server.url("/v1/keys/app/limit"))
+        .body("{\"limit\": \"x\"}")
+        .send()
+        .await
+        .unwrap();
+    assert_error(limit, StatusCode::BAD_REQUEST, "invalid_request").await;
+    let limit = http
+        .put(server.url("/v1/keys/app/limit"))
+        .send()
+        .await
+        .unwrap();
+    assert_error(limit, StatusCode::BAD_REQUEST, "invalid_request").await;
+    assert_error(
+        http.get(server.url("/nope")).send().await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    assert_error(
+        http.patch(url.clone()).send().await.unwrap(),
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    )
+    .await;
+    // Odd bytes everywhere: any 4xx, never a 5xx.
+    for body in [
+        "",
+        "null",
+        "{}",
+        "{\"id\": \"\\u0000\"}",
+        "\u{feff}{}",
+        "{\"weight\": 1e99}",
+    ] {
+        let status = status_of(http.post(&url).body(body)).await;
+        assert!(
+            status.is_success() || status.is_client_error(),
+            "{body:?} -> {status}"
+        );
+    }
+    // Nothing bad was admitted.
+    assert!(body_in_flight(&http, &server.url("/v1/keys/app")).await <= 2);
+}
+
+async fn body_in_flight(http: &Client, url: &str) -> u64 {
+    body(http.get(url).send().await.unwrap()).await["in_flight"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready() {
+    let mut redis = TestRedis::start();
+    let server = start_api(&limits(1, 0), common::redis_stores(&redis)).await;
+    let http = Client::new();
+    redis.stop();
+    assert_error(
+        http.post(server.url("/v1/keys/a/permits"))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+    )
+    .await;
+    assert_error(
+        http.get(server.url("/v1/keys/a")).send().await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+    )
+    .await;
+    assert_error(
+        http.get(server.url("/readyz")).send().await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+    )
+    .await;
+    let metrics = get_text(&http, server.url("/metrics")).await;
+    assert!(metrics.contains("inflight_admissions_total{result=\"error\"}"));
+    redis.restart();
+    let mut ready = false;
+    for _ in 0..100 {
+        if status_of(http.get(server.url("/readyz"))).await == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ready, "ready again once Redis is back");
+    // Admissions skip the store for a moment after a failure, then try it again by themselves.
+    let back = std::time::Instant::now();
+    while status_of(http.post(server.url("/v1/keys/a/permits"))).await != 201 {
+        assert!(
+            back.elapsed() < Duration::from_secs(1),
+            "admissions did not resume within 1 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+per_store!(bad_input_gets_a_clear_error_and_never_a_500,);
