@@ -13,15 +13,14 @@
 //! a store that never meters pays nothing for it.
 
 use std::future::Future;
-use std::sync::{Arc, LazyLock, Once};
+use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::conn::Conn;
 use super::error::retried;
-use super::keys::{KeyNames, Member};
-use super::overrides::{self, Names, View};
-use super::{fields, number, RedisStore, ToArg};
+use super::naming::{KeyNames, Member};
+use super::overrides;
+use super::store::{fields, number, RedisStore, ToArg};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
@@ -29,30 +28,6 @@ use crate::quota::{
     Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
     MAX_OPEN_RESERVATIONS, MAX_QUOTAS, SETTLED_MEMORY,
 };
-
-/// The view of the keys with a balance, shared by a store's clones.
-pub(super) struct Metered {
-    names: Names,
-    view: Arc<View>,
-    started: Once,
-}
-
-impl Metered {
-    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
-        Self {
-            names: Names::new(prefix, "quotas", cluster),
-            view: Arc::default(),
-            started: Once::new(),
-        }
-    }
-
-    /// True when the view knows that `key` has no balance (starting the view on the first call).
-    fn unmetered(&self, conn: &Conn, key: &str) -> bool {
-        self.started
-            .call_once(|| overrides::start(conn.clone(), self.names.clone(), &self.view));
-        self.view.none_of(&[key])
-    }
-}
 
 static QUOTA: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(

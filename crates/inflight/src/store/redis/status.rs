@@ -1,9 +1,10 @@
 //! Reading a key, and setting or clearing its override: `status.lua` (and on a cluster the index of
-//! overrides apart, `index.lua`), or `dify.lua` under Dify's layout.
+//! overrides apart, `index.lua`).
 
 use super::error::retried;
-use super::keys::KeyNames;
-use super::{fields, number, scripts, Layout, RedisStore};
+use super::naming::KeyNames;
+use super::scripts;
+use super::store::{fields, number, RedisStore};
 use crate::error::StoreError;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, OverrideChange};
@@ -15,9 +16,6 @@ impl RedisStore {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
-        if self.layout == Layout::Dify {
-            return self.dify_status(key, limits, change).await;
-        }
         let status = if self.conn.is_cluster() {
             self.status_cluster(key, limits, change).await?
         } else {

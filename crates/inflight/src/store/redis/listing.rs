@@ -1,15 +1,17 @@
 //! [`BusyKeys`] on Redis: `SCAN` over the lease sets under the prefix (`MATCH`, `COUNT` per call), each
 //! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`] in all.
 //! On a cluster, one scan per primary (found with `CLUSTER SLOTS`, each reached through a slot it
-//! serves), and each page's counts read slot by slot. Dify's layout is not supported.
+//! serves), and each page's counts read slot by slot.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::across;
 use super::error::retried;
-use super::keys::KeyNames;
-use super::{number, scripts, Layout, RedisStore};
+use super::naming::KeyNames;
+use super::scripts;
+use super::store::{number, RedisStore};
 use crate::error::StoreError;
 use crate::store::busy::{busiest, BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_EXAMINED};
 
@@ -18,11 +20,6 @@ const SCAN_COUNT: usize = 500;
 
 impl RedisStore {
     async fn busy_scan(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
-        if self.layout == Layout::Dify {
-            return Err(StoreError::Unsupported(
-                "listing busy keys under the Dify layout".into(),
-            ));
-        }
         let cluster = self.conn.is_cluster();
         // On a cluster a key with a hash tag of its own is named `{tag}<escaped key>`: the prefix is
         // then matched after the names are read.
@@ -122,7 +119,7 @@ impl RedisStore {
         }
         let names = self.names(&keys);
         let groups = match self.conn.is_cluster() {
-            true => super::across::groups(&names),
+            true => across::groups(&names),
             false => vec![(0..keys.len()).collect()],
         };
         let calls = groups.iter().map(|group| self.count_group(&names, group));
@@ -172,8 +169,7 @@ impl RedisStore {
 }
 
 impl BusyKeys for RedisStore {
-    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary);
-    /// [`StoreError::Unsupported`] under Dify's layout.
+    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary).
     fn busy(
         &self,
         prefix: &str,

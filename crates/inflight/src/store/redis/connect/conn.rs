@@ -7,13 +7,16 @@ use std::sync::Arc;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::options::ConnOptions;
 use super::sentinel::Follower;
+use super::{cluster, sentinel};
+use crate::error::StoreError;
 
 /// A connection to the store's Redis; clones share it.
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(crate) enum Conn {
     /// One Redis server.
     Single {
         manager: ConnectionManager,
@@ -31,14 +34,47 @@ pub(super) enum Conn {
 }
 
 impl Conn {
+    /// Checks `options`' URL and prepares the connection, made on first use and remade whenever it is
+    /// lost; and where it goes, for logs (never credentials). Inside a Tokio runtime only: the
+    /// connection's tasks run on it.
+    pub(crate) fn open(options: &ConnOptions) -> Result<(Conn, String), StoreError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::Rejected(
+                "open a Redis store inside a Tokio runtime".into(),
+            ));
+        }
+        if let Some((rest, tls)) = cluster::strip_scheme(&options.url) {
+            let (conn, seeds, target) = cluster::open(options, rest, tls)?;
+            let seeds = Arc::from(seeds);
+            return Ok((Conn::Cluster { conn, seeds }, target));
+        }
+        if let Some((rest, tls)) = sentinel::strip_scheme(&options.url) {
+            let (follower, target) = Follower::open(options, rest, tls)?;
+            return Ok((Conn::Sentinel(follower), target));
+        }
+        // One server: `redis://`, `rediss://`, `unix://`, `redis+unix://`.
+        let info = options
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
+        let target = info.addr().to_string();
+        let client = options.client(info)?;
+        let manager =
+            ConnectionManager::new_lazy_with_config(client.clone(), options.manager_config())
+                .map_err(StoreError::from)?;
+        let client = Arc::new(client);
+        Ok((Conn::Single { manager, client }, target))
+    }
+
     /// True on a Redis Cluster: keys in different slots may not meet in one script.
-    pub(super) fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster { .. })
     }
 
     /// Sends `cmd` to the primary that serves `slot` on a cluster (through the cluster client's own
     /// slot map), to the one server otherwise.
-    pub(super) async fn on_primary_of(&self, slot: u16, cmd: &Cmd) -> RedisResult<Value> {
+    pub(crate) async fn on_primary_of(&self, slot: u16, cmd: &Cmd) -> RedisResult<Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         match self {
             Conn::Cluster { conn, .. } => {
@@ -53,7 +89,7 @@ impl Conn {
 
     /// A client to subscribe with, for the `attempt`th try: PUBLISH reaches every node of a cluster,
     /// so any node will do, and a node that fails makes the next attempt use the next one.
-    pub(super) async fn pubsub_client(&self, attempt: usize) -> RedisResult<Client> {
+    pub(crate) async fn pubsub_client(&self, attempt: usize) -> RedisResult<Client> {
         match self {
             Conn::Single { client, .. } => Ok(Client::clone(client)),
             Conn::Cluster { seeds, .. } => Ok(seeds[attempt % seeds.len()].clone()),
@@ -89,6 +125,37 @@ impl ConnectionLike for Conn {
             Conn::Single { manager, .. } => manager.get_db(),
             Conn::Cluster { .. } => 0,
             Conn::Sentinel(follower) => follower.db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sentinel_and_cluster_urls_are_checked_when_opened() {
+        let target =
+            |url: &str| Conn::open(&ConnOptions::new(url.to_owned())).map(|(_, target)| target);
+        assert_eq!(
+            target("redis+sentinel://u:secret@a:1,b/mymaster?db=2&sentinel_password=s").unwrap(),
+            "sentinel a:1,b/mymaster"
+        );
+        assert_eq!(
+            target("redis+cluster://u:secret@a:1,b:2").unwrap(),
+            "cluster a:1,b:2"
+        );
+        for bad in [
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel://a:1/m/x",
+            "redis+sentinel://a:1/m?db=x",
+            "redis+sentinel://a:1/m?tls=yes",
+            "redis+sentinel://a:1,,b:2/m",
+            "redis+cluster://a:1/3",
+            "redis+cluster://a:1?x=1",
+        ] {
+            assert!(target(bad).is_err(), "{bad}");
         }
     }
 }
