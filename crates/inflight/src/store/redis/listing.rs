@@ -3,7 +3,6 @@
 //! On a cluster, one scan per primary (found with `CLUSTER SLOTS`, each reached through a slot it
 //! serves), and each page's counts read slot by slot.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,8 +17,9 @@ use crate::store::busy::{busiest, BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET,
 /// The `COUNT` of each `SCAN` call: names examined per round trip.
 const SCAN_COUNT: usize = 500;
 
-impl RedisStore {
-    async fn busy_scan(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
+impl BusyKeys for RedisStore {
+    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary).
+    async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
         let cluster = self.conn.is_cluster();
         // On a cluster a key with a hash tag of its own is named `{tag}<escaped key>`: the prefix is
         // then matched after the names are read.
@@ -56,7 +56,9 @@ impl RedisStore {
         }
         Ok(busiest(found, limit, false))
     }
+}
 
+impl RedisStore {
     /// A slot of each primary of the cluster, from `CLUSTER SLOTS`.
     async fn primaries(&self) -> Result<Vec<u16>, StoreError> {
         let answer: redis::Value = retried(|| {
@@ -165,17 +167,6 @@ impl RedisStore {
             )));
         }
         Ok(out)
-    }
-}
-
-impl BusyKeys for RedisStore {
-    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary).
-    fn busy(
-        &self,
-        prefix: &str,
-        limit: usize,
-    ) -> impl Future<Output = Result<BusyList, StoreError>> + Send {
-        self.busy_scan(prefix, limit)
     }
 }
 

@@ -12,7 +12,6 @@
 //! never leave the index (balances have no delete). The view starts with the store's first quota call:
 //! a store that never meters pays nothing for it.
 
-use std::future::Future;
 use std::sync::LazyLock;
 
 use redis::Script;
@@ -94,31 +93,25 @@ fn unexpected(op: &str, outcome: i64) -> StoreError {
 }
 
 impl QuotaStore for RedisStore {
-    fn fund(
-        &self,
-        key: &str,
-        fund: Fund,
-    ) -> impl Future<Output = Result<Balance, StoreError>> + Send {
+    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
         let (mode, n, retry) = match fund {
             Fund::Set(n) => ("s", n, true),
             Fund::Add(n) => ("a", n, false),
         };
-        async move {
-            let metered = &self.metered;
-            if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
-                return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
-            }
-            metered.view.note(key, true);
-            let answer = self
-                .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
-                .await?;
-            match answer.outcome {
-                1 => Ok(answer.balance),
-                -2 => Err(StoreError::Rejected(format!(
-                    "the balance would pass the largest, {MAX_BALANCE}"
-                ))),
-                other => Err(unexpected("fund", other)),
-            }
+        let metered = &self.metered;
+        if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
+            return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
+        }
+        metered.view.note(key, true);
+        let answer = self
+            .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
+            .await?;
+        match answer.outcome {
+            1 => Ok(answer.balance),
+            -2 => Err(StoreError::Rejected(format!(
+                "the balance would pass the largest, {MAX_BALANCE}"
+            ))),
+            other => Err(unexpected("fund", other)),
         }
     }
 
@@ -131,79 +124,68 @@ impl QuotaStore for RedisStore {
         }
     }
 
-    fn reserve(
+    async fn reserve(
         &self,
         key: &str,
         id: &PermitId,
         amount: u64,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<Reserve, StoreError>> + Send {
-        let id = Member(id);
-        async move {
-            if self.metered.unmetered(&self.conn, key) {
-                return Ok(Reserve::Unmetered);
-            }
-            let answer = self
-                .quota_call(key, "r", &[&id, &amount, &ttl_ms], true)
-                .await?;
-            let balance = answer.balance;
-            match answer.outcome {
-                1 => Ok(Reserve::Reserved {
-                    balance,
-                    expires_at_ms: answer.expires_at_ms,
-                }),
-                0 => Ok(Reserve::Exhausted { balance }),
-                2 => Ok(Reserve::Settled { balance }),
-                -1 => Ok(Reserve::Unmetered),
-                -3 => Err(StoreError::TooManyReservations {
-                    max: MAX_OPEN_RESERVATIONS,
-                }),
-                other => Err(unexpected("reserve", other)),
-            }
+    ) -> Result<Reserve, StoreError> {
+        if self.metered.unmetered(&self.conn, key) {
+            return Ok(Reserve::Unmetered);
+        }
+        let args: [&dyn ToArg; 3] = [&Member(id), &amount, &ttl_ms];
+        let answer = self.quota_call(key, "r", &args, true).await?;
+        let balance = answer.balance;
+        match answer.outcome {
+            1 => Ok(Reserve::Reserved {
+                balance,
+                expires_at_ms: answer.expires_at_ms,
+            }),
+            0 => Ok(Reserve::Exhausted { balance }),
+            2 => Ok(Reserve::Settled { balance }),
+            -1 => Ok(Reserve::Unmetered),
+            -3 => Err(StoreError::TooManyReservations {
+                max: MAX_OPEN_RESERVATIONS,
+            }),
+            other => Err(unexpected("reserve", other)),
         }
     }
 
-    fn settle(
+    async fn settle(
         &self,
         key: &str,
         id: &PermitId,
         settle: Settle,
-    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
-        let id = Member(id);
+    ) -> Result<Settlement, StoreError> {
         let how = match settle {
             Settle::Commit => "c",
             Settle::Refund => "r",
         };
-        async move {
-            let answer = self.quota_call(key, "s", &[&id, &how], true).await?;
-            match answer.outcome {
-                1 => Ok(Settlement::Settled(answer.balance)),
-                2 => Ok(Settlement::Already(answer.balance)),
-                0 => Ok(Settlement::NotFound(Some(answer.balance))),
-                -1 => Ok(Settlement::NotFound(None)),
-                other => Err(unexpected("settle", other)),
-            }
+        let answer = self
+            .quota_call(key, "s", &[&Member(id), &how], true)
+            .await?;
+        match answer.outcome {
+            1 => Ok(Settlement::Settled(answer.balance)),
+            2 => Ok(Settlement::Already(answer.balance)),
+            0 => Ok(Settlement::NotFound(Some(answer.balance))),
+            -1 => Ok(Settlement::NotFound(None)),
+            other => Err(unexpected("settle", other)),
         }
     }
 
-    fn extend(
-        &self,
-        key: &str,
-        id: &PermitId,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Extension, StoreError>> + Send {
-        let id = Member(id);
-        async move {
-            let answer = self.quota_call(key, "e", &[&id, &ttl_ms], true).await?;
-            match answer.outcome {
-                1 => Ok(Extension::Extended {
-                    expires_at_ms: answer.expires_at_ms,
-                    balance: answer.balance,
-                }),
-                0 => Ok(Extension::NotOpen(Some(answer.balance))),
-                -1 => Ok(Extension::NotOpen(None)),
-                other => Err(unexpected("extend", other)),
-            }
+    async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
+        let answer = self
+            .quota_call(key, "e", &[&Member(id), &ttl_ms], true)
+            .await?;
+        match answer.outcome {
+            1 => Ok(Extension::Extended {
+                expires_at_ms: answer.expires_at_ms,
+                balance: answer.balance,
+            }),
+            0 => Ok(Extension::NotOpen(Some(answer.balance))),
+            -1 => Ok(Extension::NotOpen(None)),
+            other => Err(unexpected("extend", other)),
         }
     }
 }

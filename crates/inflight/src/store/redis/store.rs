@@ -2,7 +2,6 @@
 //! batches (`batch.rs`); its other operations are in files of their own (`across.rs`, `status.rs`,
 //! `index.rs`, `listing.rs`, `quota.rs`).
 
-use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -215,58 +214,46 @@ pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, Store
 }
 
 impl Store for RedisStore {
-    fn acquire(
-        &self,
-        req: AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
         let names = self.names(req.keys);
         let terms = (req.weight, req.lease_ms, req.limits.to_vec());
-        let (weight, id) = (req.weight, req.id.clone());
-        async move {
-            let reply = match self.across(&names) {
-                Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
-                None => self.batcher.run(Op::Acquire { names, id, terms }).await?,
-            };
-            admission_of(reply, weight)
-        }
+        let id = req.id.clone();
+        let reply = match self.across(&names) {
+            Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
+            None => self.batcher.run(Op::Acquire { names, id, terms }).await?,
+        };
+        admission_of(reply, req.weight)
     }
 
-    fn release(
-        &self,
-        keys: &[Arc<str>],
-        id: &PermitId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
         let names = self.names(keys);
-        let id = id.clone();
-        async move {
-            let released = match self.across(&names) {
-                Some(groups) => self.release_across(names, groups, &id).await?,
-                None => self.batcher.run(Op::Release { names, id }).await?[0] == 1,
-            };
-            // Heard here at once; other processes hear it through the key's channel.
-            if released {
-                keys.iter().for_each(|key| self.wakes.wake(key));
+        let released = match self.across(&names) {
+            Some(groups) => self.release_across(names, groups, id).await?,
+            None => {
+                let id = id.clone();
+                self.batcher.run(Op::Release { names, id }).await?[0] == 1
             }
-            Ok(released)
+        };
+        // Heard here at once; other processes hear it through the key's channel.
+        if released {
+            keys.iter().for_each(|key| self.wakes.wake(key));
         }
+        Ok(released)
     }
 
-    fn renew(
-        &self,
-        batch: &[RenewRequest],
-    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+    async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
         // Sent together over the multiplexed connection: one pipelined burst, not one round trip each.
         let renewals = futures_util::future::join_all(batch.iter().map(|req| self.renew_one(req)));
-        async move { renewals.await.into_iter().collect() }
+        renewals.await.into_iter().collect()
     }
 
-    fn status(
+    async fn status(
         &self,
         key: &str,
         limits: ClassLimits,
         change: OverrideChange,
-    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
-        self.status_with(key, limits, change)
+    ) -> Result<KeyStatus, StoreError> {
+        self.status_with(key, limits, change).await
     }
 
     /// Keys whose classes are unlimited, none with an override in the view: admitted with no I/O.
@@ -282,20 +269,17 @@ impl Store for RedisStore {
         unlimited.then_some(LocalAdmission::Decided(Admission::Unlimited))
     }
 
-    fn index(
-        &self,
-        id: &PermitId,
-        op: IndexOp<'_>,
-    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send {
-        self.index_op(id, op)
+    async fn index(&self, id: &PermitId, op: IndexOp<'_>) -> Result<Option<Recorded>, StoreError> {
+        self.index_op(id, op).await
     }
 
     /// Asks Redis for a PONG.
-    fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+    async fn maintain(&self) -> Result<(), StoreError> {
         retried(|| {
             let mut conn = self.conn.clone();
             async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
         })
+        .await
     }
 }
 

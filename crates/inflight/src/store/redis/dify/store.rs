@@ -71,11 +71,6 @@ pub(super) fn released(key: &str) -> String {
 }
 
 impl DifyStore {
-    /// Where the store connects (host:port or socket path; never credentials), for logs.
-    pub fn target(&self) -> &str {
-        self.plain.target()
-    }
-
     /// For tests of leases: as `RedisStore::advance_clock` does.
     #[cfg(feature = "test-util")]
     pub fn advance_clock(&self, by: std::time::Duration) {
