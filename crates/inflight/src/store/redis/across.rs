@@ -243,7 +243,7 @@ impl RedisStore {
     }
 
     async fn index_change(&self, op: char, key: &str, value: u32) -> Result<(), StoreError> {
-        let names = &self.names;
+        let names = &self.overrides;
         if !overrides::change(&self.conn, names, self.max_overrides, op, key, value).await? {
             let max = number(i64::try_from(self.max_overrides).unwrap_or(i64::MAX))?;
             return Err(StoreError::TooManyOverrides { max });

@@ -117,7 +117,11 @@ impl RedisStoreBuilder {
         let released = move |key: &str| KeyNames::new(&prefix, key, cluster).released();
         let wakes = wakeups::start(conn.clone(), released);
         let store = self.assemble(conn, target, wakes);
-        overrides::start(store.conn.clone(), Names::clone(&store.names), &store.view);
+        overrides::start(
+            store.conn.clone(),
+            Names::clone(&store.overrides),
+            &store.view,
+        );
         Ok(store)
     }
 
@@ -132,7 +136,7 @@ impl RedisStoreBuilder {
                 self.pipeline,
                 self.wait,
             ),
-            names: Arc::new(Names::new(&self.prefix, "overrides", cluster)),
+            overrides: Arc::new(Names::new(&self.prefix, "overrides", cluster)),
             view: Arc::new(View::default()),
             metered: Arc::new(Metered::new(&self.prefix, cluster)),
             conn,

@@ -37,7 +37,9 @@ impl RedisStore {
         let mut invocation = scripts::STATUS.prepare_invoke();
         KeyNames::new(&self.prefix, key, self.conn.is_cluster()).declare(&mut invocation);
         if !self.conn.is_cluster() {
-            invocation.key(&self.names.index).key(&self.names.version);
+            invocation
+                .key(&self.overrides.index)
+                .key(&self.overrides.version);
         }
         invocation
             .arg(limits.default_limit)
@@ -45,7 +47,7 @@ impl RedisStore {
             .arg(change_arg(change))
             .arg(self.offset())
             .arg(key)
-            .arg(&self.names.channel)
+            .arg(&self.overrides.channel)
             .arg(self.max_overrides);
         let invocation = &invocation;
         let out: Vec<i64> = retried(|| {

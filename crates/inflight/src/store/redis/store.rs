@@ -44,9 +44,9 @@ use crate::store::{
 pub struct RedisStore {
     pub(super) conn: Conn,
     pub(super) batcher: Batcher,
-    /// The view of the keys with an override (`overrides.rs`), and the names of their index.
+    /// The view of the keys with an override (`overrides.rs`), and the names of their index in Redis.
     pub(super) view: Arc<View>,
-    pub(super) names: Arc<Names>,
+    pub(super) overrides: Arc<Names>,
     /// The view of the keys with a balance (`quota.rs`).
     pub(super) metered: Arc<Metered>,
     /// The most keys with an override (0: no bound).

@@ -178,7 +178,7 @@ impl Store for DifyStore {
     ) -> Result<KeyStatus, StoreError> {
         let id = PermitId::from("");
         let mut call = self.call("s", &[key], &id, 0, &change_arg(change), &[limits])?;
-        call.key(&self.plain.names.index)
+        call.key(&self.plain.overrides.index)
             .arg(self.plain.max_overrides)
             .arg(key);
         status_of(&self.run(call).await?)
