@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::across;
-use super::error::retried;
+use super::error::{invoke, retried};
 use super::naming::KeyNames;
 use super::scripts;
 use super::store::{number, RedisStore};
@@ -153,12 +153,7 @@ impl RedisStore {
             names[i].declare(&mut invocation);
         }
         invocation.arg(self.offset());
-        let invocation = &invocation;
-        let out: Vec<i64> = retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await?;
+        let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
         if out.len() != group.len() * 2 {
             return Err(StoreError::Protocol(format!(
                 "busy answered {} numbers for {} keys",

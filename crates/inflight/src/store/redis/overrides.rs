@@ -304,12 +304,7 @@ pub(super) async fn change(
         .arg(value)
         .arg(&names.channel)
         .arg(max);
-    let invocation = &invocation;
-    let out: i64 = super::error::retried(|| {
-        let mut conn = conn.clone();
-        async move { invocation.invoke_async(&mut conn).await }
-    })
-    .await?;
+    let out: i64 = super::error::invoke(conn, &invocation).await?;
     Ok(out != -1)
 }
 

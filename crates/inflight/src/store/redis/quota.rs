@@ -16,7 +16,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::error::retried;
+use super::error::invoke;
 use super::naming::{KeyNames, Member};
 use super::overrides;
 use super::store::{fields, number, RedisStore, ToArg};
@@ -66,14 +66,9 @@ impl RedisStore {
         for arg in args {
             arg.push(&mut invocation);
         }
-        let invocation = &invocation;
-        let attempt = || {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async::<Vec<i64>>(&mut conn).await }
-        };
-        let out = match retry {
-            true => retried(attempt).await?,
-            false => attempt().await?,
+        let out: Vec<i64> = match retry {
+            true => invoke(&self.conn, &invocation).await?,
+            false => invocation.invoke_async(&mut self.conn.clone()).await?,
         };
         let [outcome, balance, reserved, expired, expires_at_ms] = fields(&out)?;
         Ok(Answer {

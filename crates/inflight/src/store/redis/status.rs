@@ -1,7 +1,7 @@
 //! Reading a key, and setting or clearing its override: `status.lua` (and on a cluster the index of
 //! overrides apart, `index.lua`).
 
-use super::error::retried;
+use super::error::invoke;
 use super::naming::KeyNames;
 use super::scripts;
 use super::store::{fields, number, RedisStore};
@@ -49,13 +49,7 @@ impl RedisStore {
             .arg(key)
             .arg(&self.overrides.channel)
             .arg(self.max_overrides);
-        let invocation = &invocation;
-        let out: Vec<i64> = retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await?;
-        status_of(&out)
+        status_of(&invoke::<Vec<i64>>(&self.conn, &invocation).await?)
     }
 }
 

@@ -5,11 +5,9 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use redis::Script;
-
 use super::batch::{Batcher, Op, Reply};
 use super::connect::Conn;
-use super::error::retried;
+use super::error::{invoke, retried};
 use super::naming::{KeyNames, Member};
 use super::overrides::{Metered, Names, View};
 use super::scripts;
@@ -83,28 +81,6 @@ impl RedisStore {
             .collect()
     }
 
-    /// Runs `script` on `keys` (declared three names each) with `args`, retried once on a dead connection.
-    async fn run<K: AsRef<str>>(
-        &self,
-        script: &'static Script,
-        keys: &[K],
-        args: &[&dyn ToArg],
-    ) -> Result<Vec<i64>, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        for names in self.names(keys) {
-            names.declare(&mut invocation);
-        }
-        for arg in args {
-            arg.push(&mut invocation);
-        }
-        let invocation = &invocation;
-        retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await
-    }
-
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
         match self.across(&self.names(&req.keys)) {
             Some(groups) => self.renew_across(req, groups).await,
@@ -121,19 +97,19 @@ impl RedisStore {
         req: &RenewRequest,
         readd: Option<u32>,
     ) -> Result<(Renewal, bool), StoreError> {
-        let limits: Vec<String> = limits
-            .iter()
-            .map(|limits| format!("{} {}", limits.default_limit, limits.max_limit))
-            .collect();
-        let (id, lease_ms, readd, offset) = (
-            Member(&req.id),
-            req.lease_ms.unwrap_or(0),
-            readd.or(req.readd_weight).unwrap_or(0),
-            self.offset(),
-        );
-        let mut args: Vec<&dyn ToArg> = vec![&id, &lease_ms, &readd, &offset];
-        args.extend(limits.iter().map(|limits| limits as &dyn ToArg));
-        let out = self.run(&scripts::RENEW, keys, &args).await?;
+        let mut invocation = scripts::RENEW.prepare_invoke();
+        for names in self.names(keys) {
+            names.declare(&mut invocation);
+        }
+        invocation
+            .arg(Member(&req.id))
+            .arg(req.lease_ms.unwrap_or(0))
+            .arg(readd.or(req.readd_weight).unwrap_or(0))
+            .arg(self.offset());
+        for limits in limits {
+            invocation.arg(format!("{} {}", limits.default_limit, limits.max_limit));
+        }
+        let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
         let [outcome, limit, in_flight, weight, expires_at_ms, held] = fields(&out)?;
         let renewal = renewal_of([outcome, limit, in_flight, weight, expires_at_ms])?;
         Ok((renewal, held == 1))

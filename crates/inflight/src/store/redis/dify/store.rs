@@ -31,7 +31,7 @@ use crate::id::PermitId;
 use crate::policy::ClassLimits;
 use crate::quota::{Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement};
 use crate::store::busy::{BusyKeys, BusyList};
-use crate::store::redis::error::retried;
+use crate::store::redis::error::invoke;
 use crate::store::redis::scripts;
 use crate::store::redis::status::{change_arg, status_of};
 use crate::store::redis::store::{admission_of, fields, renewal_of, RedisStore};
@@ -117,12 +117,7 @@ impl DifyStore {
 
     /// Runs a prepared call, retried once on a dead connection.
     async fn run(&self, invocation: ScriptInvocation<'static>) -> Result<Vec<i64>, StoreError> {
-        let invocation = &invocation;
-        retried(|| {
-            let mut conn = self.plain.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await
+        invoke(&self.plain.conn, &invocation).await
     }
 
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
