@@ -12,7 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::Client;
 
-use super::options::ConnOptions;
+use super::options::{client, ConnOptions};
 use crate::error::StoreError;
 
 /// How many times the cluster client sends a command again (after MOVED, ASK, TRYAGAIN or a lost
@@ -91,7 +91,7 @@ pub(super) fn open(
     let conn = cluster.get_pending_async_connection_with_config(config);
     let seeds = urls
         .iter()
-        .map(|url| options.client(url.as_str()))
+        .map(|url| client(url.as_str(), options.root_cert.as_deref()))
         .collect::<Result<Vec<Client>, StoreError>>()?;
     Ok((conn, seeds, format!("cluster {}", nodes.join(","))))
 }

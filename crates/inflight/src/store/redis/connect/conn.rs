@@ -9,7 +9,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
 
-use super::options::ConnOptions;
+use super::options::{client, ConnOptions};
 use super::sentinel::Follower;
 use super::{cluster, sentinel};
 use crate::error::StoreError;
@@ -59,7 +59,7 @@ impl Conn {
             .into_connection_info()
             .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
         let target = info.addr().to_string();
-        let client = options.client(info)?;
+        let client = client(info, options.root_cert.as_deref())?;
         let manager =
             ConnectionManager::new_lazy_with_config(client.clone(), options.manager_config())
                 .map_err(StoreError::from)?;
@@ -103,7 +103,10 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single { manager, .. } => manager.req_packed_command(cmd),
             Conn::Cluster { conn, .. } => conn.req_packed_command(cmd),
-            Conn::Sentinel(follower) => Box::pin(follower.command(cmd)),
+            Conn::Sentinel(follower) => Box::pin(
+                follower
+                    .send(move |mut manager| async move { manager.send_packed_command(cmd).await }),
+            ),
         }
     }
 
@@ -116,7 +119,9 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single { manager, .. } => manager.req_packed_commands(pipeline, offset, count),
             Conn::Cluster { conn, .. } => conn.req_packed_commands(pipeline, offset, count),
-            Conn::Sentinel(follower) => Box::pin(follower.pipeline(pipeline, offset, count)),
+            Conn::Sentinel(follower) => Box::pin(follower.send(move |mut manager| async move {
+                manager.send_packed_commands(pipeline, offset, count).await
+            })),
         }
     }
 

@@ -42,11 +42,6 @@ impl ConnOptions {
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100))
     }
-
-    /// A client of one server, with TCP_NODELAY and these options' CA certificate.
-    pub(super) fn client(&self, info: impl IntoConnectionInfo) -> Result<Client, StoreError> {
-        client(info, self.root_cert.as_deref())
-    }
 }
 
 /// A client of one server, with TCP_NODELAY, trusting `root_cert` (PEM) if given.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 
 use super::cluster::split_nodes;
 use super::options::{client, ConnOptions};
@@ -139,32 +139,16 @@ impl Follower {
         Ok(self.current().await?.client.clone())
     }
 
-    /// Sends `cmd` to the primary; once more to a new primary if the first one turned out gone.
-    pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+    /// Sends (with `send`: a command or a pipeline) to the primary; once more to a new primary if the
+    /// first one turned out gone.
+    pub(super) async fn send<T, F>(&self, send: impl Fn(ConnectionManager) -> F) -> RedisResult<T>
+    where
+        F: std::future::Future<Output = RedisResult<T>>,
+    {
         let current = self.current().await?;
-        let mut manager = current.manager.clone();
-        match manager.send_packed_command(cmd).await {
+        match send(current.manager.clone()).await {
             Err(error) if gone(&error) && self.moved_on(current.generation).await => {
-                let mut manager = self.current().await?.manager.clone();
-                manager.send_packed_command(cmd).await
-            }
-            result => result,
-        }
-    }
-
-    /// Sends a pipeline, as [`Follower::command`] sends a command.
-    pub(super) async fn pipeline(
-        &self,
-        pipeline: &Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        let current = self.current().await?;
-        let mut manager = current.manager.clone();
-        match manager.send_packed_commands(pipeline, offset, count).await {
-            Err(error) if gone(&error) && self.moved_on(current.generation).await => {
-                let mut manager = self.current().await?.manager.clone();
-                manager.send_packed_commands(pipeline, offset, count).await
+                send(self.current().await?.manager.clone()).await
             }
             result => result,
         }
