@@ -12,13 +12,10 @@
 //! never leave the index (balances have no delete). The view starts with the store's first quota call:
 //! a store that never meters pays nothing for it.
 
-use std::sync::LazyLock;
-
-use redis::Script;
-
 use super::error::invoke;
 use super::naming::{KeyNames, Member};
 use super::overrides;
+use super::scripts;
 use super::store::{fields, number, RedisStore, ToArg};
 use crate::clock::millis;
 use crate::error::StoreError;
@@ -27,13 +24,6 @@ use crate::quota::{
     Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
     MAX_OPEN_RESERVATIONS, MAX_QUOTAS, SETTLED_MEMORY,
 };
-
-static QUOTA: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/common.lua"),
-        include_str!("scripts/quota.lua")
-    ))
-});
 
 /// What `quota.lua` answers: the outcome and the key's balance.
 struct Answer {
@@ -54,7 +44,7 @@ impl RedisStore {
     ) -> Result<Answer, StoreError> {
         let names = KeyNames::new(&self.prefix, key, self.conn.is_cluster());
         let tag = names.tag();
-        let mut invocation = QUOTA.prepare_invoke();
+        let mut invocation = scripts::QUOTA.prepare_invoke();
         for role in [":quota", ":reservations", ":amounts", ":settled"] {
             invocation.key(format!("{tag}{role}"));
         }
