@@ -1,12 +1,14 @@
-//! [`MemoryStore`]: the embedded default and the reference implementation of [`Store`] (`decide.rs`).
+//! [`MemoryStore`]: the embedded default and the reference implementation of [`Store`](crate::Store)
+//! (`decide.rs`).
 //!
 //! Each key is a cell (its leases, its in-process holds, its override) behind its own lock, found through
 //! a sharded map; a decision locks the cells of its keys (in key order, so that no two decisions wait on
 //! each other in a circle), so it is atomic. Permits of this process hold their cells directly and need
 //! no lease: they end only by being released, which dropping them does. Leases are for permits handed to
 //! someone else (detached, or taken over HTTP): their deadlines run on the injected [`Clock`], and expired
-//! ones are reclaimed when their key is next touched and by [`Store::maintain`], which also forgets keys
-//! idle for a while, so memory stays bounded however many keys pass through.
+//! ones are reclaimed when their key is next touched and by maintenance
+//! ([`Store::maintain`](crate::Store::maintain)), which also forgets keys idle for a while, so memory
+//! stays bounded however many keys pass through.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,8 +23,6 @@ use super::key::{Hasher, KeyState};
 use crate::clock::{millis, Clock, SystemClock};
 use crate::policy::ClassLimits;
 use crate::store::wake::{Interest, Wakes, Wakeups};
-#[cfg(doc)]
-use crate::{error::StoreError, store::Store};
 
 /// How long a key with nothing in flight and no override is kept before maintenance forgets it.
 const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10);
@@ -122,7 +122,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// The most keys that may have an override at once (0, the default: no bound); setting one more is
-    /// [`StoreError::TooManyOverrides`].
+    /// [`StoreError::TooManyOverrides`](crate::StoreError::TooManyOverrides).
     #[must_use]
     pub fn max_overrides(self, max: usize) -> Self {
         self.inner.max_overrides.store(max, Ordering::Relaxed);
