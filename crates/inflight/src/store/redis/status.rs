@@ -1,5 +1,5 @@
-//! Reading a key, and setting or clearing its override: `status.lua` (and on a cluster the index of
-//! overrides apart, `index.lua`).
+//! Reading a key, and setting or clearing its override: `status.lua` (on a cluster the index of
+//! overrides apart, `index.lua`: `across.rs`).
 
 use super::error::invoke;
 use super::naming::KeyNames;
@@ -10,23 +10,6 @@ use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, OverrideChange};
 
 impl RedisStore {
-    pub(super) async fn status_with(
-        &self,
-        key: &str,
-        limits: ClassLimits,
-        change: OverrideChange,
-    ) -> Result<KeyStatus, StoreError> {
-        let status = if self.conn.is_cluster() {
-            self.status_cluster(key, limits, change).await?
-        } else {
-            self.status_in_slot(key, limits, change).await?
-        };
-        if change != OverrideChange::Keep {
-            self.view.note(key, status.override_limit.is_some());
-        }
-        Ok(status)
-    }
-
     /// `status.lua`, with the index of overrides on one server, without it on a cluster.
     pub(super) async fn status_in_slot(
         &self,

@@ -229,7 +229,15 @@ impl Store for RedisStore {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
-        self.status_with(key, limits, change).await
+        let status = match self.conn.is_cluster() {
+            true => self.status_cluster(key, limits, change).await?,
+            false => self.status_in_slot(key, limits, change).await?,
+        };
+        // Heard here at once; other processes hear it through the index's channel.
+        if change != OverrideChange::Keep {
+            self.view.note(key, status.override_limit.is_some());
+        }
+        Ok(status)
     }
 
     /// Keys whose classes are unlimited, none with an override in the view: admitted with no I/O.
