@@ -1,4 +1,4 @@
-"""Key names, ids and classes of keys: the Rust unit tests (keys.rs, policy.rs), ported."""
+"""Key names, ids and classes of keys: the Rust unit tests (naming.rs, policy.rs), ported."""
 
 from __future__ import annotations
 

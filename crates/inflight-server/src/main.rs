@@ -1,9 +1,9 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
 use anyhow::Context;
-use inflight::{MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
+use inflight::{AnyStore, MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
 use inflight_server::bench::BenchArgs;
-use inflight_server::config::{Cli, Command, Layered, LogFormat, ProxySettings};
+use inflight_server::config::{Cli, Command, Layered, Layout, LogFormat, ProxySettings};
 use inflight_server::server::{self, Workers};
 use inflight_server::{Settings, Shared};
 use tracing_subscriber::EnvFilter;
@@ -177,14 +177,13 @@ fn reload_on_hangup(
     let _ = (command, matches, shared, tls, log);
 }
 
-/// A worker's own Redis store (its connection and its batches on the worker's runtime).
-fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
+/// A worker's own Redis store (its connection and its batches on the worker's runtime), in the key
+/// layout `--layout` names.
+fn redis_store(settings: &Settings) -> anyhow::Result<AnyStore> {
     let builder = RedisStore::builder(settings.store.clone())
         .prefix(settings.redis.redis_prefix.clone())
         .pipeline(settings.redis.redis_pipeline)
         .max_overrides(settings.max_overrides)
-        .layout(settings.redis.layout.into())
-        .dify_stale_after(settings.redis.dify_stale_after)
         .wait_replicas(
             settings.redis.redis_wait_replicas,
             settings.redis.redis_wait_timeout,
@@ -194,9 +193,15 @@ fn redis_store(settings: &Settings) -> anyhow::Result<RedisStore> {
         Some(pem) => builder.root_cert(pem),
         None => builder,
     };
-    builder
-        .open()
-        .map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))
+    let store = match settings.redis.layout {
+        Layout::Inflight => builder.open().map(AnyStore::from),
+        Layout::Dify => builder
+            .dify()
+            .stale_after(settings.redis.dify_stale_after)
+            .open()
+            .map(AnyStore::from),
+    };
+    store.map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))
 }
 
 /// Serves until a signal, each worker with an app over a store from `store`.

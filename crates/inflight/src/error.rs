@@ -58,7 +58,7 @@ pub enum StoreError {
     /// The store refused the request as malformed.
     #[error("store rejected the request: {0}")]
     Rejected(String),
-    /// The store cannot do what was asked of it (a weight over 1 under Redis's `Layout::Dify`, say).
+    /// The store cannot do what was asked of it (a weight over 1 in a `DifyStore`, say).
     #[error("not supported by this store: {0}")]
     Unsupported(String),
     /// A new override would pass the store's bound on keys with an override.

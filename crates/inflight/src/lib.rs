@@ -97,4 +97,4 @@ pub use store::{
     AnyStore, BusyKeys, Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups,
 };
 #[cfg(feature = "redis")]
-pub use store::{Layout, RedisStore, RedisStoreBuilder};
+pub use store::{DifyStore, DifyStoreBuilder, RedisStore, RedisStoreBuilder};

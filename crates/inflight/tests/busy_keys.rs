@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use inflight::{
     AcquireOptions, BusyKeys, ClassLimits, Limit, Limiter, ManualClock, MemoryStore, Policy,
-    RedisStore,
 };
 use support::TestRedis;
 
@@ -186,11 +185,7 @@ async fn redis_scans_every_page_under_its_prefix_only() {
 #[tokio::test]
 async fn redis_dify_layout_says_unsupported() {
     let redis = TestRedis::start();
-    let dify: RedisStore = redis
-        .store_builder()
-        .layout(inflight::Layout::Dify)
-        .open()
-        .unwrap();
+    let dify = redis.store_builder().dify().open().unwrap();
     let error = dify.busy("", 10).await.unwrap_err();
     assert!(
         matches!(error, inflight::StoreError::Unsupported(_)),

@@ -267,7 +267,7 @@ async fn the_dify_layout_is_refused_on_a_cluster_with_the_reason() {
     let cluster = TestCluster::shared();
     let refused = cluster
         .store_builder(&unique_prefix("dify"))
-        .layout(inflight::Layout::Dify)
+        .dify()
         .open()
         .unwrap_err();
     assert!(refused.to_string().contains("different slots"), "{refused}");

@@ -1,4 +1,4 @@
-//! `Layout::Dify` beside a worker that does exactly what Dify's `RateLimit` does (HLEN, then HSET of the
+//! `DifyStore` beside a worker that does exactly what Dify's `RateLimit` does (HLEN, then HSET of the
 //! request id to `time.time()` as a float's text; HDEL on exit; entries older than 600 s evicted).
 #![allow(missing_docs)]
 
@@ -6,18 +6,18 @@ mod support;
 
 use std::time::Duration;
 
-use inflight::{AcquireError, AcquireOptions, Layout, Limiter, Policy, RedisStore, Renewal};
+use inflight::{AcquireError, AcquireOptions, DifyStore, Limiter, Policy, Renewal};
 use redis::Commands;
 use support::TestRedis;
 
 const HASH: &str = "dify:rate_limit:app-1:active_requests";
 const MAX: &str = "dify:rate_limit:app-1:max_active_requests";
 
-fn store(redis: &TestRedis) -> RedisStore {
-    redis.store_builder().layout(Layout::Dify).open().unwrap()
+fn store(redis: &TestRedis) -> DifyStore {
+    redis.store_builder().dify().open().unwrap()
 }
 
-fn limiter(store: RedisStore, default_limit: u32) -> Limiter<RedisStore> {
+fn limiter(store: DifyStore, default_limit: u32) -> Limiter<DifyStore> {
     Limiter::builder(store)
         .policy(Policy::new(default_limit, 0))
         .build()
@@ -92,7 +92,7 @@ async fn dify_workers_and_inflight_share_one_cap() {
     assert!(left.iter().all(|id| id.starts_with('d')), "{left:?}");
 }
 
-async fn support_settle(limiter: &Limiter<RedisStore>, want: u32) {
+async fn support_settle(limiter: &Limiter<DifyStore>, want: u32) {
     for _ in 0..200 {
         if limiter.status("app-1").await.unwrap().in_flight == want {
             return;
@@ -205,8 +205,8 @@ async fn stale_dify_entries_are_evicted_only_when_they_stand_in_the_way() {
     assert!(dify_enter(&mut conn, "old", 1, now - 100.0));
     let strict = redis
         .store_builder()
-        .layout(Layout::Dify)
-        .dify_stale_after(Duration::from_secs(60))
+        .dify()
+        .stale_after(Duration::from_secs(60))
         .open()
         .unwrap();
     let _c = self::limiter(strict, 1).try_acquire("app-1").await.unwrap();

@@ -1,5 +1,5 @@
-"""Dify's key layout (``layout="dify"``): ``dify.lua``'s KEYS and ARGV, as ``RedisStoreBuilder::layout``
-sends them from Rust (``crates/inflight/src/store/redis/dify.rs``)."""
+"""Dify's key layout (``layout="dify"``): ``dify.lua``'s KEYS and ARGV, as ``DifyStore``
+sends them from Rust (``crates/inflight/src/store/redis/dify/store.rs``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Redis key names and permit ids, exactly as inflight's Rust store writes them (``keys.rs``, ``id.rs``).
+"""Redis key names and permit ids, exactly as inflight's Rust store writes them (``naming.rs``, ``id.rs``).
 
 A user key ``K`` lives in ``<prefix>{E}:leases``, ``:permits`` and ``:limit``, where ``E`` is ``K`` with
 ``{``, ``}``, ``%`` and control characters percent-encoded (the empty key is ``%``). A permit id that is a

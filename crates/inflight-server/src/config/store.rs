@@ -59,15 +59,6 @@ pub enum Layout {
     Dify,
 }
 
-impl From<Layout> for inflight::Layout {
-    fn from(layout: Layout) -> Self {
-        match layout {
-            Layout::Inflight => Self::Inflight,
-            Layout::Dify => Self::Dify,
-        }
-    }
-}
-
 impl RedisSettings {
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         if self.redis_ca_cert.is_some() && !cfg!(feature = "tls") {

@@ -40,6 +40,9 @@ pub enum AnyStore {
     /// Redis: one server, a Cluster, or a primary under Sentinel.
     #[cfg(feature = "redis")]
     Redis(super::RedisStore),
+    /// Redis in Dify's own keys, shared with Dify's workers.
+    #[cfg(feature = "redis")]
+    Dify(super::DifyStore),
 }
 
 impl From<MemoryStore> for AnyStore {
@@ -55,6 +58,13 @@ impl From<super::RedisStore> for AnyStore {
     }
 }
 
+#[cfg(feature = "redis")]
+impl From<super::DifyStore> for AnyStore {
+    fn from(store: super::DifyStore) -> Self {
+        Self::Dify(store)
+    }
+}
+
 /// Calls `$call` on whichever store `$any` is, as `$store`.
 macro_rules! each {
     ($any:expr, $store:ident => $call:expr) => {
@@ -62,6 +72,8 @@ macro_rules! each {
             AnyStore::Memory($store) => $call,
             #[cfg(feature = "redis")]
             AnyStore::Redis($store) => $call,
+            #[cfg(feature = "redis")]
+            AnyStore::Dify($store) => $call,
         }
     };
 }

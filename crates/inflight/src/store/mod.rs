@@ -13,7 +13,7 @@ mod redis;
 pub(crate) mod wake;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{Layout, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use self::redis::{DifyStore, DifyStoreBuilder, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
 pub use any::AnyStore;
 pub use busy::{BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_BUSY, MAX_EXAMINED};
 pub use memory::MemoryStore;

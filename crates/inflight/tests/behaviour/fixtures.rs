@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use inflight::{Limiter, ManualClock, MemoryStore, Policy, RedisStore, Store};
+use inflight::{DifyStore, Limiter, ManualClock, MemoryStore, Policy, RedisStore, Store};
 
 use crate::support::{unique_prefix, TestCluster, TestRedis};
 
@@ -52,9 +52,9 @@ impl Fixture for MemoryFixture {
     }
 }
 
-pub struct RedisFixture {
+pub struct RedisFixture<S = RedisStore> {
     // Declared first: the store goes before the server it talks to.
-    store: RedisStore,
+    store: S,
     _server: TestRedis,
 }
 
@@ -66,18 +66,28 @@ impl RedisFixture {
             _server: server,
         }
     }
+}
 
+impl RedisFixture<DifyStore> {
     /// A store of Dify's key layout.
     pub fn dify() -> Self {
         let server = TestRedis::start();
         Self {
-            store: server
-                .store_builder()
-                .layout(inflight::Layout::Dify)
-                .open()
-                .unwrap(),
+            store: server.store_builder().dify().open().unwrap(),
             _server: server,
         }
+    }
+}
+
+impl Fixture for RedisFixture<DifyStore> {
+    type S = DifyStore;
+
+    fn store(&self) -> Self::S {
+        self.store.clone()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.store.advance_clock(by);
     }
 }
 

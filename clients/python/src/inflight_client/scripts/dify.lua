@@ -1,4 +1,4 @@
--- dify.lua: Dify's key layout (`Layout::Dify`), shared with unmodified Dify workers during a migration.
+-- dify.lua: Dify's key layout (`DifyStore`), shared with unmodified Dify workers during a migration.
 -- KEYS, four for each user key K (H = dify:rate_limit:K:active_requests):
 --   H                   hash: request id -> epoch seconds as text (Dify's own; HLEN is the count)
 --   {H}:leases          sorted set: inflight's request ids -> lease deadline (ms); same slot as H

@@ -15,9 +15,10 @@
 use std::sync::Arc;
 
 use super::batch::{Op, Reply};
-use super::cluster::slot;
-use super::keys::KeyNames;
-use super::{number, RedisStore};
+use super::connect::slot;
+use super::naming::KeyNames;
+use super::overrides;
+use super::store::{number, RedisStore};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
@@ -49,6 +50,15 @@ fn pick<T: Clone>(all: &[T], group: &[usize]) -> Vec<T> {
 }
 
 impl RedisStore {
+    /// On a cluster, the slot groups of `names` when they span more than one slot.
+    pub(super) fn across(&self, names: &[KeyNames]) -> Option<Vec<Vec<usize>>> {
+        if !self.conn.is_cluster() || names.len() < 2 {
+            return None;
+        }
+        let groups = groups(names);
+        (groups.len() > 1).then_some(groups)
+    }
+
     /// An admission on keys of several slots (see the module's doc); answered as `batch.lua` answers
     /// one admission.
     pub(super) async fn acquire_across(
@@ -233,8 +243,8 @@ impl RedisStore {
     }
 
     async fn index_change(&self, op: char, key: &str, value: u32) -> Result<(), StoreError> {
-        let names = &self.names;
-        if !super::overrides::change(&self.conn, names, self.max_overrides, op, key, value).await? {
+        let names = &self.overrides;
+        if !overrides::change(&self.conn, names, self.max_overrides, op, key, value).await? {
             let max = number(i64::try_from(self.max_overrides).unwrap_or(i64::MAX))?;
             return Err(StoreError::TooManyOverrides { max });
         }

@@ -18,10 +18,10 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
-use super::cluster::slot;
-use super::conn::Conn;
+use super::connect::slot;
+use super::connect::Conn;
 use super::error::retried;
-use super::keys::{KeyNames, Member};
+use super::naming::{KeyNames, Member};
 use super::scripts;
 use crate::error::StoreError;
 use crate::id::PermitId;

@@ -4,30 +4,45 @@ use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::io::tcp::TcpSettings;
-use redis::{Client, IntoConnectionInfo};
-
 use super::batch::{Batcher, Durability};
-use super::conn::Conn;
-use super::{cluster, overrides, quota, sentinel, wakeups, Layout, RedisStore};
+use super::connect::{Conn, ConnOptions};
+use super::naming::KeyNames;
+use super::overrides::{self, Metered, Names, View};
+use super::store::RedisStore;
+use super::wakeups;
 use crate::error::StoreError;
+use crate::store::wake::Wakes;
 
-/// Builds a [`RedisStore`].
+/// The prefix of every Redis key inflight writes unless [`RedisStoreBuilder::prefix`] says otherwise.
+pub const DEFAULT_PREFIX: &str = "inflight:";
+
+/// Builds a [`RedisStore`] (or, through [`RedisStoreBuilder::dify`], a [`DifyStore`](super::DifyStore)).
 #[derive(Debug)]
 #[must_use]
 pub struct RedisStoreBuilder {
-    pub(super) url: String,
-    pub(super) prefix: String,
-    pub(super) response_timeout: Duration,
-    pub(super) connection_timeout: Duration,
-    pub(super) pipeline: usize,
-    pub(super) max_overrides: usize,
-    pub(super) layout: Layout,
-    pub(super) stale_after: Duration,
-    pub(super) wait: Option<Durability>,
-    #[cfg(feature = "tls")]
-    pub(super) root_cert: Option<Vec<u8>>,
+    pub(super) conn: ConnOptions,
+    prefix: String,
+    pipeline: usize,
+    max_overrides: usize,
+    wait: Option<Durability>,
+}
+
+impl RedisStore {
+    /// Starts building a store for `url`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            conn: ConnOptions::new(url.into()),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            pipeline: 3,
+            max_overrides: 0,
+            wait: None,
+        }
+    }
+
+    /// A store for `url` with the default prefix and timeouts; see [`RedisStoreBuilder::open`].
+    pub fn open(url: impl Into<String>) -> Result<Self, StoreError> {
+        Self::builder(url).open()
+    }
 }
 
 impl RedisStoreBuilder {
@@ -39,13 +54,13 @@ impl RedisStoreBuilder {
 
     /// How long to wait for an answer before the store counts as unavailable (default 1 s).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
+        self.conn.response_timeout = timeout;
         self
     }
 
     /// How long one connection attempt may take (default 1 s).
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
+        self.conn.connection_timeout = timeout;
         self
     }
 
@@ -65,20 +80,6 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The key layout (default [`Layout::Inflight`]); [`Layout::Dify`] shares Dify's own keys with its
-    /// workers during a migration.
-    pub fn layout(mut self, layout: Layout) -> Self {
-        self.layout = layout;
-        self
-    }
-
-    /// Under [`Layout::Dify`]: how old a Dify worker's entry must be before an admission that needs its
-    /// slot evicts it (default 600 s, Dify's own age).
-    pub fn dify_stale_after(mut self, age: Duration) -> Self {
-        self.stale_after = age;
-        self
-    }
-
     /// Makes every batch of admissions and releases wait until `replicas` replicas have acknowledged
     /// it (Redis `WAIT`), for at most `timeout`, before it is answered: a failover then loses only
     /// admissions that fewer replicas had when it came (RELIABILITY.md, "Failover"). Each admission
@@ -93,7 +94,7 @@ impl RedisStoreBuilder {
     /// for a Redis whose certificate a private CA signed.
     #[cfg(feature = "tls")]
     pub fn root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.root_cert = Some(pem.into());
+        self.conn.root_cert = Some(pem.into());
         self
     }
 
@@ -111,115 +112,39 @@ impl RedisStoreBuilder {
     /// Call it inside a Tokio runtime: the store's connection and its batcher run on that runtime, which
     /// must keep running for as long as the store is used. Outside a runtime it is an error.
     pub fn open(self) -> Result<RedisStore, StoreError> {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(StoreError::Rejected(
-                "open a RedisStore inside a Tokio runtime".into(),
-            ));
-        }
-        let (conn, target) = if let Some((rest, tls)) = cluster::strip_scheme(&self.url) {
-            cluster::open(&self, rest, tls)?
-        } else if let Some((rest, tls)) = sentinel::strip_scheme(&self.url) {
-            sentinel::Follower::open(&self, rest, tls, self.manager_config())?
-        } else {
-            self.single()?
-        };
-        if self.layout == Layout::Dify && conn.is_cluster() {
-            return Err(StoreError::Rejected(
-                "the Dify layout is not supported on Redis Cluster: an app's two Dify keys hash to \
-                 different slots, so no script can count and admit against both (docs/dify.md)"
-                    .into(),
-            ));
-        }
+        let (conn, target) = Conn::open(&self.conn)?;
+        let (prefix, cluster) = (self.prefix.clone(), conn.is_cluster());
+        let released = move |key: &str| KeyNames::new(&prefix, key, cluster).released();
+        let wakes = wakeups::start(conn.clone(), released);
+        let store = self.assemble(conn, target, wakes);
+        overrides::start(
+            store.conn.clone(),
+            Names::clone(&store.overrides),
+            &store.view,
+        );
+        Ok(store)
+    }
+
+    /// The store on `conn`, waking waiters through `wakes`; its view of overrides not started.
+    pub(super) fn assemble(self, conn: Conn, target: String, wakes: Arc<Wakes>) -> RedisStore {
         let clock_offset_ms = Arc::new(AtomicI64::new(0));
-        let names = overrides::Names::new(&self.prefix, "overrides", conn.is_cluster());
-        let view = Arc::new(overrides::View::default());
-        let metered = Arc::new(quota::Metered::new(&self.prefix, conn.is_cluster()));
-        let wakes = wakeups::start(conn.clone(), self.layout, &self.prefix);
-        if self.layout == Layout::Inflight {
-            overrides::start(conn.clone(), names.clone(), &view);
-        }
-        Ok(RedisStore {
+        let cluster = conn.is_cluster();
+        RedisStore {
             batcher: Batcher::start(
                 conn.clone(),
                 clock_offset_ms.clone(),
                 self.pipeline,
                 self.wait,
             ),
+            overrides: Arc::new(Names::new(&self.prefix, "overrides", cluster)),
+            view: Arc::new(View::default()),
+            metered: Arc::new(Metered::new(&self.prefix, cluster)),
             conn,
-            view,
-            names: Arc::new(names),
-            metered,
             max_overrides: self.max_overrides,
             prefix: Arc::from(self.prefix),
             target: Arc::from(target),
-            layout: self.layout,
             wakes,
-            stale_ms: u64::try_from(self.stale_after.as_millis()).unwrap_or(u64::MAX),
             clock_offset_ms,
-        })
+        }
     }
-
-    /// One server: `redis://`, `rediss://`, `unix://`, `redis+unix://`.
-    fn single(&self) -> Result<(Conn, String), StoreError> {
-        let info = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| StoreError::Rejected(format!("invalid Redis URL: {e}")))?;
-        let target = info.addr().to_string();
-        let client = self.client(info)?;
-        let manager =
-            ConnectionManager::new_lazy_with_config(client.clone(), self.manager_config())
-                .map_err(StoreError::from)?;
-        let client = Arc::new(client);
-        Ok((Conn::Single { manager, client }, target))
-    }
-
-    /// The connection manager's timeouts and reconnection (one server, or the primary Sentinel names).
-    fn manager_config(&self) -> ConnectionManagerConfig {
-        ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100))
-    }
-
-    /// A client of one server, with TCP_NODELAY and this builder's CA certificate.
-    pub(super) fn client(&self, info: impl IntoConnectionInfo) -> Result<Client, StoreError> {
-        #[cfg(feature = "tls")]
-        let root_cert = self.root_cert.as_deref();
-        #[cfg(not(feature = "tls"))]
-        let root_cert = None;
-        client(info, root_cert)
-    }
-}
-
-/// A client of one server, with TCP_NODELAY, trusting `root_cert` (PEM) if given.
-pub(super) fn client(
-    info: impl IntoConnectionInfo,
-    root_cert: Option<&[u8]>,
-) -> Result<Client, StoreError> {
-    let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
-    let info = info
-        .into_connection_info()
-        .map_err(invalid)?
-        .set_tcp_settings(TcpSettings::default().set_nodelay(true));
-    #[cfg(feature = "tls")]
-    let client = match root_cert {
-        Some(pem) => Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.to_vec()),
-            },
-        ),
-        None => Client::open(info),
-    };
-    #[cfg(not(feature = "tls"))]
-    let client = {
-        let _ = root_cert;
-        Client::open(info)
-    };
-    client.map_err(invalid)
 }

@@ -1,7 +1,8 @@
 //! Redis errors as [`StoreError`]s: transient when trying again later may work.
 
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
 
+use super::connect::Conn;
 use crate::error::StoreError;
 
 impl From<RedisError> for StoreError {
@@ -27,6 +28,18 @@ impl From<RedisError> for StoreError {
             StoreError::Rejected(err.to_string())
         }
     }
+}
+
+/// Runs a script on `conn` (EVALSHA; loaded on NOSCRIPT), [`retried`].
+pub(super) async fn invoke<T: FromRedisValue>(
+    conn: &Conn,
+    invocation: &ScriptInvocation<'_>,
+) -> Result<T, StoreError> {
+    retried(|| {
+        let mut conn = conn.clone();
+        async move { invocation.invoke_async(&mut conn).await }
+    })
+    .await
 }
 
 /// Runs `attempt` once more when the connection turned out to be dead (Redis restarted, say): the

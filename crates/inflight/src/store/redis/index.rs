@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::error::retried;
-use super::keys::Member;
-use super::RedisStore;
+use super::naming::Member;
+use super::store::RedisStore;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::store::{IndexOp, Recorded};

@@ -18,13 +18,13 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Once, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::AsyncCommands;
 
-use super::conn::Conn;
+use super::connect::Conn;
 
 /// How often the version of the index is read, to catch a lost announcement (within two of these).
 pub(super) const POLL: Duration = Duration::from_millis(50);
@@ -59,6 +59,30 @@ impl Names {
             index,
             channel: format!("{prefix}{what}"),
         }
+    }
+}
+
+/// The view of the keys with a balance (`quota.rs`), shared by a store's clones.
+pub(super) struct Metered {
+    pub(super) names: Names,
+    pub(super) view: Arc<View>,
+    started: Once,
+}
+
+impl Metered {
+    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
+        Self {
+            names: Names::new(prefix, "quotas", cluster),
+            view: Arc::default(),
+            started: Once::new(),
+        }
+    }
+
+    /// True when the view knows that `key` has no balance (starting the view on the first call).
+    pub(super) fn unmetered(&self, conn: &Conn, key: &str) -> bool {
+        self.started
+            .call_once(|| start(conn.clone(), self.names.clone(), &self.view));
+        self.view.none_of(&[key])
     }
 }
 
@@ -280,12 +304,7 @@ pub(super) async fn change(
         .arg(value)
         .arg(&names.channel)
         .arg(max);
-    let invocation = &invocation;
-    let out: i64 = super::error::retried(|| {
-        let mut conn = conn.clone();
-        async move { invocation.invoke_async(&mut conn).await }
-    })
-    .await?;
+    let out: i64 = super::error::invoke(conn, &invocation).await?;
     Ok(out != -1)
 }
 

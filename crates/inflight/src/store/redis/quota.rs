@@ -12,16 +12,11 @@
 //! never leave the index (balances have no delete). The view starts with the store's first quota call:
 //! a store that never meters pays nothing for it.
 
-use std::future::Future;
-use std::sync::{Arc, LazyLock, Once};
-
-use redis::Script;
-
-use super::conn::Conn;
-use super::error::retried;
-use super::keys::{KeyNames, Member};
-use super::overrides::{self, Names, View};
-use super::{fields, number, RedisStore, ToArg};
+use super::error::invoke;
+use super::naming::{KeyNames, Member};
+use super::overrides;
+use super::scripts;
+use super::store::{fields, number, RedisStore, ToArg};
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
@@ -29,37 +24,6 @@ use crate::quota::{
     Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
     MAX_OPEN_RESERVATIONS, MAX_QUOTAS, SETTLED_MEMORY,
 };
-
-/// The view of the keys with a balance, shared by a store's clones.
-pub(super) struct Metered {
-    names: Names,
-    view: Arc<View>,
-    started: Once,
-}
-
-impl Metered {
-    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
-        Self {
-            names: Names::new(prefix, "quotas", cluster),
-            view: Arc::default(),
-            started: Once::new(),
-        }
-    }
-
-    /// True when the view knows that `key` has no balance (starting the view on the first call).
-    fn unmetered(&self, conn: &Conn, key: &str) -> bool {
-        self.started
-            .call_once(|| overrides::start(conn.clone(), self.names.clone(), &self.view));
-        self.view.none_of(&[key])
-    }
-}
-
-static QUOTA: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("scripts/common.lua"),
-        include_str!("scripts/quota.lua")
-    ))
-});
 
 /// What `quota.lua` answers: the outcome and the key's balance.
 struct Answer {
@@ -80,7 +44,7 @@ impl RedisStore {
     ) -> Result<Answer, StoreError> {
         let names = KeyNames::new(&self.prefix, key, self.conn.is_cluster());
         let tag = names.tag();
-        let mut invocation = QUOTA.prepare_invoke();
+        let mut invocation = scripts::QUOTA.prepare_invoke();
         for role in [":quota", ":reservations", ":amounts", ":settled"] {
             invocation.key(format!("{tag}{role}"));
         }
@@ -92,14 +56,9 @@ impl RedisStore {
         for arg in args {
             arg.push(&mut invocation);
         }
-        let invocation = &invocation;
-        let attempt = || {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async::<Vec<i64>>(&mut conn).await }
-        };
-        let out = match retry {
-            true => retried(attempt).await?,
-            false => attempt().await?,
+        let out: Vec<i64> = match retry {
+            true => invoke(&self.conn, &invocation).await?,
+            false => invocation.invoke_async(&mut self.conn.clone()).await?,
         };
         let [outcome, balance, reserved, expired, expires_at_ms] = fields(&out)?;
         Ok(Answer {
@@ -119,31 +78,25 @@ fn unexpected(op: &str, outcome: i64) -> StoreError {
 }
 
 impl QuotaStore for RedisStore {
-    fn fund(
-        &self,
-        key: &str,
-        fund: Fund,
-    ) -> impl Future<Output = Result<Balance, StoreError>> + Send {
+    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
         let (mode, n, retry) = match fund {
             Fund::Set(n) => ("s", n, true),
             Fund::Add(n) => ("a", n, false),
         };
-        async move {
-            let metered = &self.metered;
-            if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
-                return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
-            }
-            metered.view.note(key, true);
-            let answer = self
-                .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
-                .await?;
-            match answer.outcome {
-                1 => Ok(answer.balance),
-                -2 => Err(StoreError::Rejected(format!(
-                    "the balance would pass the largest, {MAX_BALANCE}"
-                ))),
-                other => Err(unexpected("fund", other)),
-            }
+        let metered = &self.metered;
+        if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
+            return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
+        }
+        metered.view.note(key, true);
+        let answer = self
+            .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
+            .await?;
+        match answer.outcome {
+            1 => Ok(answer.balance),
+            -2 => Err(StoreError::Rejected(format!(
+                "the balance would pass the largest, {MAX_BALANCE}"
+            ))),
+            other => Err(unexpected("fund", other)),
         }
     }
 
@@ -156,79 +109,68 @@ impl QuotaStore for RedisStore {
         }
     }
 
-    fn reserve(
+    async fn reserve(
         &self,
         key: &str,
         id: &PermitId,
         amount: u64,
         ttl_ms: u64,
-    ) -> impl Future<Output = Result<Reserve, StoreError>> + Send {
-        let id = Member(id);
-        async move {
-            if self.metered.unmetered(&self.conn, key) {
-                return Ok(Reserve::Unmetered);
-            }
-            let answer = self
-                .quota_call(key, "r", &[&id, &amount, &ttl_ms], true)
-                .await?;
-            let balance = answer.balance;
-            match answer.outcome {
-                1 => Ok(Reserve::Reserved {
-                    balance,
-                    expires_at_ms: answer.expires_at_ms,
-                }),
-                0 => Ok(Reserve::Exhausted { balance }),
-                2 => Ok(Reserve::Settled { balance }),
-                -1 => Ok(Reserve::Unmetered),
-                -3 => Err(StoreError::TooManyReservations {
-                    max: MAX_OPEN_RESERVATIONS,
-                }),
-                other => Err(unexpected("reserve", other)),
-            }
+    ) -> Result<Reserve, StoreError> {
+        if self.metered.unmetered(&self.conn, key) {
+            return Ok(Reserve::Unmetered);
+        }
+        let args: [&dyn ToArg; 3] = [&Member(id), &amount, &ttl_ms];
+        let answer = self.quota_call(key, "r", &args, true).await?;
+        let balance = answer.balance;
+        match answer.outcome {
+            1 => Ok(Reserve::Reserved {
+                balance,
+                expires_at_ms: answer.expires_at_ms,
+            }),
+            0 => Ok(Reserve::Exhausted { balance }),
+            2 => Ok(Reserve::Settled { balance }),
+            -1 => Ok(Reserve::Unmetered),
+            -3 => Err(StoreError::TooManyReservations {
+                max: MAX_OPEN_RESERVATIONS,
+            }),
+            other => Err(unexpected("reserve", other)),
         }
     }
 
-    fn settle(
+    async fn settle(
         &self,
         key: &str,
         id: &PermitId,
         settle: Settle,
-    ) -> impl Future<Output = Result<Settlement, StoreError>> + Send {
-        let id = Member(id);
+    ) -> Result<Settlement, StoreError> {
         let how = match settle {
             Settle::Commit => "c",
             Settle::Refund => "r",
         };
-        async move {
-            let answer = self.quota_call(key, "s", &[&id, &how], true).await?;
-            match answer.outcome {
-                1 => Ok(Settlement::Settled(answer.balance)),
-                2 => Ok(Settlement::Already(answer.balance)),
-                0 => Ok(Settlement::NotFound(Some(answer.balance))),
-                -1 => Ok(Settlement::NotFound(None)),
-                other => Err(unexpected("settle", other)),
-            }
+        let answer = self
+            .quota_call(key, "s", &[&Member(id), &how], true)
+            .await?;
+        match answer.outcome {
+            1 => Ok(Settlement::Settled(answer.balance)),
+            2 => Ok(Settlement::Already(answer.balance)),
+            0 => Ok(Settlement::NotFound(Some(answer.balance))),
+            -1 => Ok(Settlement::NotFound(None)),
+            other => Err(unexpected("settle", other)),
         }
     }
 
-    fn extend(
-        &self,
-        key: &str,
-        id: &PermitId,
-        ttl_ms: u64,
-    ) -> impl Future<Output = Result<Extension, StoreError>> + Send {
-        let id = Member(id);
-        async move {
-            let answer = self.quota_call(key, "e", &[&id, &ttl_ms], true).await?;
-            match answer.outcome {
-                1 => Ok(Extension::Extended {
-                    expires_at_ms: answer.expires_at_ms,
-                    balance: answer.balance,
-                }),
-                0 => Ok(Extension::NotOpen(Some(answer.balance))),
-                -1 => Ok(Extension::NotOpen(None)),
-                other => Err(unexpected("extend", other)),
-            }
+    async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
+        let answer = self
+            .quota_call(key, "e", &[&Member(id), &ttl_ms], true)
+            .await?;
+        match answer.outcome {
+            1 => Ok(Extension::Extended {
+                expires_at_ms: answer.expires_at_ms,
+                balance: answer.balance,
+            }),
+            0 => Ok(Extension::NotOpen(Some(answer.balance))),
+            -1 => Ok(Extension::NotOpen(None)),
+            other => Err(unexpected("extend", other)),
         }
     }
 }

@@ -18,5 +18,7 @@ pub(super) static DIFY: LazyLock<Script> = script!("scripts/dify.lua");
 /// Alone (it reads no user key): the index of overrides on Redis Cluster.
 pub(super) static INDEX: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/index.lua")));
-/// The busy keys' counts, read only (`busy.rs`).
+/// Balances and reservations (`quota.rs`).
+pub(super) static QUOTA: LazyLock<Script> = script!("scripts/quota.lua");
+/// The busy keys' counts, read only (`listing.rs`).
 pub(super) static BUSY: LazyLock<Script> = script!("scripts/busy.lua");

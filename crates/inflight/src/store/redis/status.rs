@@ -1,34 +1,15 @@
-//! Reading a key, and setting or clearing its override: `status.lua` (and on a cluster the index of
-//! overrides apart, `index.lua`), or `dify.lua` under Dify's layout.
+//! Reading a key, and setting or clearing its override: `status.lua` (on a cluster the index of
+//! overrides apart, `index.lua`: `across.rs`).
 
-use super::error::retried;
-use super::keys::KeyNames;
-use super::{fields, number, scripts, Layout, RedisStore};
+use super::error::invoke;
+use super::naming::KeyNames;
+use super::scripts;
+use super::store::{fields, number, RedisStore};
 use crate::error::StoreError;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, OverrideChange};
 
 impl RedisStore {
-    pub(super) async fn status_with(
-        &self,
-        key: &str,
-        limits: ClassLimits,
-        change: OverrideChange,
-    ) -> Result<KeyStatus, StoreError> {
-        if self.layout == Layout::Dify {
-            return self.dify_status(key, limits, change).await;
-        }
-        let status = if self.conn.is_cluster() {
-            self.status_cluster(key, limits, change).await?
-        } else {
-            self.status_in_slot(key, limits, change).await?
-        };
-        if change != OverrideChange::Keep {
-            self.view.note(key, status.override_limit.is_some());
-        }
-        Ok(status)
-    }
-
     /// `status.lua`, with the index of overrides on one server, without it on a cluster.
     pub(super) async fn status_in_slot(
         &self,
@@ -39,7 +20,9 @@ impl RedisStore {
         let mut invocation = scripts::STATUS.prepare_invoke();
         KeyNames::new(&self.prefix, key, self.conn.is_cluster()).declare(&mut invocation);
         if !self.conn.is_cluster() {
-            invocation.key(&self.names.index).key(&self.names.version);
+            invocation
+                .key(&self.overrides.index)
+                .key(&self.overrides.version);
         }
         invocation
             .arg(limits.default_limit)
@@ -47,15 +30,9 @@ impl RedisStore {
             .arg(change_arg(change))
             .arg(self.offset())
             .arg(key)
-            .arg(&self.names.channel)
+            .arg(&self.overrides.channel)
             .arg(self.max_overrides);
-        let invocation = &invocation;
-        let out: Vec<i64> = retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await?;
-        status_of(&out)
+        status_of(&invoke::<Vec<i64>>(&self.conn, &invocation).await?)
     }
 }
 

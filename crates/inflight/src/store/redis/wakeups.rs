@@ -1,6 +1,6 @@
-//! Wake-ups for waiters on Redis: every release publishes on its key's channel (`batch.lua`,
-//! `dify.lua`), and each store handle subscribes to the channels of the keys its waiters wait on, over
-//! a connection of its own, opened at the first interest.
+//! Wake-ups for waiters on Redis: every release publishes on its key's channel (named by the store:
+//! `batch.lua`, `dify.lua`), and each store handle subscribes to the channels of the keys its waiters
+//! wait on, over a connection of its own, opened at the first interest.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -10,31 +10,23 @@ use futures_util::StreamExt;
 use redis::Client;
 use tokio::sync::mpsc;
 
-use super::conn::Conn;
-use super::dify::Layout;
-use super::keys::KeyNames;
+use super::connect::Conn;
 use super::overrides::within;
 use crate::store::wake::Wakes;
 
 /// How long to wait before subscribing again after the subscription broke.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// The channel a release on `key` is announced on (`scripts/batch.lua`, `scripts/dify.lua`).
-pub(super) fn channel(layout: Layout, prefix: &str, key: &str, cluster: bool) -> String {
-    match layout {
-        Layout::Dify => format!("{{dify:rate_limit:{key}:active_requests}}:released"),
-        _ => format!("{}:released", KeyNames::new(prefix, key, cluster).tag()),
-    }
-}
-
-/// The wake-ups of a store, and the task that keeps its subscriptions; it ends with the store.
-pub(super) fn start(conn: Conn, layout: Layout, prefix: &str) -> Arc<Wakes> {
+/// The wake-ups of a store whose releases on a key are announced on `channel_of(key)`, and the task
+/// that keeps its subscriptions; it ends with the store.
+pub(super) fn start(
+    conn: Conn,
+    channel_of: impl Fn(&str) -> String + Send + Sync + 'static,
+) -> Arc<Wakes> {
     let (changes, wanted) = mpsc::unbounded_channel();
     let wakes = Arc::new(Wakes::with_hook(Box::new(move |key, on| {
         let _ = changes.send((key.clone(), on));
     })));
-    let (prefix, cluster) = (prefix.to_owned(), conn.is_cluster());
-    let channel_of = move |key: &str| channel(layout, &prefix, key, cluster);
     tokio::spawn(follow(conn, channel_of, Arc::downgrade(&wakes), wanted));
     wakes
 }

@@ -7,14 +7,12 @@
 //! A user key's three Redis keys share one hash tag, so one slot: an admission whose keys all share a
 //! slot is one script, like on one server. `across.rs` takes the others, slot by slot.
 
-use std::sync::Arc;
-
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::Client;
 
-use super::builder::RedisStoreBuilder;
-use super::conn::Conn;
+use super::options::{client, ConnOptions};
 use crate::error::StoreError;
 
 /// How many times the cluster client sends a command again (after MOVED, ASK, TRYAGAIN or a lost
@@ -52,12 +50,13 @@ pub(super) fn split_nodes(rest: &str) -> Result<(&str, Vec<&str>, &str), StoreEr
     Ok((credentials, nodes, tail))
 }
 
-/// Opens a lazy connection to the cluster; the target for logs names its nodes, never credentials.
+/// Opens a lazy connection to the cluster, with a client of each node given (to subscribe through);
+/// the target for logs names its nodes, never credentials.
 pub(super) fn open(
-    builder: &RedisStoreBuilder,
+    options: &ConnOptions,
     rest: &str,
     tls: bool,
-) -> Result<(Conn, String), StoreError> {
+) -> Result<(ClusterConnection, Vec<Client>, String), StoreError> {
     let (credentials, nodes, tail) = split_nodes(rest)?;
     if !matches!(tail, "" | "/" | "/0") {
         return Err(StoreError::Rejected(
@@ -71,14 +70,14 @@ pub(super) fn open(
         .collect();
     let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
     let cluster = ClusterClientBuilder::new(urls.iter().map(String::as_str))
-        .connection_timeout(builder.connection_timeout)
-        .response_timeout(builder.response_timeout)
+        .connection_timeout(options.connection_timeout)
+        .response_timeout(options.response_timeout)
         .retries(RETRIES)
         .min_retry_wait(10)
         .max_retry_wait(100)
         .tcp_settings(TcpSettings::default().set_nodelay(true));
     #[cfg(feature = "tls")]
-    let cluster = match &builder.root_cert {
+    let cluster = match &options.root_cert {
         Some(pem) => cluster.certs(redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(pem.clone()),
@@ -87,23 +86,19 @@ pub(super) fn open(
     };
     let cluster = cluster.build().map_err(invalid)?;
     let config = ClusterConfig::new()
-        .set_connection_timeout(builder.connection_timeout)
-        .set_response_timeout(builder.response_timeout);
+        .set_connection_timeout(options.connection_timeout)
+        .set_response_timeout(options.response_timeout);
     let conn = cluster.get_pending_async_connection_with_config(config);
     let seeds = urls
         .iter()
-        .map(|url| builder.client(url.as_str()))
+        .map(|url| client(url.as_str(), options.root_cert.as_deref()))
         .collect::<Result<Vec<Client>, StoreError>>()?;
-    let conn = Conn::Cluster {
-        conn,
-        seeds: Arc::from(seeds),
-    };
-    Ok((conn, format!("cluster {}", nodes.join(","))))
+    Ok((conn, seeds, format!("cluster {}", nodes.join(","))))
 }
 
 /// The slot of a Redis key, as Redis Cluster computes it: CRC16 (XMODEM) of its hash tag (the text
 /// between the first `{` and the next `}`, when not empty) or of the whole key, modulo 16384.
-pub(super) fn slot(key: &[u8]) -> u16 {
+pub(crate) fn slot(key: &[u8]) -> u16 {
     let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
         let close = key[open + 1..].iter().position(|b| *b == b'}')?;
         (close > 0).then(|| &key[open + 1..open + 1 + close])

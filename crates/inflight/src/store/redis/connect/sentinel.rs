@@ -15,11 +15,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 
-use super::builder::{client, RedisStoreBuilder};
 use super::cluster::split_nodes;
-use super::conn::Conn;
+use super::options::{client, ConnOptions};
 use crate::error::StoreError;
 
 /// How often the sentinels are asked which primary they name, besides `+switch-master`.
@@ -46,7 +45,7 @@ struct Current {
 }
 
 /// The primary Sentinel names, followed.
-pub(super) struct Follower {
+pub(crate) struct Follower {
     master: String,
     sentinels: Vec<Client>,
     /// `redis://` or `rediss://`, credentials with their `@`, and `/db`: a primary's URL around its address.
@@ -64,11 +63,10 @@ pub(super) struct Follower {
 impl Follower {
     /// Parses the URL and starts following; connects on first use.
     pub(super) fn open(
-        builder: &RedisStoreBuilder,
+        options: &ConnOptions,
         rest: &str,
         tls: bool,
-        config: ConnectionManagerConfig,
-    ) -> Result<(Conn, String), StoreError> {
+    ) -> Result<(Arc<Follower>, String), StoreError> {
         let invalid = |why: &str| StoreError::Rejected(format!("invalid Redis URL: {why}"));
         let (credentials, nodes, tail) = split_nodes(rest)?;
         let tail = tail
@@ -97,7 +95,7 @@ impl Follower {
             (Some(user), None) => format!("{user}@"),
             (None, None) => String::new(),
         };
-        let root_cert = root_cert(builder);
+        let root_cert = options.root_cert.clone();
         let sentinels = nodes
             .iter()
             .map(|node| {
@@ -119,16 +117,16 @@ impl Follower {
             credentials: credentials.to_owned(),
             db,
             root_cert,
-            config,
+            config: options.manager_config(),
             timeouts: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(builder.connection_timeout))
-                .set_response_timeout(Some(builder.response_timeout)),
+                .set_connection_timeout(Some(options.connection_timeout))
+                .set_response_timeout(Some(options.response_timeout)),
             current: RwLock::new(None),
             lookup: tokio::sync::Mutex::new(None),
         });
         tokio::spawn(watch(Arc::downgrade(&follower)));
         let target = format!("sentinel {}/{master}", nodes.join(","));
-        Ok((Conn::Sentinel(follower), target))
+        Ok((follower, target))
     }
 
     /// The database of the primary's connection.
@@ -141,32 +139,16 @@ impl Follower {
         Ok(self.current().await?.client.clone())
     }
 
-    /// Sends `cmd` to the primary; once more to a new primary if the first one turned out gone.
-    pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+    /// Sends (with `send`: a command or a pipeline) to the primary; once more to a new primary if the
+    /// first one turned out gone.
+    pub(super) async fn send<T, F>(&self, send: impl Fn(ConnectionManager) -> F) -> RedisResult<T>
+    where
+        F: std::future::Future<Output = RedisResult<T>>,
+    {
         let current = self.current().await?;
-        let mut manager = current.manager.clone();
-        match manager.send_packed_command(cmd).await {
+        match send(current.manager.clone()).await {
             Err(error) if gone(&error) && self.moved_on(current.generation).await => {
-                let mut manager = self.current().await?.manager.clone();
-                manager.send_packed_command(cmd).await
-            }
-            result => result,
-        }
-    }
-
-    /// Sends a pipeline, as [`Follower::command`] sends a command.
-    pub(super) async fn pipeline(
-        &self,
-        pipeline: &Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisResult<Vec<Value>> {
-        let current = self.current().await?;
-        let mut manager = current.manager.clone();
-        match manager.send_packed_commands(pipeline, offset, count).await {
-            Err(error) if gone(&error) && self.moved_on(current.generation).await => {
-                let mut manager = self.current().await?.manager.clone();
-                manager.send_packed_commands(pipeline, offset, count).await
+                send(self.current().await?.manager.clone()).await
             }
             result => result,
         }
@@ -288,16 +270,6 @@ fn gone(error: &RedisError) -> bool {
         || error.code() == Some("READONLY")
 }
 
-#[cfg(feature = "tls")]
-fn root_cert(builder: &RedisStoreBuilder) -> Option<Vec<u8>> {
-    builder.root_cert.clone()
-}
-
-#[cfg(not(feature = "tls"))]
-fn root_cert(_: &RedisStoreBuilder) -> Option<Vec<u8>> {
-    None
-}
-
 /// Follows `+switch-master` on one sentinel after another, and asks every [`POLL`]; ends when the
 /// store goes.
 async fn watch(follower: Weak<Follower>) {
@@ -354,36 +326,6 @@ async fn listen(sentinel: &Client, follower: &Weak<Follower>) -> RedisResult<()>
                     follower.moved_on(generation).await;
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::store::RedisStore;
-
-    #[tokio::test]
-    async fn sentinel_and_cluster_urls_are_checked_when_opened() {
-        let target = |url: &str| RedisStore::open(url).map(|s| s.target().to_owned());
-        assert_eq!(
-            target("redis+sentinel://u:secret@a:1,b/mymaster?db=2&sentinel_password=s").unwrap(),
-            "sentinel a:1,b/mymaster"
-        );
-        assert_eq!(
-            target("redis+cluster://u:secret@a:1,b:2").unwrap(),
-            "cluster a:1,b:2"
-        );
-        for bad in [
-            "redis+sentinel://a:1",
-            "redis+sentinel://a:1/",
-            "redis+sentinel://a:1/m/x",
-            "redis+sentinel://a:1/m?db=x",
-            "redis+sentinel://a:1/m?tls=yes",
-            "redis+sentinel://a:1,,b:2/m",
-            "redis+cluster://a:1/3",
-            "redis+cluster://a:1?x=1",
-        ] {
-            assert!(target(bad).is_err(), "{bad}");
         }
     }
 }

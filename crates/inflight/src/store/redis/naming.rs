@@ -52,6 +52,11 @@ impl KeyNames {
         &self.tag
     }
 
+    /// The channel its releases are announced on, for waiters (`batch.lua`).
+    pub(super) fn released(&self) -> String {
+        format!("{}:released", self.tag)
+    }
+
     /// Adds the key's three names to a script invocation, in the order the scripts read them.
     pub(super) fn declare(&self, invocation: &mut redis::ScriptInvocation<'_>) {
         invocation
@@ -238,8 +243,8 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), keys.len());
-        let slot = |key: &str| super::super::cluster::slot(name(key).as_bytes());
+        let slot = |key: &str| super::super::connect::slot(name(key).as_bytes());
         assert_eq!(slot("{t1}:app:a1"), slot("{t1}:tenant"));
-        assert_eq!(slot("{t1}:app:a1"), super::super::cluster::slot(b"t1"));
+        assert_eq!(slot("{t1}:app:a1"), super::super::connect::slot(b"t1"));
     }
 }

@@ -1,28 +1,25 @@
 //! [`BusyKeys`] on Redis: `SCAN` over the lease sets under the prefix (`MATCH`, `COUNT` per call), each
 //! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`] in all.
 //! On a cluster, one scan per primary (found with `CLUSTER SLOTS`, each reached through a slot it
-//! serves), and each page's counts read slot by slot. Dify's layout is not supported.
+//! serves), and each page's counts read slot by slot.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::error::retried;
-use super::keys::KeyNames;
-use super::{number, scripts, Layout, RedisStore};
+use super::across;
+use super::error::{invoke, retried};
+use super::naming::KeyNames;
+use super::scripts;
+use super::store::{number, RedisStore};
 use crate::error::StoreError;
 use crate::store::busy::{busiest, BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_EXAMINED};
 
 /// The `COUNT` of each `SCAN` call: names examined per round trip.
 const SCAN_COUNT: usize = 500;
 
-impl RedisStore {
-    async fn busy_scan(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
-        if self.layout == Layout::Dify {
-            return Err(StoreError::Unsupported(
-                "listing busy keys under the Dify layout".into(),
-            ));
-        }
+impl BusyKeys for RedisStore {
+    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary).
+    async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
         let cluster = self.conn.is_cluster();
         // On a cluster a key with a hash tag of its own is named `{tag}<escaped key>`: the prefix is
         // then matched after the names are read.
@@ -59,7 +56,9 @@ impl RedisStore {
         }
         Ok(busiest(found, limit, false))
     }
+}
 
+impl RedisStore {
     /// A slot of each primary of the cluster, from `CLUSTER SLOTS`.
     async fn primaries(&self) -> Result<Vec<u16>, StoreError> {
         let answer: redis::Value = retried(|| {
@@ -122,7 +121,7 @@ impl RedisStore {
         }
         let names = self.names(&keys);
         let groups = match self.conn.is_cluster() {
-            true => super::across::groups(&names),
+            true => across::groups(&names),
             false => vec![(0..keys.len()).collect()],
         };
         let calls = groups.iter().map(|group| self.count_group(&names, group));
@@ -154,12 +153,7 @@ impl RedisStore {
             names[i].declare(&mut invocation);
         }
         invocation.arg(self.offset());
-        let invocation = &invocation;
-        let out: Vec<i64> = retried(|| {
-            let mut conn = self.conn.clone();
-            async move { invocation.invoke_async(&mut conn).await }
-        })
-        .await?;
+        let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
         if out.len() != group.len() * 2 {
             return Err(StoreError::Protocol(format!(
                 "busy answered {} numbers for {} keys",
@@ -168,18 +162,6 @@ impl RedisStore {
             )));
         }
         Ok(out)
-    }
-}
-
-impl BusyKeys for RedisStore {
-    /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary);
-    /// [`StoreError::Unsupported`] under Dify's layout.
-    fn busy(
-        &self,
-        prefix: &str,
-        limit: usize,
-    ) -> impl Future<Output = Result<BusyList, StoreError>> + Send {
-        self.busy_scan(prefix, limit)
     }
 }
 

@@ -1,0 +1,244 @@
+//! [`Store`] for [`MemoryStore`]: each decision made under the locks of its keys' cells
+//! (`MemoryStore::locked`), so that it is atomic.
+
+use std::future::{ready, Future};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::cell::{admit, grant, Cells, Slot};
+use super::key::Lease;
+use super::MemoryStore;
+use crate::clock::{millis, Clock};
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::options::DEFAULT_LEASE;
+use crate::policy::{ClassLimits, Limit};
+use crate::store::{
+    AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, LocalHold, OverrideChange,
+    Recorded, RenewRequest, Renewal, Store,
+};
+
+impl<C: Clock> MemoryStore<C> {
+    fn acquire_now(&self, req: AcquireRequest<'_>) -> Admission {
+        if self.all_unlimited(req.limits) {
+            return Admission::Unlimited;
+        }
+        self.locked(req.keys, true, true, |slots, now, reclaimed| {
+            let first = match admit(slots, req.limits, Some(req.id), req.weight, reclaimed) {
+                Ok(first) => first,
+                Err(refused) => return refused,
+            };
+            let lease = Lease {
+                weight: req.weight,
+                expires_at_ms: now.saturating_add(req.lease_ms),
+                lease_ms: req.lease_ms,
+            };
+            for slot in slots.iter_mut() {
+                if slot.state.limit(req.limits[slot.index]) != Limit::Unlimited {
+                    slot.state.add(req.id, lease);
+                }
+            }
+            Admission::Admitted {
+                grant: grant(slots, first, req.weight, lease.expires_at_ms),
+                reclaimed,
+            }
+        })
+    }
+
+    fn renew_one(&self, req: &RenewRequest) -> Renewal {
+        self.locked(&req.keys, true, true, |slots, now, _| {
+            let limits = |slot: &Slot<'_, C>| req.limits[slot.index];
+            let limited = |slot: &Slot<'_, C>| slot.state.limit(limits(slot)) != Limit::Unlimited;
+            let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
+            let missing = slots
+                .iter()
+                .any(|slot| limited(slot) && slot.state.lease(&req.id).is_none());
+            let lease_ms = req
+                .lease_ms
+                .or(found.map(|lease| lease.lease_ms))
+                .unwrap_or(millis(DEFAULT_LEASE));
+            let mut weight = found.map_or(1, |lease| lease.weight);
+            // Held on no key: gone, unless asked to re-add it and every limited key has room. Held, but
+            // not on a key that has become limited since: taken there where it fits (below).
+            let readded = match (found.is_some(), missing, req.readd_weight) {
+                (_, false, _) | (true, true, _) => false,
+                (false, true, None) => return Renewal::Lost,
+                (false, true, Some(readd)) => {
+                    let room = slots.iter().all(|slot| {
+                        slot.state.lease(&req.id).is_some()
+                            || slot.state.check(limits(slot), None, readd).is_ok()
+                    });
+                    if !room {
+                        return Renewal::Lost;
+                    }
+                    weight = readd;
+                    true
+                }
+            };
+            let expires_at_ms = now.saturating_add(lease_ms);
+            for slot in slots.iter_mut() {
+                if slot.state.extend(&req.id, now, Some(lease_ms)).is_none()
+                    && limited(slot)
+                    && (readded || slot.state.check(limits(slot), None, weight).is_ok())
+                {
+                    let lease = Lease {
+                        weight,
+                        expires_at_ms,
+                        lease_ms,
+                    };
+                    slot.state.add(&req.id, lease);
+                }
+            }
+            let first = slots.first().map_or(req.limits[0].resolve(None), |slot| {
+                slot.state.limit(limits(slot))
+            });
+            let grant = grant(slots, first, weight, expires_at_ms);
+            if readded {
+                Renewal::Readded(grant)
+            } else {
+                Renewal::Renewed(grant)
+            }
+        })
+    }
+
+    fn status_now(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        let limit = match change {
+            OverrideChange::Keep => None,
+            OverrideChange::Set(n) => Some(Some(n)),
+            OverrideChange::Clear => Some(None),
+        };
+        let create = matches!(limit, Some(Some(1..)));
+        self.locked(&[key], create, false, |slots, _, _| {
+            let Some(slot) = slots.first_mut() else {
+                return Ok(KeyStatus {
+                    limit: limits.resolve(None),
+                    override_limit: None,
+                    in_flight: 0,
+                });
+            };
+            if let Some(limit) = limit {
+                let limit = limit.filter(|n| *n > 0);
+                match (slot.state.override_limit.is_some(), limit.is_some()) {
+                    (false, true) => {
+                        let max = self.inner.max_overrides.load(Ordering::Relaxed);
+                        let counted = self.inner.overrides.fetch_update(
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                            |n| (max == 0 || n < max).then_some(n + 1),
+                        );
+                        if counted.is_err() {
+                            return Err(StoreError::TooManyOverrides { max });
+                        }
+                    }
+                    (true, false) => drop(self.inner.overrides.fetch_sub(1, Ordering::SeqCst)),
+                    _ => {}
+                }
+                slot.state.override_limit = limit;
+            }
+            Ok(slot.state.status(limits))
+        })
+    }
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        ready(Ok(self.acquire_now(req)))
+    }
+
+    fn release(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let released = self.locked(keys, false, false, |slots, _, _| {
+            let mut released = false;
+            for slot in slots.iter_mut() {
+                released |= slot.state.release(id);
+            }
+            released
+        });
+        if released {
+            keys.iter().for_each(|key| self.inner.wakes.wake(key));
+        }
+        ready(Ok(released))
+    }
+
+    fn renew(
+        &self,
+        batch: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+        ready(Ok(batch.iter().map(|req| self.renew_one(req)).collect()))
+    }
+
+    fn status(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> impl Future<Output = Result<KeyStatus, StoreError>> + Send {
+        ready(self.status_now(key, limits, change))
+    }
+
+    #[inline]
+    fn hold(
+        &self,
+        keys: &[&str],
+        limits: &[ClassLimits],
+        weight: u32,
+        given_id: bool,
+    ) -> Option<LocalAdmission> {
+        if self.all_unlimited(limits) {
+            return Some(LocalAdmission::Decided(Admission::Unlimited));
+        }
+        if given_id {
+            return None;
+        }
+        Some(self.locked(keys, true, false, |slots, _, reclaimed| {
+            let first = match admit(slots, limits, None, weight, reclaimed) {
+                Ok(first) => first,
+                Err(refused) => return LocalAdmission::Decided(refused),
+            };
+            let hold: Arc<dyn LocalHold> = if let [slot] = slots {
+                // One key (limited, or `admit` would have said unlimited): the permit holds its cell.
+                slot.state.in_flight += weight;
+                slot.cell.clone()
+            } else {
+                let mut cells = Vec::with_capacity(slots.len());
+                for slot in slots.iter_mut() {
+                    if slot.state.limit(limits[slot.index]) != Limit::Unlimited {
+                        slot.state.in_flight += weight;
+                        cells.push(slot.cell.clone());
+                    }
+                }
+                let (first, time) = (slots[0].cell.key.clone(), self.inner.time.clone());
+                Arc::new(Cells { first, cells, time })
+            };
+            LocalAdmission::Held {
+                hold,
+                grant: grant(slots, first, weight, 0),
+                reclaimed,
+            }
+        }))
+    }
+
+    fn index(
+        &self,
+        id: &PermitId,
+        op: IndexOp<'_>,
+    ) -> impl Future<Output = Result<Option<Recorded>, StoreError>> + Send {
+        ready(self.inner.index.apply(id, op, self.inner.time.now_ms()))
+    }
+
+    fn maintain(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.maintain_now();
+        ready(Ok(()))
+    }
+}

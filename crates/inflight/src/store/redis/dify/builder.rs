@@ -1,0 +1,64 @@
+//! [`DifyStoreBuilder`]: a [`RedisStoreBuilder`]'s settings and the age of Dify's stale entries.
+
+use std::time::Duration;
+
+use super::store::{released, DifyStore};
+use crate::error::StoreError;
+use crate::store::redis::builder::RedisStoreBuilder;
+use crate::store::redis::connect::Conn;
+use crate::store::redis::wakeups;
+
+/// Builds a [`DifyStore`]: made by [`RedisStoreBuilder::dify`] or [`DifyStore::builder`].
+#[derive(Debug)]
+#[must_use]
+pub struct DifyStoreBuilder {
+    plain: RedisStoreBuilder,
+    stale_after: Duration,
+}
+
+impl RedisStoreBuilder {
+    /// A [`DifyStore`] with these settings instead (URL, prefix, timeouts, bound on overrides, CA
+    /// certificate): Dify's own keys, shared with its workers during a migration. It sends each
+    /// admission and release alone, so the pipeline and the replicas to wait for do not apply.
+    pub fn dify(self) -> DifyStoreBuilder {
+        DifyStoreBuilder {
+            plain: self,
+            stale_after: Duration::from_secs(600),
+        }
+    }
+}
+
+impl DifyStore {
+    /// Starts building a store for `url` (see [`RedisStoreBuilder::open`] for the URLs, but a cluster's).
+    pub fn builder(url: impl Into<String>) -> DifyStoreBuilder {
+        crate::RedisStore::builder(url).dify()
+    }
+}
+
+impl DifyStoreBuilder {
+    /// How old a Dify worker's entry must be before an admission that needs its slot evicts it (default
+    /// 600 s, Dify's own age).
+    pub fn stale_after(mut self, age: Duration) -> Self {
+        self.stale_after = age;
+        self
+    }
+
+    /// Checks the URL and prepares the connection, as [`RedisStoreBuilder::open`] does; a Redis Cluster
+    /// is refused (`store.rs` says why).
+    pub fn open(self) -> Result<DifyStore, StoreError> {
+        let (conn, target) = Conn::open(&self.plain.conn)?;
+        if conn.is_cluster() {
+            return Err(StoreError::Rejected(
+                "the Dify layout is not supported on Redis Cluster: an app's two Dify keys hash to \
+                 different slots, so no script can count and admit against both (docs/dify.md)"
+                    .into(),
+            ));
+        }
+        let wakes = wakeups::start(conn.clone(), released);
+        let stale_ms = u64::try_from(self.stale_after.as_millis()).unwrap_or(u64::MAX);
+        Ok(DifyStore {
+            plain: self.plain.assemble(conn, target, wakes),
+            stale_ms,
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! [`DifyStore`]: leases in Dify's own `RateLimit` keys, so that inflight and unmodified Dify workers
+//! enforce one cap on one Redis while a deployment moves over (`docs/dify.md`, section 3).
+//!
+//! What it shares with Dify's workers: per app key `K`, the hash `dify:rate_limit:K:active_requests`
+//! (request id -> epoch seconds; its length is the count, Dify's entries and inflight's together) and
+//! the string `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override).
+//! Beside them, inflight's leases of its own entries (`scripts/dify.lua` names every key). What it
+//! costs, against [`RedisStore`]:
+//!
+//! - Every permit weighs 1 (each entry counts one); a heavier one is [`StoreError::Unsupported`], and
+//!   so is a key with `{` or `}`.
+//! - No Redis Cluster: an app's two Dify keys hash to different slots, so no script can read the limit
+//!   and admit in one step there; opening one on a cluster is refused.
+//! - No listing of busy keys ([`BusyKeys`] answers [`StoreError::Unsupported`]).
+//! - Every admission and release is a script call of its own (no batches), and every admission asks
+//!   Redis, unlimited keys included: Dify's workers write limits that no view in this process hears of.
+//! - A Dify worker's entry (one without a lease of inflight's) older than the stale age (default 600 s,
+//!   Dify's own) is evicted, but only by an admission that needs its slot. inflight's entries carry the
+//!   Redis clock's seconds, refreshed by every renewal, so Dify's workers never evict a live one.
+//! - An override set here is written where Dify's workers also write it; theirs wins when they next do.
+//!
+//! The rest is the plain store's, under its prefix: the index of remote permits, quotas, the health
+//! check and the tests' clock.
+
+use std::sync::Arc;
+
+use redis::ScriptInvocation;
+
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::policy::ClassLimits;
+use crate::quota::{Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement};
+use crate::store::busy::{BusyKeys, BusyList};
+use crate::store::redis::error::invoke;
+use crate::store::redis::scripts;
+use crate::store::redis::status::{change_arg, status_of};
+use crate::store::redis::store::{admission_of, fields, renewal_of, RedisStore};
+use crate::store::wake::{Interest, Wakeups};
+use crate::store::{
+    AcquireRequest, Admission, IndexOp, KeyStatus, OverrideChange, Recorded, RenewRequest, Renewal,
+    Store,
+};
+
+/// Leases in Dify's keys, shared with Dify's workers (see the module's doc for the trade-offs). Clones
+/// share one connection.
+///
+/// ```no_run
+/// use inflight::{DifyStore, Limiter, Policy};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = DifyStore::builder("redis://127.0.0.1:6379").open()?;
+/// let limiter = Limiter::builder(store).policy(Policy::new(4, 0)).build();
+/// let permit = limiter.try_acquire("5f7c8e4a-app-id").await?;
+/// # drop(permit);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct DifyStore {
+    /// The connection, the prefix of inflight's own keys, the wake-ups (on Dify's channels) and
+    /// everything this store does as the plain one does.
+    pub(super) plain: RedisStore,
+    /// How old a Dify worker's entry must be to be stale, ms.
+    pub(super) stale_ms: u64,
+}
+
+/// The channel a release on `key` is announced on (`dify.lua`).
+pub(super) fn released(key: &str) -> String {
+    format!("{{dify:rate_limit:{key}:active_requests}}:released")
+}
+
+impl DifyStore {
+    /// For tests of leases: as `RedisStore::advance_clock` does.
+    #[cfg(feature = "test-util")]
+    pub fn advance_clock(&self, by: std::time::Duration) {
+        self.plain.advance_clock(by);
+    }
+
+    /// Prepares `op` ('a', 'r', 'n' or 's') on `keys` for `id`; `extra` is ARGV[6] (see `dify.lua`).
+    fn call<K: AsRef<str>>(
+        &self,
+        op: &str,
+        keys: &[K],
+        id: &PermitId,
+        lease_ms: u64,
+        extra: &str,
+        limits: &[ClassLimits],
+    ) -> Result<ScriptInvocation<'static>, StoreError> {
+        let mut invocation = scripts::DIFY.prepare_invoke();
+        for key in keys {
+            let key = key.as_ref();
+            if key.contains(['{', '}']) {
+                return Err(StoreError::Unsupported(format!(
+                    "the Dify layout takes no key with braces: {key:?}"
+                )));
+            }
+            let hash = format!("dify:rate_limit:{key}:active_requests");
+            invocation
+                .key(&hash)
+                .key(format!("{{{hash}}}:leases"))
+                .key(format!("{{{hash}}}:lease_ms"))
+                .key(format!("dify:rate_limit:{key}:max_active_requests"));
+        }
+        invocation
+            .arg(op)
+            .arg(id.to_string())
+            .arg(self.plain.offset())
+            .arg(lease_ms)
+            .arg(self.stale_ms)
+            .arg(extra);
+        for limits in limits {
+            invocation.arg(format!("{} {}", limits.default_limit, limits.max_limit));
+        }
+        Ok(invocation)
+    }
+
+    /// Runs a prepared call, retried once on a dead connection.
+    async fn run(&self, invocation: ScriptInvocation<'static>) -> Result<Vec<i64>, StoreError> {
+        invoke(&self.plain.conn, &invocation).await
+    }
+
+    async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
+        let readd = if req.readd_weight.unwrap_or(0) > 0 {
+            "1"
+        } else {
+            "0"
+        };
+        let lease_ms = req.lease_ms.unwrap_or(0);
+        let call = self.call("n", &req.keys, &req.id, lease_ms, readd, &req.limits)?;
+        renewal_of(fields(&self.run(call).await?)?)
+    }
+}
+
+impl Store for DifyStore {
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
+        if req.weight != 1 {
+            return Err(StoreError::Unsupported(
+                "the Dify layout counts every permit as one: weights must be 1".into(),
+            ));
+        }
+        let call = self.call("a", req.keys, req.id, req.lease_ms, "", req.limits)?;
+        let out = self.run(call).await?;
+        let reply = out.as_slice().try_into();
+        let reply =
+            reply.map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
+        admission_of(reply, req.weight)
+    }
+
+    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+        let call = self.call("r", keys, id, 0, "", &[])?;
+        let [released] = fields(&self.run(call).await?)?;
+        // Heard here at once; other processes hear it through the key's channel.
+        if released == 1 {
+            keys.iter().for_each(|key| self.plain.wakes.wake(key));
+        }
+        Ok(released == 1)
+    }
+
+    async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
+        let renewals = batch.iter().map(|req| self.renew_one(req));
+        futures_util::future::join_all(renewals)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    async fn status(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        let id = PermitId::from("");
+        let mut call = self.call("s", &[key], &id, 0, &change_arg(change), &[limits])?;
+        call.key(&self.plain.overrides.index)
+            .arg(self.plain.max_overrides)
+            .arg(key);
+        status_of(&self.run(call).await?)
+    }
+
+    async fn index(&self, id: &PermitId, op: IndexOp<'_>) -> Result<Option<Recorded>, StoreError> {
+        self.plain.index(id, op).await
+    }
+
+    async fn maintain(&self) -> Result<(), StoreError> {
+        self.plain.maintain().await
+    }
+}
+
+impl Wakeups for DifyStore {
+    /// Woken by releases of this handle at once, and by those of every other process (inflight's) through
+    /// the key's channel. A Dify worker's release announces nothing: waiters hear of it when they check
+    /// again.
+    fn interest(&self, key: &str) -> Interest {
+        self.plain.interest(key)
+    }
+}
+
+impl BusyKeys for DifyStore {
+    /// [`StoreError::Unsupported`]: the count is the length of a hash of Dify's, which no scan reads.
+    async fn busy(&self, _prefix: &str, _limit: usize) -> Result<BusyList, StoreError> {
+        Err(StoreError::Unsupported(
+            "listing busy keys under the Dify layout".into(),
+        ))
+    }
+}
+
+/// Balances in inflight's own keys, as [`RedisStore`] keeps them.
+impl QuotaStore for DifyStore {
+    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
+        self.plain.fund(key, fund).await
+    }
+
+    async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
+        self.plain.balance(key).await
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        id: &PermitId,
+        amount: u64,
+        ttl_ms: u64,
+    ) -> Result<Reserve, StoreError> {
+        self.plain.reserve(key, id, amount, ttl_ms).await
+    }
+
+    async fn settle(
+        &self,
+        key: &str,
+        id: &PermitId,
+        settle: Settle,
+    ) -> Result<Settlement, StoreError> {
+        self.plain.settle(key, id, settle).await
+    }
+
+    async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
+        self.plain.extend(key, id, ttl_ms).await
+    }
+}

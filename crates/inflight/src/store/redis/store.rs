@@ -1,0 +1,285 @@
+//! [`RedisStore`]: leases in inflight's own keys (`scripts/common.lua`), admissions and releases in
+//! batches (`batch.rs`); its other operations are in files of their own (`across.rs`, `status.rs`,
+//! `index.rs`, `listing.rs`, `quota.rs`).
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use super::batch::{Batcher, Op, Reply};
+use super::connect::Conn;
+use super::error::{invoke, retried};
+use super::naming::{KeyNames, Member};
+use super::overrides::{Metered, Names, View};
+use super::scripts;
+use crate::error::StoreError;
+use crate::id::PermitId;
+use crate::policy::{ClassLimits, Limit};
+use crate::store::wake::{Interest, Wakes, Wakeups};
+use crate::store::{
+    AcquireRequest, Admission, Grant, IndexOp, KeyStatus, LocalAdmission, OverrideChange, Recorded,
+    RenewRequest, Renewal, Store,
+};
+
+/// Leases and overrides in Redis. Clones share one connection and one batcher, and may be used from any
+/// task of any runtime.
+///
+/// The data model is described in `scripts/common.lua`. Every process sharing a Redis (and a prefix)
+/// must run a version that writes the same model (`CHANGELOG.md` lists changes to it).
+///
+/// ```no_run
+/// use inflight::{Limiter, Policy, RedisStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::open("redis://127.0.0.1:6379")?;
+/// let limiter = Limiter::builder(store).policy(Policy::new(4, 0)).build();
+/// let permit = limiter.try_acquire("app-1").await?; // one EVALSHA round trip
+/// # drop(permit);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    pub(super) conn: Conn,
+    pub(super) batcher: Batcher,
+    /// The view of the keys with an override (`overrides.rs`), and the names of their index in Redis.
+    pub(super) view: Arc<View>,
+    pub(super) overrides: Arc<Names>,
+    /// The view of the keys with a balance (`quota.rs`).
+    pub(super) metered: Arc<Metered>,
+    /// The most keys with an override (0: no bound).
+    pub(super) max_overrides: usize,
+    pub(super) prefix: Arc<str>,
+    pub(super) target: Arc<str>,
+    pub(super) wakes: Arc<Wakes>,
+    /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
+    pub(super) clock_offset_ms: Arc<AtomicI64>,
+}
+
+impl RedisStore {
+    /// Where the store connects (host:port or socket path; never credentials), for logs.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// For tests of leases: every script of this handle (and its clones) reads Redis `TIME` plus `by` more
+    /// than before, as if that much time had passed. Other handles on the same Redis are not moved.
+    #[cfg(feature = "test-util")]
+    pub fn advance_clock(&self, by: std::time::Duration) {
+        let by = i64::try_from(crate::clock::millis(by)).unwrap_or(i64::MAX);
+        self.clock_offset_ms.fetch_add(by, Ordering::SeqCst);
+    }
+
+    /// What every script adds to Redis `TIME`, ms.
+    pub(super) fn offset(&self) -> i64 {
+        self.clock_offset_ms.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn names<K: AsRef<str>>(&self, keys: &[K]) -> Vec<KeyNames> {
+        keys.iter()
+            .map(|key| KeyNames::new(&self.prefix, key.as_ref(), self.conn.is_cluster()))
+            .collect()
+    }
+
+    async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
+        match self.across(&self.names(&req.keys)) {
+            Some(groups) => self.renew_across(req, groups).await,
+            None => Ok(self.renew_keys(&req.keys, &req.limits, req, None).await?.0),
+        }
+    }
+
+    /// Renews `req`'s lease on `keys` (all of its keys, or those of one slot), of classes `limits`,
+    /// re-adding it with `readd` (else `req`'s) when it is gone; and whether one of `keys` held it.
+    pub(super) async fn renew_keys(
+        &self,
+        keys: &[Arc<str>],
+        limits: &[ClassLimits],
+        req: &RenewRequest,
+        readd: Option<u32>,
+    ) -> Result<(Renewal, bool), StoreError> {
+        let mut invocation = scripts::RENEW.prepare_invoke();
+        for names in self.names(keys) {
+            names.declare(&mut invocation);
+        }
+        invocation
+            .arg(Member(&req.id))
+            .arg(req.lease_ms.unwrap_or(0))
+            .arg(readd.or(req.readd_weight).unwrap_or(0))
+            .arg(self.offset());
+        for limits in limits {
+            invocation.arg(format!("{} {}", limits.default_limit, limits.max_limit));
+        }
+        let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
+        let [outcome, limit, in_flight, weight, expires_at_ms, held] = fields(&out)?;
+        let renewal = renewal_of([outcome, limit, in_flight, weight, expires_at_ms])?;
+        Ok((renewal, held == 1))
+    }
+}
+
+/// A renewal's answer (`renew.lua`'s first five numbers, `dify.lua`'s five): outcome (1 renewed,
+/// 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms.
+pub(super) fn renewal_of(
+    [outcome, limit, in_flight, weight, expires_at_ms]: [i64; 5],
+) -> Result<Renewal, StoreError> {
+    let grant = Grant {
+        limit: Limit::from_u32(number(limit)?),
+        in_flight: number(in_flight)?,
+        weight: number(weight)?,
+        expires_at_ms: number(expires_at_ms)?,
+    };
+    match outcome {
+        1 => Ok(Renewal::Renewed(grant)),
+        2 => Ok(Renewal::Readded(grant)),
+        0 => Ok(Renewal::Lost),
+        other => Err(StoreError::Protocol(format!(
+            "renew answered outcome {other}"
+        ))),
+    }
+}
+
+/// A script argument (`ToRedisArgs` itself cannot be a trait object).
+pub(super) trait ToArg: Sync {
+    fn push(&self, invocation: &mut redis::ScriptInvocation<'_>);
+}
+
+impl<T: redis::ToRedisArgs + Sync> ToArg for T {
+    fn push(&self, invocation: &mut redis::ScriptInvocation<'_>) {
+        invocation.arg(self);
+    }
+}
+
+pub(super) fn fields<const N: usize>(out: &[i64]) -> Result<[i64; N], StoreError> {
+    out.try_into().map_err(|_| {
+        StoreError::Protocol(format!("expected {N} numbers from a script, got {out:?}"))
+    })
+}
+
+pub(super) fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
+    T::try_from(n).map_err(|_| StoreError::Protocol(format!("number out of range: {n}")))
+}
+
+/// An admission's answer (`batch.lua`'s six numbers, `dify.lua`'s), for a permit of `weight`.
+pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, StoreError> {
+    let [decision, index, limit, in_flight, expires_at_ms, reclaimed] = reply;
+    let reclaimed = number(reclaimed)?;
+    match decision {
+        1 => Ok(Admission::Admitted {
+            grant: Grant {
+                limit: Limit::from_u32(number(limit)?),
+                in_flight: number(in_flight)?,
+                weight,
+                expires_at_ms: number(expires_at_ms)?,
+            },
+            reclaimed,
+        }),
+        0 => Ok(Admission::Full {
+            index: number(index)?,
+            limit: number(limit)?,
+            in_flight: number(in_flight)?,
+            reclaimed,
+        }),
+        2 => Ok(Admission::Unlimited),
+        3 => Ok(Admission::TooHeavy {
+            index: number(index)?,
+            limit: number(limit)?,
+        }),
+        other => Err(StoreError::Protocol(format!(
+            "acquire answered decision {other}"
+        ))),
+    }
+}
+
+impl Store for RedisStore {
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
+        let names = self.names(req.keys);
+        let terms = (req.weight, req.lease_ms, req.limits.to_vec());
+        let id = req.id.clone();
+        let reply = match self.across(&names) {
+            Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
+            None => self.batcher.run(Op::Acquire { names, id, terms }).await?,
+        };
+        admission_of(reply, req.weight)
+    }
+
+    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+        let names = self.names(keys);
+        let released = match self.across(&names) {
+            Some(groups) => self.release_across(names, groups, id).await?,
+            None => {
+                let id = id.clone();
+                self.batcher.run(Op::Release { names, id }).await?[0] == 1
+            }
+        };
+        // Heard here at once; other processes hear it through the key's channel.
+        if released {
+            keys.iter().for_each(|key| self.wakes.wake(key));
+        }
+        Ok(released)
+    }
+
+    async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
+        // Sent together over the multiplexed connection: one pipelined burst, not one round trip each.
+        let renewals = futures_util::future::join_all(batch.iter().map(|req| self.renew_one(req)));
+        renewals.await.into_iter().collect()
+    }
+
+    async fn status(
+        &self,
+        key: &str,
+        limits: ClassLimits,
+        change: OverrideChange,
+    ) -> Result<KeyStatus, StoreError> {
+        let status = match self.conn.is_cluster() {
+            true => self.status_cluster(key, limits, change).await?,
+            false => self.status_in_slot(key, limits, change).await?,
+        };
+        // Heard here at once; other processes hear it through the index's channel.
+        if change != OverrideChange::Keep {
+            self.view.note(key, status.override_limit.is_some());
+        }
+        Ok(status)
+    }
+
+    /// Keys whose classes are unlimited, none with an override in the view: admitted with no I/O.
+    #[inline]
+    fn hold(
+        &self,
+        keys: &[&str],
+        limits: &[ClassLimits],
+        _weight: u32,
+        _given_id: bool,
+    ) -> Option<LocalAdmission> {
+        let unlimited = limits.iter().all(ClassLimits::is_unlimited) && self.view.none_of(keys);
+        unlimited.then_some(LocalAdmission::Decided(Admission::Unlimited))
+    }
+
+    async fn index(&self, id: &PermitId, op: IndexOp<'_>) -> Result<Option<Recorded>, StoreError> {
+        self.index_op(id, op).await
+    }
+
+    /// Asks Redis for a PONG.
+    async fn maintain(&self) -> Result<(), StoreError> {
+        retried(|| {
+            let mut conn = self.conn.clone();
+            async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
+        })
+        .await
+    }
+}
+
+impl Wakeups for RedisStore {
+    /// Woken by releases of this handle at once, and by those of every other process through the key's
+    /// channel (subscribed while the interest lives).
+    fn interest(&self, key: &str) -> Interest {
+        self.wakes.interest(key)
+    }
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
