@@ -40,9 +40,9 @@ fn pairs(c: &mut Criterion) {
         let mut i = 0;
         group.bench_function(BenchmarkId::new("inflight_memory_store", n_keys), |b| {
             b.iter(|| match store.hold(&[&keys[i]], &policy, 1, false) {
-                Some(LocalAdmission::Held { hold, .. }) => {
+                Some(LocalAdmission::Taken { slots, .. }) => {
                     i = (i + 1) % n_keys;
-                    hold.release(1);
+                    slots.give_back(1);
                 }
                 _ => panic!("room"),
             })

@@ -51,7 +51,7 @@ impl Contenders {
                 for _ in 0..pairs {
                     i = (i + 1) % n;
                     match self.store.hold(&[&self.keys[i]], &policy, 1, false) {
-                        Some(LocalAdmission::Held { hold, .. }) => hold.release(1),
+                        Some(LocalAdmission::Taken { slots, .. }) => slots.give_back(1),
                         _ => panic!("room"),
                     }
                 }

@@ -76,12 +76,12 @@ impl<S: Store> Future for TryAcquire<'_, S> {
             let (limiter, key) = (*limiter, *key);
             match limiter.acquire_now(&[key], options) {
                 Now::Local {
-                    hold,
+                    slots,
                     grant,
                     lease_ms,
                 } => {
                     this.state = State::Done;
-                    return Poll::Ready(Ok(Permit::local(hold, None, grant, lease_ms)));
+                    return Poll::Ready(Ok(Permit::local(slots, None, grant, lease_ms)));
                 }
                 Now::Decided(decided) => {
                     this.state = State::Done;

@@ -13,7 +13,7 @@ use crate::id::PermitId;
 use crate::options::{AcquireOptions, MAX_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
-use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalHold, Store};
+use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
 
 /// The most keys one admission may take.
 const MAX_KEYS: usize = 16;
@@ -25,7 +25,7 @@ pub(super) type Refused = (usize, AcquireError);
 pub(super) enum Now {
     /// Held in this process's store: the caller turns it into a permit at once, with [`Permit::local`].
     Local {
-        hold: Arc<dyn LocalHold>,
+        slots: Arc<dyn LocalSlots>,
         grant: Grant,
         lease_ms: u64,
     },
@@ -97,10 +97,10 @@ impl<S: Store> Limiter<S> {
         }
         let decided = match self.acquire_now(&unique, &mut options) {
             Now::Local {
-                hold,
+                slots,
                 grant,
                 lease_ms,
-            } => Ok(Permit::local(hold, None, grant, lease_ms)),
+            } => Ok(Permit::local(slots, None, grant, lease_ms)),
             Now::Decided(decided) => decided,
             Now::Store(prepared) => self.acquire_in_store(&unique, prepared).await,
         };
@@ -140,14 +140,14 @@ impl<S: Store> Limiter<S> {
             .store
             .hold(keys, &limits[..keys.len()], weight, given_id)
         {
-            Some(LocalAdmission::Held {
-                hold,
+            Some(LocalAdmission::Taken {
+                slots,
                 grant,
                 reclaimed,
             }) => {
                 self.count_reclaimed(reclaimed);
                 return Now::Local {
-                    hold,
+                    slots,
                     grant,
                     lease_ms,
                 };
@@ -254,8 +254,8 @@ impl<S: Store> Limiter<S> {
                 };
                 let limits = [ClassLimits::new(limit, 0); MAX_KEYS];
                 match fallback.hold(keys, &limits[..keys.len()], weight, false) {
-                    Some(LocalAdmission::Held { hold, grant, .. }) => {
-                        Ok(Permit::local(hold, id, grant, lease_ms))
+                    Some(LocalAdmission::Taken { slots, grant, .. }) => {
+                        Ok(Permit::local(slots, id, grant, lease_ms))
                     }
                     Some(LocalAdmission::Decided(admission)) => {
                         self.decided(keys, None, weight, lease_ms, admission, None)

@@ -11,7 +11,7 @@ use crate::id::PermitId;
 use crate::policy::{ClassLimits, Policy};
 use crate::store::{KeyStatus, MemoryStore, OverrideChange, Store};
 
-/// How long [`Limiter::release_held`] waits for releases already running in the background.
+/// How long [`Limiter::release_leases`] waits for releases already running in the background.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(2);
 
 /// Admits requests per key, at most the key's limit in flight at once, counted in the store.
@@ -112,7 +112,7 @@ impl<S: Store> Limiter<S> {
     }
 
     /// How many leases this limiter holds and renews right now (permits of an in-process store have none).
-    pub fn held(&self) -> usize {
+    pub fn renewing(&self) -> usize {
         self.core.registry.len()
     }
 
@@ -120,7 +120,7 @@ impl<S: Store> Limiter<S> {
     /// [`SHUTDOWN_DRAIN`]) for the releases running in the background; for shutdown, so that a process
     /// that stops does not leave its slots taken until their leases end. The permits stay usable objects;
     /// dropping them later releases nothing more.
-    pub async fn release_held(&self) {
+    pub async fn release_leases(&self) {
         let core = &self.core;
         let releases = core.registry.take_all().into_iter().map(|state| async move {
             if let Err(error) = core.store.release(&state.keys, &state.id).await {

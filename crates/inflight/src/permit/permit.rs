@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::Limit;
-use crate::store::{Grant, Keys, LocalHold};
+use crate::store::{Grant, Keys, LocalSlots};
 
 /// A boxed future: for a permit's release through a store it does not name, and for the store's part of an
 /// admission.
@@ -78,7 +78,7 @@ pub(crate) enum Hold {
     },
     /// Slots in an in-process store, which need no lease: they live exactly as long as the permit.
     Local {
-        hold: Arc<dyn LocalHold>,
+        slots: Arc<dyn LocalSlots>,
         lease_ms: u64,
     },
     /// Nothing to hold: the keys are unlimited.
@@ -161,13 +161,13 @@ impl Permit {
     /// A permit holding a slot of an in-process store (no lease: it lives exactly as long as the permit).
     #[inline]
     pub(crate) fn local(
-        hold: Arc<dyn LocalHold>,
+        slots: Arc<dyn LocalSlots>,
         id: Option<PermitId>,
         grant: Grant,
         lease_ms: u64,
     ) -> Self {
         Self::new(
-            Hold::Local { hold, lease_ms },
+            Hold::Local { slots, lease_ms },
             id,
             grant.weight,
             grant.limit,
@@ -200,7 +200,7 @@ impl Permit {
     pub fn key(&self) -> &str {
         match &self.hold {
             Hold::Leased { state, .. } => &state.keys[0],
-            Hold::Local { hold, .. } => hold.key(),
+            Hold::Local { slots, .. } => slots.key(),
             Hold::Free { key } => key,
             Hold::Done => "",
         }
@@ -262,8 +262,8 @@ impl Permit {
     pub async fn release(mut self) -> Result<(), StoreError> {
         match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Leased { state, owner } => owner.release(state).await,
-            Hold::Local { hold, .. } => {
-                hold.release(self.weight);
+            Hold::Local { slots, .. } => {
+                slots.give_back(self.weight);
                 Ok(())
             }
             Hold::Free { .. } | Hold::Done => Ok(()),
@@ -282,7 +282,7 @@ impl Permit {
                 owner.detach(&state);
                 state.expires_at_ms.load(Ordering::Relaxed)
             }
-            Hold::Local { hold, lease_ms } => hold.hand_off(&id, self.weight, lease_ms),
+            Hold::Local { slots, lease_ms } => slots.hand_off(&id, self.weight, lease_ms),
             Hold::Free { .. } | Hold::Done => 0,
         };
         Lease {
@@ -300,8 +300,8 @@ impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
         match &self.hold {
-            // Released in place; the hold itself goes with the field.
-            Hold::Local { hold, .. } => hold.release(self.weight),
+            // Given back in place; the slots themselves go with the field.
+            Hold::Local { slots, .. } => slots.give_back(self.weight),
             Hold::Leased { .. } => {
                 if let Hold::Leased { state, owner } = std::mem::replace(&mut self.hold, Hold::Done)
                 {

@@ -173,22 +173,22 @@ pub enum IndexOp<'a> {
 }
 
 /// Slots held by a permit of this process in an in-process store, without a lease.
-pub trait LocalHold: Send + Sync + 'static {
+pub trait LocalSlots: Send + Sync + 'static {
     /// The first key the slots are under.
     fn key(&self) -> &str;
     /// Gives back `weight` slots on every key.
-    fn release(&self, weight: u32);
-    /// Turns the hold into a lease under `id` that ends `lease_ms` from now unless renewed, keeping the
+    fn give_back(&self, weight: u32);
+    /// Turns the slots into a lease under `id` that ends `lease_ms` from now unless renewed, keeping the
     /// in-flight counts as they are; returns the deadline.
     fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64;
 }
 
 /// The decision of [`Store::hold`].
 pub enum LocalAdmission {
-    /// Admitted: the permit keeps `hold` until it is released.
-    Held {
+    /// Admitted: the permit keeps `slots` until it is released.
+    Taken {
         /// The slots.
-        hold: Arc<dyn LocalHold>,
+        slots: Arc<dyn LocalSlots>,
         /// The admission (its `expires_at_ms` is 0: there is no lease).
         grant: Grant,
         /// Expired leases reclaimed on the way.
@@ -237,7 +237,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The fast path, decided without I/O when it can be: an admission of this process that needs no
     /// lease (`given_id` is false) when the store lives in this process, or any admission on keys that
     /// are all unlimited (their classes' limits are 0, and the store knows that none has an override).
-    /// A permit that gets a [`LocalHold`] keeps it and gives its slots back by being released, which
+    /// A permit that gets a [`LocalSlots`] keeps it and gives its slots back by being released, which
     /// dropping it does. `None` means "cannot: use [`Store::acquire`]".
     fn hold(
         &self,

@@ -152,7 +152,7 @@ async fn a_dropped_permit_is_released_in_the_background_and_retried_while_the_st
         "failed twice, then released"
     );
     // Nothing is left pending: shutdown has nothing to wait for.
-    tokio::time::timeout(Duration::from_millis(100), limiter.release_held())
+    tokio::time::timeout(Duration::from_millis(100), limiter.release_leases())
         .await
         .expect("no release left pending");
 }
@@ -167,7 +167,7 @@ async fn permits_of_this_process_hold_their_slot_without_a_lease_until_dropped()
         .build();
     let permit = limiter.try_acquire("app").await.unwrap();
     assert_eq!(permit.expires_at_ms(), 0, "no lease to expire");
-    assert_eq!(limiter.held(), 0, "nothing for the renewal task to do");
+    assert_eq!(limiter.renewing(), 0, "nothing for the renewal task to do");
     clock.advance(Duration::from_secs(3_600));
     store.maintain().await.unwrap();
     assert!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inflight::store::{
-    AcquireRequest, Admission, LocalAdmission, LocalHold, OverrideChange, RenewRequest, Renewal,
+    AcquireRequest, Admission, LocalAdmission, LocalSlots, OverrideChange, RenewRequest, Renewal,
 };
 use inflight::{ClassLimits as Policy, Limit, PermitId, Store};
 use proptest::prelude::*;
@@ -185,7 +185,7 @@ pub async fn apply_store<S: Store>(
     store: &S,
     advance: &dyn Fn(Duration),
     policy: Policy,
-    holds: &mut Vec<(Arc<dyn LocalHold>, u32)>,
+    holds: &mut Vec<(Arc<dyn LocalSlots>, u32)>,
     op: &Op,
 ) -> Outcome {
     let key = |k: u8| format!("key-{k}");
@@ -273,8 +273,8 @@ pub async fn apply_store<S: Store>(
             .hold(&[&key(k)], &[class(policy, k)], weight, false)
             .unwrap()
         {
-            LocalAdmission::Held { hold, grant, .. } => {
-                holds.push((hold, weight));
+            LocalAdmission::Taken { slots, grant, .. } => {
+                holds.push((slots, weight));
                 Outcome::Admitted {
                     in_flight: grant.in_flight,
                     expires_at_ms: grant.expires_at_ms,
@@ -298,8 +298,8 @@ pub async fn apply_store<S: Store>(
         },
         Op::Unhold { nth } => {
             if !holds.is_empty() {
-                let (hold, weight) = holds.remove(nth % holds.len());
-                hold.release(weight);
+                let (slots, weight) = holds.remove(nth % holds.len());
+                slots.give_back(weight);
             }
             Outcome::Nothing
         }

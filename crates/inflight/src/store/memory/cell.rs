@@ -9,7 +9,7 @@ use crate::clock::Clock;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::wake::Wakes;
-use crate::store::{Admission, Grant, LocalHold};
+use crate::store::{Admission, Grant, LocalSlots};
 
 /// The store's clock, and its last reading for the paths that need only a rough time.
 pub(super) struct Time<C> {
@@ -68,12 +68,12 @@ impl<C: Clock> Cell<C> {
     }
 }
 
-impl<C: Clock> LocalHold for Cell<C> {
+impl<C: Clock> LocalSlots for Cell<C> {
     fn key(&self) -> &str {
         &self.key
     }
 
-    fn release(&self, weight: u32) {
+    fn give_back(&self, weight: u32) {
         self.unhold(weight);
     }
 
@@ -91,12 +91,12 @@ pub(super) struct Cells<C> {
     pub(super) time: Arc<Time<C>>,
 }
 
-impl<C: Clock> LocalHold for Cells<C> {
+impl<C: Clock> LocalSlots for Cells<C> {
     fn key(&self) -> &str {
         &self.first
     }
 
-    fn release(&self, weight: u32) {
+    fn give_back(&self, weight: u32) {
         self.cells.iter().for_each(|cell| cell.unhold(weight));
     }
 

@@ -14,7 +14,7 @@ use crate::id::PermitId;
 use crate::options::DEFAULT_LEASE;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{
-    AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, LocalHold, OverrideChange,
+    AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, LocalSlots, OverrideChange,
     Recorded, RenewRequest, Renewal, Store,
 };
 
@@ -206,7 +206,7 @@ impl<C: Clock> Store for MemoryStore<C> {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };
-            let hold: Arc<dyn LocalHold> = if let [slot] = slots {
+            let taken: Arc<dyn LocalSlots> = if let [slot] = slots {
                 // One key (limited, or `admit` would have said unlimited): the permit holds its cell.
                 slot.state.in_flight += weight;
                 slot.cell.clone()
@@ -221,8 +221,8 @@ impl<C: Clock> Store for MemoryStore<C> {
                 let (first, time) = (slots[0].cell.key.clone(), self.inner.time.clone());
                 Arc::new(Cells { first, cells, time })
             };
-            LocalAdmission::Held {
-                hold,
+            LocalAdmission::Taken {
+                slots: taken,
                 grant: grant(slots, first, weight, 0),
                 reclaimed,
             }

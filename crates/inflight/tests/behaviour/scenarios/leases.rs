@@ -51,7 +51,7 @@ pub async fn two_permits_for_one_id_hold_the_slot_until_the_last_goes<F: Fixture
     let first = limiter.try_acquire_with("app", options()).await.unwrap();
     let second = limiter.try_acquire_with("app", options()).await.unwrap();
     assert_eq!(second.in_flight(), 1, "the same id counts once");
-    assert_eq!(limiter.held(), 1, "one lease, renewed once");
+    assert_eq!(limiter.renewing(), 1, "one lease, renewed once");
     drop(first);
     let other = limiter.try_acquire("app").await.unwrap();
     assert!(
@@ -209,7 +209,7 @@ pub async fn a_renewal_marks_the_permit_lost_when_the_key_filled_up<F: Fixture>(
     holder.renew_now().await;
     assert!(permit.is_lost());
     assert_eq!(holder.stats().lost.load(Ordering::Relaxed), 1);
-    assert_eq!(holder.held(), 0, "a lost permit is no longer renewed");
+    assert_eq!(holder.renewing(), 0, "a lost permit is no longer renewed");
     drop(permit);
     assert_eq!(
         other.status("app").await.unwrap().in_flight,
