@@ -24,7 +24,7 @@ pub struct LimiterStats {
     pub lost: AtomicU64,
     /// Held permits whose lease was gone at renewal and was re-added (the store had lost it).
     pub readded: AtomicU64,
-    /// Admissions waiting for a slot now ([`Limiter::acquire`]).
+    /// Admissions waiting for a slot now ([`crate::Limiter::acquire`]).
     pub waiting: AtomicU64,
     /// Waits that ran their course without a slot (a full queue refuses at once, uncounted here).
     pub wait_timeouts: AtomicU64,

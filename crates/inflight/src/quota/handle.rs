@@ -124,7 +124,7 @@ impl<S: Store + QuotaStore> Quota<S> {
 
     /// How long a reservation stays open unless settled or extended (kept between 1 ms and
     /// [`MAX_RESERVATION_TTL`]): how long after its holder's death the store refunds it. A
-    /// [`Reservation`] held in this process is extended by a ttl every third of one, so work may run
+    /// [`crate::Reservation`] held in this process is extended by a ttl every third of one, so work may run
     /// longer; one held elsewhere is extended with [`Quota::extend`].
     #[must_use]
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
@@ -183,7 +183,7 @@ impl<S: Store + QuotaStore> Quota<S> {
     }
 
     /// Commits or refunds the reservation `id` of `key`, held elsewhere (handed to a remote caller with
-    /// [`Reservation::detach`]).
+    /// [`crate::Reservation::detach`]).
     pub async fn settle(
         &self,
         key: &str,

@@ -7,7 +7,7 @@ use std::sync::{Mutex, PoisonError};
 use super::store::{Balance, Settle, Settlement};
 
 /// How reservations have ended, for metrics, and (when made with [`QuotaStats::with_balances`]) the
-/// last balance seen of each key. Handles made with [`Quota::with_stats`] share one.
+/// last balance seen of each key. Handles made with [`crate::Quota::with_stats`] share one.
 #[derive(Debug, Default)]
 pub struct QuotaStats {
     /// Reservations committed (spent).

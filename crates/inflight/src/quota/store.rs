@@ -9,7 +9,7 @@ use crate::id::PermitId;
 /// The longest a reservation may stay open before the store refunds it by itself.
 pub const MAX_RESERVATION_TTL: Duration = Duration::from_secs(86_400);
 
-/// How long a reservation stays open unless [`Quota::ttl`] says otherwise.
+/// How long a reservation stays open unless [`crate::Quota::ttl`] says otherwise.
 pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(3_600);
 
 /// The most reservations one key may have open at once; one more is
@@ -149,7 +149,7 @@ impl Settlement {
 /// Where balances and reservations live, shared by every process that uses the same store. Each method
 /// is one atomic step, and each refunds the key's expired reservations first.
 ///
-/// The callers ([`Quota`]) check the bounds: amounts from 1 to [`MAX_BALANCE`], ttls from 1 ms to
+/// The callers ([`crate::Quota`]) check the bounds: amounts from 1 to [`MAX_BALANCE`], ttls from 1 ms to
 /// [`MAX_RESERVATION_TTL`].
 pub trait QuotaStore: Clone + Send + Sync + 'static {
     /// Sets or tops up a key's balance. A balance that would pass [`MAX_BALANCE`] is
