@@ -5,22 +5,20 @@ use std::time::{Duration, Instant};
 
 use inflight::store::IndexOp;
 use inflight::{
-    AcquireError, AcquireOptions, KeyRefused, Keys, Lease, Limiter, Permit, PermitId, Renewal,
-    StoreError, Wakeups,
+    AcquireError, AcquireOptions, AnyStore, KeyRefused, Keys, Lease, Limiter, Permit, PermitId,
+    Renewal, Store, StoreError,
 };
 
 use crate::metrics::{AdmissionResult, Metrics};
 
-mod busy;
 mod charge;
 
-pub use busy::BusyLister;
 pub use charge::{quota_error, Charge};
 
 /// The state of one worker of a server.
-pub struct App<S: Wakeups> {
+pub struct App {
     /// The worker's limiter, which every request it serves goes through.
-    pub limiter: Limiter<S>,
+    pub limiter: Limiter<AnyStore>,
     /// The balances of keys, over the same store (`charge.rs` charges admissions to them).
     pub quota: inflight::Quota,
     /// The bearer token that changing limits requires, if any.
@@ -33,13 +31,11 @@ pub struct App<S: Wakeups> {
     pub metrics: Metrics,
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
-    /// Lists the busy keys through the limiter (`GET /v1/keys`, the status page).
-    pub busy: BusyLister,
     /// The status page's state: its clients and its per-second counts.
     pub status: crate::status::Board,
 }
 
-impl<S: Wakeups> App<S> {
+impl App {
     /// Runs a store operation and records its latency under `op`.
     pub async fn timed<T>(
         &self,

@@ -20,7 +20,7 @@ pub mod status;
 use std::sync::Arc;
 
 use inflight::quota::QuotaStats;
-use inflight::{BusyKeys, Limiter, MemoryStore, Quota, QuotaStore, SharedPolicy, Wakeups};
+use inflight::{AnyStore, Limiter, MemoryStore, Quota, SharedPolicy};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -72,11 +72,7 @@ impl Shared {
 
 /// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
 /// workers `shared`.
-pub fn app<S: Wakeups + QuotaStore + BusyKeys>(
-    settings: &Settings,
-    shared: &Shared,
-    store: S,
-) -> Result<Arc<App<S>>, ConfigError> {
+pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<App>, ConfigError> {
     let quota = Quota::new(store.clone())
         .with_ttl(settings.quota.quota_ttl)
         .with_commit_on(settings.quota.quota_commit.into())
@@ -97,7 +93,6 @@ pub fn app<S: Wakeups + QuotaStore + BusyKeys>(
                 .ends_with("+cluster"),
         )
         .build();
-    let busy = app::BusyLister::new(limiter.clone());
     Ok(Arc::new(App {
         limiter,
         quota,
@@ -106,7 +101,6 @@ pub fn app<S: Wakeups + QuotaStore + BusyKeys>(
         overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
-        busy,
         status: status::Board::default(),
     }))
 }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
-use inflight::Wakeups;
+use inflight::Store;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::app::App;
@@ -359,7 +359,7 @@ impl Metrics {
 
 /// The metrics page of `app`'s server: the store checked (within a second), the counters brought up
 /// to date.
-pub async fn scrape<S: Wakeups>(app: &App<S>) -> String {
+pub async fn scrape(app: &App) -> String {
     app.metrics
         .reservations(app.quota.stats(), &app.limiter.policy());
     let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, app.limiter.store().maintain());

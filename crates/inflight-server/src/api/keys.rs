@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::Json;
-use inflight::{Busiest, Wakeups};
+use inflight::Busiest;
 use serde::Serialize;
 
 use crate::app::App;
@@ -51,12 +51,12 @@ impl From<Busiest> for BusyJson {
     }
 }
 
-pub(super) async fn list<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn list(
+    State(app): State<Arc<App>>,
     uri: Uri,
 ) -> Result<Json<BusyJson>, ApiError> {
     let (prefix, limit) = listing(&uri)?;
-    let busy = app.busy.list(&prefix, limit).await?;
+    let busy = app.limiter.busy(&prefix, limit).await?;
     Ok(Json(busy.into()))
 }
 

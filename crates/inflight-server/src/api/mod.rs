@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Wakeups};
+use inflight::{AcquireOptions, Lease, Limit, PermitId, Renewal, Store};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -28,34 +28,28 @@ mod quotas;
 pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// The API's routes over `app`.
-pub fn router<S: Wakeups>(app: Arc<App<S>>) -> Router {
+pub fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
-        .route("/v1/keys/{key}/permits", post(acquire::<S>))
-        .route(
-            "/v1/keys/{key}/permits/{id}",
-            put(renew::<S>).delete(release::<S>),
-        )
-        .route("/v1/permits", post(permits::acquire_all::<S>))
+        .route("/v1/keys/{key}/permits", post(acquire))
+        .route("/v1/keys/{key}/permits/{id}", put(renew).delete(release))
+        .route("/v1/permits", post(permits::acquire_all))
         .route(
             "/v1/permits/{id}",
-            put(permits::renew_recorded::<S>).delete(permits::release_recorded::<S>),
+            put(permits::renew_recorded).delete(permits::release_recorded),
         )
-        .route("/v1/keys", get(keys::list::<S>))
-        .route("/v1/keys/{key}", get(status::<S>))
-        .route(
-            "/v1/keys/{key}/limit",
-            put(set_limit::<S>).delete(clear_limit::<S>),
-        )
-        .merge(quotas::routes::<S>())
+        .route("/v1/keys", get(keys::list))
+        .route("/v1/keys/{key}", get(status))
+        .route("/v1/keys/{key}/limit", put(set_limit).delete(clear_limit))
+        .merge(quotas::routes())
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
-            require_api_user::<S>,
+            require_api_user,
         ));
     Router::new()
         .merge(v1)
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz::<S>))
-        .route("/metrics", get(metrics::<S>))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -64,11 +58,11 @@ pub fn router<S: Wakeups>(app: Arc<App<S>>) -> Router {
 
 /// What a connection past `serve`'s connection cap is answered (see `--max-connections`): health,
 /// readiness and metrics; anything else `503 too_many_connections`.
-pub fn health_router<S: Wakeups>(app: Arc<App<S>>) -> Router {
+pub fn health_router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz::<S>))
-        .route("/metrics", get(metrics::<S>))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(too_many_connections)
         .with_state(app)
 }
@@ -191,8 +185,8 @@ fn permit_json(lease: Lease) -> PermitJson {
     }
 }
 
-async fn acquire<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn acquire(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -238,8 +232,8 @@ fn permit_not_found() -> ApiError {
     )
 }
 
-async fn renew<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn renew(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PermitJson>, ApiError> {
@@ -276,8 +270,8 @@ async fn renew<S: Wakeups>(
     }
 }
 
-async fn release<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn release(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
@@ -296,8 +290,8 @@ fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {
     })
 }
 
-async fn status<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn status(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
     let key = checked_key(path)?;
@@ -306,8 +300,8 @@ async fn status<S: Wakeups>(
 }
 
 /// Every /v1 route, when an API token is set: 401 without it (or the admin token).
-async fn require_api_user<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn require_api_user(
+    State(app): State<Arc<App>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -322,7 +316,7 @@ async fn require_api_user<S: Wakeups>(
     .into_response()
 }
 
-fn require_admin<S: Wakeups>(app: &App<S>, headers: &HeaderMap) -> Result<(), ApiError> {
+fn require_admin(app: &App, headers: &HeaderMap) -> Result<(), ApiError> {
     if app.is_admin(headers.get(header::AUTHORIZATION)) {
         Ok(())
     } else {
@@ -334,8 +328,8 @@ fn require_admin<S: Wakeups>(app: &App<S>, headers: &HeaderMap) -> Result<(), Ap
     }
 }
 
-async fn set_limit<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn set_limit(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
@@ -364,8 +358,8 @@ async fn set_limit<S: Wakeups>(
     Ok(key_json(key, status))
 }
 
-async fn clear_limit<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn clear_limit(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<KeyJson>, ApiError> {
@@ -381,7 +375,7 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
-async fn readyz<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
+async fn readyz(State(app): State<Arc<App>>) -> Response {
     match app.limiter.store().maintain().await {
         Ok(()) => Json(serde_json::json!({ "status": "ready" })).into_response(),
         Err(_) => ApiError::new(
@@ -393,7 +387,7 @@ async fn readyz<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
     }
 }
 
-async fn metrics<S: Wakeups>(State(app): State<Arc<App<S>>>) -> Response {
+async fn metrics(State(app): State<Arc<App>>) -> Response {
     let text = crate::metrics::scrape(&app).await;
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

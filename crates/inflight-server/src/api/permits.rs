@@ -9,7 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inflight::{PermitId, Renewal, Wakeups};
+use inflight::{PermitId, Renewal};
 use serde::{Deserialize, Serialize};
 
 use super::quotas::{self, outcome, QuotaBody, ReservationJson};
@@ -43,8 +43,8 @@ pub(super) struct PermitAllJson {
 /// The most keys one permit may have.
 const MAX_KEYS: usize = 16;
 
-pub(super) async fn acquire_all<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn acquire_all(
+    State(app): State<Arc<App>>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
@@ -130,8 +130,8 @@ pub(super) async fn acquire_all<S: Wakeups>(
 
 /// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
 /// that holds nothing, or a key whose store is away: its class's limit, nothing in flight).
-async fn permit_all_json<S: Wakeups>(
-    app: &App<S>,
+async fn permit_all_json(
+    app: &App,
     id: String,
     keys: &[Arc<str>],
     weight: u32,
@@ -170,8 +170,8 @@ async fn permit_all_json<S: Wakeups>(
     }
 }
 
-pub(super) async fn renew_recorded<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn renew_recorded(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PermitAllJson>, ApiError> {
@@ -191,8 +191,8 @@ pub(super) async fn renew_recorded<S: Wakeups>(
     }
 }
 
-pub(super) async fn release_recorded<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn release_recorded(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {

@@ -16,7 +16,7 @@ use axum::{Json, Router};
 use inflight::quota::{
     Balance, DetachedReservation, Extension, Fund, Settle, Settlement, MAX_RESERVATION_TTL,
 };
-use inflight::{PermitId, Wakeups};
+use inflight::PermitId;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -26,19 +26,16 @@ use crate::app::{check_name, quota_error, App, Charge};
 use crate::error::ApiError;
 
 /// The quota routes, for the /v1 router.
-pub(super) fn routes<S: Wakeups>() -> Router<Arc<App<S>>> {
+pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
-        .route("/v1/quotas/{key}", put(set_balance::<S>).get(balance::<S>))
-        .route("/v1/quotas/{key}/top-up", post(top_up::<S>))
-        .route("/v1/quotas/{key}/reservations", post(reserve::<S>))
+        .route("/v1/quotas/{key}", put(set_balance).get(balance))
+        .route("/v1/quotas/{key}/top-up", post(top_up))
+        .route("/v1/quotas/{key}/reservations", post(reserve))
         .route(
             "/v1/quotas/{key}/reservations/{id}",
-            put(extend::<S>).delete(refund::<S>),
+            put(extend).delete(refund),
         )
-        .route(
-            "/v1/quotas/{key}/reservations/{id}/commit",
-            post(commit::<S>),
-        )
+        .route("/v1/quotas/{key}/reservations/{id}/commit", post(commit))
 }
 
 /// `"quota": {"key", "amount"}` in an acquire body.
@@ -70,8 +67,8 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
 
 /// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
 /// refusal refunded before the answer), recorded so that the release settles it, then lent.
-pub(super) async fn acquire_charged<S: Wakeups>(
-    app: &App<S>,
+pub(super) async fn acquire_charged(
+    app: &App,
     key: String,
     request: AcquireBody,
     charge: Charge,
@@ -215,18 +212,14 @@ fn required<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::invalid_request(format!("Expected {shape}: {e}")))
 }
 
-async fn fund<S: Wakeups>(
-    app: &App<S>,
-    key: String,
-    fund: Fund,
-) -> Result<Json<QuotaJson>, ApiError> {
+async fn fund(app: &App, key: String, fund: Fund) -> Result<Json<QuotaJson>, ApiError> {
     let funded = app.timed("quota", app.quota.fund(&key, fund)).await;
     let balance = funded.map_err(|error| quota_error(&key, error))?;
     Ok(quota_json(key, Some(balance)))
 }
 
-async fn set_balance<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn set_balance(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
@@ -237,8 +230,8 @@ async fn set_balance<S: Wakeups>(
     fund(&app, key, Fund::Set(request.balance)).await
 }
 
-async fn top_up<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn top_up(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
@@ -249,8 +242,8 @@ async fn top_up<S: Wakeups>(
     fund(&app, key, Fund::Add(request.amount)).await
 }
 
-async fn balance<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn balance(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
     let key = checked_key(path)?;
@@ -258,8 +251,8 @@ async fn balance<S: Wakeups>(
     Ok(quota_json(key, balance))
 }
 
-async fn reserve<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn reserve(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -289,8 +282,8 @@ fn ttl(ttl_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
 
 /// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now, as its
 /// holder still works.
-async fn extend<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn extend(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ExtendedJson>, ApiError> {
@@ -330,8 +323,8 @@ fn reservation_not_found() -> ApiError {
     )
 }
 
-async fn settle<S: Wakeups>(
-    app: &App<S>,
+async fn settle(
+    app: &App,
     path: Result<Path<(String, String)>, PathRejection>,
     settle: Settle,
 ) -> Result<Json<QuotaJson>, ApiError> {
@@ -346,15 +339,15 @@ async fn settle<S: Wakeups>(
     }
 }
 
-async fn commit<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn commit(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
     settle(&app, path, Settle::Commit).await
 }
 
-async fn refund<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn refund(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
     settle(&app, path, Settle::Refund).await

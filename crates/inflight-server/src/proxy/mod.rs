@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode, Uri};
-use inflight::{Permit, Reservation, Wakeups};
+use inflight::{Permit, Reservation};
 
 pub use keys::{KeyTemplates, OnMissingKey, MAX_KEYS};
 pub use paths::LimitPaths;
@@ -76,16 +76,16 @@ impl Peer {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
-pub struct Proxy<S: Wakeups> {
-    app: Arc<App<S>>,
+pub struct Proxy {
+    app: Arc<App>,
     upstream: Upstream,
     target: headers::Target,
     pool: upstream::Pool,
 }
 
-impl<S: Wakeups> Proxy<S> {
+impl Proxy {
     /// A proxy to `upstream` over `app`, with a pool of upstream connections of its own.
-    pub fn new(app: Arc<App<S>>, upstream: Upstream) -> Self {
+    pub fn new(app: Arc<App>, upstream: Upstream) -> Self {
         let mut address = http::uri::Parts::default();
         address.scheme = upstream.base.scheme().cloned();
         address.authority = upstream.base.authority().cloned();
@@ -131,8 +131,8 @@ struct Forwarded {
     result: ProxyResult,
 }
 
-async fn forward_checked<S: Wakeups>(
-    proxy: &Proxy<S>,
+async fn forward_checked(
+    proxy: &Proxy,
     client: &Peer,
     request: Request<RequestBody>,
     access: &mut access::Access,
@@ -206,8 +206,8 @@ async fn forward_checked<S: Wakeups>(
 /// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at
 /// admission): None when it is not limited (outside `--limit-path`, or its keys unformable under
 /// `--on-missing-key pass`).
-async fn admit<S: Wakeups>(
-    proxy: &Proxy<S>,
+async fn admit(
+    proxy: &Proxy,
     request: &Request<RequestBody>,
     access: &mut access::Access,
 ) -> Result<Option<(Permit, Option<Reservation>)>, ApiError> {

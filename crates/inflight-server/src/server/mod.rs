@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use inflight::Wakeups;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 
@@ -74,7 +73,7 @@ pub fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Vec<std::net::T
 }
 
 /// What each worker calls in its own runtime to build its app (its limiter over its store).
-type MakeApp<S> = Arc<dyn Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync>;
+type MakeApp = Arc<dyn Fn() -> anyhow::Result<Arc<App>> + Send + Sync>;
 
 /// A server's worker threads, each serving its listener.
 pub struct Workers {
@@ -91,9 +90,9 @@ impl Workers {
     /// Starts a worker on each of `listeners`: it builds its app with `app` (inside its own runtime), and
     /// serves the API, or with `upstream` the proxy. Returns once every worker has built its app, or with
     /// the first one's error. Dropping the workers ends them at once.
-    pub async fn start<S: Wakeups>(
+    pub async fn start(
         listeners: Vec<std::net::TcpListener>,
-        app: impl Fn() -> anyhow::Result<Arc<App<S>>> + Send + Sync + 'static,
+        app: impl Fn() -> anyhow::Result<Arc<App>> + Send + Sync + 'static,
         upstream: Option<Upstream>,
         bounds: Bounds,
         admin: Option<std::net::TcpListener>,
@@ -101,7 +100,7 @@ impl Workers {
         if listeners.is_empty() {
             anyhow::bail!("no listener to serve on");
         }
-        let app: MakeApp<S> = Arc::new(app);
+        let app: MakeApp = Arc::new(app);
         let (gates, max_connections) = gates(
             &bounds,
             listeners.len(),
@@ -205,8 +204,8 @@ impl From<&crate::Settings> for Bounds {
 }
 
 /// What a worker thread gets.
-struct Worker<S: Wakeups> {
-    app: MakeApp<S>,
+struct Worker {
+    app: MakeApp,
     upstream: Option<Arc<Upstream>>,
     bounds: Arc<Bounds>,
     gates: Gates,
@@ -216,7 +215,7 @@ struct Worker<S: Wakeups> {
     ending: watch::Receiver<bool>,
 }
 
-impl<S: Wakeups> Worker<S> {
+impl Worker {
     /// Builds the worker's app on a runtime of its own (and says so on `ready`), then serves `listener`
     /// until told to stop (and its connections have closed) or to end. Its runtime, with any connection
     /// still open, is gone when this returns.

@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use futures_util::StreamExt;
-use inflight::Wakeups;
 use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::app::{bearer_token, constant_time_eq, App};
@@ -91,23 +90,15 @@ impl Board {
 }
 
 /// The state of the two routes.
-struct Page<S: Wakeups> {
-    app: Arc<App<S>>,
+#[derive(Clone)]
+struct Page {
+    app: Arc<App>,
     stopping: watch::Receiver<bool>,
-}
-
-impl<S: Wakeups> Clone for Page<S> {
-    fn clone(&self) -> Self {
-        Self {
-            app: self.app.clone(),
-            stopping: self.stopping.clone(),
-        }
-    }
 }
 
 /// `/status` and `/status/events` over `app`, whose streams end when `stopping` turns true; starts the
 /// worker's sampling task (once per app) on the current runtime.
-pub fn router<S: Wakeups>(app: &Arc<App<S>>, stopping: watch::Receiver<bool>) -> Router {
+pub fn router(app: &Arc<App>, stopping: watch::Receiver<bool>) -> Router {
     if !app.status.inner.started.swap(true, Ordering::SeqCst) {
         tokio::spawn(sampler::run(Arc::downgrade(app), stopping.clone()));
     }
@@ -116,8 +107,8 @@ pub fn router<S: Wakeups>(app: &Arc<App<S>>, stopping: watch::Receiver<bool>) ->
         stopping,
     };
     Router::new()
-        .route("/status", get(page_html::<S>))
-        .route("/status/events", get(events::<S>))
+        .route("/status", get(page_html))
+        .route("/status/events", get(events))
         .with_state(page)
 }
 
@@ -133,11 +124,7 @@ fn private(mut response: Response) -> Response {
     response
 }
 
-async fn page_html<S: Wakeups>(
-    State(page): State<Page<S>>,
-    headers: HeaderMap,
-    uri: Uri,
-) -> Response {
+async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
     if let Err(refused) = allowed(&page.app, &headers, &uri) {
         return private(refused.into_response());
     }
@@ -152,7 +139,7 @@ async fn page_html<S: Wakeups>(
     private(response)
 }
 
-async fn events<S: Wakeups>(State(page): State<Page<S>>, headers: HeaderMap, uri: Uri) -> Response {
+async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
     if let Err(refused) = allowed(&page.app, &headers, &uri) {
         return private(refused.into_response());
     }
@@ -192,7 +179,7 @@ async fn events<S: Wakeups>(State(page): State<Page<S>>, headers: HeaderMap, uri
 }
 
 /// Whether the request carries the token these routes need (see the module's docs).
-fn allowed<S: Wakeups>(app: &App<S>, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
+fn allowed(app: &App, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
     let Some(needed) = app.admin_token.as_deref().or(app.api_token.as_deref()) else {
         return Ok(());
     };

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use inflight::{StoreError, Wakeups};
+use inflight::{Store, StoreError};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -51,7 +51,7 @@ struct Health {
 }
 
 /// Runs until the worker stops (or its app is gone).
-pub(super) async fn run<S: Wakeups>(app: Weak<App<S>>, mut stopping: watch::Receiver<bool>) {
+pub(super) async fn run(app: Weak<App>, mut stopping: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let Some(board) = app.upgrade().map(|app| app.status.clone()) else {
@@ -77,10 +77,10 @@ pub(super) async fn run<S: Wakeups>(app: Weak<App<S>>, mut stopping: watch::Rece
     }
 }
 
-async fn snapshot<S: Wakeups>(app: &App<S>, board: &Board) -> Snapshot {
+async fn snapshot(app: &App, board: &Board) -> Snapshot {
     let [admitted, refused, reclaimed] = board.ring().per_minute();
     let started = Instant::now();
-    let listed = tokio::time::timeout(STORE_TIMEOUT, app.busy.list("", PAGE_KEYS)).await;
+    let listed = tokio::time::timeout(STORE_TIMEOUT, app.limiter.busy("", PAGE_KEYS)).await;
     let listed = listed.unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
     let (busy, store) = match listed {
         Ok(busy) => (busy.into(), health(started, None, true)),

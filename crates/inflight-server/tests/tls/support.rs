@@ -96,7 +96,13 @@ impl Server {
         let app = {
             let settings = settings.clone();
             let shared = inflight_server::Shared::new(&settings).unwrap();
-            move || Ok(inflight_server::app(&settings, &shared, store.clone())?)
+            move || {
+                Ok(inflight_server::app(
+                    &settings,
+                    &shared,
+                    store.clone().into(),
+                )?)
+            }
         };
         let bounds = Bounds {
             tls: Some(tls.clone()),
