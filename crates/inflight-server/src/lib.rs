@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod error;
@@ -93,14 +94,17 @@ pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<
                 .ends_with("+cluster"),
         )
         .build();
+    let tokens = auth::Tokens {
+        admin: settings.admin_token()?,
+        api: settings.api_token.clone().filter(|t| !t.is_empty()),
+    };
     Ok(Arc::new(App {
+        status: status::Board::new(limiter.clone(), shared.metrics.clone(), tokens.clone()),
         limiter,
         quota,
-        admin_token: settings.admin_token()?,
-        api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
+        tokens,
         overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
-        status: status::Board::default(),
     }))
 }

@@ -30,10 +30,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
-use inflight::Store;
+use inflight::quota::QuotaStats;
+use inflight::{AnyStore, Limiter, Store};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-use crate::app::App;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -305,7 +304,7 @@ impl Metrics {
 
     /// Brings `inflight_reservations_total` up to date with how the server's reservations have ended,
     /// and the balances per class (of `policy`) with the last ones seen.
-    pub fn reservations(&self, stats: &inflight::quota::QuotaStats, policy: &inflight::Policy) {
+    fn reservations(&self, stats: &QuotaStats, policy: &inflight::Policy) {
         let mut classes: HashMap<&str, (u64, u64)> = HashMap::new();
         for (key, balance) in stats.balances() {
             let sums = classes.entry(class_of(policy, &key)).or_default();
@@ -327,9 +326,18 @@ impl Metrics {
         }
     }
 
+    /// The metrics page of a worker with `limiter` and the reservations `quota` counts: the store checked
+    /// (within a second), the counters brought up to date.
+    pub async fn scrape(&self, limiter: &Limiter<AnyStore>, quota: &QuotaStats) -> String {
+        self.reservations(quota, &limiter.policy());
+        let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, limiter.store().maintain());
+        let store_up = matches!(check.await, Ok(Ok(())));
+        self.render(limiter.stats(), store_up)
+    }
+
     /// The Prometheus text, with the limiter's own counters brought up to date and `store_up` (whether
     /// the store answered a check just now).
-    pub fn render(&self, stats: &inflight::LimiterStats, store_up: bool) -> String {
+    fn render(&self, stats: &inflight::LimiterStats, store_up: bool) -> String {
         metrics::counter!("inflight_leases_reclaimed_total")
             .absolute(stats.reclaimed.load(Ordering::Relaxed));
         metrics::counter!("inflight_leases_lost_total")
@@ -355,16 +363,6 @@ impl Metrics {
         }
         text
     }
-}
-
-/// The metrics page of `app`'s server: the store checked (within a second), the counters brought up
-/// to date.
-pub async fn scrape(app: &App) -> String {
-    app.metrics
-        .reservations(app.quota.stats(), &app.limiter.policy());
-    let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, app.limiter.store().maintain());
-    let store_up = matches!(check.await, Ok(Ok(())));
-    app.metrics.render(app.limiter.stats(), store_up)
 }
 
 /// An admission waiting for a slot, in `inflight_waiting` until done or dropped (its client went away).

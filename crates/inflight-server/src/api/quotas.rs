@@ -19,10 +19,8 @@ use inflight::quota::{
 use inflight::PermitId;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    body, checked_key, checked_key_and_id, lease, options, permit_json, require_admin, AcquireBody,
-};
-use crate::app::{check_name, quota_error, App, Charge};
+use super::input::{body, check_name, checked_key, checked_key_and_id};
+use crate::app::{quota_error, App, Charge};
 use crate::error::ApiError;
 
 /// The quota routes, for the /v1 router.
@@ -63,42 +61,6 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
         ));
     }
     Ok(Some(Charge { key, amount }))
-}
-
-/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
-/// refusal refunded before the answer), recorded so that the release settles it, then lent.
-pub(super) async fn acquire_charged(
-    app: &App,
-    key: String,
-    request: AcquireBody,
-    charge: Charge,
-) -> Result<Response, ApiError> {
-    // The reservation goes under the permit's id, so that releasing the permit settles it.
-    let id = request
-        .id
-        .unwrap_or_else(|| PermitId::generate().to_string());
-    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
-    let id = PermitId::from(id);
-    let reservation = app.reserve(&charge, Some(id.clone())).await?;
-    let permit = match app
-        .acquire(&key, options, super::wait(request.wait_ms)?)
-        .await
-    {
-        Ok(permit) => permit,
-        Err(refused) => {
-            app.refund_refused(reservation).await;
-            return Err(refused.into());
-        }
-    };
-    if app.settles_on_release(&reservation) {
-        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
-        let keys = [Arc::from(key.as_str())];
-        app.record_charged(&keys, &id, lease, &charge.key).await?;
-    }
-    let reservation = app.hand_over(reservation).await?;
-    let mut json = permit_json(app.lend(permit));
-    json.reservation = Some(reservation_json(&reservation));
-    Ok((StatusCode::CREATED, Json(json)).into_response())
 }
 
 /// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
@@ -224,7 +186,7 @@ async fn set_balance(
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
-    require_admin(&app, &headers)?;
+    app.tokens.require_admin(&headers)?;
     let key = checked_key(path)?;
     let request: BalanceBody = required(bytes, "{\"balance\": N} with N >= 0")?;
     fund(&app, key, Fund::Set(request.balance)).await
@@ -236,7 +198,7 @@ async fn top_up(
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
-    require_admin(&app, &headers)?;
+    app.tokens.require_admin(&headers)?;
     let key = checked_key(path)?;
     let request: TopUpBody = required(bytes, "{\"amount\": N} with N >= 1")?;
     fund(&app, key, Fund::Add(request.amount)).await

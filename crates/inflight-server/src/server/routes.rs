@@ -34,7 +34,7 @@ impl Routes {
     ) -> Self {
         match upstream {
             None => Self {
-                api: api::router(app.clone()).merge(status::router(app, stopping.clone())),
+                api: api::router(app.clone()).merge(status::router(&app.status, stopping.clone())),
                 proxy: None,
             },
             Some(upstream) => {

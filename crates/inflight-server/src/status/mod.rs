@@ -27,10 +27,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use futures_util::StreamExt;
+use inflight::{AnyStore, Limiter};
 use tokio::sync::{watch, Notify, Semaphore};
 
-use crate::app::{bearer_token, constant_time_eq, App};
+use crate::auth::{bearer_token, constant_time_eq, Tokens};
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 pub use sampler::PAGE_KEYS;
 
@@ -40,37 +42,43 @@ pub const PAGE: &str = include_str!("page.html");
 /// The most pages that may watch one worker's events at once.
 pub const MAX_CLIENTS: usize = 32;
 
-/// One worker's status page: its watchers, the last minute of its counters, what it shows now.
+/// One worker's status page: what it shows (read from the worker's limiter and the server's metrics),
+/// who may see it, its watchers, the last minute of its counters.
 #[derive(Clone)]
 pub struct Board {
     inner: Arc<Inner>,
 }
 
 struct Inner {
+    limiter: Limiter<AnyStore>,
+    metrics: Metrics,
+    tokens: Tokens,
     clients: Arc<Semaphore>,
     ring: Mutex<ring::Ring>,
     /// The JSON the pages show now ("" before the first).
     snapshot: watch::Sender<Arc<str>>,
     /// A new page: publish at once rather than at the next second.
-    wake: Notify,
+    wake: Arc<Notify>,
     started: AtomicBool,
 }
 
-impl Default for Board {
-    fn default() -> Self {
+impl Board {
+    /// The board of a worker with this limiter, the server's metrics, and these tokens.
+    pub fn new(limiter: Limiter<AnyStore>, metrics: Metrics, tokens: Tokens) -> Self {
         Self {
             inner: Arc::new(Inner {
+                limiter,
+                metrics,
+                tokens,
                 clients: Arc::new(Semaphore::new(MAX_CLIENTS)),
                 ring: Mutex::default(),
                 snapshot: watch::Sender::new(Arc::from("")),
-                wake: Notify::new(),
+                wake: Arc::default(),
                 started: AtomicBool::new(false),
             }),
         }
     }
-}
 
-impl Board {
     /// How many pages watch the events now.
     pub fn clients(&self) -> usize {
         MAX_CLIENTS - self.inner.clients.available_permits()
@@ -80,30 +88,29 @@ impl Board {
     pub fn snapshot(&self) -> Arc<str> {
         self.inner.snapshot.borrow().clone()
     }
+}
 
+impl Inner {
     fn ring(&self) -> MutexGuard<'_, ring::Ring> {
-        self.inner
-            .ring
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 /// The state of the two routes.
 #[derive(Clone)]
 struct Page {
-    app: Arc<App>,
+    board: Board,
     stopping: watch::Receiver<bool>,
 }
 
-/// `/status` and `/status/events` over `app`, whose streams end when `stopping` turns true; starts the
-/// worker's sampling task (once per app) on the current runtime.
-pub fn router(app: &Arc<App>, stopping: watch::Receiver<bool>) -> Router {
-    if !app.status.inner.started.swap(true, Ordering::SeqCst) {
-        tokio::spawn(sampler::run(Arc::downgrade(app), stopping.clone()));
+/// `/status` and `/status/events` of `board`, whose streams end when `stopping` turns true; starts the
+/// worker's sampling task (once per board) on the current runtime.
+pub fn router(board: &Board, stopping: watch::Receiver<bool>) -> Router {
+    if !board.inner.started.swap(true, Ordering::SeqCst) {
+        tokio::spawn(sampler::run(Arc::downgrade(&board.inner), stopping.clone()));
     }
     let page = Page {
-        app: app.clone(),
+        board: board.clone(),
         stopping,
     };
     Router::new()
@@ -125,7 +132,7 @@ fn private(mut response: Response) -> Response {
 }
 
 async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(refused) = allowed(&page.app, &headers, &uri) {
+    if let Err(refused) = allowed(&page.board.inner.tokens, &headers, &uri) {
         return private(refused.into_response());
     }
     let mut response = ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response();
@@ -140,10 +147,10 @@ async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Re
 }
 
 async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(refused) = allowed(&page.app, &headers, &uri) {
+    if let Err(refused) = allowed(&page.board.inner.tokens, &headers, &uri) {
         return private(refused.into_response());
     }
-    let board = &page.app.status;
+    let board = &page.board;
     let Ok(watching) = board.inner.clients.clone().try_acquire_owned() else {
         return private(
             ApiError::new(
@@ -179,8 +186,8 @@ async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Respo
 }
 
 /// Whether the request carries the token these routes need (see the module's docs).
-fn allowed(app: &App, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
-    let Some(needed) = app.admin_token.as_deref().or(app.api_token.as_deref()) else {
+fn allowed(tokens: &Tokens, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
+    let Some(needed) = tokens.status_page() else {
         return Ok(());
     };
     let from_header = headers

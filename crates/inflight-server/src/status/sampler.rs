@@ -10,9 +10,8 @@ use inflight::{Store, StoreError};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::Board;
+use super::Inner;
 use crate::api::BusyJson;
-use crate::app::App;
 
 /// How many keys the page shows.
 pub const PAGE_KEYS: usize = 20;
@@ -50,37 +49,37 @@ struct Health {
     listing: bool,
 }
 
-/// Runs until the worker stops (or its app is gone).
-pub(super) async fn run(app: Weak<App>, mut stopping: watch::Receiver<bool>) {
+/// Runs until the worker stops (or its board is gone).
+pub(super) async fn run(board: Weak<Inner>, mut stopping: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let Some(board) = app.upgrade().map(|app| app.status.clone()) else {
+    let Some(wake) = board.upgrade().map(|board| board.wake.clone()) else {
         return;
     };
     loop {
         let sampled = tokio::select! {
             _ = tick.tick() => true,
-            () = board.inner.wake.notified() => false,
+            () = wake.notified() => false,
             _ = stopping.wait_for(|stop| *stop) => return,
         };
-        let Some(app) = app.upgrade() else { return };
+        let Some(board) = board.upgrade() else { return };
         if sampled {
-            let (admitted, refused) = app.metrics.admissions();
-            let reclaimed = app.limiter.stats().reclaimed.load(Ordering::Relaxed);
+            let (admitted, refused) = board.metrics.admissions();
+            let reclaimed = board.limiter.stats().reclaimed.load(Ordering::Relaxed);
             board.ring().sample([admitted, refused, reclaimed]);
         }
-        if board.inner.snapshot.receiver_count() > 0 {
-            let snapshot = snapshot(&app, &board).await;
+        if board.snapshot.receiver_count() > 0 {
+            let snapshot = snapshot(&board).await;
             let json = serde_json::to_string(&snapshot).unwrap_or_default();
-            board.inner.snapshot.send_replace(Arc::from(json));
+            board.snapshot.send_replace(Arc::from(json));
         }
     }
 }
 
-async fn snapshot(app: &App, board: &Board) -> Snapshot {
+async fn snapshot(board: &Inner) -> Snapshot {
     let [admitted, refused, reclaimed] = board.ring().per_minute();
     let started = Instant::now();
-    let listed = tokio::time::timeout(STORE_TIMEOUT, app.limiter.busy("", PAGE_KEYS)).await;
+    let listed = tokio::time::timeout(STORE_TIMEOUT, board.limiter.busy("", PAGE_KEYS)).await;
     let listed = listed.unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
     let (busy, store) = match listed {
         Ok(busy) => (busy.into(), health(started, None, true)),
@@ -88,7 +87,7 @@ async fn snapshot(app: &App, board: &Board) -> Snapshot {
             // Its health, then, from the cheapest call there is.
             let started = Instant::now();
             let maintained =
-                tokio::time::timeout(STORE_TIMEOUT, app.limiter.store().maintain()).await;
+                tokio::time::timeout(STORE_TIMEOUT, board.limiter.store().maintain()).await;
             let error = match maintained {
                 Ok(Ok(())) => None,
                 Ok(Err(error)) => Some(error.to_string()),

@@ -9,6 +9,7 @@ use axum::Json;
 use inflight::Busiest;
 use serde::Serialize;
 
+use super::input::query;
 use crate::app::App;
 use crate::error::ApiError;
 
@@ -90,26 +91,6 @@ fn listing(uri: &Uri) -> Result<(String, usize), ApiError> {
         }
     }
     Ok((prefix, limit))
-}
-
-/// The query's `name=value` pairs, percent-decoded (`+` is a space).
-pub fn query(uri: &Uri) -> Result<Vec<(String, String)>, ApiError> {
-    let decode = |text: &str| {
-        let text = text.replace('+', " ");
-        percent_encoding::percent_decode_str(&text)
-            .decode_utf8()
-            .map(|text| text.into_owned())
-            .map_err(|_| ApiError::invalid_request("The query is not valid UTF-8."))
-    };
-    uri.query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            Ok((decode(name)?, decode(value)?))
-        })
-        .collect()
 }
 
 #[cfg(test)]
