@@ -6,7 +6,7 @@
 mod access;
 mod body;
 mod headers;
-mod keys;
+mod templates;
 mod paths;
 mod upstream;
 
@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode, Uri};
 use inflight::{Permit, Reservation};
 
-pub use keys::{KeyTemplates, OnMissingKey, MAX_KEYS};
+pub use templates::{KeyTemplates, OnMissingKey, MAX_KEYS};
 pub use paths::LimitPaths;
 
 use crate::app::{App, Charge};
@@ -237,13 +237,13 @@ async fn admit(
         });
     let (keys, quota_key) = match formed {
         Ok(formed) => formed,
-        Err(keys::Unformed::Missing(_)) if upstream.on_missing_key == OnMissingKey::Pass => {
+        Err(templates::Unformed::Missing(_)) if upstream.on_missing_key == OnMissingKey::Pass => {
             return Ok(None)
         }
-        Err(keys::Unformed::Missing(why)) => {
+        Err(templates::Unformed::Missing(why)) => {
             return Err(ApiError::new(StatusCode::BAD_REQUEST, "missing_key", why))
         }
-        Err(keys::Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
+        Err(templates::Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
     };
     access.keys(&keys, &proxy.app.limiter.policy());
     // The keys as the limiter takes them, without a second allocation (there are at most MAX_KEYS).
