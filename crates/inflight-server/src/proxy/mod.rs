@@ -6,8 +6,8 @@
 mod access;
 mod body;
 mod headers;
-mod templates;
 mod paths;
+mod templates;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, Request, StatusCode, Uri};
 use inflight::{Permit, Reservation};
 
-pub use templates::{KeyTemplates, OnMissingKey, MAX_KEYS};
 pub use paths::LimitPaths;
+pub use templates::{KeyTemplates, OnMissingKey, MAX_KEYS};
 
 use crate::app::{App, Charge};
 use crate::error::ApiError;
@@ -153,18 +153,18 @@ async fn forward_checked(
     let (permit, reservation) = admit(proxy, &request, access).await?.unzip();
     let reservation = reservation.flatten();
     // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
-    let held = permit
+    let proxying = permit
         .as_ref()
         .is_some_and(Permit::is_counted)
-        .then(|| app.metrics.hold());
-    let result = match held {
+        .then(|| app.metrics.proxying());
+    let result = match proxying {
         Some(_) => ProxyResult::Admitted,
         None => ProxyResult::Unlimited,
     };
     let upstream_request = proxy.target.to_upstream(request, client)?;
     let sent = proxy.pool.send(upstream_request);
     let started = std::time::Instant::now();
-    // On every early return below, the permit, its reservation and `held` are dropped: the slot is
+    // On every early return below, the permit, its reservation and `proxying` are dropped: the slot is
     // released, and counted, and the charge refunded.
     let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
         Err(_) => {
@@ -195,7 +195,7 @@ async fn forward_checked(
     let reservation = reservation.filter(|_| !parts.status.is_server_error());
     // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
     // committed when the body was sent to its end, refunded otherwise.
-    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), held, reservation);
+    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), proxying, reservation);
     Ok(Forwarded {
         parts,
         body,
