@@ -30,7 +30,7 @@ pub struct App {
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
     /// The status page's state: its clients and its per-second counts.
-    pub status: crate::status::Board,
+    pub status: Arc<crate::status::Board>,
 }
 
 impl App {

@@ -99,7 +99,11 @@ pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<
         api: settings.api_token.clone().filter(|t| !t.is_empty()),
     };
     Ok(Arc::new(App {
-        status: status::Board::new(limiter.clone(), shared.metrics.clone(), tokens.clone()),
+        status: Arc::new(status::Board::new(
+            limiter.clone(),
+            shared.metrics.clone(),
+            tokens.clone(),
+        )),
         limiter,
         quota,
         tokens,

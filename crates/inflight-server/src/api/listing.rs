@@ -14,7 +14,7 @@ use crate::app::App;
 use crate::error::ApiError;
 
 /// How many keys a listing answers with unless `limit` says otherwise.
-pub const DEFAULT_LIMIT: usize = 100;
+const DEFAULT_LIMIT: usize = 100;
 
 /// The listing.
 #[derive(Debug, Serialize)]

@@ -16,8 +16,7 @@ mod quotas;
 mod service;
 
 pub use input::{check_name, query, MAX_WAIT};
-pub use listing::{BusyJson, DEFAULT_LIMIT};
-pub use service::OPENAPI;
+pub use listing::BusyJson;
 
 /// The API's routes over `app`.
 pub fn router(app: Arc<App>) -> Router {

@@ -26,13 +26,15 @@ pub(super) struct AcquireBody {
     pub(super) weight: Option<u32>,
     pub(super) lease_ms: Option<u64>,
     pub(super) wait_ms: Option<u64>,
-    pub(super) quota: Option<quotas::QuotaBody>,
+    pub(super) quota: Option<QuotaBody>,
 }
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RenewBody {
     lease_ms: Option<u64>,
 }
+
 /// A permit, as `POST .../permits` and `PUT .../permits/{id}` answer it.
 #[derive(Debug, Serialize)]
 pub(super) struct PermitJson {
@@ -44,8 +46,9 @@ pub(super) struct PermitJson {
     lease_expires_at_ms: Option<u64>,
     /// Its reservation, when the acquire body charged a quota.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) reservation: Option<quotas::ReservationJson>,
+    pub(super) reservation: Option<ReservationJson>,
 }
+
 pub(super) fn permit_json(lease: Lease) -> PermitJson {
     PermitJson {
         id: lease.id.to_string(),
@@ -57,6 +60,7 @@ pub(super) fn permit_json(lease: Lease) -> PermitJson {
         reservation: None,
     }
 }
+
 pub(super) async fn acquire(
     State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
@@ -72,6 +76,7 @@ pub(super) async fn acquire(
     };
     acquire_charged(&app, key, request, charge).await
 }
+
 /// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
 /// refusal refunded before the answer), recorded so that the release settles it, then lent.
 async fn acquire_charged(
@@ -112,6 +117,7 @@ fn permit_not_found() -> ApiError {
         "No such permit: it was released, or its lease ended. Acquire a new one.",
     )
 }
+
 pub(super) async fn renew(
     State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -156,7 +162,7 @@ pub(super) async fn release(
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let (key, id) = checked_key_and_id(path)?;
-    let settle = quotas::outcome(&uri)?;
+    let settle = outcome(&uri)?;
     let id = PermitId::from(id);
     app.release_settled(&key, &id, settle).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -13,7 +13,7 @@ use crate::app::App;
 use crate::error::ApiError;
 
 /// The OpenAPI document of this API.
-pub const OPENAPI: &str = include_str!("../../openapi.json");
+const OPENAPI: &str = include_str!("../../openapi.json");
 
 pub(super) async fn too_many_connections() -> ApiError {
     ApiError::new(

@@ -36,20 +36,14 @@ pub(super) fn now_ms() -> u64 {
 impl Metrics {
     /// Counts an admission.
     pub fn admission(&self, key: &str, result: AdmissionResult) {
-        let (counter, label) = match result {
-            AdmissionResult::Admitted => (&self.admitted, "admitted"),
-            AdmissionResult::Rejected => (&self.rejected, "rejected"),
-            AdmissionResult::Error => (&self.errors, "error"),
-        };
         let [admitted, refused] = &*self.tally;
-        match result {
-            AdmissionResult::Admitted => {
-                admitted.fetch_add(1, Ordering::Relaxed);
-            }
-            AdmissionResult::Rejected => {
-                refused.fetch_add(1, Ordering::Relaxed);
-            }
-            AdmissionResult::Error => {}
+        let (counter, label, tally) = match result {
+            AdmissionResult::Admitted => (&self.admitted, "admitted", Some(admitted)),
+            AdmissionResult::Rejected => (&self.rejected, "rejected", Some(refused)),
+            AdmissionResult::Error => (&self.errors, "error", None),
+        };
+        if let Some(tally) = tally {
+            tally.fetch_add(1, Ordering::Relaxed);
         }
         if self.per_key {
             metrics::counter!("inflight_admissions_total", "result" => label, "key" => key.to_owned())

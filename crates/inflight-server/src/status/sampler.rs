@@ -10,11 +10,11 @@ use inflight::{Store, StoreError};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::Inner;
+use super::board::Board;
 use crate::api::BusyJson;
 
 /// How many keys the page shows.
-pub const PAGE_KEYS: usize = 20;
+const PAGE_KEYS: usize = 20;
 
 /// How long one look at the store may take before the page says it is unavailable.
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,7 +50,7 @@ struct Health {
 }
 
 /// Runs until the worker stops (or its board is gone).
-pub(super) async fn run(board: Weak<Inner>, mut stopping: watch::Receiver<bool>) {
+pub(super) async fn run(board: Weak<Board>, mut stopping: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let Some(wake) = board.upgrade().map(|board| board.wake.clone()) else {
@@ -76,7 +76,7 @@ pub(super) async fn run(board: Weak<Inner>, mut stopping: watch::Receiver<bool>)
     }
 }
 
-async fn snapshot(board: &Inner) -> Snapshot {
+async fn snapshot(board: &Board) -> Snapshot {
     let [admitted, refused, reclaimed] = board.ring().per_minute();
     let started = Instant::now();
     let listed = tokio::time::timeout(STORE_TIMEOUT, board.limiter.busy("", PAGE_KEYS)).await;
