@@ -224,15 +224,4 @@ impl App {
         }
         Ok(Some((recorded.keys, renewal)))
     }
-
-    /// Releases a lease on several keys handed out over HTTP, found by its id.
-    pub async fn release_recorded(&self, id: &PermitId) -> Result<(), StoreError> {
-        let found = self
-            .timed("release", self.limiter.release_recorded(id))
-            .await?;
-        if let Some((keys, held)) = found {
-            self.count_release(&keys[0], id, held);
-        }
-        Ok(())
-    }
 }
