@@ -1,4 +1,6 @@
-//! What every handler shares: the limiter, the admin token, the metrics.
+//! What every handler of a worker shares: the limiter, the quotas, the tokens, the metrics, the status
+//! board; and where every admission, renewal and release over HTTP or through the proxy is timed and
+//! counted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +31,7 @@ pub struct App {
     pub metrics: Metrics,
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
-    /// The status page's state: its clients and its per-second counts.
+    /// The status page's board: its watchers, what it shows, the last minute of counts.
     pub status: Arc<crate::status::Board>,
 }
 

@@ -174,7 +174,9 @@ fn reload_on_hangup(
 /// What each worker opens its store with: a clone of the one embedded store (clones share it), or a
 /// Redis store of its own.
 fn stores(settings: &Settings) -> impl Fn() -> anyhow::Result<AnyStore> + Send + Sync + 'static {
-    let memory = (settings.store.starts_with("memory://"))
+    let memory = settings
+        .store
+        .starts_with("memory://")
         .then(|| MemoryStore::new().max_overrides(settings.max_overrides));
     let settings = settings.clone();
     move || match &memory {
