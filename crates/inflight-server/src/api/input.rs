@@ -60,13 +60,22 @@ pub(super) fn body<T: DeserializeOwned + Default>(
         .map_err(|e| ApiError::invalid_request(format!("Malformed JSON body: {e}")))
 }
 
+/// A lease asked for (`lease_ms`; none: the default), checked.
 pub(super) fn lease(lease_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
-    match lease_ms {
-        None => Ok(None),
-        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_LEASE => Err(
-            ApiError::invalid_request("lease_ms must be between 1 and 86400000."),
-        ),
-        Some(ms) => Ok(Some(Duration::from_millis(ms))),
+    millis("lease_ms", lease_ms, MAX_LEASE)
+}
+
+/// A body's `field`, in ms, checked: from 1 ms to `max` (none: the default).
+pub(super) fn millis(
+    field: &str,
+    ms: Option<u64>,
+    max: Duration,
+) -> Result<Option<Duration>, ApiError> {
+    match ms {
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > max => Err(ApiError::invalid_request(
+            format!("{field} must be between 1 and {}.", max.as_millis()),
+        )),
+        ms => Ok(ms.map(Duration::from_millis)),
     }
 }
 

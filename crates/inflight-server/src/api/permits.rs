@@ -127,33 +127,31 @@ pub(super) async fn renew(
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
     let id = PermitId::from(id);
-    match app.renew(&key, &id, lease).await? {
-        Renewal::Renewed(grant) | Renewal::Readded(grant) => Ok(Json(PermitJson {
-            id: id.to_string(),
-            key,
-            weight: grant.weight,
-            limit: grant.limit.get(),
-            in_flight: grant.in_flight,
-            lease_expires_at_ms: Some(grant.expires_at_ms),
-            reservation: None,
-        })),
+    let (weight, limit, in_flight, expires) = match app.renew(&key, &id, lease).await? {
+        Renewal::Renewed(grant) | Renewal::Readded(grant) => (
+            grant.weight,
+            grant.limit.get(),
+            grant.in_flight,
+            Some(grant.expires_at_ms),
+        ),
         Renewal::Lost => {
             // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
             let status = app.timed("status", app.limiter.status(&key)).await?;
-            if status.limit == Limit::Unlimited {
-                return Ok(Json(PermitJson {
-                    id: id.to_string(),
-                    key,
-                    weight: 1,
-                    limit: None,
-                    in_flight: status.in_flight,
-                    lease_expires_at_ms: None,
-                    reservation: None,
-                }));
+            if status.limit != Limit::Unlimited {
+                return Err(permit_not_found());
             }
-            Err(permit_not_found())
+            (1, None, status.in_flight, None)
         }
-    }
+    };
+    Ok(Json(PermitJson {
+        id: id.to_string(),
+        key,
+        weight,
+        limit,
+        in_flight,
+        lease_expires_at_ms: expires,
+        reservation: None,
+    }))
 }
 
 pub(super) async fn release(

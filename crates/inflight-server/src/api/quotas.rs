@@ -4,7 +4,6 @@
 //! acquire body.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -19,7 +18,7 @@ use inflight::quota::{
 use inflight::PermitId;
 use serde::{Deserialize, Serialize};
 
-use super::input::{body, check_name, checked_key, checked_key_and_id};
+use super::input::{body, check_name, checked_key, checked_key_and_id, millis};
 use crate::app::{quota_error, App, Charge};
 use crate::error::ApiError;
 
@@ -220,7 +219,7 @@ async fn reserve(
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
     let request: ReserveBody = body(bytes)?;
-    let ttl = ttl(request.ttl_ms)?;
+    let ttl = millis("ttl_ms", request.ttl_ms, MAX_RESERVATION_TTL)?;
     let reserved = app.quota.reserve_with(&key, request.amount, None, ttl);
     let reservation = app
         .timed("quota", reserved)
@@ -229,17 +228,6 @@ async fn reserve(
     // The caller holds it from here: it commits or refunds it over HTTP, or it expires.
     let body = reservation_json(&reservation.detach());
     Ok((StatusCode::CREATED, Json(body)).into_response())
-}
-
-/// A reservation's `ttl_ms`, checked (none: the quota's ttl).
-fn ttl(ttl_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
-    match ttl_ms {
-        None => Ok(None),
-        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_RESERVATION_TTL => Err(
-            ApiError::invalid_request("ttl_ms must be between 1 and 86400000."),
-        ),
-        Some(ms) => Ok(Some(Duration::from_millis(ms))),
-    }
 }
 
 /// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now, as its
@@ -252,7 +240,11 @@ async fn extend(
     let (key, id) = checked_key_and_id(path)?;
     let request: ExtendBody = body(bytes)?;
     let permit_id = PermitId::from(id.as_str());
-    let extended = app.quota.extend(&key, &permit_id, ttl(request.ttl_ms)?);
+    let extended = app.quota.extend(
+        &key,
+        &permit_id,
+        millis("ttl_ms", request.ttl_ms, MAX_RESERVATION_TTL)?,
+    );
     let extension = app
         .timed("quota", extended)
         .await
