@@ -53,9 +53,14 @@ impl Tokens {
         }
     }
 
-    /// The token the status page needs: the admin token, else the API token; `None`: it is open.
-    pub fn status_page(&self) -> Option<&str> {
-        self.admin.as_deref().or(self.api.as_deref())
+    /// True when the status page may be shown: it needs the admin token, else the API token (or, without
+    /// either, nothing), carried by `authorization` or given as `token` (the page's `?token=`).
+    pub fn may_see_status(&self, authorization: Option<&HeaderValue>, token: Option<&str>) -> bool {
+        let Some(needed) = self.admin.as_deref().or(self.api.as_deref()) else {
+            return true;
+        };
+        bears(authorization, needed)
+            || token.is_some_and(|token| constant_time_eq(token.as_bytes(), needed.as_bytes()))
     }
 }
 
@@ -96,7 +101,7 @@ pub fn bearer_token(value: &str) -> Option<&str> {
 }
 
 /// Compares without an early exit, so the time taken says nothing about where a guess went wrong.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use super::board::{Board, MAX_CLIENTS};
 use super::sampler;
-use crate::auth::{bearer_token, constant_time_eq, Tokens};
+use crate::auth::Tokens;
 use crate::error::ApiError;
 
 /// The page.
@@ -112,25 +112,10 @@ async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Respo
 
 /// Whether the request carries the token these routes need (see the module's docs).
 fn allowed(tokens: &Tokens, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
-    let Some(needed) = tokens.status_page() else {
-        return Ok(());
-    };
-    let from_header = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(bearer_token)
-        .map(str::to_owned);
-    let from_query = crate::api::query(uri)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|(name, _)| name == "token")
-        .map(|(_, token)| token);
-    let given = [from_header, from_query];
-    if given
-        .iter()
-        .flatten()
-        .any(|token| constant_time_eq(token.as_bytes(), needed.as_bytes()))
-    {
+    let query = crate::api::query(uri).unwrap_or_default();
+    let token = query.iter().find(|(name, _)| name == "token");
+    let token = token.map(|(_, token)| token.as_str());
+    if tokens.may_see_status(headers.get(header::AUTHORIZATION), token) {
         return Ok(());
     }
     Err(ApiError::new(
