@@ -28,7 +28,7 @@ pub(super) struct KeyJson {
     pub(super) in_flight: u32,
 }
 
-pub(super) fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {
+fn key_json(key: String, status: inflight::KeyStatus) -> Json<KeyJson> {
     Json(KeyJson {
         key,
         limit: status.limit.get(),
