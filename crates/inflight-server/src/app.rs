@@ -1,45 +1,41 @@
-//! What every handler shares: the limiter, the admin token, the metrics.
+//! What every handler of a worker shares: the limiter, the quotas, the tokens, the metrics, the status
+//! board; and where every admission, renewal and release over HTTP or through the proxy is timed and
+//! counted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inflight::store::IndexOp;
 use inflight::{
-    AcquireError, AcquireOptions, KeyRefused, Keys, Lease, Limiter, Permit, PermitId, Renewal,
-    StoreError, Wakeups,
+    AcquireError, AcquireOptions, AnyStore, KeyRefused, Keys, Lease, Limiter, Permit, PermitId,
+    Renewal, Store, StoreError,
 };
 
 use crate::metrics::{AdmissionResult, Metrics};
 
-mod busy;
 mod charge;
 
-pub use busy::BusyLister;
 pub use charge::{quota_error, Charge};
 
 /// The state of one worker of a server.
-pub struct App<S: Wakeups> {
+pub struct App {
     /// The worker's limiter, which every request it serves goes through.
-    pub limiter: Limiter<S>,
+    pub limiter: Limiter<AnyStore>,
     /// The balances of keys, over the same store (`charge.rs` charges admissions to them).
     pub quota: inflight::Quota,
-    /// The bearer token that changing limits requires, if any.
-    pub admin_token: Option<String>,
-    /// The bearer token that every /v1 route requires, if any (the admin token also passes).
-    pub api_token: Option<String>,
+    /// The bearer tokens its routes need.
+    pub tokens: crate::auth::Tokens,
     /// Whether an override may be set only on a key of a `--limit` class (not on one with the defaults).
     pub overrides_for_classes_only: bool,
     /// The server's metrics, shared by its workers.
     pub metrics: Metrics,
     /// Set when the worker's shutdown grace period is over: responses still streaming end then.
     pub cut: tokio::sync::watch::Sender<bool>,
-    /// Lists the busy keys through the limiter (`GET /v1/keys`, the status page).
-    pub busy: BusyLister,
-    /// The status page's state: its clients and its per-second counts.
-    pub status: crate::status::Board,
+    /// The status page's board: its watchers, what it shows, the last minute of counts.
+    pub status: Arc<crate::status::Board>,
 }
 
-impl<S: Wakeups> App<S> {
+impl App {
     /// Runs a store operation and records its latency under `op`.
     pub async fn timed<T>(
         &self,
@@ -230,82 +226,4 @@ impl<S: Wakeups> App<S> {
         }
         Ok(Some((recorded.keys, renewal)))
     }
-
-    /// Releases a lease on several keys handed out over HTTP, found by its id.
-    pub async fn release_recorded(&self, id: &PermitId) -> Result<(), StoreError> {
-        let found = self
-            .timed("release", self.limiter.release_recorded(id))
-            .await?;
-        if let Some((keys, held)) = found {
-            self.count_release(&keys[0], id, held);
-        }
-        Ok(())
-    }
-
-    /// True when `authorization` carries the admin token (or none is configured).
-    pub fn is_admin(&self, authorization: Option<&http::HeaderValue>) -> bool {
-        match &self.admin_token {
-            None => true,
-            Some(token) => bears(authorization, token),
-        }
-    }
-
-    /// True when `authorization` may use the /v1 routes: the API token or the admin token (or no API
-    /// token is configured).
-    pub fn is_api_user(&self, authorization: Option<&http::HeaderValue>) -> bool {
-        match &self.api_token {
-            None => true,
-            Some(token) => {
-                bears(authorization, token)
-                    || self
-                        .admin_token
-                        .as_ref()
-                        .is_some_and(|admin| bears(authorization, admin))
-            }
-        }
-    }
-}
-
-/// True when `authorization` is `Bearer TOKEN` with this token: the scheme in any case (RFC 9110 11.1),
-/// spaces or tabs between, the token compared in constant time.
-fn bears(authorization: Option<&http::HeaderValue>, token: &str) -> bool {
-    let given = authorization
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .unwrap_or_default();
-    constant_time_eq(given.as_bytes(), token.as_bytes())
-}
-
-/// The token of an `Authorization` value `Bearer TOKEN` (RFC 9110 11.1, RFC 6750 2.1), read as an
-/// upstream would (Dify splits on any whitespace): the scheme, in any case, is the first run of
-/// non-whitespace; the token the rest, trimmed of spaces and tabs. `None` for another scheme or no token.
-pub fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim_matches([' ', '\t']).split_once([' ', '\t'])?;
-    let token = token.trim_matches([' ', '\t']);
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-/// Longest key and id, in bytes.
-const MAX_NAME: usize = 256;
-
-/// Checks a key or a permit id, wherever it comes from (a path, a body, the proxy's key header): non-empty,
-/// at most 256 bytes, no control characters.
-pub fn check_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        Err("Keys and ids may not be empty.")
-    } else if name.len() > MAX_NAME {
-        Err("Keys and ids are at most 256 bytes.")
-    } else if name.chars().any(char::is_control) {
-        Err("Keys and ids may not contain control characters.")
-    } else {
-        Ok(())
-    }
-}
-
-/// Compares without an early exit, so the time taken says nothing about where a guess went wrong.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

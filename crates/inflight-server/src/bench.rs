@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use inflight::{AcquireError, Limiter, Policy, Wakeups};
+use inflight::{AcquireError, AnyStore, Limiter, Policy};
 use serde::Serialize;
 
 /// Options of `inflight bench`.
@@ -117,7 +117,7 @@ async fn progress(
 }
 
 /// Runs the load on `store`.
-pub async fn run<S: Wakeups>(args: &BenchArgs, store: S) -> Result<Report, AcquireError> {
+pub async fn run(args: &BenchArgs, store: AnyStore) -> Result<Report, AcquireError> {
     let limiter = Limiter::builder(store)
         .policy(Policy::new(args.limit, 0))
         .build();

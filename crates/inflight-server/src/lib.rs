@@ -8,6 +8,7 @@
 
 pub mod api;
 pub mod app;
+pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod error;
@@ -20,7 +21,7 @@ pub mod status;
 use std::sync::Arc;
 
 use inflight::quota::QuotaStats;
-use inflight::{BusyKeys, Limiter, MemoryStore, Quota, QuotaStore, SharedPolicy, Wakeups};
+use inflight::{AnyStore, Limiter, MemoryStore, SharedPolicy};
 
 pub use app::App;
 pub use config::{ConfigError, ProxySettings, Settings};
@@ -72,15 +73,7 @@ impl Shared {
 
 /// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
 /// workers `shared`.
-pub fn app<S: Wakeups + QuotaStore + BusyKeys>(
-    settings: &Settings,
-    shared: &Shared,
-    store: S,
-) -> Result<Arc<App<S>>, ConfigError> {
-    let quota = Quota::new(store.clone())
-        .with_ttl(settings.quota.quota_ttl)
-        .with_commit_on(settings.quota.quota_commit.into())
-        .with_stats(shared.quota_stats.clone());
+pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<App>, ConfigError> {
     let limiter = Limiter::builder(store)
         .policy(shared.policy.clone())
         .lease(settings.lease)
@@ -97,16 +90,27 @@ pub fn app<S: Wakeups + QuotaStore + BusyKeys>(
                 .ends_with("+cluster"),
         )
         .build();
-    let busy = app::BusyLister::new(limiter.clone());
+    // Beside the limiter: its task keeps reservations open and settles what dropped ones leave.
+    let quota = limiter
+        .quota()
+        .with_ttl(settings.quota.quota_ttl)
+        .with_commit_on(settings.quota.quota_commit.into())
+        .with_stats(shared.quota_stats.clone());
+    let tokens = auth::Tokens {
+        admin: settings.admin_token()?,
+        api: settings.api_token.clone().filter(|t| !t.is_empty()),
+    };
     Ok(Arc::new(App {
+        status: Arc::new(status::Board::new(
+            limiter.clone(),
+            shared.metrics.clone(),
+            tokens.clone(),
+        )),
         limiter,
         quota,
-        admin_token: settings.admin_token()?,
-        api_token: settings.api_token.clone().filter(|t| !t.is_empty()),
+        tokens,
         overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
-        busy,
-        status: status::Board::default(),
     }))
 }

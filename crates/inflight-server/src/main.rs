@@ -1,7 +1,7 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
 use anyhow::Context;
-use inflight::{AnyStore, MemoryStore, QuotaStore, RedisStore, Store, Wakeups};
+use inflight::{AnyStore, MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, Layout, LogFormat, ProxySettings};
 use inflight_server::server::{self, Workers};
@@ -75,14 +75,8 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     let shared = Shared::new(&settings)?;
     let tls = server::Tls::load(&settings.tls)?;
     reload_on_hangup(cli.command, matches, shared.clone(), tls.clone(), log);
-    if settings.store.starts_with("memory://") {
-        // Every worker's limiter over the one embedded store (clones share it).
-        let store = MemoryStore::new().max_overrides(settings.max_overrides);
-        run(settings, proxy, shared, tls, move || Ok(store.clone())).await
-    } else {
-        let opened = settings.clone();
-        run(settings, proxy, shared, tls, move || redis_store(&opened)).await
-    }
+    let store = stores(&settings);
+    run(settings, proxy, shared, tls, store).await
 }
 
 /// Puts another filter of log lines in force.
@@ -177,6 +171,20 @@ fn reload_on_hangup(
     let _ = (command, matches, shared, tls, log);
 }
 
+/// What each worker opens its store with: a clone of the one embedded store (clones share it), or a
+/// Redis store of its own.
+fn stores(settings: &Settings) -> impl Fn() -> anyhow::Result<AnyStore> + Send + Sync + 'static {
+    let memory = settings
+        .store
+        .starts_with("memory://")
+        .then(|| MemoryStore::new().max_overrides(settings.max_overrides));
+    let settings = settings.clone();
+    move || match &memory {
+        Some(store) => Ok(AnyStore::from(store.clone())),
+        None => redis_store(&settings),
+    }
+}
+
 /// A worker's own Redis store (its connection and its batches on the worker's runtime), in the key
 /// layout `--layout` names.
 fn redis_store(settings: &Settings) -> anyhow::Result<AnyStore> {
@@ -205,12 +213,12 @@ fn redis_store(settings: &Settings) -> anyhow::Result<AnyStore> {
 }
 
 /// Serves until a signal, each worker with an app over a store from `store`.
-async fn run<S: Wakeups + QuotaStore + inflight::BusyKeys>(
+async fn run(
     settings: Settings,
     proxy: Option<ProxySettings>,
     shared: Shared,
     tls: Option<server::Tls>,
-    store: impl Fn() -> anyhow::Result<S> + Send + Sync + 'static,
+    store: impl Fn() -> anyhow::Result<AnyStore> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let listeners = server::bind(settings.listen, settings.workers())
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -275,8 +283,8 @@ async fn run<S: Wakeups + QuotaStore + inflight::BusyKeys>(
 }
 
 async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
-    let report = if args.store.starts_with("memory://") {
-        inflight_server::bench::run(args, MemoryStore::new()).await?
+    let store = if args.store.starts_with("memory://") {
+        AnyStore::from(MemoryStore::new())
     } else {
         let store = RedisStore::builder(args.store.clone())
             .prefix(args.redis_prefix.clone())
@@ -288,8 +296,9 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             .maintain()
             .await
             .map_err(|e| anyhow::anyhow!("the store is unreachable: {e}"))?;
-        inflight_server::bench::run(args, store).await?
+        AnyStore::from(store)
     };
+    let report = inflight_server::bench::run(args, store).await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Permits on several keys: `POST /v1/permits`, and `PUT|DELETE /v1/permits/{id}` by id alone.
+//! Permits: on one key (`POST /v1/keys/{key}/permits`, `PUT|DELETE .../permits/{id}`), and on several
+//! (`POST /v1/permits`, and `PUT|DELETE /v1/permits/{id}` by id alone).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -9,13 +10,161 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inflight::{PermitId, Renewal, Wakeups};
+use inflight::{Lease, Limit, PermitId, Renewal};
 use serde::{Deserialize, Serialize};
 
+use super::input::{body, check_name, checked_key, checked_key_and_id, lease, options, wait};
+use super::limits::KeyJson;
 use super::quotas::{self, outcome, QuotaBody, ReservationJson};
-use super::{body, lease, options, permit_not_found, wait, KeyJson, RenewBody};
-use crate::app::{check_name, App};
+use crate::app::{App, Charge};
 use crate::error::ApiError;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AcquireBody {
+    pub(super) id: Option<String>,
+    pub(super) weight: Option<u32>,
+    pub(super) lease_ms: Option<u64>,
+    pub(super) wait_ms: Option<u64>,
+    pub(super) quota: Option<QuotaBody>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewBody {
+    lease_ms: Option<u64>,
+}
+
+/// A permit, as `POST .../permits` and `PUT .../permits/{id}` answer it.
+#[derive(Debug, Serialize)]
+pub(super) struct PermitJson {
+    id: String,
+    key: String,
+    weight: u32,
+    limit: Option<u32>,
+    in_flight: u32,
+    lease_expires_at_ms: Option<u64>,
+    /// Its reservation, when the acquire body charged a quota.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) reservation: Option<ReservationJson>,
+}
+
+pub(super) fn permit_json(lease: Lease) -> PermitJson {
+    PermitJson {
+        id: lease.id.to_string(),
+        key: lease.key.to_string(),
+        weight: lease.weight,
+        limit: lease.limit.get(),
+        in_flight: lease.in_flight,
+        lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
+        reservation: None,
+    }
+}
+
+pub(super) async fn acquire(
+    State(app): State<Arc<App>>,
+    path: Result<Path<String>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let key = checked_key(path)?;
+    let mut request: AcquireBody = body(bytes)?;
+    let Some(charge) = quotas::charge(request.quota.take())? else {
+        let options = options(request.id, request.weight, request.lease_ms)?;
+        let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
+        // The caller holds the lease from here: it renews or releases it over HTTP.
+        return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
+    };
+    acquire_charged(&app, key, request, charge).await
+}
+
+/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
+/// refusal refunded before the answer), recorded so that the release settles it, then lent.
+async fn acquire_charged(
+    app: &App,
+    key: String,
+    request: AcquireBody,
+    charge: Charge,
+) -> Result<Response, ApiError> {
+    // The reservation goes under the permit's id, so that releasing the permit settles it.
+    let id = request
+        .id
+        .unwrap_or_else(|| PermitId::generate().to_string());
+    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
+    let id = PermitId::from(id);
+    let reservation = app.reserve(&charge, Some(id.clone())).await?;
+    let permit = match app.acquire(&key, options, wait(request.wait_ms)?).await {
+        Ok(permit) => permit,
+        Err(refused) => {
+            app.refund_refused(reservation).await;
+            return Err(refused.into());
+        }
+    };
+    if app.settles_on_release(&reservation) {
+        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+        let keys = [Arc::from(key.as_str())];
+        app.record_charged(&keys, &id, lease, &charge.key).await?;
+    }
+    let reservation = app.hand_over(reservation).await?;
+    let mut json = permit_json(app.lend(permit));
+    json.reservation = Some(quotas::reservation_json(&reservation));
+    Ok((StatusCode::CREATED, Json(json)).into_response())
+}
+
+fn permit_not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "permit_not_found",
+        "No such permit: it was released, or its lease ended. Acquire a new one.",
+    )
+}
+
+pub(super) async fn renew(
+    State(app): State<Arc<App>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Json<PermitJson>, ApiError> {
+    let (key, id) = checked_key_and_id(path)?;
+    let request: RenewBody = body(bytes)?;
+    let lease = lease(request.lease_ms)?;
+    let id = PermitId::from(id);
+    let (weight, limit, in_flight, expires) = match app.renew(&key, &id, lease).await? {
+        Renewal::Renewed(grant) | Renewal::Readded(grant) => (
+            grant.weight,
+            grant.limit.get(),
+            grant.in_flight,
+            Some(grant.expires_at_ms),
+        ),
+        Renewal::Lost => {
+            // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
+            let status = app.timed("status", app.limiter.status(&key)).await?;
+            if status.limit != Limit::Unlimited {
+                return Err(permit_not_found());
+            }
+            (1, None, status.in_flight, None)
+        }
+    };
+    Ok(Json(PermitJson {
+        id: id.to_string(),
+        key,
+        weight,
+        limit,
+        in_flight,
+        lease_expires_at_ms: expires,
+        reservation: None,
+    }))
+}
+
+pub(super) async fn release(
+    State(app): State<Arc<App>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    uri: Uri,
+) -> Result<StatusCode, ApiError> {
+    let (key, id) = checked_key_and_id(path)?;
+    let settle = outcome(&uri)?;
+    let id = PermitId::from(id);
+    app.release_settled(&key, &id, settle).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,8 +192,8 @@ pub(super) struct PermitAllJson {
 /// The most keys one permit may have.
 const MAX_KEYS: usize = 16;
 
-pub(super) async fn acquire_all<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn acquire_all(
+    State(app): State<Arc<App>>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
@@ -130,8 +279,8 @@ pub(super) async fn acquire_all<S: Wakeups>(
 
 /// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
 /// that holds nothing, or a key whose store is away: its class's limit, nothing in flight).
-async fn permit_all_json<S: Wakeups>(
-    app: &App<S>,
+async fn permit_all_json(
+    app: &App,
     id: String,
     keys: &[Arc<str>],
     weight: u32,
@@ -170,8 +319,8 @@ async fn permit_all_json<S: Wakeups>(
     }
 }
 
-pub(super) async fn renew_recorded<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn renew_recorded(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PermitAllJson>, ApiError> {
@@ -191,8 +340,8 @@ pub(super) async fn renew_recorded<S: Wakeups>(
     }
 }
 
-pub(super) async fn release_recorded<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn release_recorded(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {

@@ -4,7 +4,6 @@
 //! acquire body.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -16,29 +15,24 @@ use axum::{Json, Router};
 use inflight::quota::{
     Balance, DetachedReservation, Extension, Fund, Settle, Settlement, MAX_RESERVATION_TTL,
 };
-use inflight::{PermitId, Wakeups};
+use inflight::PermitId;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    body, checked_key, checked_key_and_id, lease, options, permit_json, require_admin, AcquireBody,
-};
-use crate::app::{check_name, quota_error, App, Charge};
+use super::input::{body, check_name, checked_key, checked_key_and_id, millis};
+use crate::app::{quota_error, App, Charge};
 use crate::error::ApiError;
 
 /// The quota routes, for the /v1 router.
-pub(super) fn routes<S: Wakeups>() -> Router<Arc<App<S>>> {
+pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
-        .route("/v1/quotas/{key}", put(set_balance::<S>).get(balance::<S>))
-        .route("/v1/quotas/{key}/top-up", post(top_up::<S>))
-        .route("/v1/quotas/{key}/reservations", post(reserve::<S>))
+        .route("/v1/quotas/{key}", put(set_balance).get(balance))
+        .route("/v1/quotas/{key}/top-up", post(top_up))
+        .route("/v1/quotas/{key}/reservations", post(reserve))
         .route(
             "/v1/quotas/{key}/reservations/{id}",
-            put(extend::<S>).delete(refund::<S>),
+            put(extend).delete(refund),
         )
-        .route(
-            "/v1/quotas/{key}/reservations/{id}/commit",
-            post(commit::<S>),
-        )
+        .route("/v1/quotas/{key}/reservations/{id}/commit", post(commit))
 }
 
 /// `"quota": {"key", "amount"}` in an acquire body.
@@ -66,42 +60,6 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
         ));
     }
     Ok(Some(Charge { key, amount }))
-}
-
-/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
-/// refusal refunded before the answer), recorded so that the release settles it, then lent.
-pub(super) async fn acquire_charged<S: Wakeups>(
-    app: &App<S>,
-    key: String,
-    request: AcquireBody,
-    charge: Charge,
-) -> Result<Response, ApiError> {
-    // The reservation goes under the permit's id, so that releasing the permit settles it.
-    let id = request
-        .id
-        .unwrap_or_else(|| PermitId::generate().to_string());
-    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
-    let id = PermitId::from(id);
-    let reservation = app.reserve(&charge, Some(id.clone())).await?;
-    let permit = match app
-        .acquire(&key, options, super::wait(request.wait_ms)?)
-        .await
-    {
-        Ok(permit) => permit,
-        Err(refused) => {
-            app.refund_refused(reservation).await;
-            return Err(refused.into());
-        }
-    };
-    if app.settles_on_release(&reservation) {
-        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
-        let keys = [Arc::from(key.as_str())];
-        app.record_charged(&keys, &id, lease, &charge.key).await?;
-    }
-    let reservation = app.hand_over(reservation).await?;
-    let mut json = permit_json(app.lend(permit));
-    json.reservation = Some(reservation_json(&reservation));
-    Ok((StatusCode::CREATED, Json(json)).into_response())
 }
 
 /// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
@@ -215,42 +173,38 @@ fn required<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::invalid_request(format!("Expected {shape}: {e}")))
 }
 
-async fn fund<S: Wakeups>(
-    app: &App<S>,
-    key: String,
-    fund: Fund,
-) -> Result<Json<QuotaJson>, ApiError> {
+async fn fund(app: &App, key: String, fund: Fund) -> Result<Json<QuotaJson>, ApiError> {
     let funded = app.timed("quota", app.quota.fund(&key, fund)).await;
     let balance = funded.map_err(|error| quota_error(&key, error))?;
     Ok(quota_json(key, Some(balance)))
 }
 
-async fn set_balance<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn set_balance(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
-    require_admin(&app, &headers)?;
+    app.tokens.require_admin(&headers)?;
     let key = checked_key(path)?;
     let request: BalanceBody = required(bytes, "{\"balance\": N} with N >= 0")?;
     fund(&app, key, Fund::Set(request.balance)).await
 }
 
-async fn top_up<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn top_up(
+    State(app): State<Arc<App>>,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
-    require_admin(&app, &headers)?;
+    app.tokens.require_admin(&headers)?;
     let key = checked_key(path)?;
     let request: TopUpBody = required(bytes, "{\"amount\": N} with N >= 1")?;
     fund(&app, key, Fund::Add(request.amount)).await
 }
 
-async fn balance<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn balance(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
     let key = checked_key(path)?;
@@ -258,14 +212,14 @@ async fn balance<S: Wakeups>(
     Ok(quota_json(key, balance))
 }
 
-async fn reserve<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn reserve(
+    State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
     let request: ReserveBody = body(bytes)?;
-    let ttl = ttl(request.ttl_ms)?;
+    let ttl = millis("ttl_ms", request.ttl_ms, MAX_RESERVATION_TTL)?;
     let reserved = app.quota.reserve_with(&key, request.amount, None, ttl);
     let reservation = app
         .timed("quota", reserved)
@@ -276,28 +230,21 @@ async fn reserve<S: Wakeups>(
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// A reservation's `ttl_ms`, checked (none: the quota's ttl).
-fn ttl(ttl_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
-    match ttl_ms {
-        None => Ok(None),
-        Some(ms) if ms == 0 || Duration::from_millis(ms) > MAX_RESERVATION_TTL => Err(
-            ApiError::invalid_request("ttl_ms must be between 1 and 86400000."),
-        ),
-        Some(ms) => Ok(Some(Duration::from_millis(ms))),
-    }
-}
-
 /// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now, as its
 /// holder still works.
-async fn extend<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn extend(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ExtendedJson>, ApiError> {
     let (key, id) = checked_key_and_id(path)?;
     let request: ExtendBody = body(bytes)?;
     let permit_id = PermitId::from(id.as_str());
-    let extended = app.quota.extend(&key, &permit_id, ttl(request.ttl_ms)?);
+    let extended = app.quota.extend(
+        &key,
+        &permit_id,
+        millis("ttl_ms", request.ttl_ms, MAX_RESERVATION_TTL)?,
+    );
     let extension = app
         .timed("quota", extended)
         .await
@@ -330,8 +277,8 @@ fn reservation_not_found() -> ApiError {
     )
 }
 
-async fn settle<S: Wakeups>(
-    app: &App<S>,
+async fn settle(
+    app: &App,
     path: Result<Path<(String, String)>, PathRejection>,
     settle: Settle,
 ) -> Result<Json<QuotaJson>, ApiError> {
@@ -346,15 +293,15 @@ async fn settle<S: Wakeups>(
     }
 }
 
-async fn commit<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn commit(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
     settle(&app, path, Settle::Commit).await
 }
 
-async fn refund<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+async fn refund(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<Json<QuotaJson>, ApiError> {
     settle(&app, path, Settle::Refund).await

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use inflight::quota::{CommitOn, DetachedReservation, Extension, QuotaError, Settle, Settlement};
 use inflight::store::{IndexOp, Recorded};
-use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, StoreError, Wakeups};
+use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, Store, StoreError};
 
 use super::App;
 use crate::error::ApiError;
@@ -43,7 +43,7 @@ pub fn quota_error(key: &str, error: QuotaError) -> ApiError {
     }
 }
 
-impl<S: Wakeups> App<S> {
+impl App {
     /// Reserves `charge` under `id` (default: generated) for the quota's ttl.
     pub async fn reserve(
         &self,

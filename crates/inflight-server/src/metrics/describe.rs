@@ -10,7 +10,7 @@ enum Kind {
 }
 
 /// Every metric of the recorder: its name, kind and help. `inflight_in_flight` and `inflight_store_up`
-/// are a server's own and written out by [`super::Metrics::render`].
+/// are a server's own and written out by [`super::Metrics::scrape`].
 const RECORDED: &[(&str, Kind, &str)] = &[
     (
         "inflight_admissions_total",

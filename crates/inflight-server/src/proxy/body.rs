@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
 use super::access::Line;
-use crate::metrics::Held;
+use crate::metrics::Proxying;
 
 pin_project! {
     /// See the module docs.
@@ -23,7 +23,7 @@ pin_project! {
         #[pin]
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,
-        _held: Option<Held>,
+        _proxying: Option<Proxying>,
         charge: Option<Reservation>,
         // Written when the body is dropped: after the permit's release and the charge's settlement.
         _line: Option<Line>,
@@ -46,13 +46,13 @@ impl ProxyBody {
         inner: hyper::body::Incoming,
         permit: Option<Permit>,
         cut: watch::Receiver<bool>,
-        held: Option<Held>,
+        proxying: Option<Proxying>,
         charge: Option<Reservation>,
     ) -> Self {
         Self {
             inner: PermitBody::new(inner, permit),
             cut: Cut::Watching(cut),
-            _held: held,
+            _proxying: proxying,
             charge,
             _line: None,
         }

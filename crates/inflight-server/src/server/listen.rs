@@ -11,7 +11,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use inflight::Wakeups;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -45,11 +44,11 @@ impl Listener for NoDelay {
 }
 
 /// What one listener serves, and under which cap.
-pub(super) struct Served<S: Wakeups> {
+pub(super) struct Served {
     pub(super) listener: NoDelay,
-    pub(super) routes: Routes<S>,
+    pub(super) routes: Routes,
     /// What a connection in the gate's reserve is answered (health checks only).
-    pub(super) health: Routes<S>,
+    pub(super) health: Routes,
     pub(super) gate: Gate,
     /// TLS on this listener, if any.
     pub(super) tls: Option<Tls>,
@@ -83,8 +82,8 @@ fn builder(bounds: &Bounds, keep_alive: bool) -> auto::Builder<TokioExecutor> {
 const HTTP2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One accepted connection, with what serving it takes.
-struct Connection<S: Wakeups> {
-    routes: Routes<S>,
+struct Connection {
+    routes: Routes,
     builder: Arc<auto::Builder<TokioExecutor>>,
     client: Peer,
     limits: crate::config::Connections,
@@ -98,7 +97,7 @@ struct Connection<S: Wakeups> {
     tls: bool,
 }
 
-impl<S: Wakeups> Connection<S> {
+impl Connection {
     /// Serves it on a task of its own.
     fn spawn(self, io: tokio::net::TcpStream) {
         tokio::spawn(self.serve(io));
@@ -142,8 +141,8 @@ impl<S: Wakeups> Connection<S> {
 /// Serves the connections the listener accepts until told to stop; then closes each once its current
 /// exchange is over (an idle one at once), and returns when all have closed. Responses still running
 /// after the grace period are cut.
-pub(super) async fn serve<S: Wakeups>(
-    served: Served<S>,
+pub(super) async fn serve(
+    served: Served,
     mut stopping: watch::Receiver<bool>,
     bounds: &Bounds,
     cut: &watch::Sender<bool>,

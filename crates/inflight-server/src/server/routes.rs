@@ -8,7 +8,6 @@ use axum::response::Response;
 use axum::Router;
 use futures_util::future::Either;
 use futures_util::FutureExt;
-use inflight::Wakeups;
 use tower_service::Service;
 
 use crate::api;
@@ -19,31 +18,23 @@ use crate::status;
 
 /// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
 /// forwarded (straight to the proxy, past axum's router).
-pub(super) struct Routes<S: Wakeups> {
+#[derive(Clone)]
+pub(super) struct Routes {
     api: Router,
-    proxy: Option<Arc<Proxy<S>>>,
+    proxy: Option<Arc<Proxy>>,
 }
 
-impl<S: Wakeups> Clone for Routes<S> {
-    fn clone(&self) -> Self {
-        Self {
-            api: self.api.clone(),
-            proxy: self.proxy.clone(),
-        }
-    }
-}
-
-impl<S: Wakeups> Routes<S> {
+impl Routes {
     /// The API and the status page at the root (their streams end when `stopping` turns true); or with
     /// an upstream, the API under `/_inflight` and everything else forwarded.
     pub(super) fn new(
-        app: &Arc<App<S>>,
+        app: &Arc<App>,
         upstream: Option<&Upstream>,
         stopping: &tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         match upstream {
             None => Self {
-                api: api::router(app.clone()).merge(status::router(app, stopping.clone())),
+                api: api::router(app.clone()).merge(status::router(&app.status, stopping.clone())),
                 proxy: None,
             },
             Some(upstream) => {
@@ -62,7 +53,7 @@ impl<S: Wakeups> Routes<S> {
     }
 
     /// What a connection past the cap is answered: health checks only.
-    pub(super) fn health(app: &Arc<App<S>>) -> Self {
+    pub(super) fn health(app: &Arc<App>) -> Self {
         Self {
             api: api::health_router(app.clone()),
             proxy: None,

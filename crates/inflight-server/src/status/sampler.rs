@@ -6,16 +6,15 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-use inflight::{StoreError, Wakeups};
+use inflight::{Store, StoreError};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::Board;
+use super::board::Board;
 use crate::api::BusyJson;
-use crate::app::App;
 
 /// How many keys the page shows.
-pub const PAGE_KEYS: usize = 20;
+const PAGE_KEYS: usize = 20;
 
 /// How long one look at the store may take before the page says it is unavailable.
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,37 +49,37 @@ struct Health {
     listing: bool,
 }
 
-/// Runs until the worker stops (or its app is gone).
-pub(super) async fn run<S: Wakeups>(app: Weak<App<S>>, mut stopping: watch::Receiver<bool>) {
+/// Runs until the worker stops (or its board is gone).
+pub(super) async fn run(board: Weak<Board>, mut stopping: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let Some(board) = app.upgrade().map(|app| app.status.clone()) else {
+    let Some(wake) = board.upgrade().map(|board| board.wake.clone()) else {
         return;
     };
     loop {
         let sampled = tokio::select! {
             _ = tick.tick() => true,
-            () = board.inner.wake.notified() => false,
+            () = wake.notified() => false,
             _ = stopping.wait_for(|stop| *stop) => return,
         };
-        let Some(app) = app.upgrade() else { return };
+        let Some(board) = board.upgrade() else { return };
         if sampled {
-            let (admitted, refused) = app.metrics.admissions();
-            let reclaimed = app.limiter.stats().reclaimed.load(Ordering::Relaxed);
+            let (admitted, refused) = board.metrics.admissions();
+            let reclaimed = board.limiter.stats().reclaimed.load(Ordering::Relaxed);
             board.ring().sample([admitted, refused, reclaimed]);
         }
-        if board.inner.snapshot.receiver_count() > 0 {
-            let snapshot = snapshot(&app, &board).await;
+        if board.snapshot.receiver_count() > 0 {
+            let snapshot = snapshot(&board).await;
             let json = serde_json::to_string(&snapshot).unwrap_or_default();
-            board.inner.snapshot.send_replace(Arc::from(json));
+            board.snapshot.send_replace(Arc::from(json));
         }
     }
 }
 
-async fn snapshot<S: Wakeups>(app: &App<S>, board: &Board) -> Snapshot {
+async fn snapshot(board: &Board) -> Snapshot {
     let [admitted, refused, reclaimed] = board.ring().per_minute();
     let started = Instant::now();
-    let listed = tokio::time::timeout(STORE_TIMEOUT, app.busy.list("", PAGE_KEYS)).await;
+    let listed = tokio::time::timeout(STORE_TIMEOUT, board.limiter.busy("", PAGE_KEYS)).await;
     let listed = listed.unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
     let (busy, store) = match listed {
         Ok(busy) => (busy.into(), health(started, None, true)),
@@ -88,7 +87,7 @@ async fn snapshot<S: Wakeups>(app: &App<S>, board: &Board) -> Snapshot {
             // Its health, then, from the cheapest call there is.
             let started = Instant::now();
             let maintained =
-                tokio::time::timeout(STORE_TIMEOUT, app.limiter.store().maintain()).await;
+                tokio::time::timeout(STORE_TIMEOUT, board.limiter.store().maintain()).await;
             let error = match maintained {
                 Ok(Ok(())) => None,
                 Ok(Err(error)) => Some(error.to_string()),

@@ -114,7 +114,7 @@ pub fn proxy_settings(upstream: &str, serve: Settings) -> ProxySettings {
     settings
 }
 
-async fn start<S: Wakeups + QuotaStore + BusyKeys>(
+async fn start<S: Wakeups + Into<inflight::AnyStore>>(
     settings: &Settings,
     stores: Stores<S>,
     upstream: Option<proxy::Upstream>,
@@ -124,7 +124,7 @@ async fn start<S: Wakeups + QuotaStore + BusyKeys>(
     let app = {
         let (settings, stores) = (settings.clone(), stores.clone());
         let shared = inflight_server::Shared::new(&settings).expect("valid limits");
-        move || Ok(inflight_server::app(&settings, &shared, stores())?)
+        move || Ok(inflight_server::app(&settings, &shared, stores().into())?)
     };
     let workers = server::Workers::start(listeners, app, upstream, settings.into(), None)
         .await
@@ -142,14 +142,14 @@ async fn start<S: Wakeups + QuotaStore + BusyKeys>(
     }
 }
 
-pub async fn start_api<S: Wakeups + QuotaStore + BusyKeys>(
+pub async fn start_api<S: Wakeups + Into<inflight::AnyStore>>(
     settings: &Settings,
     stores: Stores<S>,
 ) -> Server<S> {
     start(settings, stores, None).await
 }
 
-pub async fn start_proxy<S: Wakeups + QuotaStore + BusyKeys>(
+pub async fn start_proxy<S: Wakeups + Into<inflight::AnyStore>>(
     settings: &ProxySettings,
     stores: Stores<S>,
 ) -> Server<S> {
@@ -200,7 +200,7 @@ pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
 
 /// A store per test: the memory store, or a fresh redis-server's.
 pub trait Make {
-    type S: Wakeups + QuotaStore + BusyKeys;
+    type S: Wakeups + QuotaStore + BusyKeys + Into<inflight::AnyStore>;
     fn stores(redis: &Option<TestRedis>) -> Stores<Self::S>;
     fn redis() -> Option<TestRedis>;
 }

@@ -42,8 +42,8 @@ pub(crate) fn router(runtime: &tokio::runtime::Runtime) -> Router {
     let settings = settings();
     let shared = inflight_server::Shared::new(&settings).expect("valid settings");
     let _entered = runtime.enter();
-    let app =
-        inflight_server::app(&settings, &shared, inflight::MemoryStore::new()).expect("an app");
+    let app = inflight_server::app(&settings, &shared, inflight::MemoryStore::new().into())
+        .expect("an app");
     inflight_server::api::router(app)
 }
 

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 /// A one-worker server on the memory store whose app the test can see (its status board).
 struct Served {
     base: String,
-    app: Arc<OnceLock<Arc<App<MemoryStore>>>>,
+    app: Arc<OnceLock<Arc<App>>>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -35,12 +35,12 @@ impl Served {
         settings.workers = Some(1);
         let listeners = server::bind("127.0.0.1:0".parse().unwrap(), 1).unwrap();
         let base = format!("http://{}", listeners[0].local_addr().unwrap());
-        let seen: Arc<OnceLock<Arc<App<MemoryStore>>>> = Arc::default();
+        let seen: Arc<OnceLock<Arc<App>>> = Arc::default();
         let make = {
             let (settings, seen, store) = (settings.clone(), seen.clone(), MemoryStore::new());
             let shared = inflight_server::Shared::new(&settings).unwrap();
             move || {
-                let app = inflight_server::app(&settings, &shared, store.clone())?;
+                let app = inflight_server::app(&settings, &shared, store.clone().into())?;
                 let _ = seen.set(app.clone());
                 Ok(app)
             }

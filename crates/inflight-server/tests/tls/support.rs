@@ -92,7 +92,7 @@ impl Server {
         let tls = Tls::load(&settings.tls).unwrap().expect("TLS settings");
         let listeners = server::bind("127.0.0.1:0".parse().unwrap(), settings.workers()).unwrap();
         let addr = listeners[0].local_addr().unwrap();
-        let store = MemoryStore::new();
+        let store = inflight::AnyStore::from(MemoryStore::new());
         let app = {
             let settings = settings.clone();
             let shared = inflight_server::Shared::new(&settings).unwrap();

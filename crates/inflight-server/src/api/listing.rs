@@ -6,14 +6,15 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::Uri;
 use axum::Json;
-use inflight::{Busiest, Wakeups};
+use inflight::Busiest;
 use serde::Serialize;
 
+use super::input::query;
 use crate::app::App;
 use crate::error::ApiError;
 
 /// How many keys a listing answers with unless `limit` says otherwise.
-pub const DEFAULT_LIMIT: usize = 100;
+const DEFAULT_LIMIT: usize = 100;
 
 /// The listing.
 #[derive(Debug, Serialize)]
@@ -51,12 +52,12 @@ impl From<Busiest> for BusyJson {
     }
 }
 
-pub(super) async fn list<S: Wakeups>(
-    State(app): State<Arc<App<S>>>,
+pub(super) async fn list(
+    State(app): State<Arc<App>>,
     uri: Uri,
 ) -> Result<Json<BusyJson>, ApiError> {
     let (prefix, limit) = listing(&uri)?;
-    let busy = app.busy.list(&prefix, limit).await?;
+    let busy = app.limiter.busy(&prefix, limit).await?;
     Ok(Json(busy.into()))
 }
 
@@ -90,26 +91,6 @@ fn listing(uri: &Uri) -> Result<(String, usize), ApiError> {
         }
     }
     Ok((prefix, limit))
-}
-
-/// The query's `name=value` pairs, percent-decoded (`+` is a space).
-pub fn query(uri: &Uri) -> Result<Vec<(String, String)>, ApiError> {
-    let decode = |text: &str| {
-        let text = text.replace('+', " ");
-        percent_encoding::percent_decode_str(&text)
-            .decode_utf8()
-            .map(|text| text.into_owned())
-            .map_err(|_| ApiError::invalid_request("The query is not valid UTF-8."))
-    };
-    uri.query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            Ok((decode(name)?, decode(value)?))
-        })
-        .collect()
 }
 
 #[cfg(test)]

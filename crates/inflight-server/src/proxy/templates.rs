@@ -6,7 +6,7 @@
 
 use http::header::{self, HeaderMap, HeaderName};
 
-use crate::app::check_name;
+use crate::api::check_name;
 
 /// The most keys a request may be admitted under (the limiter's limit for one atomic admission).
 pub const MAX_KEYS: usize = 16;
@@ -208,7 +208,7 @@ fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
     // A token with whitespace inside is refused, never passed: each spelling of it would be a key of
     // its own.
     let text = value.to_str().map_err(|_| no_token())?;
-    let token = crate::app::bearer_token(text).ok_or_else(no_token)?;
+    let token = crate::auth::bearer_token(text).ok_or_else(no_token)?;
     if token.contains(|c: char| c.is_ascii_whitespace()) {
         let why = "The bearer token has whitespace in it.";
         return Err(Unformed::Invalid(why.to_owned()));

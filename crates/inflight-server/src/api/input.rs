@@ -1,0 +1,137 @@
+//! What a request carries, checked: keys and ids (in a path, a body, the proxy's key header), JSON
+//! bodies, leases and waits, and query strings.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::Path;
+use axum::http::Uri;
+use inflight::AcquireOptions;
+use serde::de::DeserializeOwned;
+
+use crate::config::MAX_LEASE;
+use crate::error::ApiError;
+
+/// Longest key and id, in bytes.
+const MAX_NAME: usize = 256;
+
+/// Checks a key or a permit id, wherever it comes from (a path, a body, the proxy's key header): non-empty,
+/// at most 256 bytes, no control characters.
+pub fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("Keys and ids may not be empty.")
+    } else if name.len() > MAX_NAME {
+        Err("Keys and ids are at most 256 bytes.")
+    } else if name.chars().any(char::is_control) {
+        Err("Keys and ids may not contain control characters.")
+    } else {
+        Ok(())
+    }
+}
+
+/// A key from the path: non-empty, at most 256 bytes, no control characters.
+pub(super) fn checked_key(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(key) = path.map_err(|_| ApiError::invalid_key("The key is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    Ok(key)
+}
+
+/// The key and the id of a `.../{key}/.../{id}` path, checked.
+pub(super) fn checked_key_and_id(
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(String, String), ApiError> {
+    let Path((key, id)) =
+        path.map_err(|_| ApiError::invalid_key("The key or id is not valid UTF-8."))?;
+    check_name(&key).map_err(ApiError::invalid_key)?;
+    check_name(&id).map_err(ApiError::invalid_request)?;
+    Ok((key, id))
+}
+
+/// A JSON body; an empty body is the defaults.
+pub(super) fn body<T: DeserializeOwned + Default>(
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid_request(format!("Malformed JSON body: {e}")))
+}
+
+/// A lease asked for (`lease_ms`; none: the default), checked.
+pub(super) fn lease(lease_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
+    millis("lease_ms", lease_ms, MAX_LEASE)
+}
+
+/// A body's `field`, in ms, checked: from 1 ms to `max` (none: the default).
+pub(super) fn millis(
+    field: &str,
+    ms: Option<u64>,
+    max: Duration,
+) -> Result<Option<Duration>, ApiError> {
+    match ms {
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > max => Err(ApiError::invalid_request(
+            format!("{field} must be between 1 and {}.", max.as_millis()),
+        )),
+        ms => Ok(ms.map(Duration::from_millis)),
+    }
+}
+
+/// The longest an acquire body may ask to wait for a slot (`wait_ms`), as `--max-wait` at most.
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+/// How long an acquire may wait (`wait_ms`; none: not at all).
+pub(super) fn wait(wait_ms: Option<u64>) -> Result<Duration, ApiError> {
+    let wait = Duration::from_millis(wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
+        return Err(ApiError::invalid_request(
+            "wait_ms must be between 0 and 300000.",
+        ));
+    }
+    Ok(wait)
+}
+
+/// The options of an acquire body.
+pub(super) fn options(
+    id: Option<String>,
+    weight: Option<u32>,
+    lease_ms: Option<u64>,
+) -> Result<AcquireOptions, ApiError> {
+    let mut options = AcquireOptions::new();
+    if let Some(id) = id {
+        check_name(&id).map_err(ApiError::invalid_request)?;
+        options = options.id(id);
+    }
+    if let Some(weight) = weight {
+        if weight == 0 {
+            return Err(ApiError::invalid_request("weight must be at least 1."));
+        }
+        options = options.weight(weight);
+    }
+    if let Some(lease) = lease(lease_ms)? {
+        options = options.lease(lease);
+    }
+    Ok(options)
+}
+
+/// The query's `name=value` pairs, percent-decoded (`+` is a space).
+pub fn query(uri: &Uri) -> Result<Vec<(String, String)>, ApiError> {
+    let decode = |text: &str| {
+        let text = text.replace('+', " ");
+        percent_encoding::percent_decode_str(&text)
+            .decode_utf8()
+            .map(|text| text.into_owned())
+            .map_err(|_| ApiError::invalid_request("The query is not valid UTF-8."))
+    };
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            Ok((decode(name)?, decode(value)?))
+        })
+        .collect()
+}

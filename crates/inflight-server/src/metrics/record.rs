@@ -1,0 +1,199 @@
+//! What the request path records: admissions, releases, waits, store and upstream latencies, proxied
+//! requests, and what `inflight_in_flight` counts (proxied responses, leases lent over HTTP).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+
+use super::{proxied, AdmissionResult, Metrics, ProxyResult};
+
+/// Leases handed out over HTTP that `inflight_in_flight` counts, at most (past this, new ones go uncounted).
+const MAX_LENT: usize = 100_000;
+
+/// What `inflight_in_flight` counts, for one server.
+#[derive(Default)]
+pub(super) struct InFlight {
+    /// Permits held by proxied responses.
+    pub(super) proxied: AtomicU64,
+    /// Leases handed out over HTTP: (key, id) -> when the lease ends (ms since the Unix epoch) unless renewed.
+    lent: Mutex<HashMap<(String, String), u64>>,
+}
+
+impl InFlight {
+    pub(super) fn lent(&self) -> MutexGuard<'_, HashMap<(String, String), u64>> {
+        self.lent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(super) fn now_ms() -> u64 {
+    let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+    since_epoch.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Metrics {
+    /// Counts an admission.
+    pub fn admission(&self, key: &str, result: AdmissionResult) {
+        let [admitted, refused] = &*self.tally;
+        let (counter, label, tally) = match result {
+            AdmissionResult::Admitted => (&self.admitted, "admitted", Some(admitted)),
+            AdmissionResult::Rejected => (&self.rejected, "rejected", Some(refused)),
+            AdmissionResult::Error => (&self.errors, "error", None),
+        };
+        if let Some(tally) = tally {
+            tally.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.per_key {
+            metrics::counter!("inflight_admissions_total", "result" => label, "key" => key.to_owned())
+                .increment(1);
+        } else {
+            counter.increment(1);
+        }
+    }
+
+    /// Whether metrics (and the access log) may name keys.
+    pub fn per_key(&self) -> bool {
+        self.per_key
+    }
+
+    /// Counts a request the proxy answered with `status`, under a key of `class` (`none` when it had
+    /// no key) and, with per-key metrics, `key`.
+    pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
+        let (status_class, result, class) = (
+            proxied::status_class(status),
+            result.as_str(),
+            class.to_owned(),
+        );
+        match key.filter(|_| self.per_key) {
+            Some(key) => metrics::counter!(
+                "inflight_proxy_requests_total",
+                "status_class" => status_class, "class" => class, "result" => result, "key" => key.to_owned()
+            )
+            .increment(1),
+            None => metrics::counter!(
+                "inflight_proxy_requests_total",
+                "status_class" => status_class, "class" => class, "result" => result
+            )
+            .increment(1),
+        }
+    }
+
+    /// Records how long the upstream took until its response headers.
+    pub fn upstream_latency(&self, took: Duration) {
+        self.upstream.record(took.as_secs_f64());
+    }
+
+    /// Admissions of this server so far: (admitted, refused).
+    pub fn admissions(&self) -> (u64, u64) {
+        let [admitted, refused] = &*self.tally;
+        (
+            admitted.load(Ordering::Relaxed),
+            refused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Counts a release.
+    pub fn release(&self) {
+        self.releases.increment(1);
+    }
+
+    /// Records how long a store operation took.
+    pub fn store_latency(&self, op: &'static str, took: Duration) {
+        if let Some((_, histogram)) = self.store.iter().find(|(name, _)| *name == op) {
+            histogram.record(took.as_secs_f64());
+        }
+    }
+
+    /// An admission of `class` that may wait: counted as waiting until [`Waiting::done`].
+    pub fn waiting(&self, class: &str) -> Waiting {
+        let gauge = metrics::gauge!("inflight_waiting", "class" => class.to_owned());
+        gauge.increment(1.0);
+        Waiting {
+            gauge,
+            duration: self.wait_duration.clone(),
+            timeouts: self.wait_timeouts.clone(),
+        }
+    }
+
+    /// One more response proxied under a permit that holds a slot: in flight until the guard is
+    /// dropped, which counts its release.
+    pub fn proxying(&self) -> Proxying {
+        self.in_flight.proxied.fetch_add(1, Ordering::Relaxed);
+        Proxying {
+            in_flight: self.in_flight.clone(),
+            releases: self.releases.clone(),
+        }
+    }
+
+    /// A lease handed out over HTTP, in flight until `expires_at_ms` (0: nothing is held, not counted).
+    pub fn lent(&self, key: &str, id: &str, expires_at_ms: u64) {
+        if expires_at_ms == 0 {
+            return;
+        }
+        let mut lent = self.in_flight.lent();
+        if lent.len() >= MAX_LENT {
+            let now = now_ms();
+            lent.retain(|_, expires| *expires > now);
+        }
+        if lent.len() < MAX_LENT {
+            lent.insert((key.to_owned(), id.to_owned()), expires_at_ms);
+        }
+    }
+
+    /// A lease handed out over HTTP was renewed until `expires_at_ms`.
+    pub fn renewed(&self, key: &str, id: &str, expires_at_ms: u64) {
+        if let Some(expires) = self
+            .in_flight
+            .lent()
+            .get_mut(&(key.to_owned(), id.to_owned()))
+        {
+            *expires = expires_at_ms;
+        }
+    }
+
+    /// A lease handed out over HTTP has ended: released, or lost.
+    pub fn returned(&self, key: &str, id: &str) {
+        self.in_flight
+            .lent()
+            .remove(&(key.to_owned(), id.to_owned()));
+    }
+}
+
+/// An admission waiting for a slot, in `inflight_waiting` until done or dropped (its client went away).
+pub struct Waiting {
+    gauge: metrics::Gauge,
+    duration: metrics::Histogram,
+    timeouts: metrics::Counter,
+}
+
+impl Waiting {
+    /// The wait ended after `waited`, without a slot when `timed_out`.
+    pub fn done(self, waited: Duration, timed_out: bool) {
+        self.duration.record(waited.as_secs_f64());
+        if timed_out {
+            self.timeouts.increment(1);
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.gauge.decrement(1.0);
+    }
+}
+
+/// A response proxied under a permit that holds a slot, counted in `inflight_in_flight`; dropped,
+/// counted as released.
+pub struct Proxying {
+    in_flight: Arc<InFlight>,
+    releases: metrics::Counter,
+}
+
+impl Drop for Proxying {
+    fn drop(&mut self) {
+        self.in_flight.proxied.fetch_sub(1, Ordering::Relaxed);
+        self.releases.increment(1);
+    }
+}

@@ -1,0 +1,127 @@
+//! The two routes: `/status`, the page, and `/status/events`, its stream; and who may see them.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use super::board::{Board, MAX_CLIENTS};
+use super::sampler;
+use crate::auth::Tokens;
+use crate::error::ApiError;
+
+/// The page.
+pub const PAGE: &str = include_str!("page.html");
+
+/// The state of the two routes.
+#[derive(Clone)]
+struct Page {
+    board: Arc<Board>,
+    stopping: watch::Receiver<bool>,
+}
+
+/// `/status` and `/status/events` of `board`, whose streams end when `stopping` turns true; starts the
+/// worker's sampling task (once per board) on the current runtime.
+pub fn router(board: &Arc<Board>, stopping: watch::Receiver<bool>) -> Router {
+    if !board.started.swap(true, Ordering::SeqCst) {
+        tokio::spawn(sampler::run(Arc::downgrade(board), stopping.clone()));
+    }
+    let page = Page {
+        board: board.clone(),
+        stopping,
+    };
+    Router::new()
+        .route("/status", get(page_html))
+        .route("/status/events", get(events))
+        .with_state(page)
+}
+
+/// The headers of both routes: never cached, no referrer (the URL may carry the token).
+fn private(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    headers.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Err(refused) = allowed(&page.board.tokens, &headers, &uri) {
+        return private(refused.into_response());
+    }
+    let mut response = ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
+             connect-src 'self'; img-src data:; frame-ancestors 'none'",
+        ),
+    );
+    private(response)
+}
+
+async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Err(refused) = allowed(&page.board.tokens, &headers, &uri) {
+        return private(refused.into_response());
+    }
+    let board = &page.board;
+    let Ok(watching) = board.clients.clone().try_acquire_owned() else {
+        return private(
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_status_clients",
+                format!("{MAX_CLIENTS} pages watch this worker's status already: retry later."),
+            )
+            .into_response(),
+        );
+    };
+    let snapshots = board.snapshot.subscribe();
+    board.wake.notify_one();
+    // Each new snapshot, from the one the wake-up above makes (an older one may be stale); the place
+    // among the watchers is held as long as the stream.
+    let stream = futures_util::stream::unfold(
+        (snapshots, watching),
+        |(mut snapshots, watching)| async move {
+            snapshots.changed().await.ok()?;
+            let json = snapshots.borrow_and_update().clone();
+            let event = Event::default().data(&*json);
+            Some((Ok::<_, Infallible>(event), (snapshots, watching)))
+        },
+    );
+    let mut stopping = page.stopping.clone();
+    let stream = stream.take_until(async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    });
+    private(
+        Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
+}
+
+/// Whether the request carries the token these routes need (see the module's docs).
+fn allowed(tokens: &Tokens, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
+    let query = crate::api::query(uri).unwrap_or_default();
+    let token = query.iter().find(|(name, _)| name == "token");
+    let token = token.map(|(_, token)| token.as_str());
+    if tokens.may_see_status(headers.get(header::AUTHORIZATION), token) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "The status page needs the admin token (or, without one, the API token): \
+         open /status?token=TOKEN, or send Authorization: Bearer TOKEN.",
+    ))
+}
