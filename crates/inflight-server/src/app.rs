@@ -148,7 +148,8 @@ impl App {
         let charged = record.filter(|recorded| *recorded.keys == [Arc::from(key)]);
         if let (Some(recorded), Renewal::Renewed(_) | Renewal::Readded(_)) = (charged, &renewal) {
             let lease = lease.unwrap_or(Duration::from_millis(recorded.lease_ms));
-            self.keep_charged(&recorded, id, lease).await;
+            self.timed("quota", self.quota.keep_lent(&recorded, id, lease))
+                .await;
         }
         Ok(renewal)
     }
@@ -222,7 +223,8 @@ impl App {
         if let Renewal::Renewed(_) | Renewal::Readded(_) = renewal {
             // (The limiter wrote the record again for its lease; a reservation's may be longer.)
             let lease = Duration::from_millis(recorded.lease_ms);
-            self.keep_charged(&recorded, id, lease).await;
+            self.timed("quota", self.quota.keep_lent(&recorded, id, lease))
+                .await;
         }
         Ok(Some((recorded.keys, renewal)))
     }

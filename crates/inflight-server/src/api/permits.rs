@@ -92,22 +92,23 @@ async fn acquire_charged(
     let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
     let id = PermitId::from(id);
     let reservation = app.reserve(&charge, Some(id.clone())).await?;
-    let permit = match app.acquire(&key, options, wait(request.wait_ms)?).await {
-        Ok(permit) => permit,
-        Err(refused) => {
-            app.refund_refused(reservation).await;
-            return Err(refused.into());
+    let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
+    let admitted = app.quota.admitted(Some(reservation), admission);
+    let (permit, reservation) = app.timed("quota", admitted).await?;
+    let mut json = None;
+    if let Some(reservation) = reservation {
+        if app.quota.settles_on_release(&reservation) {
+            let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
+            let keys = [Arc::from(key.as_str())];
+            let recorded = app.quota.record_lent(&keys, &id, lease, &charge.key);
+            app.timed("record", recorded).await?;
         }
-    };
-    if app.settles_on_release(&reservation) {
-        let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
-        let keys = [Arc::from(key.as_str())];
-        app.record_charged(&keys, &id, lease, &charge.key).await?;
+        let handed = app.timed("quota", app.quota.hand_over(reservation)).await?;
+        json = Some(quotas::reservation_json(&handed));
     }
-    let reservation = app.hand_over(reservation).await?;
-    let mut json = permit_json(app.lend(permit));
-    json.reservation = Some(quotas::reservation_json(&reservation));
-    Ok((StatusCode::CREATED, Json(json)).into_response())
+    let mut body = permit_json(app.lend(permit));
+    body.reservation = json;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
 fn permit_not_found() -> ApiError {
@@ -238,11 +239,10 @@ pub(super) async fn acquire_all(
         .acquire_all_charged(&names, options, wait(request.wait_ms)?, reservation)
         .await?;
     let lent = match (&reservation, &charge) {
-        (Some(reservation), Some(charge)) if app.settles_on_release(reservation) => {
+        (Some(reservation), Some(charge)) if app.quota.settles_on_release(reservation) => {
             let lent = app.lend(permit);
-            let recorded = app
-                .record_charged(&keys, &lent.id, lease, &charge.key)
-                .await;
+            let recorded = app.quota.record_lent(&keys, &lent.id, lease, &charge.key);
+            let recorded = app.timed("record", recorded).await;
             if let Err(error) = recorded {
                 app.release_all_lent(&keys, &lent.id).await;
                 return Err(error.into());
@@ -252,7 +252,7 @@ pub(super) async fn acquire_all(
         _ => app.lend_all(permit, &keys, lease).await?,
     };
     let reservation = match reservation {
-        Some(reservation) => match app.hand_over(reservation).await {
+        Some(reservation) => match app.timed("quota", app.quota.hand_over(reservation)).await {
             Ok(handed) => Some(quotas::reservation_json(&handed)),
             Err(error) => {
                 // Not committed at admission: the client gets no permit to renew, nor a charge.

@@ -1,13 +1,14 @@
-//! Admissions charged to a quota, the one place the API and the proxy do it: the reservation before the
-//! admission (an exhausted quota is refused before any admission is tried), its refund when the
-//! admission is refused, and its settlement when the permit is released.
+//! Admissions charged to a quota, as the API and the proxy map them onto HTTP: the reservation before
+//! the admission (an exhausted quota is refused before any admission is tried), timed and counted; the
+//! order itself (refunded when refused, committed or recorded once admitted, extended on renewal,
+//! settled on release) is the library's (`inflight::quota`, `lent.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use inflight::quota::{CommitOn, DetachedReservation, Extension, QuotaError, Settle, Settlement};
-use inflight::store::{IndexOp, Recorded};
+use inflight::quota::{QuotaError, Settle, Settlement};
+use inflight::store::IndexOp;
 use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, Store, StoreError};
 
 use super::App;
@@ -67,91 +68,9 @@ impl App {
         wait: Duration,
         reservation: Option<Reservation>,
     ) -> Result<(Permit, Option<Reservation>), KeyRefused> {
-        match self.acquire_all(keys, options, wait).await {
-            Ok(permit) => Ok((permit, reservation)),
-            Err(refused) => {
-                if let Some(reservation) = reservation {
-                    self.refund_refused(reservation).await;
-                }
-                Err(refused)
-            }
-        }
-    }
-
-    /// Gives back the reservation of a refused admission before the refusal is answered.
-    pub async fn refund_refused(&self, reservation: Reservation) {
-        if let Err(error) = self.timed("quota", reservation.refund()).await {
-            tracing::warn!(%error, "refund after a refused admission failed; the reservation will expire");
-        }
-    }
-
-    /// The reservation of an admitted request: committed now under `--quota-commit on_admission`,
-    /// otherwise left open for whoever releases the permit to settle. The answer describes it either
-    /// way.
-    pub async fn hand_over(
-        &self,
-        reservation: Reservation,
-    ) -> Result<DetachedReservation, StoreError> {
-        if self.quota.commit_on() == CommitOn::Admission && reservation.is_metered() {
-            let described = DetachedReservation {
-                key: Arc::from(reservation.key()),
-                id: reservation.id().clone(),
-                amount: reservation.amount(),
-                balance: reservation.balance(),
-                expires_at_ms: reservation.expires_at_ms(),
-            };
-            self.timed("quota", reservation.commit()).await?;
-            return Ok(described);
-        }
-        Ok(reservation.detach())
-    }
-
-    /// True when a reservation taken with a permit is settled when the permit is released (it is open,
-    /// and not committed at admission).
-    pub fn settles_on_release(&self, reservation: &Reservation) -> bool {
-        reservation.is_metered() && self.quota.commit_on() == CommitOn::Success
-    }
-
-    /// Records a permit lent over HTTP with the quota key of its reservation (under the permit's id),
-    /// so that its release, through any process, settles it.
-    pub async fn record_charged(
-        &self,
-        keys: &[Arc<str>],
-        id: &PermitId,
-        lease: Duration,
-        quota_key: &str,
-    ) -> Result<(), StoreError> {
-        let quota = Some((quota_key, self.quota.ttl()));
-        let recorded = self.limiter.record_with(keys, id, lease, quota);
-        self.timed("record", recorded).await
-    }
-
-    /// A renewed permit's charge kept: its reservation extended by the quota's ttl (or by the `lease`,
-    /// when longer, so that it outlives the lease between renewals), so that work which outlasts the
-    /// ttl is still charged, and its record kept as long. A failure is logged, not answered: the
-    /// renewal itself was done, and a charge not extended is only refunded when its ttl passes.
-    pub(super) async fn keep_charged(&self, recorded: &Recorded, id: &PermitId, lease: Duration) {
-        let Some(quota) = &recorded.quota else {
-            return;
-        };
-        let ttl = self.quota.ttl().max(lease);
-        let extended = self.quota.extend(quota, id, Some(ttl));
-        let kept = match self.timed("quota", extended).await {
-            // (Only an open one's record is written again: a release may have just removed it.)
-            Ok(Extension::Extended { .. }) => self
-                .record_charged(&recorded.keys, id, lease, quota)
-                .await
-                .map_err(QuotaError::Store),
-            Ok(Extension::NotOpen(None)) => Ok(()),
-            Ok(Extension::NotOpen(Some(_))) => {
-                tracing::warn!(key = %quota, %id, "a renewed permit's reservation had expired (refunded)");
-                Ok(())
-            }
-            Err(error) => Err(error),
-        };
-        if let Err(error) = kept {
-            tracing::warn!(%error, key = %quota, %id, "a renewed permit's reservation was not extended");
-        }
+        let admission = self.acquire_all(keys, options, wait).await;
+        self.timed("quota", self.quota.admitted(reservation, admission))
+            .await
     }
 
     /// Releases a lease on `keys` lent a moment ago whose record could not be written (its client could
@@ -186,7 +105,8 @@ impl App {
         let (held, record) = futures_util::future::join(self.release(key, id), record).await;
         let held = held?;
         if let Some(recorded) = record?.filter(|recorded| *recorded.keys == [Arc::from(key)]) {
-            self.settle_recorded(id, &recorded, settle).await?;
+            let settled = self.quota.settle_lent(id, &recorded, settle);
+            self.timed("quota", settled).await?;
         }
         Ok(held)
     }
@@ -207,20 +127,7 @@ impl App {
             .timed("release", self.limiter.release_all(&recorded.keys, id))
             .await?;
         self.count_release(&recorded.keys[0], id, held);
-        self.settle_recorded(id, &recorded, settle).await
-    }
-
-    /// Settles the reservation of a record (if it has one), then forgets the record.
-    async fn settle_recorded(
-        &self,
-        id: &PermitId,
-        recorded: &Recorded,
-        settle: Settle,
-    ) -> Result<(), StoreError> {
-        if let Some(quota) = &recorded.quota {
-            self.settle(quota, id, settle).await?;
-        }
-        let forget = self.limiter.store().index(id, IndexOp::Remove);
-        self.timed("record", forget).await.map(drop)
+        let settled = self.quota.settle_lent(id, &recorded, settle);
+        self.timed("quota", settled).await
     }
 }

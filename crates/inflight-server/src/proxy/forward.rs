@@ -210,9 +210,9 @@ async fn admit(
         )
         .await?;
     let reservation = match reservation {
-        Some(reservation) if app.settles_on_release(&reservation) => Some(reservation),
+        Some(reservation) if app.quota.settles_on_release(&reservation) => Some(reservation),
         Some(reservation) => {
-            app.hand_over(reservation).await?;
+            app.timed("quota", app.quota.hand_over(reservation)).await?;
             None
         }
         None => None,

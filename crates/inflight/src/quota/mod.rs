@@ -16,6 +16,7 @@
 //! reservation, `run.rs` the order around the work, `stats.rs` the counts of how reservations end.
 
 mod handle;
+mod lent;
 mod reservation;
 mod reserve;
 mod run;

@@ -154,6 +154,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
 
     /// Commits or refunds, as `settle` says.
     pub fn settle(mut self, settle: Settle) -> Settling {
+        let unfinished = self.deferred(settle);
         let Some(quota) = self.disarm() else {
             let unmetered = Ok(Settlement::NotFound(self.balance));
             return Settling {
@@ -163,7 +164,6 @@ impl<S: Store + QuotaStore> Reservation<S> {
         };
         let (key, id) = (self.key.clone(), self.id.clone());
         let future = Box::pin(async move { quota.settle(&key, &id, settle).await });
-        let unfinished = self.deferred(settle);
         Settling {
             future: Some(future),
             unfinished,

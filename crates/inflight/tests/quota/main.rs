@@ -135,6 +135,7 @@ per_store!(
     scenarios::committing_on_admission_charges_work_that_fails,
     scenarios::an_unmetered_key_records_nothing,
     scenarios::a_reservation_dropped_off_the_runtime_is_refunded,
+    scenarios::a_commit_dropped_unpolled_is_finished_in_the_background,
     extend::extending_moves_only_an_open_reservations_deadline,
     extend::a_held_reservation_extends_itself_while_its_holder_works,
     ledger::balances_are_set_and_topped_up_within_bounds,
