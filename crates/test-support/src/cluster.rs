@@ -108,41 +108,21 @@ impl TestCluster {
 
     /// The primary serving `slot`, as a live node sees it.
     pub fn primary_of_slot(&self, slot: u16) -> Option<u16> {
-        for port in self.nodes.live() {
-            let Ok(mut conn) = procs::connect(port) else {
-                continue;
-            };
-            let Ok(slots) = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query::<redis::Value>(&mut conn)
-            else {
-                continue;
-            };
-            let redis::Value::Array(ranges) = slots else {
-                continue;
-            };
-            for range in ranges {
-                let redis::Value::Array(parts) = range else {
-                    continue;
-                };
-                let int = |v: &redis::Value| match v {
-                    redis::Value::Int(n) => Some(*n),
-                    _ => None,
-                };
-                let (Some(from), Some(to)) = (int(&parts[0]), int(&parts[1])) else {
-                    continue;
-                };
-                if (from..=to).contains(&i64::from(slot)) {
-                    if let Some(redis::Value::Array(node)) = parts.get(2) {
-                        return node
-                            .get(1)
-                            .and_then(int)
-                            .and_then(|p| u16::try_from(p).ok());
-                    }
-                }
-            }
-        }
-        None
+        use redis::{from_redis_value_ref as read, Value};
+        self.nodes.live().into_iter().find_map(|port| {
+            let mut conn = procs::connect(port).ok()?;
+            let ranges: Vec<Vec<Value>> =
+                redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).ok()?;
+            // Each range: its first and last slot, then its primary (address, port, ...), then replicas.
+            ranges.iter().find_map(|range| {
+                let (from, to): (u16, u16) =
+                    (read(range.first()?).ok()?, read(range.get(1)?).ok()?);
+                let primary: Vec<Value> = read(range.get(2)?).ok()?;
+                (from..=to)
+                    .contains(&slot)
+                    .then(|| read(primary.get(1)?).ok())?
+            })
+        })
     }
 
     /// The live replica of the primary on `port`.
