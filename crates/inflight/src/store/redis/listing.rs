@@ -173,11 +173,8 @@ fn scan_pattern(prefix: &str, key_prefix: &str) -> String {
     } else {
         &tag[1..tag.len() - 1]
     };
-    let mut pattern = glob_escape(prefix);
-    pattern.push('{');
-    pattern.push_str(&glob_escape(escaped));
-    pattern.push_str("*}:leases");
-    pattern
+    let (prefix, escaped) = (glob_escape(prefix), glob_escape(escaped));
+    format!("{prefix}{{{escaped}*}}:leases")
 }
 
 fn glob_escape(text: &str) -> String {
