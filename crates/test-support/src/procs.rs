@@ -154,12 +154,14 @@ pub fn kill(child: &mut Child) {
 /// A topology's redis-server processes in a scratch directory of their own, each known by its port,
 /// watched from the start and killed when dropped.
 pub struct Nodes {
+    /// Their directory: configs, data and a log per node (`<port>.log`).
     pub dir: PathBuf,
     children: Mutex<Vec<(u16, Option<Child>)>>,
     watchdog: Mutex<Watchdog>,
 }
 
 impl Nodes {
+    /// None yet, in a fresh scratch directory for `kind`, with the watchdog that kills them.
     pub fn new(kind: &str) -> Self {
         let dir = scratch_dir(kind);
         let watchdog = Mutex::new(Watchdog::start(&dir));
