@@ -104,39 +104,33 @@ impl From<KeyRefused> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
-        if let StoreError::TooManyOverrides { max } = error {
-            return Self::new(
+        let (status, code, message) = match error {
+            StoreError::TooManyOverrides { max } => (
                 StatusCode::CONFLICT,
                 "too_many_overrides",
                 format!("{max} keys have an override already, the most allowed: clear one first."),
-            );
-        }
-        if let StoreError::TooManyReservations { max } = error {
-            return Self::new(
+            ),
+            StoreError::TooManyReservations { max } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_reservations",
                 format!(
                     "{max} reservations of this key are open, the most allowed: settle one first."
                 ),
-            );
-        }
-        if let StoreError::TooManyQuotas { max } = error {
-            return Self::new(
+            ),
+            StoreError::TooManyQuotas { max } => (
                 StatusCode::CONFLICT,
                 "too_many_quotas",
                 format!("{max} keys have a balance already, the most allowed."),
-            );
-        }
-        if let StoreError::Unsupported(why) = error {
-            let message = format!("The store cannot do this: {why}.");
-            return Self::new(StatusCode::BAD_REQUEST, "unsupported", message);
-        }
-        tracing::warn!(%error, "store error");
-        Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            "The limiter's store is unavailable; please try again shortly.",
-        )
+            ),
+            // 400 unsupported, or 503 store_unavailable, as a refused admission is answered.
+            error => {
+                if !matches!(error, StoreError::Unsupported(_)) {
+                    tracing::warn!(%error, "store error");
+                }
+                rejection::describe(&AcquireError::Store(error))
+            }
+        };
+        Self::new(status, code, message)
     }
 }
 

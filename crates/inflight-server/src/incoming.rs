@@ -80,12 +80,6 @@ pub struct BodyTimeout(pub Duration);
 
 /// The body timeout behind `error`, if that is what it comes from (through any chain of sources).
 pub fn body_timeout<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyTimeout> {
-    let mut error = Some(error);
-    while let Some(cause) = error {
-        if let Some(timeout) = cause.downcast_ref::<BodyTimeout>() {
-            return Some(timeout);
-        }
-        error = cause.source();
-    }
-    None
+    std::iter::successors(Some(error), |cause| cause.source())
+        .find_map(|cause| cause.downcast_ref::<BodyTimeout>())
 }

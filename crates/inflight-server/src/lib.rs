@@ -74,21 +74,15 @@ impl Shared {
 /// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
 /// workers `shared`.
 pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<App>, ConfigError> {
+    // A cluster that lost a primary fails in part: its other primaries' keys go on.
+    let cluster = settings.store_scheme().ends_with("+cluster");
     let limiter = Limiter::builder(store)
         .policy(shared.policy.clone())
         .lease(settings.lease)
         .on_store_failure(settings.failure_policy()?)
         .fallback(shared.fallback.clone())
         .max_waiters(settings.max_waiters)
-        // A cluster that lost a primary fails in part: its other primaries' keys go on.
-        .store_breaker(
-            !settings
-                .store
-                .split("://")
-                .next()
-                .unwrap_or_default()
-                .ends_with("+cluster"),
-        )
+        .store_breaker(!cluster)
         .build();
     // Beside the limiter: its task keeps reservations open and settles what dropped ones leave.
     let quota = limiter

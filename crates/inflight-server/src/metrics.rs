@@ -106,24 +106,16 @@ impl Metrics {
     pub fn new(per_key: bool) -> Self {
         let handle = HANDLE
             .get_or_init(|| {
-                let builder = PrometheusBuilder::new()
-                    .set_buckets_for_metric(
-                        Matcher::Full("inflight_store_duration_seconds".into()),
-                        STORE_BUCKETS,
-                    )
-                    .and_then(|builder| {
-                        builder.set_buckets_for_metric(
-                            Matcher::Full("inflight_wait_duration_seconds".into()),
-                            WAIT_BUCKETS,
-                        )
-                    })
-                    .and_then(|builder| {
-                        builder.set_buckets_for_metric(
-                            Matcher::Full("inflight_upstream_duration_seconds".into()),
-                            UPSTREAM_BUCKETS,
-                        )
-                    })
-                    .unwrap_or_else(|_| PrometheusBuilder::new());
+                let builder = [
+                    ("inflight_store_duration_seconds", STORE_BUCKETS),
+                    ("inflight_wait_duration_seconds", WAIT_BUCKETS),
+                    ("inflight_upstream_duration_seconds", UPSTREAM_BUCKETS),
+                ]
+                .into_iter()
+                .try_fold(PrometheusBuilder::new(), |builder, (name, buckets)| {
+                    builder.set_buckets_for_metric(Matcher::Full(name.into()), buckets)
+                })
+                .unwrap_or_else(|_| PrometheusBuilder::new());
                 let recorder = builder.build_recorder();
                 let handle = recorder.handle();
                 // Fails only if another recorder was installed first; the handle then renders nothing.

@@ -106,19 +106,16 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
+            let refused = |refusal: Response<Full<Bytes>>| {
+                Ok(refusal.map(|b| PermitBody::new(Either::Right(b), None)))
+            };
             let Some(key) = key else {
-                let refusal = error_response(
-                    StatusCode::BAD_REQUEST,
-                    "missing_key",
-                    "The request names no key.",
-                );
-                return Ok(refusal.map(|b| PermitBody::new(Either::Right(b), None)));
+                let why = "The request names no key.";
+                return refused(error_response(StatusCode::BAD_REQUEST, "missing_key", why));
             };
             let permit = match limiter.try_acquire(&key).await {
                 Ok(permit) => permit,
-                Err(error) => {
-                    return Ok(rejection(&error).map(|b| PermitBody::new(Either::Right(b), None)))
-                }
+                Err(error) => return refused(rejection(&error)),
             };
             let response = inner.call(request).await?;
             Ok(response.map(|b| PermitBody::new(Either::Left(b), Some(permit))))

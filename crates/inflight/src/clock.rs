@@ -20,7 +20,7 @@ impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map_or(0, millis)
     }
 }
 
@@ -49,8 +49,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        self.ms.fetch_add(by, Ordering::SeqCst);
+        self.ms.fetch_add(millis(by), Ordering::SeqCst);
     }
 
     /// Sets the clock to `ms`.

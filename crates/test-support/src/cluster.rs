@@ -1,14 +1,11 @@
 //! A Redis Cluster of 3 primaries and 3 replicas on free ports, made with `redis-cli --cluster create`,
 //! stopped when dropped (or, for [`TestCluster::shared`], when the test process ends).
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use inflight::RedisStore;
-
-use crate::procs::{self, Watchdog};
+use crate::procs::{self, Nodes};
 
 /// How long a node may be unreachable before the cluster fails it over (its replica is promoted after
 /// about twice this).
@@ -16,57 +13,44 @@ pub const NODE_TIMEOUT_MS: u64 = 500;
 
 /// A cluster of this test's own.
 pub struct TestCluster {
-    dir: PathBuf,
     ports: Vec<u16>,
-    nodes: Mutex<Vec<Option<Child>>>,
-    watchdog: Mutex<Watchdog>,
+    nodes: Nodes,
 }
 
 impl TestCluster {
     /// Starts 3 primaries and 3 replicas and waits until every node says `cluster_state:ok` and every
     /// replica is in sync.
     pub fn start() -> Self {
-        let dir = procs::scratch_dir("cluster");
-        let mut watchdog = Watchdog::start(&dir);
+        let nodes = Nodes::new("cluster");
         let ports = procs::free_ports(6);
         let timeout = NODE_TIMEOUT_MS.to_string();
-        let nodes: Vec<Option<Child>> = ports
-            .iter()
-            .map(|&port| {
-                let args = [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
-                    "--cluster-node-timeout",
-                    &timeout,
-                    // Any replica may take over, however long it was cut off.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                    "--cluster-allow-replica-migration",
-                    "no",
-                    "--repl-diskless-sync",
-                    "yes",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    // DEBUG SLEEP lets a test hold a replica back from catching up.
-                    "--enable-debug-command",
-                    "local",
-                ];
-                let child = procs::spawn_server(&dir, port, None, &args);
-                watchdog.watch(child.id());
-                Some(child)
-            })
-            .collect();
+        for &port in &ports {
+            let args = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &format!("nodes-{port}.conf"),
+                "--cluster-node-timeout",
+                &timeout,
+                // Any replica may take over, however long it was cut off.
+                "--cluster-replica-validity-factor",
+                "0",
+                "--cluster-allow-replica-migration",
+                "no",
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+                // DEBUG SLEEP lets a test hold a replica back from catching up.
+                "--enable-debug-command",
+                "local",
+            ];
+            nodes.spawn(port, None, &args);
+        }
         for &port in &ports {
             procs::wait_ping(port);
         }
-        let cluster = Self {
-            dir,
-            ports,
-            nodes: Mutex::new(nodes),
-            watchdog: Mutex::new(watchdog),
-        };
+        let cluster = Self { ports, nodes };
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for port in &cluster.ports {
@@ -105,16 +89,14 @@ impl TestCluster {
 
     /// The builder of a store on this cluster, with the test timeouts and `prefix`.
     pub fn store_builder(&self, prefix: &str) -> inflight::RedisStoreBuilder {
-        RedisStore::builder(self.url())
-            .prefix(prefix)
-            .response_timeout(Duration::from_millis(500))
-            .connection_timeout(Duration::from_millis(200))
+        crate::store_builder(self.url()).prefix(prefix)
     }
 
     /// The ports of the nodes that are primaries now and serve slots, as the live nodes see it.
     pub fn primaries(&self) -> Vec<u16> {
         let mut primaries: Vec<u16> = self
-            .live_ports()
+            .nodes
+            .live()
             .into_iter()
             .filter(|&port| {
                 procs::info_field(port, "replication", "role").as_deref() == Some("master")
@@ -126,54 +108,34 @@ impl TestCluster {
 
     /// The primary serving `slot`, as a live node sees it.
     pub fn primary_of_slot(&self, slot: u16) -> Option<u16> {
-        for port in self.live_ports() {
-            let Ok(mut conn) = procs::connect(port) else {
-                continue;
-            };
-            let Ok(slots) = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query::<redis::Value>(&mut conn)
-            else {
-                continue;
-            };
-            let redis::Value::Array(ranges) = slots else {
-                continue;
-            };
-            for range in ranges {
-                let redis::Value::Array(parts) = range else {
-                    continue;
-                };
-                let int = |v: &redis::Value| match v {
-                    redis::Value::Int(n) => Some(*n),
-                    _ => None,
-                };
-                let (Some(from), Some(to)) = (int(&parts[0]), int(&parts[1])) else {
-                    continue;
-                };
-                if (from..=to).contains(&i64::from(slot)) {
-                    if let Some(redis::Value::Array(node)) = parts.get(2) {
-                        return node
-                            .get(1)
-                            .and_then(int)
-                            .and_then(|p| u16::try_from(p).ok());
-                    }
-                }
-            }
-        }
-        None
+        use redis::{from_redis_value_ref as read, Value};
+        self.nodes.live().into_iter().find_map(|port| {
+            let mut conn = procs::connect(port).ok()?;
+            let ranges: Vec<Vec<Value>> =
+                redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).ok()?;
+            // Each range: its first and last slot, then its primary (address, port, ...), then replicas.
+            ranges.iter().find_map(|range| {
+                let (from, to): (u16, u16) =
+                    (read(range.first()?).ok()?, read(range.get(1)?).ok()?);
+                let primary: Vec<Value> = read(range.get(2)?).ok()?;
+                (from..=to)
+                    .contains(&slot)
+                    .then(|| read(primary.get(1)?).ok())?
+            })
+        })
     }
 
     /// The live replica of the primary on `port`.
     pub fn replica_of(&self, port: u16) -> Option<u16> {
         let wanted = port.to_string();
-        self.live_ports().into_iter().find(|&p| {
+        self.nodes.live().into_iter().find(|&p| {
             procs::info_field(p, "replication", "master_port").as_deref() == Some(wanted.as_str())
         })
     }
 
     /// The slot of a Redis key, asked of a live node.
     pub fn slot_of(&self, key: &str) -> u16 {
-        let port = self.live_ports()[0];
+        let port = self.nodes.live()[0];
         redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
@@ -184,7 +146,8 @@ impl TestCluster {
     /// A cluster connection of the test's own, to look at what the store wrote.
     pub fn raw(&self) -> redis::cluster::ClusterConnection {
         let nodes: Vec<String> = self
-            .live_ports()
+            .nodes
+            .live()
             .iter()
             .map(|port| format!("redis://127.0.0.1:{port}"))
             .collect();
@@ -245,7 +208,7 @@ impl TestCluster {
 
     /// The lines of the node's log that contain `word` (the log is kept while the cluster runs).
     pub fn log_lines(&self, port: u16, word: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join(format!("{port}.log")))
+        std::fs::read_to_string(self.nodes.dir.join(format!("{port}.log")))
             .unwrap_or_default()
             .lines()
             .filter(|line| line.contains(word))
@@ -255,17 +218,14 @@ impl TestCluster {
 
     /// Kills the node on `port` with SIGKILL (its data is gone with it).
     pub fn kill(&self, port: u16) {
-        let i = self.ports.iter().position(|&p| p == port).expect("a node");
-        if let Some(mut child) = self.nodes.lock().unwrap()[i].take() {
-            procs::kill(&mut child);
-        }
+        self.nodes.kill(port);
     }
 
     /// Waits until every live node says `cluster_state:ok`, knows only live primaries, and every live
     /// replica is in sync with its primary.
     pub fn wait_healthy(&self, within: Duration) {
         procs::wait_until(within, "the cluster to be healthy", || {
-            self.live_ports().into_iter().all(|port| {
+            self.nodes.live().into_iter().all(|port| {
                 let ok =
                     procs::info_field(port, "cluster", "cluster_state").as_deref() == Some("ok");
                 let role = procs::info_field(port, "replication", "role");
@@ -275,25 +235,6 @@ impl TestCluster {
                 ok && synced
             })
         });
-    }
-
-    fn live_ports(&self) -> Vec<u16> {
-        let nodes = self.nodes.lock().unwrap();
-        self.ports
-            .iter()
-            .zip(nodes.iter())
-            .filter(|(_, child)| child.is_some())
-            .map(|(port, _)| *port)
-            .collect()
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        for child in self.nodes.lock().unwrap().iter_mut().flatten() {
-            procs::kill(child);
-        }
-        self.watchdog.lock().unwrap().finish();
     }
 }
 

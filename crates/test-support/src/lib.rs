@@ -7,13 +7,20 @@ pub mod cluster;
 pub mod procs;
 pub mod sentinel;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inflight::RedisStore;
 use redis_test::server::RedisServer;
 
 pub use cluster::{unique_prefix, TestCluster};
 pub use sentinel::TestSentinel;
+
+/// A builder of a store on `url`, with the tests' short timeouts.
+pub fn store_builder(url: String) -> inflight::RedisStoreBuilder {
+    RedisStore::builder(url)
+        .response_timeout(Duration::from_millis(500))
+        .connection_timeout(Duration::from_millis(200))
+}
 
 /// A redis-server of this test's own.
 pub struct TestRedis {
@@ -30,15 +37,12 @@ impl TestRedis {
             server: Some(server),
             addr,
         };
-        redis.wait_ready();
+        procs::wait_ping(redis.port());
         redis
     }
 
     pub fn url(&self) -> String {
-        match &self.addr {
-            redis::ConnectionAddr::Tcp(host, port) => format!("redis://{host}:{port}"),
-            other => panic!("unexpected test server address {other:?}"),
-        }
+        format!("redis://{}", self.addr)
     }
 
     pub fn port(&self) -> u16 {
@@ -55,9 +59,7 @@ impl TestRedis {
 
     /// The builder of [`TestRedis::store`], for tests that set more.
     pub fn store_builder(&self) -> inflight::RedisStoreBuilder {
-        RedisStore::builder(self.url())
-            .response_timeout(Duration::from_millis(500))
-            .connection_timeout(Duration::from_millis(200))
+        store_builder(self.url())
     }
 
     /// A plain connection, to look at what the store wrote.
@@ -103,21 +105,7 @@ impl TestRedis {
             &[],
             false,
         ));
-        self.wait_ready();
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let ping = redis::Client::open(self.url())
-                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-            match ping {
-                Ok(_) => return,
-                Err(e) if Instant::now() > deadline => panic!("redis-server did not start: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(10)),
-            }
-        }
+        procs::wait_ping(self.port());
     }
 }
 

@@ -7,6 +7,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// `n` distinct free ports on 127.0.0.1 whose cluster bus port (`port + 10000`) is free as well.
@@ -148,4 +149,65 @@ impl Watchdog {
 pub fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A topology's redis-server processes in a scratch directory of their own, each known by its port,
+/// watched from the start and killed when dropped.
+pub struct Nodes {
+    /// Their directory: configs, data and a log per node (`<port>.log`).
+    pub dir: PathBuf,
+    children: Mutex<Vec<(u16, Option<Child>)>>,
+    watchdog: Mutex<Watchdog>,
+}
+
+impl Nodes {
+    /// None yet, in a fresh scratch directory for `kind`, with the watchdog that kills them.
+    pub fn new(kind: &str) -> Self {
+        let dir = scratch_dir(kind);
+        let watchdog = Mutex::new(Watchdog::start(&dir));
+        Self {
+            dir,
+            children: Mutex::default(),
+            watchdog,
+        }
+    }
+
+    /// Starts a server on `port`, as [`spawn_server`] does.
+    pub fn spawn(&self, port: u16, config: Option<&Path>, args: &[&str]) {
+        let child = spawn_server(&self.dir, port, config, args);
+        self.watchdog.lock().unwrap().watch(child.id());
+        self.children.lock().unwrap().push((port, Some(child)));
+    }
+
+    /// Kills the node on `port` with SIGKILL (its data is gone with it).
+    pub fn kill(&self, port: u16) {
+        let mut children = self.children.lock().unwrap();
+        let (_, child) = children
+            .iter_mut()
+            .find(|(p, _)| *p == port)
+            .expect("a node");
+        if let Some(mut child) = child.take() {
+            kill(&mut child);
+        }
+    }
+
+    /// The ports of the nodes not killed, in the order they were started.
+    pub fn live(&self) -> Vec<u16> {
+        let children = self.children.lock().unwrap();
+        children
+            .iter()
+            .filter(|(_, child)| child.is_some())
+            .map(|(port, _)| *port)
+            .collect()
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        let mut children = self.children.lock().unwrap();
+        for child in children.iter_mut().filter_map(|(_, child)| child.as_mut()) {
+            kill(child);
+        }
+        self.watchdog.lock().unwrap().finish();
+    }
 }

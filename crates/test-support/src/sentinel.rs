@@ -1,13 +1,9 @@
 //! A primary, its replica and 3 sentinels on free ports, quick to fail over
 //! (`down-after-milliseconds` [`DOWN_AFTER_MS`]), stopped when dropped.
 
-use std::process::Child;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use inflight::RedisStore;
-
-use crate::procs::{self, Watchdog};
+use crate::procs::{self, Nodes};
 
 /// How long the sentinels wait before they call a silent primary down.
 pub const DOWN_AFTER_MS: u64 = 400;
@@ -20,19 +16,16 @@ pub const MASTER: &str = "inflightmaster";
 pub struct TestSentinel {
     /// Primary, replica, then the three sentinels.
     ports: Vec<u16>,
-    nodes: Mutex<Vec<Option<Child>>>,
-    watchdog: Mutex<Watchdog>,
+    nodes: Nodes,
 }
 
 impl TestSentinel {
     /// Starts the primary and its replica, then the sentinels, and waits until the replica is in sync
     /// and every sentinel knows the replica and the other two sentinels (so that it can fail over).
     pub fn start() -> Self {
-        let dir = procs::scratch_dir("sentinel");
-        let mut watchdog = Watchdog::start(&dir);
+        let nodes = Nodes::new("sentinel");
         let ports = procs::free_ports(5);
         let (primary, replica) = (ports[0], ports[1]);
-        let mut nodes = Vec::new();
         let primary_port = primary.to_string();
         let fast = [
             "--repl-diskless-sync",
@@ -40,7 +33,7 @@ impl TestSentinel {
             "--repl-diskless-sync-delay",
             "0",
         ];
-        nodes.push(procs::spawn_server(&dir, primary, None, &fast));
+        nodes.spawn(primary, None, &fast);
         procs::wait_ping(primary);
         // DEBUG SLEEP lets a test hold the replica back from catching up.
         let mut args = vec![
@@ -51,9 +44,9 @@ impl TestSentinel {
             "local",
         ];
         args.extend(fast);
-        nodes.push(procs::spawn_server(&dir, replica, None, &args));
+        nodes.spawn(replica, None, &args);
         for &port in &ports[2..] {
-            let config = dir.join(format!("sentinel-{port}.conf"));
+            let config = nodes.dir.join(format!("sentinel-{port}.conf"));
             let text = format!(
                 "sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n\
@@ -61,21 +54,9 @@ impl TestSentinel {
                  sentinel parallel-syncs {MASTER} 1\n"
             );
             std::fs::write(&config, text).expect("write a sentinel's config");
-            nodes.push(procs::spawn_server(
-                &dir,
-                port,
-                Some(&config),
-                &["--sentinel"],
-            ));
+            nodes.spawn(port, Some(&config), &["--sentinel"]);
         }
-        for node in &nodes {
-            watchdog.watch(node.id());
-        }
-        let topology = Self {
-            ports,
-            nodes: Mutex::new(nodes.into_iter().map(Some).collect()),
-            watchdog: Mutex::new(watchdog),
-        };
+        let topology = Self { ports, nodes };
         procs::wait_until(Duration::from_secs(10), "the replica in sync", || {
             procs::info_field(replica, "replication", "master_link_status").as_deref() == Some("up")
         });
@@ -114,9 +95,7 @@ impl TestSentinel {
 
     /// The builder of a store on this topology, with the test timeouts.
     pub fn store_builder(&self) -> inflight::RedisStoreBuilder {
-        RedisStore::builder(self.url())
-            .response_timeout(Duration::from_millis(500))
-            .connection_timeout(Duration::from_millis(200))
+        crate::store_builder(self.url())
     }
 
     /// The port of the first primary, and of its replica.
@@ -146,17 +125,6 @@ impl TestSentinel {
 
     /// Kills the first primary with SIGKILL.
     pub fn kill_primary(&self) {
-        if let Some(mut child) = self.nodes.lock().unwrap()[0].take() {
-            procs::kill(&mut child);
-        }
-    }
-}
-
-impl Drop for TestSentinel {
-    fn drop(&mut self) {
-        for child in self.nodes.lock().unwrap().iter_mut().flatten() {
-            procs::kill(child);
-        }
-        self.watchdog.lock().unwrap().finish();
+        self.nodes.kill(self.ports[0]);
     }
 }

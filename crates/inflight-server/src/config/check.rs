@@ -3,11 +3,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use figment::providers::{Format, Toml};
-use figment::value::Dict;
-use figment::Figment;
 
-use super::{invalid, ConfigError, Layered, ProxySettings, Settings};
+use super::{layer, ConfigError, Layered, ProxySettings, Settings};
 
 /// The arguments of `inflight check-config`.
 #[derive(Debug, Args)]
@@ -24,24 +21,11 @@ pub struct CheckArgs {
 /// the command it was checked for, or the first setting that is wrong and why.
 pub fn check(args: &CheckArgs) -> Result<&'static str, ConfigError> {
     let file = args.file.as_os_str();
-    let proxy = args.proxy || sets_upstream(&args.file)?;
+    let proxy = args.proxy || layer::file_keys(&args.file)?.contains_key("upstream");
     let flags = [std::ffi::OsStr::new("inflight"), "--config".as_ref(), file];
     if proxy {
         ProxySettings::from_flags(flags).map(|_| "proxy")
     } else {
         Settings::from_flags(flags).map(|_| "serve")
     }
-}
-
-fn sets_upstream(file: &std::path::Path) -> Result<bool, ConfigError> {
-    if !file.exists() {
-        return Err(invalid(
-            "config",
-            format!("{} does not exist", file.display()),
-        ));
-    }
-    let keys: Dict = Figment::from(Toml::file(file))
-        .extract()
-        .map_err(|e| invalid("config", e))?;
-    Ok(keys.contains_key("upstream"))
 }

@@ -54,45 +54,43 @@ pub(super) fn layer<A: Serialize + DeserializeOwned>(
     }
     let mut figment = Figment::from(Serialized::defaults(parsed));
     if let Some(path) = file {
-        if !path.exists() {
-            return Err(invalid(
-                "config",
-                format!("{} does not exist", path.display()),
-            ));
-        }
-        check_keys(path)?;
+        check_keys(&file_keys(path)?)?;
         figment = figment.merge(Toml::file(path));
     }
     let figment = figment.merge(Serialized::defaults(explicit));
     figment.extract().map_err(|e| {
         // The proxy's settings flatten serve's, which flatten the connections', whose errors then come
         // without their path: ask again for each alone, which names the setting.
-        let e = match (e.path.is_empty(), figment.extract::<Settings>()) {
-            (true, Err(named)) => named,
-            _ => e,
-        };
-        let e = match (e.path.is_empty(), figment.extract::<Connections>()) {
-            (true, Err(named)) => named,
-            _ => e,
-        };
-        let e = match (e.path.is_empty(), figment.extract::<RedisSettings>()) {
-            (true, Err(named)) => named,
-            _ => e,
-        };
-        let e = match (e.path.is_empty(), figment.extract::<LoggingSettings>()) {
-            (true, Err(named)) => named,
-            _ => e,
-        };
+        let e = named::<Settings>(&figment, e);
+        let e = named::<Connections>(&figment, e);
+        let e = named::<RedisSettings>(&figment, e);
+        let e = named::<LoggingSettings>(&figment, e);
         let setting = e.path.last().map_or("config", String::as_str);
         invalid(setting, e.kind)
     })
 }
 
-/// Refuses a key of the file that is no setting of any command (a misspelt one, say).
-fn check_keys(path: &Path) -> Result<(), ConfigError> {
-    let keys: Dict = Figment::from(Toml::file(path))
+/// `e`, or when it names no setting, the error of extracting `T` alone, if that names one.
+fn named<T: DeserializeOwned>(figment: &Figment, e: figment::Error) -> figment::Error {
+    match (e.path.is_empty(), figment.extract::<T>()) {
+        (true, Err(named)) => named,
+        _ => e,
+    }
+}
+
+/// The keys the TOML file at `path` sets.
+pub(super) fn file_keys(path: &Path) -> Result<Dict, ConfigError> {
+    if !path.exists() {
+        let reason = format!("{} does not exist", path.display());
+        return Err(invalid("config", reason));
+    }
+    Figment::from(Toml::file(path))
         .extract()
-        .map_err(|e| invalid("config", e))?;
+        .map_err(|e| invalid("config", e))
+}
+
+/// Refuses a key of the file that is no setting of any command (a misspelt one, say).
+fn check_keys(keys: &Dict) -> Result<(), ConfigError> {
     let command = ProxySettings::augment_args(clap::Command::new("inflight"));
     let known: Vec<&str> = command
         .get_arguments()

@@ -169,7 +169,7 @@ impl Layered for Settings {
             let reason = format!("{n}: use 1 to {MAX_WORKERS} worker threads");
             return Err(invalid("workers", reason));
         }
-        let scheme = self.store.split("://").next().unwrap_or_default();
+        let scheme = self.store_scheme();
         if !self.store.contains("://")
             || ![
                 "memory",
@@ -265,6 +265,11 @@ impl Settings {
                 format!("{other:?}: use fail_closed, fail_open or fail_open_local"),
             )),
         }
+    }
+
+    /// The scheme of the store URL (`redis+cluster`, say).
+    pub(crate) fn store_scheme(&self) -> &str {
+        self.store.split("://").next().unwrap_or_default()
     }
 
     /// Where the store URL came from, for the start-up line.

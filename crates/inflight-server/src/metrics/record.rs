@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::StatusCode;
+use inflight::{Clock, SystemClock};
 
 use super::{proxied, AdmissionResult, Metrics, ProxyResult};
 
@@ -26,11 +27,6 @@ impl InFlight {
     pub(super) fn lent(&self) -> MutexGuard<'_, HashMap<(String, String), u64>> {
         self.lent.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-pub(super) fn now_ms() -> u64 {
-    let since_epoch = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
-    since_epoch.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Metrics {
@@ -134,7 +130,7 @@ impl Metrics {
         }
         let mut lent = self.in_flight.lent();
         if lent.len() >= MAX_LENT {
-            let now = now_ms();
+            let now = SystemClock.now_ms();
             lent.retain(|_, expires| *expires > now);
         }
         if lent.len() < MAX_LENT {

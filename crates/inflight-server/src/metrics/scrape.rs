@@ -6,9 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use inflight::quota::QuotaStats;
-use inflight::{AnyStore, Limiter, Store};
+use inflight::{AnyStore, Clock, Limiter, Store, SystemClock};
 
-use super::record::now_ms;
 use super::{class_of, describe, Metrics};
 
 /// How long the scrape's check of the store may take before the store counts as down.
@@ -59,7 +58,7 @@ impl Metrics {
             .absolute(stats.readded.load(Ordering::Relaxed));
         let lent = {
             let mut lent = self.in_flight.lent();
-            let now = now_ms();
+            let now = SystemClock.now_ms();
             lent.retain(|_, expires| *expires > now);
             lent.len() as u64
         };

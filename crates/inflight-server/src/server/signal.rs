@@ -42,20 +42,17 @@ async fn next_signal(
     term: &mut Option<tokio::signal::unix::Signal>,
     int: &mut Option<tokio::signal::unix::Signal>,
 ) {
-    let term = async {
-        match term.as_mut() {
-            Some(term) => drop(term.recv().await),
-            None => std::future::pending().await,
-        }
-    };
-    let int = async {
-        match int.as_mut() {
-            Some(int) => drop(int.recv().await),
-            None => std::future::pending().await,
-        }
-    };
     tokio::select! {
-        () = term => {}
-        () = int => {}
+        () = recv(term) => {}
+        () = recv(int) => {}
+    }
+}
+
+/// The next signal of `signal` (never, without a handler).
+#[cfg(unix)]
+async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => drop(signal.recv().await),
+        None => std::future::pending().await,
     }
 }

@@ -20,10 +20,7 @@ impl Ring {
     /// slot (a total that went down, a counter reset, counts as no growth).
     pub(super) fn sample(&mut self, totals: Counts) {
         let last = std::mem::replace(&mut self.last, totals);
-        let mut grown = [0; 3];
-        for ((grown, now), before) in grown.iter_mut().zip(totals).zip(last) {
-            *grown = now.saturating_sub(before);
-        }
+        let grown: Counts = std::array::from_fn(|i| totals[i].saturating_sub(last[i]));
         if self.slots.len() < SECONDS {
             self.slots.push(grown);
         } else {
@@ -34,12 +31,7 @@ impl Ring {
 
     /// The sums over the last minute (or over the seconds sampled so far).
     pub(super) fn per_minute(&self) -> Counts {
-        self.slots.iter().fold([0; 3], |mut sum, counts| {
-            for (sum, n) in sum.iter_mut().zip(counts) {
-                *sum += n;
-            }
-            sum
-        })
+        std::array::from_fn(|i| self.slots.iter().map(|counts| counts[i]).sum())
     }
 }
 

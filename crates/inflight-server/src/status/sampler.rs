@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use inflight::{Store, StoreError};
+use inflight::{Clock, Store, StoreError, SystemClock};
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -105,9 +105,7 @@ async fn snapshot(board: &Board) -> Snapshot {
         ),
     };
     Snapshot {
-        at_ms: SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        at_ms: SystemClock.now_ms(),
         busy,
         per_minute: PerMinute {
             admitted,

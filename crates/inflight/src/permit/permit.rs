@@ -35,19 +35,11 @@ pub(crate) struct PermitState {
 impl PermitState {
     /// One more holder, unless the last one has already gone.
     pub(crate) fn join(&self) -> bool {
-        let mut holders = self.holders.load(Ordering::Acquire);
-        while holders > 0 {
-            match self.holders.compare_exchange_weak(
-                holders,
-                holders + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return true,
-                Err(now) => holders = now,
-            }
-        }
-        false
+        self.holders
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |holders| {
+                (holders > 0).then_some(holders + 1)
+            })
+            .is_ok()
     }
 
     /// One holder fewer; true when it was the last.
@@ -145,13 +137,9 @@ impl Permit {
         limit: Limit,
         in_flight: u32,
     ) -> Self {
-        let cell = OnceLock::new();
-        if let Some(id) = id {
-            let _ = cell.set(id);
-        }
         Self {
             hold,
-            id: cell,
+            id: id.map_or_else(OnceLock::new, OnceLock::from),
             weight,
             limit,
             in_flight,

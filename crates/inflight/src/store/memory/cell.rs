@@ -46,15 +46,6 @@ impl<C> Cell<C> {
 }
 
 impl<C: Clock> Cell<C> {
-    fn unhold(&self, weight: u32) {
-        {
-            let mut state = self.lock();
-            state.in_flight -= weight;
-            state.last_used_ms = self.time.coarse_ms();
-        }
-        self.wakes.wake(&self.key);
-    }
-
     /// Turns `weight` held slots into a lease; the in-flight count does not change.
     fn lease_hold(&self, id: &PermitId, weight: u32, lease_ms: u64, expires_at_ms: u64) {
         let mut state = self.lock();
@@ -74,7 +65,12 @@ impl<C: Clock> LocalSlots for Cell<C> {
     }
 
     fn give_back(&self, weight: u32) {
-        self.unhold(weight);
+        {
+            let mut state = self.lock();
+            state.in_flight -= weight;
+            state.last_used_ms = self.time.coarse_ms();
+        }
+        self.wakes.wake(&self.key);
     }
 
     fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
@@ -97,7 +93,7 @@ impl<C: Clock> LocalSlots for Cells<C> {
     }
 
     fn give_back(&self, weight: u32) {
-        self.cells.iter().for_each(|cell| cell.unhold(weight));
+        self.cells.iter().for_each(|cell| cell.give_back(weight));
     }
 
     fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {

@@ -33,16 +33,10 @@ pub(super) fn groups(names: &[KeyNames]) -> Vec<Vec<usize>> {
         .map(|(i, names)| (slot(names.tag().as_bytes()), i))
         .collect();
     slotted.sort_unstable();
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut last = None;
-    for (slot, i) in slotted {
-        match groups.last_mut() {
-            Some(group) if last == Some(slot) => group.push(i),
-            _ => groups.push(vec![i]),
-        }
-        last = Some(slot);
-    }
-    groups
+    slotted
+        .chunk_by(|a, b| a.0 == b.0)
+        .map(|group| group.iter().map(|&(_, i)| i).collect())
+        .collect()
 }
 
 fn pick<T: Clone>(all: &[T], group: &[usize]) -> Vec<T> {

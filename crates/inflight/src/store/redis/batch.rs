@@ -23,6 +23,7 @@ use super::connect::Conn;
 use super::error::retried;
 use super::naming::{KeyNames, Member};
 use super::scripts;
+use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
@@ -242,12 +243,11 @@ async fn send(
     let Some(wait) = wait else {
         return invocation.invoke_async(&mut conn).await;
     };
-    let timeout_ms = u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX);
     let mut pipe = redis::pipe();
     pipe.invoke_script(invocation)
         .cmd("WAIT")
         .arg(wait.replicas)
-        .arg(timeout_ms.max(1));
+        .arg(millis(wait.timeout).max(1));
     let sent: redis::RedisResult<(Vec<i64>, u32)> = pipe.query_async(&mut conn).await;
     let (replies, acknowledged) = match sent {
         // A server without the script (restarted, promoted): loaded, then sent again.

@@ -73,10 +73,7 @@ fn encode(keys: &[Arc<str>], lease_ms: u64, quota: Option<&str>) -> Vec<u8> {
 fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
     let bad = || StoreError::Protocol("a malformed index entry".into());
     let semicolon = bytes.iter().position(|b| *b == b';').ok_or_else(bad)?;
-    let lease_ms: u64 = std::str::from_utf8(&bytes[..semicolon])
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(bad)?;
+    let lease_ms: u64 = number(&bytes[..semicolon]).ok_or_else(bad)?;
     let mut bytes = &bytes[semicolon + 1..];
     let (mut keys, mut quota) = (Vec::new(), None);
     while !bytes.is_empty() {
@@ -85,10 +82,7 @@ fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
             bytes = &bytes[1..];
         }
         let colon = bytes.iter().position(|b| *b == b':').ok_or_else(bad)?;
-        let len: usize = std::str::from_utf8(&bytes[..colon])
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(bad)?;
+        let len: usize = number(&bytes[..colon]).ok_or_else(bad)?;
         let rest = &bytes[colon + 1..];
         let key = rest.get(..len).ok_or_else(bad)?;
         let key: Arc<str> = Arc::from(std::str::from_utf8(key).map_err(|_| bad())?);
@@ -107,6 +101,11 @@ fn decode(bytes: &[u8]) -> Result<Recorded, StoreError> {
         lease_ms,
         quota,
     })
+}
+
+/// A number written out in decimal.
+fn number<T: std::str::FromStr>(digits: &[u8]) -> Option<T> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 #[cfg(test)]

@@ -72,14 +72,10 @@ impl RedisStore {
         })
         .await?;
         let unexpected = || StoreError::Protocol("unexpected answer to CLUSTER SLOTS".into());
-        let redis::Value::Array(ranges) = answer else {
-            return Err(unexpected());
-        };
+        let ranges: Vec<Vec<redis::Value>> =
+            redis::from_redis_value(answer).map_err(|_| unexpected())?;
         let mut primaries: Vec<(redis::Value, u16)> = Vec::new();
         for range in ranges {
-            let redis::Value::Array(range) = range else {
-                return Err(unexpected());
-            };
             let (Some(redis::Value::Int(start)), Some(redis::Value::Array(node))) =
                 (range.first(), range.get(2))
             else {
@@ -177,11 +173,8 @@ fn scan_pattern(prefix: &str, key_prefix: &str) -> String {
     } else {
         &tag[1..tag.len() - 1]
     };
-    let mut pattern = glob_escape(prefix);
-    pattern.push('{');
-    pattern.push_str(&glob_escape(escaped));
-    pattern.push_str("*}:leases");
-    pattern
+    let (prefix, escaped) = (glob_escape(prefix), glob_escape(escaped));
+    format!("{prefix}{{{escaped}*}}:leases")
 }
 
 fn glob_escape(text: &str) -> String {

@@ -112,24 +112,23 @@ impl Member<'_> {
     /// The bytes Redis stores.
     pub(super) fn bytes(&self) -> Vec<u8> {
         match self.0.uuid() {
-            Some(uuid) => {
-                let mut bytes = vec![0xFF; 17];
-                bytes[1..].copy_from_slice(uuid.as_bytes());
-                bytes
-            }
+            Some(uuid) => uuid_bytes(uuid).to_vec(),
             None => self.0.to_string().into_bytes(),
         }
     }
 }
 
+/// 0xFF, then the UUID's 16 bytes.
+fn uuid_bytes(uuid: &uuid::Uuid) -> [u8; 17] {
+    let mut bytes = [0xFF; 17];
+    bytes[1..].copy_from_slice(uuid.as_bytes());
+    bytes
+}
+
 impl redis::ToRedisArgs for Member<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         match self.0.uuid() {
-            Some(uuid) => {
-                let mut bytes = [0xFF; 17];
-                bytes[1..].copy_from_slice(uuid.as_bytes());
-                out.write_arg(&bytes);
-            }
+            Some(uuid) => out.write_arg(&uuid_bytes(uuid)),
             None => out.write_arg_fmt(self.0),
         }
     }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::store::{released, DifyStore};
+use crate::clock::millis;
 use crate::error::StoreError;
 use crate::store::redis::builder::RedisStoreBuilder;
 use crate::store::redis::connect::Conn;
@@ -55,10 +56,9 @@ impl DifyStoreBuilder {
             ));
         }
         let wakes = wakeups::start(conn.clone(), released);
-        let stale_ms = u64::try_from(self.stale_after.as_millis()).unwrap_or(u64::MAX);
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
-            stale_ms,
+            stale_ms: millis(self.stale_after),
         })
     }
 }

@@ -158,11 +158,8 @@ impl Store for DifyStore {
     }
 
     async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
-        let renewals = batch.iter().map(|req| self.renew_one(req));
-        futures_util::future::join_all(renewals)
-            .await
-            .into_iter()
-            .collect()
+        let renewals = futures_util::future::join_all(batch.iter().map(|req| self.renew_one(req)));
+        renewals.await.into_iter().collect()
     }
 
     async fn status(
