@@ -9,14 +9,13 @@
 //! again, with a growing delay, until the settlement's deadline: past it the store settles by itself
 //! (a lease expires, a reservation is refunded). [`Settler::flush`] waits for them at shutdown.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::StoreError;
@@ -49,16 +48,13 @@ pub(crate) struct Settler {
     pending: Arc<AtomicUsize>,
 }
 
-enum Job {
-    Settle {
-        /// The first try, already started; `None` when it failed (a retry is due) or was not started.
-        started: Option<BoxFuture<'static, Result<(), StoreError>>>,
-        tried: bool,
-        settlement: Deferred,
-        give_up: Instant,
-    },
-    /// Answered once every settlement queued before it has ended.
-    Flush(oneshot::Sender<()>),
+/// A settlement for the task: its first try, already started (`None` when it failed, a retry being
+/// due, or was not started: `tried` says which), and when to give up.
+struct Job {
+    started: Option<BoxFuture<'static, Result<(), StoreError>>>,
+    tried: bool,
+    deferred: Deferred,
+    give_up: Instant,
 }
 
 impl Settler {
@@ -71,27 +67,27 @@ impl Settler {
     }
 
     /// Settles in the background: started now (see the module's docs), finished by the task.
-    pub(crate) fn settle(&self, settlement: Deferred) {
-        self.settle_started(settlement, None);
+    pub(crate) fn settle(&self, deferred: Deferred) {
+        self.settle_started(deferred, None);
     }
 
     /// [`Settler::settle`], whose first try `started` is already on its way (a caller went away before
     /// its answer).
     pub(crate) fn settle_started(
         &self,
-        settlement: Deferred,
+        deferred: Deferred,
         started: Option<BoxFuture<'static, Result<(), StoreError>>>,
     ) {
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::AcqRel);
-            let Deferred { what, key, id, .. } = settlement;
+            let Deferred { what, key, id, .. } = deferred;
             tracing::warn!(%key, %id, what, "too many settlements pending; leaving this one to the store's deadline");
             return;
         }
         let runs_here = tokio::runtime::Handle::try_current().is_ok();
         let mut started = match started {
             Some(started) => Some(started),
-            None if runs_here => Some((settlement.attempt)()),
+            None if runs_here => Some((deferred.attempt)()),
             None => None,
         };
         let tried = started.is_some();
@@ -104,18 +100,18 @@ impl Settler {
                 Poll::Ready(outcome) => {
                     self.pending.fetch_sub(1, Ordering::AcqRel);
                     if let Err(error) = outcome {
-                        let Deferred { what, key, id, .. } = settlement;
+                        let Deferred { what, key, id, .. } = deferred;
                         tracing::warn!(%error, %key, %id, what, "not settled; the store's deadline will");
                     }
                     return;
                 }
             }
         }
-        let give_up = Instant::now() + settlement.within;
-        let job = Job::Settle {
+        let give_up = Instant::now() + deferred.within;
+        let job = Job {
             started,
             tried,
-            settlement,
+            deferred,
             give_up,
         };
         if self.queue.send(job).is_err() {
@@ -123,63 +119,50 @@ impl Settler {
         }
     }
 
-    /// Waits, up to `within`, until the settlements queued so far have ended; false if they had not.
+    /// Waits, up to `within`, until no settlement is left to finish; false if some still were.
     pub(crate) async fn flush(&self, within: Duration) -> bool {
-        let (done, flushed) = oneshot::channel();
-        if self.queue.send(Job::Flush(done)).is_err() {
-            return true;
-        }
-        matches!(tokio::time::timeout(within, flushed).await, Ok(Ok(())))
+        let drained = async {
+            while self.pending.load(Ordering::Acquire) > 0 {
+                tokio::time::sleep(FIRST_RETRY_DELAY).await;
+            }
+        };
+        tokio::time::timeout(within, drained).await.is_ok()
     }
 }
 
 async fn run(mut jobs: mpsc::UnboundedReceiver<Job>, pending: Arc<AtomicUsize>) {
     let mut running = FuturesUnordered::new();
-    // The settlements still running, by the order they came in, and the flushes waiting for those before.
-    let (mut open, mut flushes, mut next) = (BTreeSet::new(), Vec::<(u64, _)>::new(), 0u64);
     loop {
         tokio::select! {
             job = jobs.recv() => match job {
-                Some(Job::Settle { started, tried, settlement, give_up }) => {
-                    running.push(finish(started, tried, settlement, give_up, next));
-                    open.insert(next);
-                    next += 1;
-                }
-                Some(Job::Flush(done)) => flushes.push((next, done)),
+                Some(job) => running.push(finish(job)),
                 None => break,
             },
-            Some(seq) = running.next(), if !running.is_empty() => {
-                open.remove(&seq);
+            Some(()) = running.next(), if !running.is_empty() => {
                 pending.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        let oldest = open.first().copied().unwrap_or(u64::MAX);
-        let ready: Vec<_>;
-        (ready, flushes) = flushes
-            .into_iter()
-            .partition(|(before, _)| *before <= oldest);
-        for (_, done) in ready {
-            let _ = done.send(());
-        }
     }
-    while running.next().await.is_some() {}
+    while running.next().await.is_some() {
+        pending.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One settlement: its first try awaited, then tried again after transient failures until its deadline.
-async fn finish(
-    started: Option<BoxFuture<'static, Result<(), StoreError>>>,
-    tried: bool,
-    settlement: Deferred,
-    give_up: Instant,
-    seq: u64,
-) -> u64 {
+async fn finish(job: Job) {
+    let Job {
+        started,
+        tried,
+        deferred,
+        give_up,
+    } = job;
     let Deferred {
         what,
         key,
         id,
         attempt,
         ..
-    } = settlement;
+    } = deferred;
     let mut delay = FIRST_RETRY_DELAY;
     let mut outcome = match (started, tried) {
         (Some(started), _) => started.await,
@@ -188,7 +171,7 @@ async fn finish(
     };
     loop {
         match outcome {
-            Ok(()) => return seq,
+            Ok(()) => return,
             Err(error) if error.is_transient() && Instant::now() + delay < give_up => {
                 tracing::debug!(%error, %key, what, "not settled; retrying");
                 tokio::time::sleep(delay).await;
@@ -196,40 +179,40 @@ async fn finish(
             }
             Err(error) => {
                 tracing::warn!(%error, %key, %id, what, "not settled; the store's deadline will");
-                return seq;
+                return;
             }
         }
         outcome = attempt().await;
     }
 }
 
-/// A store write not yet answered: while armed, dropping it hands the settlement to the [`Settler`].
+/// A store write not yet answered: while armed, dropping it hands its settlement to the [`Settler`].
 pub(crate) struct Unsettled {
     settler: Settler,
-    settlement: Option<Deferred>,
+    deferred: Option<Deferred>,
 }
 
 impl Unsettled {
     /// Armed when `armed`.
-    pub(crate) fn new(settler: &Settler, settlement: Deferred, armed: bool) -> Self {
+    pub(crate) fn new(settler: &Settler, deferred: Deferred, armed: bool) -> Self {
         Self {
             settler: settler.clone(),
-            settlement: armed.then_some(settlement),
+            deferred: armed.then_some(deferred),
         }
     }
 
     /// Dropping it settles nothing any more, unless `still` says otherwise.
     pub(crate) fn disarm_unless(&mut self, still: bool) {
         if !still {
-            self.settlement = None;
+            self.deferred = None;
         }
     }
 }
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        if let Some(settlement) = self.settlement.take() {
-            self.settler.settle(settlement);
+        if let Some(deferred) = self.deferred.take() {
+            self.settler.settle(deferred);
         }
     }
 }
