@@ -24,5 +24,5 @@ pub use core::LimiterStats;
 pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub use queue::DEFAULT_MAX_WAITERS;
 pub(crate) use registry::Extend;
-pub(crate) use settler::{Attempt, Deferred, Settler};
+pub(crate) use settler::{Attempt, Deferred, Unsettled};
 pub use wait::RECHECK;

@@ -48,11 +48,10 @@ pub(crate) struct Settler {
     pending: Arc<AtomicUsize>,
 }
 
-/// A settlement for the task: its first try, already started (`None` when it failed, a retry being
-/// due, or was not started: `tried` says which), and when to give up.
+/// A settlement for the task: its first try, already started (or answered with a transient error);
+/// `None` where no runtime ran to start it.
 struct Job {
     started: Option<BoxFuture<'static, Result<(), StoreError>>>,
-    tried: bool,
     deferred: Deferred,
     give_up: Instant,
 }
@@ -68,35 +67,22 @@ impl Settler {
 
     /// Settles in the background: started now (see the module's docs), finished by the task.
     pub(crate) fn settle(&self, deferred: Deferred) {
-        self.settle_started(deferred, None);
-    }
-
-    /// [`Settler::settle`], whose first try `started` is already on its way (a caller went away before
-    /// its answer).
-    pub(crate) fn settle_started(
-        &self,
-        deferred: Deferred,
-        started: Option<BoxFuture<'static, Result<(), StoreError>>>,
-    ) {
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             let Deferred { what, key, id, .. } = deferred;
             tracing::warn!(%key, %id, what, "too many settlements pending; leaving this one to the store's deadline");
             return;
         }
-        let runs_here = tokio::runtime::Handle::try_current().is_ok();
-        let mut started = match started {
-            Some(started) => Some(started),
-            None if runs_here => Some((deferred.attempt)()),
-            None => None,
-        };
-        let tried = started.is_some();
-        if let Some(first) = started.as_mut().filter(|_| runs_here) {
+        let mut started = None;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let mut first = (deferred.attempt)();
             // Polled once here, so that the store has it before this returns; the task polls it again
             // with a waker of its own.
             match first.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Pending => {}
-                Poll::Ready(Err(error)) if error.is_transient() => started = None,
+                Poll::Pending => started = Some(first),
+                Poll::Ready(Err(error)) if error.is_transient() => {
+                    started = Some(Box::pin(std::future::ready(Err(error))));
+                }
                 Poll::Ready(outcome) => {
                     self.pending.fetch_sub(1, Ordering::AcqRel);
                     if let Err(error) = outcome {
@@ -110,7 +96,6 @@ impl Settler {
         let give_up = Instant::now() + deferred.within;
         let job = Job {
             started,
-            tried,
             deferred,
             give_up,
         };
@@ -152,7 +137,6 @@ async fn run(mut jobs: mpsc::UnboundedReceiver<Job>, pending: Arc<AtomicUsize>) 
 async fn finish(job: Job) {
     let Job {
         started,
-        tried,
         deferred,
         give_up,
     } = job;
@@ -164,10 +148,9 @@ async fn finish(job: Job) {
         ..
     } = deferred;
     let mut delay = FIRST_RETRY_DELAY;
-    let mut outcome = match (started, tried) {
-        (Some(started), _) => started.await,
-        (None, false) => attempt().await,
-        (None, true) => Err(StoreError::Unavailable("the first try failed".into())),
+    let mut outcome = match started {
+        Some(started) => started.await,
+        None => attempt().await,
     };
     loop {
         match outcome {

@@ -13,7 +13,7 @@ use super::handle::Quota;
 use super::store::{Balance, Extension, QuotaStore, Settle, Settlement};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::limiter::{Attempt, Deferred, Settler};
+use crate::limiter::{Attempt, Deferred, Unsettled};
 use crate::permit::BoxFuture;
 use crate::store::{AnyStore, Store};
 
@@ -154,19 +154,19 @@ impl<S: Store + QuotaStore> Reservation<S> {
 
     /// Commits or refunds, as `settle` says.
     pub fn settle(mut self, settle: Settle) -> Settling {
-        let unfinished = self.deferred(settle);
+        let unsettled = self.unsettled(settle);
         let Some(quota) = self.disarm() else {
             let unmetered = Ok(Settlement::NotFound(self.balance));
             return Settling {
                 future: Some(Box::pin(std::future::ready(unmetered))),
-                unfinished: None,
+                unsettled,
             };
         };
         let (key, id) = (self.key.clone(), self.id.clone());
         let future = Box::pin(async move { quota.settle(&key, &id, settle).await });
         Settling {
             future: Some(future),
-            unfinished,
+            unsettled,
         }
     }
 
@@ -183,53 +183,42 @@ impl<S: Store + QuotaStore> Reservation<S> {
         }
     }
 
-    /// The settlement as the limiter's settler finishes it in the background (tried until a ttl from
-    /// now, past which the store refunds it), with that settler.
-    fn deferred(&self, settle: Settle) -> Option<(Deferred, Settler)> {
-        let quota = self.open.as_ref().map(|(quota, _)| quota.clone())?;
-        Some(deferred(quota, self.key.clone(), self.id.clone(), settle))
+    /// The settlement as the quota's limiter finishes it in the background when the guard returned is
+    /// dropped armed (tried until a ttl from now, past which the store refunds it).
+    fn unsettled(&self, settle: Settle) -> Option<Unsettled> {
+        let (quota, _) = self.open.as_ref()?;
+        let (key, id) = (self.key.clone(), self.id.clone());
+        let (attempt_quota, attempt_key, attempt_id) = (quota.clone(), key.clone(), id.clone());
+        let attempt: Attempt = Box::new(move || {
+            let (quota, key, id) = (
+                attempt_quota.clone(),
+                attempt_key.clone(),
+                attempt_id.clone(),
+            );
+            Box::pin(async move { quota.settle(&key, &id, settle).await.map(drop) })
+        });
+        let within = quota.ttl().max(Duration::from_millis(1));
+        let what = match settle {
+            Settle::Commit => "commit",
+            Settle::Refund => "refund",
+        };
+        let deferred = Deferred {
+            what,
+            key,
+            id,
+            within,
+            attempt,
+        };
+        Some(Unsettled::new(quota.limiter().settler(), deferred, true))
     }
-}
-
-/// A settlement for the limiter's settler, and the settler.
-fn deferred<S: Store + QuotaStore>(
-    quota: Quota<S>,
-    key: Arc<str>,
-    id: PermitId,
-    settle: Settle,
-) -> (Deferred, Settler) {
-    let (attempt_quota, attempt_key, attempt_id) = (quota.clone(), key.clone(), id.clone());
-    let attempt: Attempt = Box::new(move || {
-        let (quota, key, id) = (
-            attempt_quota.clone(),
-            attempt_key.clone(),
-            attempt_id.clone(),
-        );
-        Box::pin(async move { quota.settle(&key, &id, settle).await.map(drop) })
-    });
-    let within = quota.ttl().max(Duration::from_millis(1));
-    let what = match settle {
-        Settle::Commit => "commit",
-        Settle::Refund => "refund",
-    };
-    let deferred = Deferred {
-        what,
-        key,
-        id,
-        within,
-        attempt,
-    };
-    (deferred, quota.limiter().settler().clone())
 }
 
 impl<S: Store + QuotaStore> Drop for Reservation<S> {
     fn drop(&mut self) {
-        let refund = self.deferred(Settle::Refund);
-        if self.disarm().is_some() {
-            if let Some((deferred, settler)) = refund {
-                settler.settle(deferred);
-            }
-        }
+        // Dropped armed: refunded in the background.
+        let refund = self.unsettled(Settle::Refund);
+        self.disarm();
+        drop(refund);
     }
 }
 
@@ -249,8 +238,8 @@ impl<S: Store + QuotaStore> fmt::Debug for Reservation<S> {
 #[must_use = "dropped, the settlement finishes in the background and its answer is lost"]
 pub struct Settling {
     future: Option<BoxFuture<'static, Result<Settlement, StoreError>>>,
-    /// What finishes it when it is dropped before its answer.
-    unfinished: Option<(Deferred, Settler)>,
+    /// Armed until the answer: dropped armed, the settlement is finished in the background.
+    unsettled: Option<Unsettled>,
 }
 
 impl Future for Settling {
@@ -262,18 +251,10 @@ impl Future for Settling {
         };
         let out = std::task::ready!(future.as_mut().poll(cx));
         self.future = None;
-        Poll::Ready(out)
-    }
-}
-
-impl Drop for Settling {
-    fn drop(&mut self) {
-        if let (Some(future), Some((deferred, settler))) =
-            (self.future.take(), self.unfinished.take())
-        {
-            let started = Box::pin(async move { future.await.map(drop) });
-            settler.settle_started(deferred, Some(started));
+        if let Some(unsettled) = self.unsettled.as_mut() {
+            unsettled.disarm_unless(false);
         }
+        Poll::Ready(out)
     }
 }
 
