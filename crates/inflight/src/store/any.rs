@@ -78,26 +78,24 @@ macro_rules! each {
     };
 }
 
+/// Forwards each `async fn` listed, as it is declared in its trait, to whichever store `self` is.
+macro_rules! forward {
+    ($(async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+        async fn $name(&self $(, $arg: $ty)*) -> $ret {
+            each!(self, s => s.$name($($arg),*).await)
+        }
+    )*};
+}
+
 impl Store for AnyStore {
-    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
-        each!(self, s => s.acquire(req).await)
-    }
-
-    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
-        each!(self, s => s.release(keys, id).await)
-    }
-
-    async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
-        each!(self, s => s.renew(batch).await)
-    }
-
-    async fn status(
-        &self,
-        key: &str,
-        limits: ClassLimits,
-        change: OverrideChange,
-    ) -> Result<KeyStatus, StoreError> {
-        each!(self, s => s.status(key, limits, change).await)
+    forward! {
+        async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError>;
+        async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError>;
+        async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError>;
+        async fn status(&self, key: &str, limits: ClassLimits, change: OverrideChange)
+            -> Result<KeyStatus, StoreError>;
+        async fn index(&self, id: &PermitId, op: IndexOp<'_>) -> Result<Option<Recorded>, StoreError>;
+        async fn maintain(&self) -> Result<(), StoreError>;
     }
 
     #[inline]
@@ -110,14 +108,6 @@ impl Store for AnyStore {
     ) -> Option<LocalAdmission> {
         each!(self, s => s.hold(keys, limits, weight, given_id))
     }
-
-    async fn index(&self, id: &PermitId, op: IndexOp<'_>) -> Result<Option<Recorded>, StoreError> {
-        each!(self, s => s.index(id, op).await)
-    }
-
-    async fn maintain(&self) -> Result<(), StoreError> {
-        each!(self, s => s.maintain().await)
-    }
 }
 
 impl Wakeups for AnyStore {
@@ -127,40 +117,19 @@ impl Wakeups for AnyStore {
 }
 
 impl BusyKeys for AnyStore {
-    async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
-        each!(self, s => s.busy(prefix, limit).await)
+    forward! {
+        async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError>;
     }
 }
 
 impl QuotaStore for AnyStore {
-    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
-        each!(self, s => s.fund(key, fund).await)
-    }
-
-    async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
-        each!(self, s => s.balance(key).await)
-    }
-
-    async fn reserve(
-        &self,
-        key: &str,
-        id: &PermitId,
-        amount: u64,
-        ttl_ms: u64,
-    ) -> Result<Reserve, StoreError> {
-        each!(self, s => s.reserve(key, id, amount, ttl_ms).await)
-    }
-
-    async fn settle(
-        &self,
-        key: &str,
-        id: &PermitId,
-        settle: Settle,
-    ) -> Result<Settlement, StoreError> {
-        each!(self, s => s.settle(key, id, settle).await)
-    }
-
-    async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
-        each!(self, s => s.extend(key, id, ttl_ms).await)
+    forward! {
+        async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError>;
+        async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError>;
+        async fn reserve(&self, key: &str, id: &PermitId, amount: u64, ttl_ms: u64)
+            -> Result<Reserve, StoreError>;
+        async fn settle(&self, key: &str, id: &PermitId, settle: Settle)
+            -> Result<Settlement, StoreError>;
+        async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError>;
     }
 }
