@@ -1,5 +1,5 @@
 -- common.lua: prepended to every inflight script, so the rules below exist once.
--- Twins: resolve() is ClassLimits::resolve (crates/inflight/src/policy.rs) and the Python client's (_policy.py).
+-- Twins: resolve() is ClassLimits::resolve (crates/inflight/src/limit.rs) and the Python client's (_policy.py).
 -- Data model of one user key K (E = K escaped, so that its names share the hash tag {E}: one slot):
 --   <prefix>{E}:leases   sorted set: permit id -> lease deadline (ms, Redis clock). A generated (UUID)
 --                        id is the byte 0xFF and its 16 bytes; a given id is its text.
