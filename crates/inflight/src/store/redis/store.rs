@@ -1,6 +1,5 @@
 //! [`RedisStore`]: leases in inflight's own keys (`scripts/common.lua`), admissions and releases in
-//! batches (`batch.rs`); its other operations are in files of their own (`across.rs`, `status.rs`,
-//! `index.rs`, `listing.rs`, `quota.rs`).
+//! batches (`batch.rs`).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
