@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-/// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says
-/// otherwise.
+/// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says otherwise.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
 /// A key's queue: each waiter's turn, in arrival order.

@@ -11,8 +11,7 @@ use crate::id::PermitId;
 use crate::policy::Limit;
 use crate::store::{Grant, Keys, LocalSlots};
 
-/// A boxed future: for a permit's release through a store it does not name, and for the store's part of an
-/// admission.
+/// A boxed future: a release through a store the permit does not name, or the store's part of an admission.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a leased permit knows of itself; shared with the limiter's renewal task while it is held, and by
@@ -244,9 +243,7 @@ impl Permit {
         }
     }
 
-    /// Releases the slot now and reports whether the store took the release.
-    ///
-    /// Dropping the permit releases it too; this is for callers that want the error.
+    /// Releases the slot now, with the store's error if it failed (dropping the permit releases too).
     pub async fn release(mut self) -> Result<(), StoreError> {
         match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Leased { state, owner } => owner.release(state).await,

@@ -140,14 +140,12 @@ impl<S: Store + QuotaStore> Reservation<S> {
         self.balance.is_some()
     }
 
-    /// Spends the amount. Dropping the future before it completes lets the commit finish in the
-    /// background.
+    /// Spends the amount; a dropped future's commit finishes in the background.
     pub fn commit(self) -> Settling {
         self.settle(Settle::Commit)
     }
 
-    /// Gives the amount back to the balance. Dropping the future before it completes lets the refund
-    /// finish in the background.
+    /// Gives the amount back; a dropped future's refund finishes in the background.
     pub fn refund(self) -> Settling {
         self.settle(Settle::Refund)
     }

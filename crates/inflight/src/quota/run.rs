@@ -11,8 +11,7 @@ use crate::store::Store;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError<E, R> {
-    /// No reservation: the quota is exhausted (admission was not attempted), or the request or the store
-    /// failed.
+    /// No reservation (admission was not attempted): the quota is exhausted, or the request or store failed.
     #[error(transparent)]
     Quota(QuotaError),
     /// The admission was refused; the reservation was refunded.

@@ -19,8 +19,7 @@ use crate::error::StoreError;
 /// connection) before the error is the caller's.
 const RETRIES: u32 = 3;
 
-/// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` for other
-/// URLs.
+/// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` otherwise.
 pub(super) fn strip_scheme(url: &str) -> Option<(&str, bool)> {
     if let Some(rest) = url.strip_prefix("redis+cluster://") {
         Some((rest, false))

@@ -270,8 +270,7 @@ fn gone(error: &RedisError) -> bool {
         || error.code() == Some("READONLY")
 }
 
-/// Follows `+switch-master` on one sentinel after another, and asks every [`POLL`]; ends when the
-/// store goes.
+/// Follows `+switch-master` on one sentinel after another, and asks every [`POLL`], until the store goes.
 async fn watch(follower: Weak<Follower>) {
     let mut attempt = 0usize;
     loop {

@@ -37,8 +37,7 @@ impl DifyStore {
 }
 
 impl DifyStoreBuilder {
-    /// How old a Dify worker's entry must be before an admission that needs its slot evicts it (default
-    /// 600 s, Dify's own age).
+    /// How old a Dify worker's entry must be before an admission that needs its slot evicts it (600 s).
     pub fn stale_after(mut self, age: Duration) -> Self {
         self.stale_after = age;
         self
