@@ -92,8 +92,7 @@ pub struct Report {
 /// How many pairs a task completes between two updates of the progress count.
 const PROGRESS_STEP: usize = 64;
 
-/// A line on stderr every second until aborted: time run, pairs so far (to [`PROGRESS_STEP`]) and
-/// refusals.
+/// A line on stderr every second until aborted: time run, pairs so far and refusals.
 async fn progress(
     started: Instant,
     duration: Duration,

@@ -130,8 +130,7 @@ struct TopUpBody {
     amount: u64,
 }
 
-/// A reservation extended, as `PUT .../reservations/{id}` answers it (`balance` and `expires_at_ms`
-/// null: the key is unmetered).
+/// A reservation extended, as `PUT .../reservations/{id}` answers it (nulls: the key is unmetered).
 #[derive(Debug, Serialize)]
 struct ExtendedJson {
     id: String,
@@ -225,13 +224,11 @@ async fn reserve(
         .timed("quota", reserved)
         .await
         .map_err(|error| quota_error(&key, error))?;
-    // The caller holds it from here: it commits or refunds it over HTTP, or it expires.
     let body = reservation_json(&reservation.detach());
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now, as its
-/// holder still works.
+/// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now.
 async fn extend(
     State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,

@@ -111,8 +111,7 @@ impl App {
         Ok(held)
     }
 
-    /// Releases a lease on several keys handed out over HTTP, found by its id, and settles the
-    /// reservation recorded with it, if any.
+    /// [`App::release_settled`] for a lease on several keys, found by its id.
     pub async fn release_recorded_settled(
         &self,
         id: &PermitId,

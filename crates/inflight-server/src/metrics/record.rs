@@ -113,8 +113,7 @@ impl Metrics {
         }
     }
 
-    /// One more response proxied under a permit that holds a slot: in flight until the guard is
-    /// dropped, which counts its release.
+    /// One more response proxied under a permit that holds a slot: see [`Proxying`].
     pub fn proxying(&self) -> Proxying {
         self.in_flight.proxied.fetch_add(1, Ordering::Relaxed);
         Proxying {

@@ -120,8 +120,7 @@ impl Workers {
         Ok(workers)
     }
 
-    /// The cap on the served port's open connections (`--max-connections`, as lowered to what the limit of
-    /// open files leaves room for).
+    /// The cap on the served port's open connections (`--max-connections`, lowered to fit open files).
     pub fn max_connections(&self) -> usize {
         self.max_connections
     }
