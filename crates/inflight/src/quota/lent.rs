@@ -50,13 +50,7 @@ impl<S: Store + QuotaStore> Quota<S> {
         reservation: Reservation<S>,
     ) -> Result<DetachedReservation, StoreError> {
         if self.commit_on() == CommitOn::Admission && reservation.is_metered() {
-            let described = DetachedReservation {
-                key: Arc::from(reservation.key()),
-                id: reservation.id().clone(),
-                amount: reservation.amount(),
-                balance: reservation.balance(),
-                expires_at_ms: reservation.expires_at_ms(),
-            };
+            let described = reservation.described();
             reservation.commit().await?;
             return Ok(described);
         }

@@ -153,15 +153,13 @@ impl<S: Store + QuotaStore> Reservation<S> {
     /// Commits or refunds, as `settle` says.
     pub fn settle(mut self, settle: Settle) -> Settling {
         let unsettled = self.unsettled(settle);
-        let Some(quota) = self.disarm() else {
-            let unmetered = Ok(Settlement::NotFound(self.balance));
-            return Settling {
-                future: Some(Box::pin(std::future::ready(unmetered))),
-                unsettled,
-            };
+        let future: BoxFuture<'static, _> = match self.disarm() {
+            None => Box::pin(std::future::ready(Ok(Settlement::NotFound(self.balance)))),
+            Some(quota) => {
+                let (key, id) = (self.key.clone(), self.id.clone());
+                Box::pin(async move { quota.settle(&key, &id, settle).await })
+            }
         };
-        let (key, id) = (self.key.clone(), self.id.clone());
-        let future = Box::pin(async move { quota.settle(&key, &id, settle).await });
         Settling {
             future: Some(future),
             unsettled,
@@ -172,6 +170,11 @@ impl<S: Store + QuotaStore> Reservation<S> {
     /// id before it expires.
     pub fn detach(mut self) -> DetachedReservation {
         self.disarm();
+        self.described()
+    }
+
+    /// What [`Reservation::detach`] hands off, without detaching it.
+    pub(super) fn described(&self) -> DetachedReservation {
         DetachedReservation {
             key: self.key.clone(),
             id: self.id.clone(),
