@@ -124,9 +124,8 @@ impl App {
         lease
     }
 
-    /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (the
-    /// record is looked up while the lease is renewed; a failed lookup is logged, and the renewal
-    /// answered all the same).
+    /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (a
+    /// failed lookup of the record is logged, and the renewal answered all the same).
     pub async fn renew(
         &self,
         key: &str,

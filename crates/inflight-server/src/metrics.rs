@@ -82,9 +82,8 @@ pub enum AdmissionResult {
 }
 
 impl Metrics {
-    /// Installs the recorder on first use; `per_key` adds a `key` label to the admission counters.
-    /// Every series that the shipped dashboard and alerts use is exported from the start (zero), so
-    /// that they have data before the first wait or the first proxied request.
+    /// Installs the recorder on first use; `per_key` adds a `key` label to the admission counters. Every
+    /// series the shipped dashboard and alerts use is exported from the start (zero).
     pub fn new(per_key: bool) -> Self {
         let handle = HANDLE
             .get_or_init(|| {

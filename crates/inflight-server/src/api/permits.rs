@@ -189,7 +189,6 @@ pub(super) struct PermitAllJson {
     reservation: Option<ReservationJson>,
 }
 
-/// The most keys one permit may have.
 const MAX_KEYS: usize = 16;
 
 pub(super) async fn acquire_all(

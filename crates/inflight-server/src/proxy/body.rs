@@ -18,8 +18,7 @@ use super::access::Line;
 use crate::metrics::Proxying;
 
 pin_project! {
-    /// See the module docs.
-    pub(super) struct ProxyBody {
+        pub(super) struct ProxyBody {
         #[pin]
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,

@@ -16,7 +16,6 @@ use crate::error::ApiError;
 use crate::incoming::RequestBody;
 use crate::metrics::ProxyResult;
 
-/// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy of one worker: its limiter, its upstream and its pool of connections to it.

@@ -29,7 +29,6 @@ struct State {
     ended: u64,
     /// Responses every byte of which hyper has handed over: `ended` as of the last flush.
     flushed: u64,
-    /// Whether the connection speaks HTTP/2.
     http2: bool,
     /// When the connection opened, or its last exchange ended.
     idle_since: Instant,
@@ -37,8 +36,7 @@ struct State {
     head_since: Option<Instant>,
     header_timeout: Duration,
     idle_timeout: Duration,
-    /// The task reading the connection: woken when the last exchange ends, so that it waits with a
-    /// deadline again.
+    /// The task reading the connection, woken when the last exchange ends to wait with a deadline again.
     reader: Option<Waker>,
 }
 

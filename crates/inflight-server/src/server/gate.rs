@@ -18,8 +18,7 @@ pub const ADMIN_CONNECTIONS: usize = 64;
 /// `serve`'s connections past `--max-connections` for health checks and metrics.
 pub const HEALTH_RESERVE: usize = 16;
 
-/// File descriptors kept for what is not a client connection: the listeners, the store's connections,
-/// the log.
+/// File descriptors kept for what is not a client connection: listeners, store connections, the log.
 const SPARE_FILES: usize = 64;
 
 /// The connection cap of one listener (or of all the workers' listeners of one port).

@@ -50,7 +50,6 @@ pub(super) struct Served {
     /// What a connection in the gate's reserve is answered (health checks only).
     pub(super) health: Routes,
     pub(super) gate: Gate,
-    /// TLS on this listener, if any.
     pub(super) tls: Option<Tls>,
 }
 
@@ -220,8 +219,7 @@ pub(super) async fn serve(
     }
 }
 
-/// The count of connections closed in their TLS handshake: not done within the bound (`timed_out`), or
-/// failed.
+/// Connections closed in their TLS handshake: not done within the bound (`timed_out`), or failed.
 fn handshake_failure(timed_out: bool) -> metrics::Counter {
     let reason = if timed_out { "timeout" } else { "error" };
     metrics::counter!("inflight_tls_handshake_failures_total", "reason" => reason)

@@ -1,11 +1,9 @@
 //! Running a server: the API or the proxy on its workers until shutdown, then a bounded grace period.
 //!
-//! Each worker is a thread with its own single-threaded Tokio runtime, its own listening socket on the
-//! shared address (`SO_REUSEPORT`, so the kernel spreads connections over them), as nginx's worker
-//! processes do, and its own [`App`](crate::App): its limiter, and with Redis its own store connection, built inside
-//! its runtime. A connection, its requests and its upstream connections stay on one thread. A client that
-//! sends everything over one connection (HTTP/2, or a load balancer keeping few connections open) is
-//! served by one worker.
+//! Each worker is a thread with its own single-threaded Tokio runtime, its own `SO_REUSEPORT` socket on
+//! the shared address (the kernel spreads connections over them) and its own [`App`](crate::App) (with
+//! Redis, its own store connection). A connection, its requests and its upstream connections stay on one
+//! worker, so a client that sends everything over one connection is served by one worker.
 
 use std::time::Duration;
 

@@ -154,7 +154,6 @@ impl Workers {
     }
 }
 
-/// What a worker thread gets.
 struct Worker {
     app: MakeApp,
     upstream: Option<Arc<Upstream>>,
@@ -249,8 +248,7 @@ impl Worker {
     }
 }
 
-/// The connection caps of a server's process: one over every worker's listener of the served port, one
-/// for the proxy's admin listener.
+/// The connection caps of a process: one over the served port's listeners, one for the admin listener.
 #[derive(Clone)]
 struct Gates {
     served: Gate,

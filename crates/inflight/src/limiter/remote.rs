@@ -165,8 +165,7 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-/// How long the record of a lease handed out lasts: past the lease, so that a renewal a little late
-/// still finds it.
+/// How long the record of a lease handed out lasts: past the lease, so that a late renewal finds it.
 fn record_ttl_ms(lease_ms: u64) -> u64 {
     lease_ms.saturating_mul(2) + 1000
 }

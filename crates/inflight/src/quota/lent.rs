@@ -36,15 +36,13 @@ impl<S: Store + QuotaStore> Quota<S> {
         }
     }
 
-    /// True when a reservation taken with a permit is settled when the permit is released: it is
-    /// metered and not committed at admission.
+    /// True when a reservation taken with a permit is settled at its release: metered, not committed yet.
     pub fn settles_on_release(&self, reservation: &Reservation<S>) -> bool {
         reservation.is_metered() && self.commit_on() == CommitOn::Success
     }
 
-    /// The reservation of a permit just admitted and lent: committed now under
-    /// [`CommitOn::Admission`], else handed off for the permit's release to settle. Answered as it
-    /// was handed over.
+    /// The reservation of a permit just admitted and lent, as handed over: committed now under
+    /// [`CommitOn::Admission`], else handed off for the permit's release to settle.
     pub async fn hand_over(
         &self,
         reservation: Reservation<S>,
@@ -97,8 +95,7 @@ impl<S: Store + QuotaStore> Quota<S> {
         }
     }
 
-    /// A lent permit was released: settles the reservation recorded with it (if any) as `settle`
-    /// says, then forgets the record.
+    /// A lent permit was released: settles its recorded reservation (if any), then forgets the record.
     pub async fn settle_lent(
         &self,
         id: &PermitId,

@@ -166,8 +166,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
         }
     }
 
-    /// Hands the reservation off: dropping it no longer refunds it, and its holder settles it by key and
-    /// id before it expires.
+    /// Hands the reservation off: dropping it no longer refunds it; see [`DetachedReservation`].
     pub fn detach(mut self) -> DetachedReservation {
         self.disarm();
         self.described()

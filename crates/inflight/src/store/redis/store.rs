@@ -256,7 +256,6 @@ impl Store for RedisStore {
         self.index_op(id, op).await
     }
 
-    /// Asks Redis for a PONG.
     async fn maintain(&self) -> Result<(), StoreError> {
         retried(|| {
             let mut conn = self.conn.clone();

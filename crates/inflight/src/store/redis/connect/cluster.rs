@@ -15,8 +15,7 @@ use redis::Client;
 use super::options::{client, ConnOptions};
 use crate::error::StoreError;
 
-/// How many times the cluster client sends a command again (after MOVED, ASK, TRYAGAIN or a lost
-/// connection) before the error is the caller's.
+/// How many times the cluster client resends a command (after MOVED, ASK, TRYAGAIN or a lost connection).
 const RETRIES: u32 = 3;
 
 /// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` otherwise.

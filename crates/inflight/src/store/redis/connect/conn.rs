@@ -72,8 +72,7 @@ impl Conn {
         matches!(self, Conn::Cluster { .. })
     }
 
-    /// Sends `cmd` to the primary that serves `slot` on a cluster (through the cluster client's own
-    /// slot map), to the one server otherwise.
+    /// Sends `cmd` to the primary that serves `slot` on a cluster, to the one server otherwise.
     pub(crate) async fn on_primary_of(&self, slot: u16, cmd: &Cmd) -> RedisResult<Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         match self {
