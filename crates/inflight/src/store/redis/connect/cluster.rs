@@ -1,11 +1,8 @@
 //! Redis Cluster: `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for
 //! TLS), through redis-rs's cluster client, which routes each command by its first key's slot, follows
-//! MOVED and ASK, reloads its slot map when a node goes, and reloads a script a node lacks (a promoted
-//! replica starts with an empty script cache). It re-sends a command whose connection dropped, so every
-//! script is idempotent by permit id; its retries and timeouts are set here, never left to defaults.
-//!
-//! A user key's three Redis keys share one hash tag, so one slot: an admission whose keys all share a
-//! slot is one script, like on one server. `across.rs` takes the others, slot by slot.
+//! MOVED and ASK, and reloads its slot map and a script a node lacks. It re-sends a command whose
+//! connection dropped, so every script is idempotent by permit id; its retries and timeouts are set here.
+//! An admission whose keys all share a slot is one script; `across.rs` takes the others.
 
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;

@@ -1,7 +1,5 @@
-//! The store's one way to Redis, whatever the deployment: one server (a [`ConnectionManager`]), a
-//! Redis Cluster (redis-rs's cluster client, which follows MOVED/ASK and reloads its slot map), or a
-//! primary found through Sentinel (`sentinel.rs`, which follows failovers). The rest of the store sends
-//! commands through [`Conn`] and does not care which.
+//! [`Conn`], the store's one way to Redis, whatever the deployment: one server (a
+//! [`ConnectionManager`]), a Redis Cluster, or a primary found through Sentinel.
 
 use std::sync::Arc;
 
