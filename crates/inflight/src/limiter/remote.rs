@@ -115,37 +115,29 @@ impl<S: Store> Limiter<S> {
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Option<(Recorded, Renewal)>, StoreError> {
-        let Some(Recorded {
-            keys,
-            lease_ms,
-            quota,
-        }) = self.core.store.index(id, IndexOp::Get).await?
-        else {
+        let Some(mut recorded) = self.core.store.index(id, IndexOp::Get).await? else {
             return Ok(None);
         };
         // Without a length asked for, the lease keeps the one it has, and so does its record.
-        let lease_ms = lease.map_or(lease_ms, |lease| millis(lease).clamp(1, millis(MAX_LEASE)));
+        let lease_ms = lease.map_or(recorded.lease_ms, |lease| {
+            millis(lease).clamp(1, millis(MAX_LEASE))
+        });
+        recorded.lease_ms = lease_ms;
         let renewal = self
-            .renew_all(&keys, id, Some(Duration::from_millis(lease_ms)))
+            .renew_all(&recorded.keys, id, Some(Duration::from_millis(lease_ms)))
             .await?;
         match renewal {
             Renewal::Renewed(_) | Renewal::Readded(_) => {
-                let ttl_ms = record_ttl_ms(lease_ms);
                 let op = IndexOp::Put {
-                    keys: &keys,
+                    keys: &recorded.keys,
                     lease_ms,
-                    ttl_ms,
-                    quota: quota.as_deref(),
+                    ttl_ms: record_ttl_ms(lease_ms),
+                    quota: recorded.quota.as_deref(),
                 };
                 self.core.store.index(id, op).await?;
             }
             Renewal::Lost => drop(self.core.store.index(id, IndexOp::Remove).await?),
         }
-        let recorded = Recorded {
-            keys,
-            lease_ms,
-            quota,
-        };
         Ok(Some((recorded, renewal)))
     }
 
