@@ -175,12 +175,17 @@ impl Permit {
         self
     }
 
+    /// Its lease's state, for a permit with a lease in the store.
+    fn state(&self) -> Option<&PermitState> {
+        match &self.hold {
+            Hold::Leased { state, .. } => Some(state),
+            _ => None,
+        }
+    }
+
     /// The lease length, for a permit with a lease in the store.
     pub(crate) fn lease_ms(&self) -> u64 {
-        match &self.hold {
-            Hold::Leased { state, .. } => state.lease_ms,
-            _ => 0,
-        }
+        self.state().map_or(0, |state| state.lease_ms)
     }
 
     /// The key this permit counts against (the first, when it holds several).
@@ -220,27 +225,20 @@ impl Permit {
     /// lease: an unlimited key, or a permit held in this process's memory store, which ends only when it is
     /// released.
     pub fn expires_at_ms(&self) -> u64 {
-        match &self.hold {
-            Hold::Leased { state, .. } => state.expires_at_ms.load(Ordering::Relaxed),
-            _ => 0,
-        }
+        self.state()
+            .map_or(0, |state| state.expires_at_ms.load(Ordering::Relaxed))
     }
 
     /// True once a renewal found the lease gone and could not take it back (the key was full): the
     /// request is no longer counted. Finishing its work is still safe; the permit is released as usual.
     pub fn is_lost(&self) -> bool {
-        match &self.hold {
-            Hold::Leased { state, .. } => state.lost.load(Ordering::Relaxed),
-            _ => false,
-        }
+        self.state()
+            .is_some_and(|state| state.lost.load(Ordering::Relaxed))
     }
 
     /// True when the permit counts against its key's limit (false for an unlimited key).
     pub fn is_counted(&self) -> bool {
-        match &self.hold {
-            Hold::Leased { .. } | Hold::Local { .. } => true,
-            Hold::Free { .. } | Hold::Done => false,
-        }
+        matches!(self.hold, Hold::Leased { .. } | Hold::Local { .. })
     }
 
     /// Releases the slot now, with the store's error if it failed (dropping the permit releases too).
