@@ -83,8 +83,7 @@ async fn elsewhere() -> crate::error::ApiError {
     )
 }
 
-/// Where a proxy answers with its API (as `Router::nest_service` matches it: the prefix itself, or the
-/// prefix and a `/`).
+/// Where a proxy answers with its API: the prefix itself, or the prefix and a `/` (as `nest_service`).
 const API_PREFIX: &str = "/_inflight";
 
 fn is_api(path: &str) -> bool {

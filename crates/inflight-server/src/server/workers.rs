@@ -167,8 +167,7 @@ struct Worker {
 
 impl Worker {
     /// Builds the worker's app on a runtime of its own (and says so on `ready`), then serves `listener`
-    /// until told to stop (and its connections have closed) or to end. Its runtime, with any connection
-    /// still open, is gone when this returns.
+    /// until told to stop (and its connections have closed) or to end; its runtime goes with it.
     fn run(
         mut self,
         listener: std::net::TcpListener,
@@ -255,9 +254,8 @@ struct Gates {
     admin: Gate,
 }
 
-/// The caps of a server with `workers` listeners, a proxy when `proxy`, with an admin listener when
-/// `admin`, and the cap on the served port, lowered (with a warning) to what the limit of open files leaves
-/// room for.
+/// The caps of a server with `workers` listeners (a proxy when `proxy`, with an admin listener when
+/// `admin`), and the cap on the served port, lowered (with a warning) to fit the limit of open files.
 fn gates(bounds: &Bounds, workers: usize, proxy: bool, admin: bool) -> (Gates, usize) {
     let wanted = bounds.connections.max_connections;
     let (files_each, others) = match (proxy, admin) {
