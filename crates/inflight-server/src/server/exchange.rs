@@ -1,6 +1,5 @@
-//! One connection's exchanges (a request, from its headers read to the end of its response), which say
-//! how long the connection may now wait for its client, and whether what hyper writes belongs to a
-//! response.
+//! One connection's exchanges (a request, from its headers to the end of its response): how long the
+//! connection may now wait for its client, and whether what hyper writes belongs to a response.
 //!
 //! Between exchanges an HTTP/1 connection waits for the next request's headers: `--idle-timeout` until
 //! their first byte, then `--header-timeout` (from the opening, for a new connection). An HTTP/2

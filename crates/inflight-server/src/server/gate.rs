@@ -1,7 +1,6 @@
-//! How many connections a process holds open. At the cap a worker stops accepting, so new connections
-//! wait in the listen queue (the kernel's, 1024 long) until one closes, rather than each taking a file
-//! descriptor; each worker holds at most one more, the last it accepted, until a place comes. The cap is
-//! per process, over every worker's listener of the served port.
+//! How many connections a process holds open, over every worker's listener of the served port. At the
+//! cap a worker stops accepting, so new connections wait in the kernel's listen queue (1024 long) until
+//! one closes; each worker holds at most one more, the last it accepted, until a place comes.
 //!
 //! `/healthz` keeps answering at the cap: `inflight proxy` answers it on its admin listener, which has a
 //! cap of its own ([`ADMIN_CONNECTIONS`]); `inflight serve`, with one port only, accepts up to
