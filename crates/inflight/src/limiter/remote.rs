@@ -108,8 +108,7 @@ impl<S: Store> Limiter<S> {
         self.core.store.index(id, op).await.map(drop)
     }
 
-    /// Renews the lease recorded under `id` ([`Limiter::record`]); its record (as renewed) and the
-    /// renewal, or `None` when nothing is recorded (released, or ended).
+    /// Renews the lease recorded under `id`: its record (as renewed) and the renewal; `None`: no record.
     pub async fn renew_recorded(
         &self,
         id: &PermitId,

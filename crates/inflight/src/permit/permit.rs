@@ -221,9 +221,8 @@ impl Permit {
         self.in_flight
     }
 
-    /// When the lease ends unless renewed (ms since the Unix epoch, store clock). 0 when the permit has no
-    /// lease: an unlimited key, or a permit held in this process's memory store, which ends only when it is
-    /// released.
+    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when the permit has no
+    /// lease (an unlimited key, or a permit held in this process's memory store).
     pub fn expires_at_ms(&self) -> u64 {
         self.state()
             .map_or(0, |state| state.expires_at_ms.load(Ordering::Relaxed))

@@ -16,9 +16,8 @@ use crate::permit::Permit;
 use crate::store::{IndexOp, Recorded, Store};
 
 impl<S: Store + QuotaStore> Quota<S> {
-    /// The answer to the admission `reservation` was made for: a refusal gives the reservation back
-    /// (awaited, so the amount is back when this returns) before the refusal is returned; an
-    /// admission keeps it with the permit.
+    /// The answer to the admission `reservation` was made for: a refusal refunds it (the amount is back
+    /// when this returns); an admission keeps it with the permit.
     pub async fn admitted<R>(
         &self,
         reservation: Option<Reservation<S>>,
@@ -55,9 +54,8 @@ impl<S: Store + QuotaStore> Quota<S> {
         Ok(reservation.detach())
     }
 
-    /// Records a lent permit (its `keys`, its `lease`) with the key its reservation, under the same
-    /// id, charges: the record lasts as long as the reservation, so that its release, through any
-    /// process, settles it.
+    /// Records a lent permit (its `keys`, its `lease`) with the key its reservation (same id) charges,
+    /// for as long as the reservation, so that its release, through any process, settles it.
     pub async fn record_lent(
         &self,
         keys: &[Arc<str>],

@@ -22,9 +22,8 @@ pub const MAX_QUOTAS: usize = 1 << 18;
 /// The largest balance and the largest amount: every sum of them stays exact in a Redis script's numbers.
 pub const MAX_BALANCE: u64 = 1_000_000_000_000_000;
 
-/// How long a store remembers how a reservation was settled, so that a settlement retried the same way
-/// is answered [`Settlement::Already`] (at most [`MAX_OPEN_RESERVATIONS`] remembered per key, the
-/// oldest forgotten first).
+/// How long a store remembers how a reservation was settled, so that a retry is answered
+/// [`Settlement::Already`] (at most [`MAX_OPEN_RESERVATIONS`] per key, the oldest forgotten first).
 pub const SETTLED_MEMORY: Duration = Duration::from_secs(600);
 
 /// How [`QuotaStore::fund`] changes a balance.
@@ -51,9 +50,8 @@ pub struct Balance {
 /// The store's decision on a reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reserve {
-    /// The amount was taken from the balance and is held under the id until `expires_at_ms` (store
-    /// clock). For an id already open: that reservation, its deadline moved to a ttl from now, nothing
-    /// taken again.
+    /// The amount is held under the id until `expires_at_ms`. For an id already open: that
+    /// reservation, its deadline moved to a ttl from now, nothing taken again.
     Reserved {
         /// The balance after it.
         balance: Balance,

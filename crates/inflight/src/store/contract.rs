@@ -202,9 +202,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         batch: &[RenewRequest],
     ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send;
 
-    /// Reads a key's limit and in-flight count, after changing its override as `change` says; `limits`
-    /// are those of the key's class. Every process sharing the store sees a new override at its next
-    /// admission.
+    /// Reads a key's limit and in-flight count after changing its override as `change` says (`limits`:
+    /// its class's); every process sharing the store sees a new override at its next admission.
     fn status(
         &self,
         key: &str,

@@ -41,9 +41,8 @@ pub(super) struct Names {
 }
 
 impl Names {
-    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}` (or `{quotas}`), so
-    /// that one script changes both (a prefix with a tag of its own puts both in that tag's slot just as
-    /// well).
+    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}` (or `{quotas}`, or
+    /// the prefix's own), so that one script changes both.
     pub(super) fn new(prefix: &str, what: &'static str, cluster: bool) -> Self {
         let index = if cluster {
             format!("{prefix}{{{what}}}")

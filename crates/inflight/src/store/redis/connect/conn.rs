@@ -32,9 +32,8 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    /// Checks `options`' URL and prepares the connection, made on first use and remade whenever it is
-    /// lost; and where it goes, for logs (never credentials). Inside a Tokio runtime only: the
-    /// connection's tasks run on it.
+    /// Checks `options`' URL and prepares the connection (made on first use, remade when lost), inside a
+    /// Tokio runtime only; and where it goes, for logs (never credentials).
     pub(crate) fn open(options: &ConnOptions) -> Result<(Conn, String), StoreError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(StoreError::Rejected(
