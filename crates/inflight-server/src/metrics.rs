@@ -41,8 +41,7 @@ pub fn class_of<'p>(policy: &'p inflight::Policy, key: &str) -> &'p str {
 }
 
 /// A server's metrics: its workers share one (clones), and every server in a process shares the counters
-/// and histograms of the process's one recorder. The handles of the fixed series are registered once, so
-/// the request path only bumps atomics.
+/// and histograms of the process's one recorder.
 #[derive(Clone)]
 pub struct Metrics {
     handle: PrometheusHandle,

@@ -127,8 +127,7 @@ impl Drop for Line {
     }
 }
 
-/// The first 16 hex digits of the SHA-256 of `key` (as `{bearer_hash}` makes them): the same key gives
-/// the same hash, so lines can be followed by key without showing it.
+/// The key as `{bearer_hash}` would hash it, so that lines can be followed by key without showing it.
 fn hash(key: &str) -> String {
     String::from_utf8_lossy(&super::templates::short_hash(key)).into_owned()
 }

@@ -16,8 +16,7 @@ use crate::incoming::RequestBody;
 use crate::proxy::{Peer, Proxy, Upstream};
 use crate::status;
 
-/// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
-/// forwarded (straight to the proxy, past axum's router).
+/// What a worker answers with; a proxy forwards everything outside `/_inflight` past axum's router.
 #[derive(Clone)]
 pub(super) struct Routes {
     api: Router,

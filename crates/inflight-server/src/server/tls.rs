@@ -50,8 +50,7 @@ impl Tls {
             .clone()
     }
 
-    /// The TLS handshake of an accepted connection, with the certificate in force; fails when it is not
-    /// done within `timeout`, so that a client that never finishes it does not keep its place.
+    /// The TLS handshake of an accepted connection, with the certificate in force, within `timeout`.
     pub(super) async fn accept(
         &self,
         io: TcpStream,
