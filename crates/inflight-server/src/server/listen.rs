@@ -24,8 +24,8 @@ use super::{Bounds, CUT_WAIT};
 use crate::incoming::RequestBody;
 use crate::proxy::Peer;
 
-/// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
-/// Nagle delay on the accepted connections, since answers are small and latency matters.
+/// A worker's listener: axum's accepting (which rides out errors such as too many open files), without
+/// Nagle's delay.
 pub(super) struct NoDelay(pub(super) TcpListener);
 
 impl Listener for NoDelay {
@@ -138,8 +138,7 @@ impl Connection {
 }
 
 /// Serves the connections the listener accepts until told to stop; then closes each once its current
-/// exchange is over (an idle one at once), and returns when all have closed. Responses still running
-/// after the grace period are cut.
+/// exchange is over, and returns when all have closed, cutting responses still running after the grace.
 pub(super) async fn serve(
     served: Served,
     mut stopping: watch::Receiver<bool>,

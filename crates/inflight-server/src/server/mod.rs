@@ -34,9 +34,8 @@ pub struct Bounds {
     pub grace: Duration,
     /// The timeouts and caps of its connections.
     pub connections: Connections,
-    /// TLS on the served port (not on the proxy's admin listener), its handshake within
-    /// `connections.header_timeout`. Not made by `From<&Settings>`: load it with [`Tls::load`], and keep
-    /// a clone to reload it.
+    /// TLS on the served port (not the admin listener), its handshake within `connections.header_timeout`;
+    /// not made by `From<&Settings>`: load it with [`Tls::load`], and keep a clone to reload it.
     pub tls: Option<Tls>,
 }
 

@@ -62,9 +62,9 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts a worker on each of `listeners`: it builds its app with `app` (inside its own runtime), and
-    /// serves the API, or with `upstream` the proxy. Returns once every worker has built its app, or with
-    /// the first one's error. Dropping the workers ends them at once.
+    /// Starts a worker on each of `listeners`, which builds its app with `app` and serves the API (or
+    /// the proxy to `upstream`); returns once every worker has built its app, or with the first error.
+    /// Dropping the workers ends them at once.
     pub async fn start(
         listeners: Vec<std::net::TcpListener>,
         app: impl Fn() -> anyhow::Result<Arc<App>> + Send + Sync + 'static,

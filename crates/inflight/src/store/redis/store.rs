@@ -61,15 +61,14 @@ impl RedisStore {
         &self.target
     }
 
-    /// For tests of leases: every script of this handle (and its clones) reads Redis `TIME` plus `by` more
-    /// than before, as if that much time had passed. Other handles on the same Redis are not moved.
+    /// For tests of leases: every script of this handle and its clones reads Redis `TIME` plus `by` more
+    /// than before (other handles on the same Redis are not moved).
     #[cfg(feature = "test-util")]
     pub fn advance_clock(&self, by: std::time::Duration) {
         let by = i64::try_from(crate::clock::millis(by)).unwrap_or(i64::MAX);
         self.clock_offset_ms.fetch_add(by, Ordering::SeqCst);
     }
 
-    /// What every script adds to Redis `TIME`, ms.
     pub(super) fn offset(&self) -> i64 {
         self.clock_offset_ms.load(Ordering::Relaxed)
     }
