@@ -50,8 +50,7 @@ impl AcquireOptions {
         self
     }
 
-    /// How long the lease lasts between renewals (1 ms to 24 h, else the admission is refused as invalid;
-    /// default: the limiter's).
+    /// How long the lease lasts between renewals (default: the limiter's; outside 1 ms to 24 h: invalid).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self

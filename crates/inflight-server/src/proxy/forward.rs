@@ -147,8 +147,7 @@ async fn forward_checked(
 }
 
 /// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at
-/// admission): None when it is not limited (outside `--limit-path`, or its keys unformable under
-/// `--on-missing-key pass`).
+/// admission); None when it is not limited (`--limit-path`, `--on-missing-key pass`).
 async fn admit(
     proxy: &Proxy,
     request: &Request<RequestBody>,

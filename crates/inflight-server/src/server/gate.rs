@@ -64,9 +64,8 @@ impl Gate {
     }
 }
 
-/// `wanted` connections, lowered to what the process's limit of open files leaves room for, each taking
-/// `files_each` (2 for the proxy: a client's and an upstream's) and `reserved` kept for others. Returns
-/// the cap and, when it was lowered, the limit that lowered it.
+/// `wanted` connections of `files_each` files (2 for the proxy), lowered to fit the limit of open files
+/// less `reserved`; the cap and, when it was lowered, the limit that lowered it.
 pub(super) fn cap(wanted: usize, files_each: usize, reserved: usize) -> (usize, Option<u64>) {
     let Some(limit) = open_files_limit() else {
         return (wanted, None);

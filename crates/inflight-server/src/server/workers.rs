@@ -125,9 +125,9 @@ impl Workers {
         self.max_connections
     }
 
-    /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses
-    /// (proxied streams) finish for up to the grace period, ends the ones still running, and releases
-    /// every permit its limiter still holds. Should a worker fail, the others end at once.
+    /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses finish
+    /// within the grace period (then ends them), and releases every permit its limiter still holds.
+    /// Should a worker fail, the others end at once.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut first_error = None;
