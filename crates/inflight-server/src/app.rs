@@ -67,9 +67,8 @@ impl App {
         outcome
     }
 
-    /// Runs an admission that may wait up to `wait`, counted in the waiting gauge of `key`'s class
-    /// meanwhile. A wait times out when it ran its course and the key was still `full`: a refusal at
-    /// once (the key's queue is full) or a store error is not a timeout.
+    /// Runs an admission that may wait up to `wait`, counted in the waiting gauge of `key`'s class; it
+    /// timed out when it ran its course and the key was still `full` (not when refused at once).
     async fn waited<T, E>(
         &self,
         key: &str,

@@ -1,7 +1,6 @@
 //! Admissions charged to a quota, as the API and the proxy map them onto HTTP: the reservation before
 //! the admission (an exhausted quota is refused before any admission is tried), timed and counted; the
-//! order itself (refunded when refused, committed or recorded once admitted, extended on renewal,
-//! settled on release) is the library's (`inflight::quota`, `lent.rs`).
+//! order itself is the library's (`inflight::quota`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -54,8 +54,7 @@ impl Metrics {
         self.per_key
     }
 
-    /// Counts a request the proxy answered with `status`, under a key of `class` (`none` when it had
-    /// no key) and, with per-key metrics, `key`.
+    /// Counts a request the proxy answered with `status`, under `class` (`none`: no key) and, per key, `key`.
     pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
         let (status_class, result, class) = (
             proxied::status_class(status),

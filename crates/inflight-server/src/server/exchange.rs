@@ -99,9 +99,8 @@ impl Exchanges {
         state.flushed = state.ended;
     }
 
-    /// True when a write belongs to a response (or an interim `100 Continue`): a request has begun whose
-    /// response is not all out. Otherwise hyper writes on its own: a refusal of a request it could not
-    /// read (HTTP/1), or HTTP/2's frames.
+    /// True when a write belongs to a response (or a `100 Continue`): a request has begun whose response
+    /// is not all out; else hyper writes on its own (refusing an unreadable request, HTTP/2's frames).
     pub(super) fn in_response(&self) -> bool {
         let state = self.lock();
         state.begun > state.flushed

@@ -54,8 +54,7 @@ pub(super) struct Served {
 }
 
 /// hyper's connection settings: HTTP/1.1, or HTTP/2 with prior knowledge, with the HTTP/2 limits; with
-/// `keep_alive` off an HTTP/1 connection closes after one answer. The deadlines of a connection are its
-/// [`Exchanges`]'s, not hyper's header timer, which would also run while a kept-alive connection waits.
+/// `keep_alive` off an HTTP/1 connection closes after one answer. Deadlines are the [`Exchanges`]'s.
 fn builder(bounds: &Bounds, keep_alive: bool) -> auto::Builder<TokioExecutor> {
     let limits = &bounds.connections;
     let mut builder = auto::Builder::new(TokioExecutor::new());
