@@ -48,8 +48,7 @@ impl App {
         out
     }
 
-    /// Admits a request under `key`, waiting up to `wait` for a slot: where every admission, the API's
-    /// and the proxy's, is timed and counted.
+    /// Admits a request under `key`, waiting up to `wait` for a slot; times and counts every admission.
     pub async fn acquire(
         &self,
         key: &str,
@@ -68,9 +67,8 @@ impl App {
         outcome
     }
 
-    /// Runs an admission that may wait up to `wait`, counted in the waiting gauge of `key`'s class
-    /// meanwhile. A wait times out when it ran its course and the key was still `full`: a refusal at
-    /// once (the key's queue is full) or a store error is not a timeout.
+    /// Runs an admission that may wait up to `wait`, counted in the waiting gauge of `key`'s class; it
+    /// timed out when it ran its course and the key was still `full` (not when refused at once).
     async fn waited<T, E>(
         &self,
         key: &str,
@@ -97,24 +95,22 @@ impl App {
         self.metrics.admission(key, result);
     }
 
-    /// Admits a request under every key of `keys` at once, or under none: counted once, under the first
-    /// key.
+    /// Admits a request under every key of `keys` at once, or under none; counted under the first key.
     pub async fn acquire_all(
         &self,
         keys: &[&str],
         options: AcquireOptions,
         wait: Duration,
     ) -> Result<Permit, KeyRefused> {
+        let first = keys.first().copied().unwrap_or_default();
         let outcome = if wait.is_zero() {
             let admission = self.limiter.try_acquire_all(keys, options);
             self.timed("acquire", admission).await
         } else {
             let admission = self.limiter.acquire_all(keys, options.max_wait(wait));
-            let first = keys.first().copied().unwrap_or_default();
             let full = |refused: &KeyRefused| refused.error.is_full();
             self.waited(first, wait, admission, full).await
         };
-        let first = keys.first().copied().unwrap_or_default();
         self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));
         outcome
     }
@@ -122,14 +118,13 @@ impl App {
     /// Hands `permit` over to an HTTP client, which renews or releases it; counted in flight until then.
     pub fn lend(&self, permit: Permit) -> Lease {
         let lease = permit.detach();
-        let id = lease.id.to_string();
-        self.metrics.lent(&lease.key, &id, lease.expires_at_ms);
+        self.metrics
+            .lent(&lease.key, &lease.id.to_string(), lease.expires_at_ms);
         lease
     }
 
-    /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (the
-    /// record is looked up while the lease is renewed; a failed lookup is logged, and the renewal
-    /// answered all the same).
+    /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (a
+    /// failed lookup of the record is logged, and the renewal answered all the same).
     pub async fn renew(
         &self,
         key: &str,
@@ -195,13 +190,9 @@ impl App {
         if !counted {
             return Ok(lease_out);
         }
-        let recorded = self
-            .timed("record", self.limiter.record(keys, &lease_out.id, lease))
-            .await;
-        if let Err(error) = recorded {
-            if let Ok(held) = self.limiter.release_all(keys, &lease_out.id).await {
-                self.count_release(&keys[0], &lease_out.id, held);
-            }
+        let recorded = self.limiter.record(keys, &lease_out.id, lease);
+        if let Err(error) = self.timed("record", recorded).await {
+            self.release_all_lent(keys, &lease_out.id).await;
             return Err(error);
         }
         Ok(lease_out)

@@ -19,25 +19,17 @@ pub struct Tokens {
 impl Tokens {
     /// True when `authorization` carries the admin token (or none is configured).
     pub fn is_admin(&self, authorization: Option<&HeaderValue>) -> bool {
-        match &self.admin {
-            None => true,
-            Some(token) => bears(authorization, token),
-        }
+        self.admin
+            .as_ref()
+            .is_none_or(|token| bears(authorization, token))
     }
 
     /// True when `authorization` may use the /v1 routes: the API token or the admin token (or no API
     /// token is configured).
     pub fn is_api_user(&self, authorization: Option<&HeaderValue>) -> bool {
-        match &self.api {
-            None => true,
-            Some(token) => {
-                bears(authorization, token)
-                    || self
-                        .admin
-                        .as_ref()
-                        .is_some_and(|admin| bears(authorization, admin))
-            }
-        }
+        let bears_any =
+            |token: &Option<String>| token.as_ref().is_some_and(|t| bears(authorization, t));
+        self.api.is_none() || bears_any(&self.api) || bears_any(&self.admin)
     }
 
     /// The routes that change limits and balances: 401 without the admin token (when one is set).

@@ -3,7 +3,6 @@
 //! Tasks acquire and release permits on `--keys` keys as fast as they can for `--duration`; an
 //! independent probe (a counter per key in this process, raised after each admission and lowered before
 //! each release) records the most permits it ever saw in flight on one key, which must never pass the limit.
-//! While it runs, a line a second on stderr says how far it is.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,8 +91,7 @@ pub struct Report {
 /// How many pairs a task completes between two updates of the progress count.
 const PROGRESS_STEP: usize = 64;
 
-/// A line on stderr every second until aborted: time run, pairs so far (to [`PROGRESS_STEP`]) and
-/// refusals.
+/// A line on stderr every second until aborted: time run, pairs so far and refusals.
 async fn progress(
     started: Instant,
     duration: Duration,

@@ -17,8 +17,7 @@ use tokio::time::{Instant, Sleep};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
-    /// See the module docs. The clock runs only while the reader waits for the client, so a reader that
-    /// is slow to read (an upstream applying backpressure) does not count against the client.
+    /// See the module docs; the clock runs only while the reader waits for the client, not its upstream.
     pub struct RequestBody {
         #[pin]
         inner: Incoming,

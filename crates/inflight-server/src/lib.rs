@@ -71,8 +71,7 @@ impl Shared {
     }
 }
 
-/// The limiter, the quotas and the app state that `settings` describe, over `store`, with what the
-/// workers `shared`.
+/// The app state that `settings` describe, over `store`, with what the workers `shared`.
 pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<App>, ConfigError> {
     // A cluster that lost a primary fails in part: its other primaries' keys go on.
     let cluster = settings.store_scheme().ends_with("+cluster");

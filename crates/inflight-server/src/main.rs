@@ -8,8 +8,7 @@ use inflight_server::server::{self, Workers};
 use inflight_server::{Settings, Shared};
 use tracing_subscriber::EnvFilter;
 
-// hyper allocates and frees buffers and header maps for every request and response: mimalloc serves
-// those small, short-lived allocations (BENCHMARKS.md has the comparison with the system allocator).
+// mimalloc serves hyper's small, short-lived allocations (BENCHMARKS.md compares it with the system's).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -115,11 +114,9 @@ fn init_logging(format: LogFormat, filter: EnvFilter) -> LogReload {
     }
 }
 
-/// On SIGHUP, reads the settings again (the file with them) and puts their limits in force in every
-/// worker; permits held stay held. With TLS, it reads the certificate and key files again too: new
-/// connections get the new certificate, open ones keep theirs. And the log level (`log_level`) is
-/// put in force. Other settings need a restart. Bad settings (a bad certificate file or log level among
-/// them) keep the limits, the certificate and the log level as they are.
+/// On SIGHUP, reads the settings again and puts their limits (permits held stay held), the TLS
+/// certificate and key (for new connections) and the log level in force in every worker; other settings
+/// need a restart. Bad settings keep the limits, the certificate and the log level as they are.
 fn reload_on_hangup(
     command: Command,
     matches: clap::ArgMatches,
@@ -185,8 +182,7 @@ fn stores(settings: &Settings) -> impl Fn() -> anyhow::Result<AnyStore> + Send +
     }
 }
 
-/// A worker's own Redis store (its connection and its batches on the worker's runtime), in the key
-/// layout `--layout` names.
+/// A worker's own Redis store (on the worker's runtime), in the key layout `--layout` names.
 fn redis_store(settings: &Settings) -> anyhow::Result<AnyStore> {
     let builder = RedisStore::builder(settings.store.clone())
         .prefix(settings.redis.redis_prefix.clone())

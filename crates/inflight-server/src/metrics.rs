@@ -1,23 +1,5 @@
-//! Prometheus metrics, low cardinality by default (per-key labels only when asked for):
-//!
-//! | metric | type | labels |
-//! |---|---|---|
-//! | `inflight_admissions_total` | counter | `result` = admitted / rejected / error |
-//! | `inflight_releases_total` | counter | |
-//! | `inflight_in_flight` | gauge | permits in flight through this server: proxied responses', leases lent over HTTP |
-//! | `inflight_leases_reclaimed_total` | counter | expired leases reclaimed: a sign of crashed holders |
-//! | `inflight_leases_lost_total` | counter | held permits whose lease was gone and could not come back |
-//! | `inflight_store_duration_seconds` | histogram | `op` = acquire / release / renew / status / set_limit / record / quota |
-//! | `inflight_waiting` | gauge | `class` = the key's `[[limits]]` pattern, or `default`: admissions waiting for a slot |
-//! | `inflight_wait_duration_seconds` | histogram | how long admissions that could wait waited |
-//! | `inflight_wait_timeouts_total` | counter | waits that ran their course without a slot |
-//! | `inflight_reservations_total` | counter | `outcome` = committed / refunded / expired (refunded by the store when their ttl passed) |
-//! | `inflight_proxy_requests_total` | counter | `status_class` = 1xx..5xx, `class`, `result` = admitted / unlimited / refused / error |
-//! | `inflight_upstream_duration_seconds` | histogram | the proxy's upstream, until its response headers |
-//! | `inflight_store_up` | gauge | 1 when the store answered the scrape's check, else 0 |
-//! | `inflight_quota_balance`, `inflight_quota_reserved` | gauge | `class`: with `--metrics-balances`, the sum of the last balance (what can be reserved; what open reservations hold) this process was answered for each key of the class |
-//!
-//! docs/metrics.md describes each, with the alerts to build on them; `describe.rs` has their `# HELP`.
+//! Prometheus metrics, low cardinality by default (per-key labels only when asked for); docs/metrics.md
+//! lists each with its labels and the alerts to build on them, `describe.rs` has their `# HELP`.
 
 mod describe;
 mod proxied;
@@ -59,8 +41,7 @@ pub fn class_of<'p>(policy: &'p inflight::Policy, key: &str) -> &'p str {
 }
 
 /// A server's metrics: its workers share one (clones), and every server in a process shares the counters
-/// and histograms of the process's one recorder. The handles of the fixed series are registered once, so
-/// the request path only bumps atomics.
+/// and histograms of the process's one recorder.
 #[derive(Clone)]
 pub struct Metrics {
     handle: PrometheusHandle,
@@ -100,9 +81,8 @@ pub enum AdmissionResult {
 }
 
 impl Metrics {
-    /// Installs the recorder on first use; `per_key` adds a `key` label to the admission counters.
-    /// Every series that the shipped dashboard and alerts use is exported from the start (zero), so
-    /// that they have data before the first wait or the first proxied request.
+    /// Installs the recorder on first use; `per_key` adds a `key` label to the admission counters. Every
+    /// series the shipped dashboard and alerts use is exported from the start (zero).
     pub fn new(per_key: bool) -> Self {
         let handle = HANDLE
             .get_or_init(|| {

@@ -8,8 +8,8 @@ use inflight::Permit;
 use pin_project_lite::pin_project;
 
 pin_project! {
-    /// A body that holds a [`Permit`] until its last frame has been read, it fails, or it is dropped (the
-    /// client went away). Frames pass through as they come: nothing is buffered.
+    /// A body that holds a [`Permit`] until its last frame has been read, it fails, or it is dropped;
+    /// frames pass through unbuffered.
     pub struct PermitBody<B> {
         #[pin]
         inner: B,

@@ -22,9 +22,8 @@ pub type LimitedBody<B> = PermitBody<Either<B, Full<Bytes>>>;
 /// Limits how many requests per key are in flight in the wrapped service; the key comes from each
 /// request through a function of the caller's choosing (`None`: 400 `missing_key`).
 ///
-/// The permit is taken before the inner service is called and moved into the response body, so it is held
-/// until the body has been sent or the client has gone away: unlike tower's `ConcurrencyLimit`, which
-/// releases when the response *headers* are ready, this is right for streamed responses.
+/// The permit is taken before the inner service is called and held by the response body until it has
+/// been sent or the client has gone away (tower's `ConcurrencyLimit` releases at the *headers*).
 pub struct InflightLayer<S: Store, K> {
     limiter: Limiter<S>,
     key: Arc<K>,

@@ -2,9 +2,8 @@
 //!
 //! [inflight](https://docs.rs/inflight)'s per-key in-flight limits for any tower service (axum, hyper,
 //! tonic): [`InflightLayer`] takes a permit per request under a key of your choosing and holds it in the
-//! response body ([`PermitBody`]) until the body ends or the client goes away. Refusals are the JSON answers
-//! of [`rejection`]: `429 too_many_requests` with `Retry-After`, `400 weight_exceeds_limit`,
-//! `503 store_unavailable`.
+//! response body ([`PermitBody`]) until the body ends or the client goes away; refusals are the JSON
+//! answers of [`rejection`].
 //!
 //! ```
 //! use axum::{routing::get, Router};

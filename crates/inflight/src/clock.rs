@@ -1,6 +1,5 @@
-//! Time, injected: lease deadlines are read from a [`Clock`] so that tests advance time instead of sleeping.
-//!
-//! The Redis store does not use this: its scripts read Redis `TIME`, one clock for every worker.
+//! Time, injected: lease deadlines are read from a [`Clock`] so that tests advance time instead of sleeping
+//! (the Redis store's scripts read Redis `TIME` instead, one clock for every worker).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

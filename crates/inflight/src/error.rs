@@ -36,10 +36,8 @@ impl AcquireError {
         matches!(self, Self::Full { .. })
     }
 
-    /// A hint for when to try again, for [`AcquireError::Full`]: an HTTP `Retry-After`.
-    ///
-    /// Holders release when their work ends and crashed holders lose their lease, so a second is a sound
-    /// first guess; it never says zero.
+    /// A hint for when to try again, for [`AcquireError::Full`] (an HTTP `Retry-After`): a second, never
+    /// zero, as holders release when their work ends and crashed holders lose their lease.
     pub fn retry_after(&self) -> Option<Duration> {
         self.is_full().then_some(Duration::from_secs(1))
     }

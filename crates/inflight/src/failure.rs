@@ -21,8 +21,7 @@ pub enum FailurePolicy {
     FailClosed,
     /// Admit everything, uncounted: availability over the limit.
     FailOpen,
-    /// Admit under a cap per key counted in this process alone (so with N processes, at most N times the
-    /// cap), until the store is back.
+    /// Until the store is back, admit under a cap per key counted in this process alone (N processes: N caps).
     FailOpenLocal {
         /// The per-process, per-key cap while the store is away (> 0).
         limit: u32,

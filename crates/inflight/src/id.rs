@@ -7,9 +7,8 @@ use uuid::Uuid;
 
 /// The id of one permit: unique within its key.
 ///
-/// Generated ids are UUID v4. A caller may give its own (for example its request id), so that a retried
-/// acquisition of the same request counts once. A given id that is a canonical (lower-case, hyphenated) UUID
-/// is the same id as the generated UUID it spells.
+/// Generated ids are UUID v4. A caller may give its own (its request id, say), so that a retry counts
+/// once; a given canonical (lower-case, hyphenated) UUID is the same id as the generated UUID it spells.
 ///
 /// ```
 /// use inflight::PermitId;

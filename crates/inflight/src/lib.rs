@@ -3,23 +3,17 @@
 //! Cap how many requests each key (an app, a tenant, an API key) has **in flight at once**, counted across
 //! every process that shares a store, and hold a streamed response's slot until the stream really ends.
 //!
-//! - [`Policy`]: rules give classes of keys (`tenant:*`, `app:*`) their limits; a key's limit is its
-//!   override, else its class's default, capped by its class's ceiling; 0 is unlimited.
-//! - [`Limiter::try_acquire`] admits at once or says why not ([`AcquireError`]): full right now, can never
-//!   fit, or the store is unavailable; [`Limiter::try_acquire_all`] takes several keys (an app, its
-//!   tenant, a global limit) together or not at all.
-//! - [`Permit`] releases its slot when dropped, on every path (completion, error, cancellation, panic),
-//!   and its lease is renewed in the background while it lives, so a crashed holder's slots come back
-//!   within a lease while a live one never loses its slot.
-//! - [`PermitStream`] and [`Permit::scope`] carry a permit through a stream or a future.
-//! - [`Store`]: [`MemoryStore`] is the embedded default and the reference implementation; `RedisStore`
-//!   (feature `redis`, on by default) shares the limits between every process that uses the same Redis,
-//!   each decision one atomic Lua script, deadlines on the Redis clock.
-//! - [`FailurePolicy`]: what to do when the store cannot answer: refuse, admit, or admit under a
-//!   per-process cap; the limiter goes back to the store by itself.
-//! - [`Quota`] ([`quota`]): a balance per key, charged around each admission: reserve, admit, run,
-//!   then commit on success or refund on failure, cancellation or panic ([`Quota::run`]); a crashed
-//!   holder's reservation is refunded by the store when its ttl passes.
+//! - [`Policy`]: a key's limit is its override, else its class's default, capped by its class's
+//!   ceiling; 0 is unlimited.
+//! - [`Limiter::try_acquire`] admits at once or says why not; [`Limiter::try_acquire_all`] takes several
+//!   keys together or not at all.
+//! - [`Permit`] releases its slot when dropped, on every path; its lease is renewed while it lives, so
+//!   a crashed holder's slots come back within a lease. [`PermitStream`] and [`Permit::scope`] carry it.
+//! - [`Store`]: [`MemoryStore`] (the embedded default) or `RedisStore` (feature `redis`, on by default),
+//!   shared by every process that uses the same Redis.
+//! - [`FailurePolicy`]: refuse, admit, or admit under a per-process cap when the store cannot answer.
+//! - [`Quota`] ([`quota`]): a balance per key, reserved before an admission and committed on success or
+//!   refunded otherwise ([`Quota::run`]).
 //!
 //! ## Sharing limits between processes
 //!

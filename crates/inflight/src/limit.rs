@@ -11,8 +11,7 @@ use std::fmt;
 /// The limits of a class of keys: a default and a ceiling (0 = none).
 ///
 /// A key's own limit is its override when that is > 0, else `default_limit`. The effective limit is the
-/// smaller of the key's own limit and `max_limit`, counting only values > 0; when neither is > 0 the key is
-/// unlimited. So an override may be above the default but never above the ceiling.
+/// smaller of that and `max_limit`, counting only values > 0; when neither is > 0 the key is unlimited.
 ///
 /// ```
 /// use inflight::{ClassLimits, Limit};

@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use crate::id::PermitId;
 
-/// The lease of a permit unless [`crate::LimiterBuilder::lease`] or [`AcquireOptions::lease`] says
-/// otherwise.
+/// The lease of a permit unless [`crate::LimiterBuilder::lease`] or [`AcquireOptions::lease`] says otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// The longest lease a permit may have: renewals keep longer work alive.
@@ -51,15 +50,13 @@ impl AcquireOptions {
         self
     }
 
-    /// How long the lease lasts between renewals (1 ms to 24 h, else the admission is refused as invalid;
-    /// default: the limiter's).
+    /// How long the lease lasts between renewals (default: the limiter's; outside 1 ms to 24 h: invalid).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
     }
 
-    /// How long [`crate::Limiter::acquire`] may wait for a slot (default: not at all). `try_acquire`
-    /// never waits.
+    /// How long [`crate::Limiter::acquire`] may wait for a slot (default: not at all).
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.max_wait = Some(wait);
         self

@@ -172,9 +172,8 @@ impl Policy {
     }
 }
 
-/// A [`Policy`] that can be replaced while limiters use it (a reload): clones share it, so the limiters
-/// of every worker of a process follow one reload. A permit already held stays held; the new policy
-/// applies from the next admission on.
+/// A [`Policy`] that can be replaced while limiters use it (a reload), shared by its clones. A permit
+/// already held stays held; the new policy applies from the next admission on.
 #[derive(Clone, Debug, Default)]
 pub struct SharedPolicy(Arc<RwLock<Arc<Policy>>>);
 

@@ -90,16 +90,14 @@ pub fn wait_ping(port: u16) {
 /// One field of `INFO section` (or of `CLUSTER INFO`, for the section `cluster`) of the server on
 /// `port`.
 pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
-    let cmd = if section == "cluster" {
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("INFO");
-        cmd
-    } else {
-        let mut cmd = redis::cmd("INFO");
-        cmd.arg(section);
-        cmd
+    let (name, arg) = match section {
+        "cluster" => ("CLUSTER", "INFO"),
+        _ => ("INFO", section),
     };
-    let info: String = cmd.query(&mut connect(port).ok()?).ok()?;
+    let info: String = redis::cmd(name)
+        .arg(arg)
+        .query(&mut connect(port).ok()?)
+        .ok()?;
     info.lines()
         .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .map(|value| value.trim().to_owned())

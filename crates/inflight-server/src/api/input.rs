@@ -93,7 +93,6 @@ pub(super) fn wait(wait_ms: Option<u64>) -> Result<Duration, ApiError> {
     Ok(wait)
 }
 
-/// The options of an acquire body.
 pub(super) fn options(
     id: Option<String>,
     weight: Option<u32>,

@@ -77,15 +77,14 @@ pub(super) async fn acquire(
     acquire_charged(&app, key, request, charge).await
 }
 
-/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, then admitted (a
-/// refusal refunded before the answer), recorded so that the release settles it, then lent.
+/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, so that its release
+/// settles it; a refusal is refunded before the answer.
 async fn acquire_charged(
     app: &App,
     key: String,
     request: AcquireBody,
     charge: Charge,
 ) -> Result<Response, ApiError> {
-    // The reservation goes under the permit's id, so that releasing the permit settles it.
     let id = request
         .id
         .unwrap_or_else(|| PermitId::generate().to_string());
@@ -190,7 +189,6 @@ pub(super) struct PermitAllJson {
     reservation: Option<ReservationJson>,
 }
 
-/// The most keys one permit may have.
 const MAX_KEYS: usize = 16;
 
 pub(super) async fn acquire_all(
@@ -221,14 +219,9 @@ pub(super) async fn acquire_all(
     let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
     let charge = quotas::charge(request.quota)?;
     // A reservation goes under the permit's id, so that releasing the permit settles it.
-    let id = match &charge {
-        Some(_) => Some(
-            request
-                .id
-                .unwrap_or_else(|| PermitId::generate().to_string()),
-        ),
-        None => request.id,
-    };
+    let id = request
+        .id
+        .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
     let options = options(id.clone(), request.weight, request.lease_ms)?;
     let reservation = match &charge {
         Some(charge) => Some(app.reserve(charge, id.map(PermitId::from)).await?),
@@ -291,12 +284,12 @@ async fn permit_all_json(
     let held = lease_expires_at_ms.is_some();
     let others = futures_util::future::join_all(keys[1..].iter().map(|key| async move {
         let status = match held {
-            true => Some(app.timed("status", app.limiter.status(key)).await),
+            true => app.timed("status", app.limiter.status(key)).await.ok(),
             false => None,
         };
         let (limit, in_flight) = match status {
-            Some(Ok(status)) => (status.limit.get(), status.in_flight),
-            _ => (app.limiter.limits(key).resolve(None).get(), 0),
+            Some(status) => (status.limit.get(), status.in_flight),
+            None => (app.limiter.limits(key).resolve(None).get(), 0),
         };
         KeyJson {
             key: key.to_string(),
@@ -324,11 +317,9 @@ pub(super) async fn renew_recorded(
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PermitAllJson>, ApiError> {
-    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
+    let id = recorded_id(path)?;
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
-    let id = PermitId::from(id);
     match app.renew_recorded(&id, lease).await? {
         Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
             let first = (grant.limit.get(), grant.in_flight);
@@ -345,10 +336,15 @@ pub(super) async fn release_recorded(
     path: Result<Path<String>, PathRejection>,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
+    let id = recorded_id(path)?;
+    let settle = outcome(&uri)?;
+    app.release_recorded_settled(&id, settle).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The id of `/v1/permits/{id}`, checked.
+fn recorded_id(path: Result<Path<String>, PathRejection>) -> Result<PermitId, ApiError> {
     let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
     check_name(&id).map_err(ApiError::invalid_request)?;
-    let settle = outcome(&uri)?;
-    app.release_recorded_settled(&PermitId::from(id), settle)
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(PermitId::from(id))
 }

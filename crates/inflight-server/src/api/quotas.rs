@@ -22,7 +22,6 @@ use super::input::{body, check_name, checked_key, checked_key_and_id, millis};
 use crate::app::{quota_error, App, Charge};
 use crate::error::ApiError;
 
-/// The quota routes, for the /v1 router.
 pub(super) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/quotas/{key}", put(set_balance).get(balance))
@@ -62,8 +61,7 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
     Ok(Some(Charge { key, amount }))
 }
 
-/// How a release settles its permit's reservation: `?outcome=success` commits it; `failure`, or no
-/// outcome, refunds it.
+/// How a release settles its permit's reservation: `?outcome=success` commits; `failure`, or none, refunds.
 pub(super) fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
     let query = uri.query().unwrap_or_default();
     let mut settle = Settle::Refund;
@@ -97,8 +95,7 @@ fn quota_json(key: String, balance: Option<Balance>) -> Json<QuotaJson> {
     })
 }
 
-/// A reservation, as `POST .../reservations` answers it and an acquire body's 201 carries it
-/// (`balance` and `expires_at_ms` null: the key is unmetered and nothing is held).
+/// A reservation, as `POST .../reservations` and an acquire body's 201 carry it (nulls: unmetered).
 #[derive(Debug, Serialize)]
 pub(super) struct ReservationJson {
     id: String,
@@ -130,8 +127,7 @@ struct TopUpBody {
     amount: u64,
 }
 
-/// A reservation extended, as `PUT .../reservations/{id}` answers it (`balance` and `expires_at_ms`
-/// null: the key is unmetered).
+/// A reservation extended, as `PUT .../reservations/{id}` answers it (nulls: the key is unmetered).
 #[derive(Debug, Serialize)]
 struct ExtendedJson {
     id: String,
@@ -225,13 +221,11 @@ async fn reserve(
         .timed("quota", reserved)
         .await
         .map_err(|error| quota_error(&key, error))?;
-    // The caller holds it from here: it commits or refunds it over HTTP, or it expires.
     let body = reservation_json(&reservation.detach());
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now, as its
-/// holder still works.
+/// Moves an open reservation's deadline to its ttl (`ttl_ms`, default the quota's) from now.
 async fn extend(
     State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,

@@ -12,7 +12,6 @@ use inflight::Store;
 use crate::app::App;
 use crate::error::ApiError;
 
-/// The OpenAPI document of this API.
 const OPENAPI: &str = include_str!("../../openapi.json");
 
 pub(super) async fn too_many_connections() -> ApiError {

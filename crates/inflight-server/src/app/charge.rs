@@ -1,7 +1,6 @@
 //! Admissions charged to a quota, as the API and the proxy map them onto HTTP: the reservation before
 //! the admission (an exhausted quota is refused before any admission is tried), timed and counted; the
-//! order itself (refunded when refused, committed or recorded once admitted, extended on renewal,
-//! settled on release) is the library's (`inflight::quota`, `lent.rs`).
+//! order itself is the library's (`inflight::quota`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,8 +58,7 @@ impl App {
             .map_err(|error| quota_error(&charge.key, error))
     }
 
-    /// Admits under `keys` (waiting up to `wait`) after `reservation` was made: a refusal refunds it
-    /// before it is answered; an admission hands it back with the permit.
+    /// [`App::acquire_all`], answered as [`inflight::Quota::admitted`] says for `reservation`.
     pub async fn acquire_all_charged(
         &self,
         keys: &[&str],
@@ -73,8 +71,7 @@ impl App {
             .await
     }
 
-    /// Releases a lease on `keys` lent a moment ago whose record could not be written (its client could
-    /// not renew it by id).
+    /// Releases a lease on `keys` lent a moment ago whose record (to renew it by id) could not be written.
     pub async fn release_all_lent(&self, keys: &[Arc<str>], id: &PermitId) {
         if let Ok(held) = self.limiter.release_all(keys, id).await {
             self.count_release(&keys[0], id, held);
@@ -93,8 +90,7 @@ impl App {
     }
 
     /// Releases a lease on `key` handed out over HTTP and settles the reservation recorded with it, if
-    /// any, as `settle` says; returns whether the lease was held. The record is looked up while the
-    /// lease is released.
+    /// any, as `settle` says; returns whether the lease was held.
     pub async fn release_settled(
         &self,
         key: &str,
@@ -111,8 +107,7 @@ impl App {
         Ok(held)
     }
 
-    /// Releases a lease on several keys handed out over HTTP, found by its id, and settles the
-    /// reservation recorded with it, if any.
+    /// [`App::release_settled`] for a lease on several keys, found by its id.
     pub async fn release_recorded_settled(
         &self,
         id: &PermitId,

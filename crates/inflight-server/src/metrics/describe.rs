@@ -91,11 +91,9 @@ const RECORDED: &[(&str, Kind, &str)] = &[
     ),
 ];
 
-/// The help of `inflight_in_flight`.
 pub(super) const IN_FLIGHT: &str =
     "Permits in flight through this server: proxied responses, leases lent over HTTP.";
 
-/// The help of `inflight_store_up`.
 pub(super) const STORE_UP: &str =
     "1 when the store answered this scrape's check (a PING on Redis), 0 when it did not.";
 

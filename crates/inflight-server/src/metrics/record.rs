@@ -54,8 +54,7 @@ impl Metrics {
         self.per_key
     }
 
-    /// Counts a request the proxy answered with `status`, under a key of `class` (`none` when it had
-    /// no key) and, with per-key metrics, `key`.
+    /// Counts a request the proxy answered with `status`, under `class` (`none`: no key) and, per key, `key`.
     pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
         let (status_class, result, class) = (
             proxied::status_class(status),
@@ -113,8 +112,7 @@ impl Metrics {
         }
     }
 
-    /// One more response proxied under a permit that holds a slot: in flight until the guard is
-    /// dropped, which counts its release.
+    /// One more response proxied under a permit that holds a slot: see [`Proxying`].
     pub fn proxying(&self) -> Proxying {
         self.in_flight.proxied.fetch_add(1, Ordering::Relaxed);
         Proxying {

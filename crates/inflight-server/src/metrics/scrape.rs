@@ -38,8 +38,7 @@ impl Metrics {
         }
     }
 
-    /// The metrics page of a worker with `limiter` and the reservations `quota` counts: the store checked
-    /// (within a second), the counters brought up to date.
+    /// The metrics page of a worker with `limiter` and `quota`: the store checked (within a second).
     pub async fn scrape(&self, limiter: &Limiter<AnyStore>, quota: &QuotaStats) -> String {
         self.reservations(quota, &limiter.policy());
         let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, limiter.store().maintain());
@@ -47,8 +46,7 @@ impl Metrics {
         self.render(limiter.stats(), store_up)
     }
 
-    /// The Prometheus text, with the limiter's own counters brought up to date and `store_up` (whether
-    /// the store answered a check just now).
+    /// The Prometheus text, with the limiter's own counters and `store_up` brought up to date.
     fn render(&self, stats: &inflight::LimiterStats, store_up: bool) -> String {
         metrics::counter!("inflight_leases_reclaimed_total")
             .absolute(stats.reclaimed.load(Ordering::Relaxed));

@@ -1,9 +1,8 @@
 //! What the proxy says about each request it answers: one count in `inflight_proxy_requests_total` when
 //! its status is known, and one access line (target `inflight::access`, level info) when its response has
-//! ended, unless `--access-log false`. The line has the method, the path without its query string (which
-//! may carry secrets), the status, the result, the class of the key, the key's hash (its raw value only
-//! with `--metrics-per-key`, which already shows keys), the duration and, for the proxy's own answers,
-//! the error code. Headers (Authorization above all) are never logged.
+//! ended, unless `--access-log false`: method, path without its query (which may carry secrets), status,
+//! result, class, the key's hash (its raw value only with `--metrics-per-key`), duration and, for the
+//! proxy's own answers, the error code. Headers are never logged.
 
 use std::time::Instant;
 
@@ -128,8 +127,7 @@ impl Drop for Line {
     }
 }
 
-/// The first 16 hex digits of the SHA-256 of `key` (as `{bearer_hash}` makes them): the same key gives
-/// the same hash, so lines can be followed by key without showing it.
+/// The key as `{bearer_hash}` would hash it, so that lines can be followed by key without showing it.
 fn hash(key: &str) -> String {
     String::from_utf8_lossy(&super::templates::short_hash(key)).into_owned()
 }

@@ -18,8 +18,7 @@ use super::access::Line;
 use crate::metrics::Proxying;
 
 pin_project! {
-    /// See the module docs.
-    pub(super) struct ProxyBody {
+        pub(super) struct ProxyBody {
         #[pin]
         inner: PermitBody<hyper::body::Incoming>,
         cut: Cut,
@@ -105,8 +104,8 @@ impl Body for ProxyBody {
     }
 }
 
-/// Whether the server's shutdown grace period is over. A body registers to be woken by the cut only once it
-/// waits for its upstream; until then it only looks at the signal when read.
+/// Whether the server's shutdown grace period is over; a body registers to be woken by the cut only once
+/// it waits for its upstream.
 enum Cut {
     Watching(watch::Receiver<bool>),
     Waiting(Pin<Box<dyn Future<Output = ()> + Send>>),

@@ -16,7 +16,6 @@ use crate::error::ApiError;
 use crate::incoming::RequestBody;
 use crate::metrics::ProxyResult;
 
-/// How long making a connection to the upstream may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The proxy of one worker: its limiter, its upstream and its pool of connections to it.
@@ -148,8 +147,7 @@ async fn forward_checked(
 }
 
 /// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at
-/// admission): None when it is not limited (outside `--limit-path`, or its keys unformable under
-/// `--on-missing-key pass`).
+/// admission); None when it is not limited (`--limit-path`, `--on-missing-key pass`).
 async fn admit(
     proxy: &Proxy,
     request: &Request<RequestBody>,

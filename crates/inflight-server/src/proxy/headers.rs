@@ -57,8 +57,8 @@ pub(super) struct Target {
     base_path: String,
     /// The upstream's authority, as the Host header sent to it.
     host: Option<HeaderValue>,
-    /// Whether the client's `X-Forwarded-For` (and `Forwarded`, `X-Real-IP`) are kept and appended to,
-    /// as behind a proxy of one's own; otherwise they are replaced by what this proxy saw.
+    /// Whether the client's `X-Forwarded-For` (and `Forwarded`, `X-Real-IP`) are kept and appended to;
+    /// otherwise they are replaced by what this proxy saw.
     trust_forwarded: bool,
 }
 

@@ -39,15 +39,13 @@ pub struct Upstream {
     pub max_wait: Duration,
     /// Whether the client's forwarding headers are trusted (appended to) or replaced.
     pub trust_forwarded: bool,
-    /// Whether the API answers under `/_inflight` on the proxied port (else it answers only on the admin
-    /// listener, and `/_inflight` here is 404).
+    /// Whether the API answers under `/_inflight` on the proxied port (else only on the admin listener).
     pub api_on_proxy_port: bool,
     /// Whether each request gets an access line (`--access-log`).
     pub access_log: bool,
 }
 
-/// The client at the other end of a connection: its address, and its IP address written out once per
-/// connection for the `X-Forwarded-For` of each of its requests.
+/// The client at the other end of a connection: its address, written out once for `X-Forwarded-For`.
 #[derive(Clone, Debug)]
 pub struct Peer {
     /// The client's address.

@@ -1,12 +1,10 @@
 //! Which requests the proxy limits (`--limit-path`), and the path as `{path}` gives it.
 //!
-//! A hostile client must not dodge a limit by spelling a path differently from how the upstream will read
-//! it, so paths are matched in a canonical form that is at least as broad as any upstream's reading:
-//! percent-escapes decoded once (as WSGI servers and many routers do), `/` and `\` both separate segments,
-//! empty segments (`//`) dropped, `;params` of a segment dropped (as servlet containers do), ASCII letters
-//! lower-cased. A path with a `.` or `..` segment (in any of these spellings) is refused: clients resolve
-//! them before sending, and an upstream that resolves them differently could be led past a limit. The
-//! request is forwarded as it came; only the matching (and `{path}`) use the canonical form.
+//! So that a client cannot dodge a limit by spelling a path otherwise than the upstream reads it, paths
+//! are matched in a canonical form at least as broad as any upstream's reading: percent-escapes decoded
+//! once, `/` and `\` both separate segments, empty segments and a segment's `;params` dropped, ASCII
+//! letters lower-cased. A path with a `.` or `..` segment (in any spelling) is refused: an upstream that
+//! resolves them differently could be led past a limit. The request is forwarded as it came.
 
 /// A path that the proxy refuses to match: it has a dot segment.
 pub(super) const DOT_SEGMENT: &str = "The request path has a `.` or `..` segment.";

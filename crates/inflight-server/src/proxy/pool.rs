@@ -55,9 +55,8 @@ impl Pool {
         }
     }
 
-    /// Sends `request` (origin-form, with its Host header) on a ready connection, else on a new one, and
-    /// returns the response headers. A request that its connection closed before sending it goes once
-    /// more, on a new connection.
+    /// Sends `request` (origin-form, with its Host header) on a ready connection, else a new one (also
+    /// once more when its connection closed before sending it), and returns the response headers.
     pub(super) async fn send(
         &self,
         request: Request<RequestBody>,

@@ -1,6 +1,5 @@
-//! One connection's exchanges (a request, from its headers read to the end of its response), which say
-//! how long the connection may now wait for its client, and whether what hyper writes belongs to a
-//! response.
+//! One connection's exchanges (a request, from its headers to the end of its response): how long the
+//! connection may now wait for its client, and whether what hyper writes belongs to a response.
 //!
 //! Between exchanges an HTTP/1 connection waits for the next request's headers: `--idle-timeout` until
 //! their first byte, then `--header-timeout` (from the opening, for a new connection). An HTTP/2
@@ -29,7 +28,6 @@ struct State {
     ended: u64,
     /// Responses every byte of which hyper has handed over: `ended` as of the last flush.
     flushed: u64,
-    /// Whether the connection speaks HTTP/2.
     http2: bool,
     /// When the connection opened, or its last exchange ended.
     idle_since: Instant,
@@ -37,8 +35,7 @@ struct State {
     head_since: Option<Instant>,
     header_timeout: Duration,
     idle_timeout: Duration,
-    /// The task reading the connection: woken when the last exchange ends, so that it waits with a
-    /// deadline again.
+    /// The task reading the connection, woken when the last exchange ends to wait with a deadline again.
     reader: Option<Waker>,
 }
 
@@ -102,9 +99,8 @@ impl Exchanges {
         state.flushed = state.ended;
     }
 
-    /// True when a write belongs to a response (or an interim `100 Continue`): a request has begun whose
-    /// response is not all out. Otherwise hyper writes on its own: a refusal of a request it could not
-    /// read (HTTP/1), or HTTP/2's frames.
+    /// True when a write belongs to a response (or a `100 Continue`): a request has begun whose response
+    /// is not all out; else hyper writes on its own (refusing an unreadable request, HTTP/2's frames).
     pub(super) fn in_response(&self) -> bool {
         let state = self.lock();
         state.begun > state.flushed

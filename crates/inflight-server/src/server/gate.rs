@@ -1,7 +1,6 @@
-//! How many connections a process holds open. At the cap a worker stops accepting, so new connections
-//! wait in the listen queue (the kernel's, 1024 long) until one closes, rather than each taking a file
-//! descriptor; each worker holds at most one more, the last it accepted, until a place comes. The cap is
-//! per process, over every worker's listener of the served port.
+//! How many connections a process holds open, over every worker's listener of the served port. At the
+//! cap a worker stops accepting, so new connections wait in the kernel's listen queue (1024 long) until
+//! one closes; each worker holds at most one more, the last it accepted, until a place comes.
 //!
 //! `/healthz` keeps answering at the cap: `inflight proxy` answers it on its admin listener, which has a
 //! cap of its own ([`ADMIN_CONNECTIONS`]); `inflight serve`, with one port only, accepts up to
@@ -18,8 +17,7 @@ pub const ADMIN_CONNECTIONS: usize = 64;
 /// `serve`'s connections past `--max-connections` for health checks and metrics.
 pub const HEALTH_RESERVE: usize = 16;
 
-/// File descriptors kept for what is not a client connection: the listeners, the store's connections,
-/// the log.
+/// File descriptors kept for what is not a client connection: listeners, store connections, the log.
 const SPARE_FILES: usize = 64;
 
 /// The connection cap of one listener (or of all the workers' listeners of one port).
@@ -66,9 +64,8 @@ impl Gate {
     }
 }
 
-/// `wanted` connections, lowered to what the process's limit of open files leaves room for, each taking
-/// `files_each` (2 for the proxy: a client's and an upstream's) and `reserved` kept for others. Returns
-/// the cap and, when it was lowered, the limit that lowered it.
+/// `wanted` connections of `files_each` files (2 for the proxy), lowered to fit the limit of open files
+/// less `reserved`; the cap and, when it was lowered, the limit that lowered it.
 pub(super) fn cap(wanted: usize, files_each: usize, reserved: usize) -> (usize, Option<u64>) {
     let Some(limit) = open_files_limit() else {
         return (wanted, None);

@@ -13,7 +13,6 @@ use tokio::time::{Instant, Sleep};
 use super::exchange::Exchanges;
 use super::refusal;
 
-/// See the module docs.
 pub(super) struct Guarded<I> {
     io: I,
     exchanges: Exchanges,

@@ -24,8 +24,8 @@ use super::{Bounds, CUT_WAIT};
 use crate::incoming::RequestBody;
 use crate::proxy::Peer;
 
-/// A worker's listener: axum's accepting (which rides out errors such as too many open files), and no
-/// Nagle delay on the accepted connections, since answers are small and latency matters.
+/// A worker's listener: axum's accepting (which rides out errors such as too many open files), without
+/// Nagle's delay.
 pub(super) struct NoDelay(pub(super) TcpListener);
 
 impl Listener for NoDelay {
@@ -50,13 +50,11 @@ pub(super) struct Served {
     /// What a connection in the gate's reserve is answered (health checks only).
     pub(super) health: Routes,
     pub(super) gate: Gate,
-    /// TLS on this listener, if any.
     pub(super) tls: Option<Tls>,
 }
 
 /// hyper's connection settings: HTTP/1.1, or HTTP/2 with prior knowledge, with the HTTP/2 limits; with
-/// `keep_alive` off an HTTP/1 connection closes after one answer. The deadlines of a connection are its
-/// [`Exchanges`]'s, not hyper's header timer, which would also run while a kept-alive connection waits.
+/// `keep_alive` off an HTTP/1 connection closes after one answer. Deadlines are the [`Exchanges`]'s.
 fn builder(bounds: &Bounds, keep_alive: bool) -> auto::Builder<TokioExecutor> {
     let limits = &bounds.connections;
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -139,8 +137,7 @@ impl Connection {
 }
 
 /// Serves the connections the listener accepts until told to stop; then closes each once its current
-/// exchange is over (an idle one at once), and returns when all have closed. Responses still running
-/// after the grace period are cut.
+/// exchange is over, and returns when all have closed, cutting responses still running after the grace.
 pub(super) async fn serve(
     served: Served,
     mut stopping: watch::Receiver<bool>,
@@ -220,8 +217,7 @@ pub(super) async fn serve(
     }
 }
 
-/// The count of connections closed in their TLS handshake: not done within the bound (`timed_out`), or
-/// failed.
+/// Connections closed in their TLS handshake: not done within the bound (`timed_out`), or failed.
 fn handshake_failure(timed_out: bool) -> metrics::Counter {
     let reason = if timed_out { "timeout" } else { "error" };
     metrics::counter!("inflight_tls_handshake_failures_total", "reason" => reason)

@@ -1,11 +1,9 @@
 //! Running a server: the API or the proxy on its workers until shutdown, then a bounded grace period.
 //!
-//! Each worker is a thread with its own single-threaded Tokio runtime, its own listening socket on the
-//! shared address (`SO_REUSEPORT`, so the kernel spreads connections over them), as nginx's worker
-//! processes do, and its own [`App`](crate::App): its limiter, and with Redis its own store connection, built inside
-//! its runtime. A connection, its requests and its upstream connections stay on one thread. A client that
-//! sends everything over one connection (HTTP/2, or a load balancer keeping few connections open) is
-//! served by one worker.
+//! Each worker is a thread with its own single-threaded Tokio runtime, its own `SO_REUSEPORT` socket on
+//! the shared address (the kernel spreads connections over them) and its own [`App`](crate::App) (with
+//! Redis, its own store connection). A connection, its requests and its upstream connections stay on one
+//! worker, so a client that sends everything over one connection is served by one worker.
 
 use std::time::Duration;
 
@@ -36,9 +34,8 @@ pub struct Bounds {
     pub grace: Duration,
     /// The timeouts and caps of its connections.
     pub connections: Connections,
-    /// TLS on the served port (not on the proxy's admin listener), its handshake within
-    /// `connections.header_timeout`. Not made by `From<&Settings>`: load it with [`Tls::load`], and keep
-    /// a clone to reload it.
+    /// TLS on the served port (not the admin listener), its handshake within `connections.header_timeout`;
+    /// not made by `From<&Settings>`: load it with [`Tls::load`], and keep a clone to reload it.
     pub tls: Option<Tls>,
 }
 

@@ -16,8 +16,7 @@ use crate::incoming::RequestBody;
 use crate::proxy::{Peer, Proxy, Upstream};
 use crate::status;
 
-/// What a worker answers with: the API's routes, and when it is a proxy, everything outside `/_inflight`
-/// forwarded (straight to the proxy, past axum's router).
+/// What a worker answers with; a proxy forwards everything outside `/_inflight` past axum's router.
 #[derive(Clone)]
 pub(super) struct Routes {
     api: Router,
@@ -83,8 +82,7 @@ async fn elsewhere() -> crate::error::ApiError {
     )
 }
 
-/// Where a proxy answers with its API (as `Router::nest_service` matches it: the prefix itself, or the
-/// prefix and a `/`).
+/// Where a proxy answers with its API: the prefix itself, or the prefix and a `/` (as `nest_service`).
 const API_PREFIX: &str = "/_inflight";
 
 fn is_api(path: &str) -> bool {

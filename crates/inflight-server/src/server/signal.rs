@@ -3,8 +3,7 @@
 use std::future::Future;
 
 /// Completes on Ctrl-C or SIGTERM; a second one, while the server drains, ends the process at once (exit
-/// code 130). The handlers are installed when this is called (not when first polled), so a signal that
-/// arrives right after start-up is not missed.
+/// code 130). The handlers are installed when this is called, not when first polled.
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     let signals = {

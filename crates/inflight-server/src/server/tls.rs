@@ -29,9 +29,8 @@ impl Tls {
             .map(|config| Self(Arc::new(RwLock::new(config)))))
     }
 
-    /// Reads the certificate and key that `settings` name again and puts them in force for the
-    /// connections that open from now on (open ones keep theirs). On an error (a file missing or bad, or
-    /// no TLS named any more) the certificate in force stays.
+    /// Reads the certificate and key that `settings` name again, for the connections that open from now
+    /// on. On an error (a file missing or bad, or no TLS named any more) the certificate in force stays.
     pub fn reload(&self, settings: &TlsSettings) -> Result<(), ConfigError> {
         let Some(config) = settings.server_config()? else {
             return Err(ConfigError {
@@ -51,8 +50,7 @@ impl Tls {
             .clone()
     }
 
-    /// The TLS handshake of an accepted connection, with the certificate in force; fails when it is not
-    /// done within `timeout`, so that a client that never finishes it does not keep its place.
+    /// The TLS handshake of an accepted connection, with the certificate in force, within `timeout`.
     pub(super) async fn accept(
         &self,
         io: TcpStream,

@@ -62,9 +62,9 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts a worker on each of `listeners`: it builds its app with `app` (inside its own runtime), and
-    /// serves the API, or with `upstream` the proxy. Returns once every worker has built its app, or with
-    /// the first one's error. Dropping the workers ends them at once.
+    /// Starts a worker on each of `listeners`, which builds its app with `app` and serves the API (or
+    /// the proxy to `upstream`); returns once every worker has built its app, or with the first error.
+    /// Dropping the workers ends them at once.
     pub async fn start(
         listeners: Vec<std::net::TcpListener>,
         app: impl Fn() -> anyhow::Result<Arc<App>> + Send + Sync + 'static,
@@ -120,15 +120,14 @@ impl Workers {
         Ok(workers)
     }
 
-    /// The cap on the served port's open connections (`--max-connections`, as lowered to what the limit of
-    /// open files leaves room for).
+    /// The cap on the served port's open connections (`--max-connections`, lowered to fit open files).
     pub fn max_connections(&self) -> usize {
         self.max_connections
     }
 
-    /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses
-    /// (proxied streams) finish for up to the grace period, ends the ones still running, and releases
-    /// every permit its limiter still holds. Should a worker fail, the others end at once.
+    /// Serves until `shutdown` completes; then each worker stops accepting, lets running responses finish
+    /// within the grace period (then ends them), and releases every permit its limiter still holds.
+    /// Should a worker fail, the others end at once.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut first_error = None;
@@ -155,7 +154,6 @@ impl Workers {
     }
 }
 
-/// What a worker thread gets.
 struct Worker {
     app: MakeApp,
     upstream: Option<Arc<Upstream>>,
@@ -169,8 +167,7 @@ struct Worker {
 
 impl Worker {
     /// Builds the worker's app on a runtime of its own (and says so on `ready`), then serves `listener`
-    /// until told to stop (and its connections have closed) or to end. Its runtime, with any connection
-    /// still open, is gone when this returns.
+    /// until told to stop (and its connections have closed) or to end; its runtime goes with it.
     fn run(
         mut self,
         listener: std::net::TcpListener,
@@ -250,17 +247,15 @@ impl Worker {
     }
 }
 
-/// The connection caps of a server's process: one over every worker's listener of the served port, one
-/// for the proxy's admin listener.
+/// The connection caps of a process: one over the served port's listeners, one for the admin listener.
 #[derive(Clone)]
 struct Gates {
     served: Gate,
     admin: Gate,
 }
 
-/// The caps of a server with `workers` listeners, a proxy when `proxy`, with an admin listener when
-/// `admin`, and the cap on the served port, lowered (with a warning) to what the limit of open files leaves
-/// room for.
+/// The caps of a server with `workers` listeners (a proxy when `proxy`, with an admin listener when
+/// `admin`), and the cap on the served port, lowered (with a warning) to fit the limit of open files.
 fn gates(bounds: &Bounds, workers: usize, proxy: bool, admin: bool) -> (Gates, usize) {
     let wanted = bounds.connections.max_connections;
     let (files_each, others) = match (proxy, admin) {

@@ -26,7 +26,6 @@ pub struct Board {
     pub(super) snapshot: watch::Sender<Arc<str>>,
     /// A new page: publish at once rather than at the next second.
     pub(super) wake: Arc<Notify>,
-    /// Whether its sampling task was started.
     pub(super) started: AtomicBool,
 }
 

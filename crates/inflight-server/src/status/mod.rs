@@ -8,10 +8,9 @@
 //! more: 503); every stream ends when the server begins to shut down.
 //!
 //! Access: with an admin token set, both routes need it; else with an API token, that one; else they
-//! are open. A browser cannot send a header on an `EventSource`, so besides `Authorization: Bearer` the
-//! token is taken from `?token=` on these two routes only (the page passes its own on): the token is
-//! then in the page's URL (the browser's history, a fronting proxy's access log). Answers are never
-//! cached and send no referrer.
+//! are open. An `EventSource` cannot send a header, so the token is also taken from `?token=` on these
+//! two routes only (then it is in the page's URL and what logs it). Answers are never cached and send
+//! no referrer.
 
 mod board;
 mod page;

@@ -13,7 +13,6 @@ use tokio::sync::watch;
 use super::board::Board;
 use crate::api::BusyJson;
 
-/// How many keys the page shows.
 const PAGE_KEYS: usize = 20;
 
 /// How long one look at the store may take before the page says it is unavailable.

@@ -15,7 +15,6 @@ use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
 
-/// The most keys one admission may take.
 const MAX_KEYS: usize = 16;
 
 /// A refusal, with the place among the admission's keys of the key that refused.

@@ -50,9 +50,8 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// The lease of each permit unless its options say otherwise (default 30 s). A crashed holder's slots
-    /// come back within one lease; live holders renew at a third of it. Kept between 1 ms and
-    /// [`MAX_LEASE`].
+    /// The lease of each permit unless its options say otherwise (default 30 s; 1 ms to [`MAX_LEASE`]). A
+    /// crashed holder's slots come back within one lease; live holders renew at a third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -78,10 +77,9 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// Whether one transient store failure makes every admission skip the store for a moment (200 ms),
-    /// so that an outage costs one failed round trip per interval, not one per request (default: on).
-    /// Turn it off where the store fails in part, as a Redis Cluster that lost one primary does:
-    /// there the other primaries' keys must go on being admitted.
+    /// Whether one transient store failure makes every admission skip the store for 200 ms (default: on).
+    /// Turn it off where the store fails in part, as a Redis Cluster that lost one primary does: there
+    /// the other primaries' keys must go on being admitted.
     pub fn store_breaker(mut self, on: bool) -> Self {
         self.store_breaker = on;
         self

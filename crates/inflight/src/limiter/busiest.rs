@@ -17,8 +17,7 @@ pub struct Busy {
     pub limit: Limit,
     /// How many (by weight) are in flight, under unexpired leases (every process sharing the store).
     pub in_flight: u32,
-    /// How many admissions of this limiter wait on the key now ([`Limiter::acquire`]). Waiters queue
-    /// per limiter (per process or worker): those of other processes are not seen.
+    /// How many admissions of this limiter (not of other processes) wait on the key now ([`Limiter::acquire`]).
     pub waiters: usize,
 }
 

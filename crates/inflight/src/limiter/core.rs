@@ -46,7 +46,6 @@ pub(super) struct Core<S> {
 }
 
 impl<S> Core<S> {
-    /// The limits of `key`'s class.
     #[inline]
     pub(super) fn limits(&self, key: &str) -> ClassLimits {
         self.policy.with(|policy| policy.limits(key))

@@ -85,8 +85,7 @@ impl<S: Store> Limiter<S> {
         self.core.policy.get()
     }
 
-    /// Replaces the limit settings of this limiter and of every other that shares its policy (a reload):
-    /// held permits stay held; the new limits apply from the next admission on.
+    /// Replaces the limit settings of every limiter sharing this one's policy ([`crate::SharedPolicy`]).
     pub fn set_policy(&self, policy: Policy) {
         self.core.policy.set(policy);
     }

@@ -1,8 +1,5 @@
 //! [`Limiter`]: admits requests per key under the policy, hands out [`Permit`](crate::Permit)s, renews
 //! their leases and releases them.
-//!
-//! `admission.rs` decides one admission and `acquire.rs` is its future; `renewer.rs` renews the leases of
-//! live permits and keeps reservations open; `settler.rs` owns everything settled in the background.
 
 mod acquire;
 mod admission;

@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-/// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says
-/// otherwise.
+/// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says otherwise.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
 /// A key's queue: each waiter's turn, in arrival order.
@@ -42,8 +41,7 @@ impl Waiters {
         keys.iter().all(|key| !queues.contains_key(*key))
     }
 
-    /// A place at the end of `key`'s queue, counted in `waiting` while it lasts, or `None` when the queue
-    /// is full.
+    /// A place at the end of `key`'s queue, counted in `waiting` while it lasts; `None`: the queue is full.
     pub(super) fn join<'a>(&'a self, key: &str, waiting: &'a AtomicU64) -> Option<Place<'a>> {
         let mut queues = self.lock();
         let turn = Arc::new(Notify::new());
@@ -68,8 +66,7 @@ impl Waiters {
     }
 }
 
-/// A waiter's place in a queue; leaving it (dropped: admitted, timed out, or cancelled) lets the next
-/// waiter be the head.
+/// A waiter's place in a queue; dropping it lets the next waiter be the head.
 pub(super) struct Place<'a> {
     waiters: &'a Waiters,
     key: Arc<str>,

@@ -139,7 +139,6 @@ impl Registry {
         self.kept.remove(&number);
     }
 
-    /// How many leases are being renewed.
     pub(super) fn len(&self) -> usize {
         self.permits.len()
     }

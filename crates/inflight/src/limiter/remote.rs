@@ -108,44 +108,35 @@ impl<S: Store> Limiter<S> {
         self.core.store.index(id, op).await.map(drop)
     }
 
-    /// Renews the lease recorded under `id` ([`Limiter::record`]); its record (as renewed) and the
-    /// renewal, or `None` when nothing is recorded (released, or ended).
+    /// Renews the lease recorded under `id`: its record (as renewed) and the renewal; `None`: no record.
     pub async fn renew_recorded(
         &self,
         id: &PermitId,
         lease: Option<Duration>,
     ) -> Result<Option<(Recorded, Renewal)>, StoreError> {
-        let Some(Recorded {
-            keys,
-            lease_ms,
-            quota,
-        }) = self.core.store.index(id, IndexOp::Get).await?
-        else {
+        let Some(mut recorded) = self.core.store.index(id, IndexOp::Get).await? else {
             return Ok(None);
         };
         // Without a length asked for, the lease keeps the one it has, and so does its record.
-        let lease_ms = lease.map_or(lease_ms, |lease| millis(lease).clamp(1, millis(MAX_LEASE)));
+        let lease_ms = lease.map_or(recorded.lease_ms, |lease| {
+            millis(lease).clamp(1, millis(MAX_LEASE))
+        });
+        recorded.lease_ms = lease_ms;
         let renewal = self
-            .renew_all(&keys, id, Some(Duration::from_millis(lease_ms)))
+            .renew_all(&recorded.keys, id, Some(Duration::from_millis(lease_ms)))
             .await?;
         match renewal {
             Renewal::Renewed(_) | Renewal::Readded(_) => {
-                let ttl_ms = record_ttl_ms(lease_ms);
                 let op = IndexOp::Put {
-                    keys: &keys,
+                    keys: &recorded.keys,
                     lease_ms,
-                    ttl_ms,
-                    quota: quota.as_deref(),
+                    ttl_ms: record_ttl_ms(lease_ms),
+                    quota: recorded.quota.as_deref(),
                 };
                 self.core.store.index(id, op).await?;
             }
             Renewal::Lost => drop(self.core.store.index(id, IndexOp::Remove).await?),
         }
-        let recorded = Recorded {
-            keys,
-            lease_ms,
-            quota,
-        };
         Ok(Some((recorded, renewal)))
     }
 
@@ -165,8 +156,7 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-/// How long the record of a lease handed out lasts: past the lease, so that a renewal a little late
-/// still finds it.
+/// How long the record of a lease handed out lasts: past the lease, so that a late renewal finds it.
 fn record_ttl_ms(lease_ms: u64) -> u64 {
     lease_ms.saturating_mul(2) + 1000
 }

@@ -1,6 +1,5 @@
-//! [`Settler`]: the one owner of what dropped objects leave for the store to settle: the release of a
-//! dropped permit's lease (or of an admission given up while the store decided, or of a release cut
-//! short), and the refund or commit of a dropped reservation. One task per limiter.
+//! [`Settler`]: the one owner of what dropped objects leave for the store to settle (a dropped permit's
+//! release, a dropped reservation's refund or commit). One task per limiter.
 //!
 //! Each settlement is started where it is asked for, before that call returns (an in-process store
 //! finishes it there; the Redis store has queued it for its next batch), so that a later admission of
@@ -176,7 +175,6 @@ pub(crate) struct Unsettled {
 }
 
 impl Unsettled {
-    /// Armed when `armed`.
     pub(crate) fn new(settler: &Settler, deferred: Deferred, armed: bool) -> Self {
         Self {
             settler: settler.clone(),

@@ -11,8 +11,7 @@ use crate::id::PermitId;
 use crate::policy::Limit;
 use crate::store::{Grant, Keys, LocalSlots};
 
-/// A boxed future: for a permit's release through a store it does not name, and for the store's part of an
-/// admission.
+/// A boxed future: a release through a store the permit does not name, or the store's part of an admission.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a leased permit knows of itself; shared with the limiter's renewal task while it is held, and by
@@ -176,12 +175,17 @@ impl Permit {
         self
     }
 
+    /// Its lease's state, for a permit with a lease in the store.
+    fn state(&self) -> Option<&PermitState> {
+        match &self.hold {
+            Hold::Leased { state, .. } => Some(state),
+            _ => None,
+        }
+    }
+
     /// The lease length, for a permit with a lease in the store.
     pub(crate) fn lease_ms(&self) -> u64 {
-        match &self.hold {
-            Hold::Leased { state, .. } => state.lease_ms,
-            _ => 0,
-        }
+        self.state().map_or(0, |state| state.lease_ms)
     }
 
     /// The key this permit counts against (the first, when it holds several).
@@ -217,36 +221,26 @@ impl Permit {
         self.in_flight
     }
 
-    /// When the lease ends unless renewed (ms since the Unix epoch, store clock). 0 when the permit has no
-    /// lease: an unlimited key, or a permit held in this process's memory store, which ends only when it is
-    /// released.
+    /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when the permit has no
+    /// lease (an unlimited key, or a permit held in this process's memory store).
     pub fn expires_at_ms(&self) -> u64 {
-        match &self.hold {
-            Hold::Leased { state, .. } => state.expires_at_ms.load(Ordering::Relaxed),
-            _ => 0,
-        }
+        self.state()
+            .map_or(0, |state| state.expires_at_ms.load(Ordering::Relaxed))
     }
 
     /// True once a renewal found the lease gone and could not take it back (the key was full): the
     /// request is no longer counted. Finishing its work is still safe; the permit is released as usual.
     pub fn is_lost(&self) -> bool {
-        match &self.hold {
-            Hold::Leased { state, .. } => state.lost.load(Ordering::Relaxed),
-            _ => false,
-        }
+        self.state()
+            .is_some_and(|state| state.lost.load(Ordering::Relaxed))
     }
 
     /// True when the permit counts against its key's limit (false for an unlimited key).
     pub fn is_counted(&self) -> bool {
-        match &self.hold {
-            Hold::Leased { .. } | Hold::Local { .. } => true,
-            Hold::Free { .. } | Hold::Done => false,
-        }
+        matches!(self.hold, Hold::Leased { .. } | Hold::Local { .. })
     }
 
-    /// Releases the slot now and reports whether the store took the release.
-    ///
-    /// Dropping the permit releases it too; this is for callers that want the error.
+    /// Releases the slot now, with the store's error if it failed (dropping the permit releases too).
     pub async fn release(mut self) -> Result<(), StoreError> {
         match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Leased { state, owner } => owner.release(state).await,

@@ -9,9 +9,7 @@ use pin_project_lite::pin_project;
 use super::Permit;
 
 pin_project! {
-    /// A future that holds a [`Permit`] while it runs; made by [`Permit::scope`].
-    ///
-    /// The permit is released when the future completes, or when it is dropped (cancelled) first.
+    /// A future that holds a [`Permit`] until it completes or is dropped; made by [`Permit::scope`].
     #[must_use = "futures do nothing unless awaited; dropping this one releases its permit"]
     pub struct Scoped<F> {
         #[pin]

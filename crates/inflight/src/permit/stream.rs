@@ -9,10 +9,8 @@ use pin_project_lite::pin_project;
 use super::Permit;
 
 pin_project! {
-    /// A stream that holds a [`Permit`] for as long as it runs.
-    ///
-    /// The permit is released when the stream ends (returns `None`) or when it is dropped, before or after
-    /// its first item: a client that goes away mid-stream frees the slot. After the end it yields nothing.
+    /// A stream that holds a [`Permit`] until it ends (returns `None`, and yields nothing after) or is
+    /// dropped: a client that goes away mid-stream frees the slot.
     ///
     /// ```
     /// use futures_util::{stream, StreamExt};

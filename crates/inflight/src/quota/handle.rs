@@ -199,8 +199,7 @@ impl<S: Store + QuotaStore> Quota<S> {
     }
 
     /// Moves the deadline of the open reservation `id` of `key`, held elsewhere, to `ttl` (default: the
-    /// handle's; 1 ms to 24 h) from now, as its holder still works. Extending one that is not open
-    /// (settled, expired, never made) changes nothing and says so.
+    /// handle's; 1 ms to 24 h) from now; one that is not open is left as it is ([`Extension::NotOpen`]).
     pub async fn extend(
         &self,
         key: &str,

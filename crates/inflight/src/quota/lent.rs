@@ -16,9 +16,8 @@ use crate::permit::Permit;
 use crate::store::{IndexOp, Recorded, Store};
 
 impl<S: Store + QuotaStore> Quota<S> {
-    /// The answer to the admission `reservation` was made for: a refusal gives the reservation back
-    /// (awaited, so the amount is back when this returns) before the refusal is returned; an
-    /// admission keeps it with the permit.
+    /// The answer to the admission `reservation` was made for: a refusal refunds it (the amount is back
+    /// when this returns); an admission keeps it with the permit.
     pub async fn admitted<R>(
         &self,
         reservation: Option<Reservation<S>>,
@@ -36,36 +35,27 @@ impl<S: Store + QuotaStore> Quota<S> {
         }
     }
 
-    /// True when a reservation taken with a permit is settled when the permit is released: it is
-    /// metered and not committed at admission.
+    /// True when a reservation taken with a permit is settled at its release: metered, not committed yet.
     pub fn settles_on_release(&self, reservation: &Reservation<S>) -> bool {
         reservation.is_metered() && self.commit_on() == CommitOn::Success
     }
 
-    /// The reservation of a permit just admitted and lent: committed now under
-    /// [`CommitOn::Admission`], else handed off for the permit's release to settle. Answered as it
-    /// was handed over.
+    /// The reservation of a permit just admitted and lent, as handed over: committed now under
+    /// [`CommitOn::Admission`], else handed off for the permit's release to settle.
     pub async fn hand_over(
         &self,
         reservation: Reservation<S>,
     ) -> Result<DetachedReservation, StoreError> {
         if self.commit_on() == CommitOn::Admission && reservation.is_metered() {
-            let described = DetachedReservation {
-                key: Arc::from(reservation.key()),
-                id: reservation.id().clone(),
-                amount: reservation.amount(),
-                balance: reservation.balance(),
-                expires_at_ms: reservation.expires_at_ms(),
-            };
+            let described = reservation.described();
             reservation.commit().await?;
             return Ok(described);
         }
         Ok(reservation.detach())
     }
 
-    /// Records a lent permit (its `keys`, its `lease`) with the key its reservation, under the same
-    /// id, charges: the record lasts as long as the reservation, so that its release, through any
-    /// process, settles it.
+    /// Records a lent permit (its `keys`, its `lease`) with the key its reservation (same id) charges,
+    /// for as long as the reservation, so that its release, through any process, settles it.
     pub async fn record_lent(
         &self,
         keys: &[Arc<str>],
@@ -103,8 +93,7 @@ impl<S: Store + QuotaStore> Quota<S> {
         }
     }
 
-    /// A lent permit was released: settles the reservation recorded with it (if any) as `settle`
-    /// says, then forgets the record.
+    /// A lent permit was released: settles its recorded reservation (if any), then forgets the record.
     pub async fn settle_lent(
         &self,
         id: &PermitId,

@@ -11,9 +11,6 @@
 //! [`Quota`] is the handle the rest of a program uses: a [`Reservation`] settles itself (refunds) when it
 //! is dropped unsettled, and [`Quota::run`] does the whole order — reserve, admit, run the work, settle —
 //! committing only when the work succeeds (or, with [`CommitOn::Admission`], once it is admitted).
-//!
-//! `store.rs` is what a store keeps and answers, `handle.rs` the handle, `reservation.rs` the RAII
-//! reservation, `run.rs` the order around the work, `stats.rs` the counts of how reservations end.
 
 mod handle;
 mod lent;

@@ -140,14 +140,12 @@ impl<S: Store + QuotaStore> Reservation<S> {
         self.balance.is_some()
     }
 
-    /// Spends the amount. Dropping the future before it completes lets the commit finish in the
-    /// background.
+    /// Spends the amount; a dropped future's commit finishes in the background.
     pub fn commit(self) -> Settling {
         self.settle(Settle::Commit)
     }
 
-    /// Gives the amount back to the balance. Dropping the future before it completes lets the refund
-    /// finish in the background.
+    /// Gives the amount back; a dropped future's refund finishes in the background.
     pub fn refund(self) -> Settling {
         self.settle(Settle::Refund)
     }
@@ -155,25 +153,27 @@ impl<S: Store + QuotaStore> Reservation<S> {
     /// Commits or refunds, as `settle` says.
     pub fn settle(mut self, settle: Settle) -> Settling {
         let unsettled = self.unsettled(settle);
-        let Some(quota) = self.disarm() else {
-            let unmetered = Ok(Settlement::NotFound(self.balance));
-            return Settling {
-                future: Some(Box::pin(std::future::ready(unmetered))),
-                unsettled,
-            };
+        let future: BoxFuture<'static, _> = match self.disarm() {
+            None => Box::pin(std::future::ready(Ok(Settlement::NotFound(self.balance)))),
+            Some(quota) => {
+                let (key, id) = (self.key.clone(), self.id.clone());
+                Box::pin(async move { quota.settle(&key, &id, settle).await })
+            }
         };
-        let (key, id) = (self.key.clone(), self.id.clone());
-        let future = Box::pin(async move { quota.settle(&key, &id, settle).await });
         Settling {
             future: Some(future),
             unsettled,
         }
     }
 
-    /// Hands the reservation off: dropping it no longer refunds it, and its holder settles it by key and
-    /// id before it expires.
+    /// Hands the reservation off: dropping it no longer refunds it; see [`DetachedReservation`].
     pub fn detach(mut self) -> DetachedReservation {
         self.disarm();
+        self.described()
+    }
+
+    /// What [`Reservation::detach`] hands off, without detaching it.
+    pub(super) fn described(&self) -> DetachedReservation {
         DetachedReservation {
             key: self.key.clone(),
             id: self.id.clone(),

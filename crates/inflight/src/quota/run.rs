@@ -3,7 +3,7 @@
 use std::future::Future;
 
 use super::handle::{CommitOn, Quota, QuotaError};
-use super::store::QuotaStore;
+use super::store::{QuotaStore, Settle};
 use crate::permit::Permit;
 use crate::store::Store;
 
@@ -11,8 +11,7 @@ use crate::store::Store;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError<E, R> {
-    /// No reservation: the quota is exhausted (admission was not attempted), or the request or the store
-    /// failed.
+    /// No reservation (admission was not attempted): the quota is exhausted, or the request or store failed.
     #[error(transparent)]
     Quota(QuotaError),
     /// The admission was refused; the reservation was refunded.
@@ -84,17 +83,13 @@ impl<S: Store + QuotaStore> Quota<S> {
         // A panic or a cancellation here drops the reservation unsettled: refunded.
         let outcome = work.await;
         drop(permit);
-        match (outcome, reservation) {
-            (Ok(value), Some(reservation)) => {
-                let _ = reservation.commit().await;
-                Ok(value)
-            }
-            (Err(error), Some(reservation)) => {
-                let _ = reservation.refund().await;
-                Err(RunError::Work(error))
-            }
-            (Ok(value), None) => Ok(value),
-            (Err(error), None) => Err(RunError::Work(error)),
+        if let Some(reservation) = reservation {
+            let settle = match outcome {
+                Ok(_) => Settle::Commit,
+                Err(_) => Settle::Refund,
+            };
+            let _ = reservation.settle(settle).await;
         }
+        outcome.map_err(RunError::Work)
     }
 }

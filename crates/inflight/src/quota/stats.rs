@@ -33,9 +33,8 @@ impl QuotaStats {
         }
     }
 
-    /// The last balance seen of each tracked key (empty unless made with
-    /// [`QuotaStats::with_balances`]). Each is as this process last saw it: another process may have
-    /// changed it since.
+    /// The last balance this process saw of each tracked key (empty unless made with
+    /// [`QuotaStats::with_balances`]); another process may have changed it since.
     pub fn balances(&self) -> Vec<(Box<str>, Balance)> {
         let Some((balances, _)) = &self.balances else {
             return Vec::new();

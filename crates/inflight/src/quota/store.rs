@@ -12,8 +12,7 @@ pub const MAX_RESERVATION_TTL: Duration = Duration::from_secs(86_400);
 /// How long a reservation stays open unless [`crate::Quota::ttl`] says otherwise.
 pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(3_600);
 
-/// The most reservations one key may have open at once; one more is
-/// [`StoreError::TooManyReservations`].
+/// The most reservations one key may have open at once; one more is [`StoreError::TooManyReservations`].
 pub const MAX_OPEN_RESERVATIONS: u32 = 65_536;
 
 /// The most keys with a balance, in a store: balances never expire, so this bounds what funding keys
@@ -23,9 +22,8 @@ pub const MAX_QUOTAS: usize = 1 << 18;
 /// The largest balance and the largest amount: every sum of them stays exact in a Redis script's numbers.
 pub const MAX_BALANCE: u64 = 1_000_000_000_000_000;
 
-/// How long a store remembers how a reservation was settled, so that a settlement retried the same way
-/// is answered [`Settlement::Already`] (at most [`MAX_OPEN_RESERVATIONS`] remembered per key, the
-/// oldest forgotten first).
+/// How long a store remembers how a reservation was settled, so that a retry is answered
+/// [`Settlement::Already`] (at most [`MAX_OPEN_RESERVATIONS`] per key, the oldest forgotten first).
 pub const SETTLED_MEMORY: Duration = Duration::from_secs(600);
 
 /// How [`QuotaStore::fund`] changes a balance.
@@ -45,17 +43,15 @@ pub struct Balance {
     pub balance: u64,
     /// What open reservations hold.
     pub reserved: u64,
-    /// Reservations of the key that this step found past their ttl and refunded: a sign of crashed
-    /// holders.
+    /// Reservations of the key found past their ttl and refunded: a sign of crashed holders.
     pub expired: u32,
 }
 
 /// The store's decision on a reservation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reserve {
-    /// The amount was taken from the balance and is held under the id until `expires_at_ms` (store
-    /// clock). For an id already open: that reservation, its deadline moved to a ttl from now, nothing
-    /// taken again.
+    /// The amount is held under the id until `expires_at_ms`. For an id already open: that
+    /// reservation, its deadline moved to a ttl from now, nothing taken again.
     Reserved {
         /// The balance after it.
         balance: Balance,
@@ -67,8 +63,7 @@ pub enum Reserve {
         /// The balance as it is.
         balance: Balance,
     },
-    /// A reservation under this id ended a moment ago (settled or expired, within [`SETTLED_MEMORY`]):
-    /// nothing was taken.
+    /// A reservation under this id ended within [`SETTLED_MEMORY`]: nothing was taken.
     Settled {
         /// The balance as it is.
         balance: Balance,
@@ -152,8 +147,7 @@ impl Settlement {
 /// The callers ([`crate::Quota`]) check the bounds: amounts from 1 to [`MAX_BALANCE`], ttls from 1 ms to
 /// [`MAX_RESERVATION_TTL`].
 pub trait QuotaStore: Clone + Send + Sync + 'static {
-    /// Sets or tops up a key's balance. A balance that would pass [`MAX_BALANCE`] is
-    /// [`StoreError::Rejected`].
+    /// Sets or tops up a key's balance; one that would pass [`MAX_BALANCE`] is [`StoreError::Rejected`].
     fn fund(
         &self,
         key: &str,
@@ -184,8 +178,7 @@ pub trait QuotaStore: Clone + Send + Sync + 'static {
         settle: Settle,
     ) -> impl Future<Output = Result<Settlement, StoreError>> + Send;
 
-    /// Moves the deadline of the open reservation `id` of `key` to `ttl_ms` from now, as its holder
-    /// still works.
+    /// Moves the deadline of the open reservation `id` of `key` to `ttl_ms` from now.
     fn extend(
         &self,
         key: &str,

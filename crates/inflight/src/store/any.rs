@@ -1,9 +1,6 @@
 //! [`AnyStore`]: the store chosen at start-up, as one type, so that the code above it (a server, say)
-//! names no store type and is not generic over one.
-//!
-//! Each method is a `match` on the variant, with static dispatch: the memory store keeps its admission
-//! without I/O ([`Store::hold`] answers in place). Library users with a store of their own keep
-//! [`crate::Limiter`]`<S>` for it.
+//! names no store type. Each method is the variant's own ([`Store::hold`] included). Library users with
+//! a store of their own keep [`crate::Limiter`]`<S>` for it.
 
 use std::sync::Arc;
 

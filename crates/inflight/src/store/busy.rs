@@ -24,8 +24,7 @@ pub const BUSY_TIME_BUDGET: Duration = Duration::from_millis(500);
 pub struct BusyKey {
     /// The user key.
     pub key: Arc<str>,
-    /// How many (by weight) are in flight under unexpired leases (and, in memory, this process's
-    /// permits that need none). Never 0 in a listing.
+    /// How many (by weight) are in flight, as [`KeyStatus`](crate::store::KeyStatus) counts; never 0.
     pub in_flight: u32,
     /// The key's override, if it has one: the caller resolves the effective limit with its policy.
     pub override_limit: Option<u32>,

@@ -21,8 +21,7 @@ pub struct AcquireRequest<'a> {
     pub weight: u32,
     /// How long the lease lasts unless renewed, in milliseconds.
     pub lease_ms: u64,
-    /// The limits of each key's class, in the order of `keys`; the store combines them with each key's
-    /// override.
+    /// The limits of each key's class, in the order of `keys` (the store applies each key's override).
     pub limits: &'a [ClassLimits],
 }
 
@@ -135,8 +134,7 @@ pub struct Recorded {
 /// What [`Store::index`] does.
 #[derive(Clone, Copy, Debug)]
 pub enum IndexOp<'a> {
-    /// Records `keys`, `lease_ms` and `quota` under the id for `ttl_ms`, replacing what was there;
-    /// answers `None`.
+    /// Records the fields under the id for `ttl_ms`, replacing what was there; answers `None`.
     Put {
         /// The permit's keys.
         keys: &'a [Arc<str>],
@@ -191,8 +189,7 @@ pub trait Store: Clone + Send + Sync + 'static {
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
 
-    /// Removes the lease `id` from every key of `keys`. Returns whether any was held; releasing twice is
-    /// not an error.
+    /// Removes the lease `id` from every key of `keys`; whether any was held (releasing twice is no error).
     fn release(
         &self,
         keys: &[Arc<str>],
@@ -205,9 +202,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         batch: &[RenewRequest],
     ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send;
 
-    /// Reads a key's limit and in-flight count, after changing its override as `change` says; `limits`
-    /// are those of the key's class. Every process sharing the store sees a new override at its next
-    /// admission.
+    /// Reads a key's limit and in-flight count after changing its override as `change` says (`limits`:
+    /// its class's); every process sharing the store sees a new override at its next admission.
     fn status(
         &self,
         key: &str,
@@ -231,9 +227,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         None
     }
 
-    /// The index of permits handed to remote callers, by id: records a permit's keys and lease length,
-    /// so that a caller that knows only the id can renew or release it, and finds or removes them again. Entries end
-    /// by themselves after their `ttl_ms`.
+    /// The index of permits handed to remote callers, by id, so that a caller that knows only the id can
+    /// renew or release one. Entries end by themselves after their `ttl_ms`.
     fn index(
         &self,
         id: &PermitId,

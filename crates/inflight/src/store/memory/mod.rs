@@ -1,6 +1,4 @@
-//! The in-memory store: [`MemoryStore`] (`store.rs`), its decisions (`decide.rs`) on cells of keys
-//! (`cell.rs`, `key.rs`), the index of remote permits (`index.rs`), balances (`quota.rs`, `account.rs`)
-//! and busy keys (`listing.rs`).
+//! The in-memory store, [`MemoryStore`], and its decisions on cells of keys.
 
 mod account;
 mod cell;

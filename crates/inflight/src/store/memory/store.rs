@@ -1,14 +1,12 @@
 //! [`MemoryStore`]: the embedded default and the reference implementation of [`Store`](crate::Store)
 //! (`decide.rs`).
 //!
-//! Each key is a cell (its leases, its in-process holds, its override) behind its own lock, found through
-//! a sharded map; a decision locks the cells of its keys (in key order, so that no two decisions wait on
-//! each other in a circle), so it is atomic. Permits of this process hold their cells directly and need
-//! no lease: they end only by being released, which dropping them does. Leases are for permits handed to
-//! someone else (detached, or taken over HTTP): their deadlines run on the injected [`Clock`], and expired
-//! ones are reclaimed when their key is next touched and by maintenance
-//! ([`Store::maintain`](crate::Store::maintain)), which also forgets keys idle for a while, so memory
-//! stays bounded however many keys pass through.
+//! Each key is a cell (its leases, its in-process holds, its override) behind its own lock; a decision
+//! locks the cells of its keys in key order (no two decisions wait on each other in a circle), so it is
+//! atomic. Permits of this process hold their cells directly and need no lease: they end only by being
+//! released, which dropping them does. Leases (permits handed to someone else) run on the injected
+//! [`Clock`]; expired ones are reclaimed when their key is next touched and by
+//! [`Store::maintain`](crate::Store::maintain), which also forgets idle keys, so memory stays bounded.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

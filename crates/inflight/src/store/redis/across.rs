@@ -1,13 +1,11 @@
 //! Redis Cluster: operations whose keys are in different slots, which no one script may touch.
 //!
-//! An admission on keys of several slots takes them slot group by slot group, in a fixed order (by
-//! slot; the keys of one slot in one script, atomically, as on one server). When a group refuses, the
-//! groups taken before it are released again before the refusal is answered: the limit is never
-//! passed, and a refused admission is never left holding part of its keys; but while it rolls back, a
-//! concurrent admission on those keys may be refused because of it (its slot is held for one round
+//! An admission on keys of several slots takes them slot group by slot group, in slot order (the keys
+//! of one slot in one script, atomically). When a group refuses, the groups taken before it are
+//! released before the refusal is answered: the limit is never passed and a refused admission holds
+//! nothing, but while it rolls back a concurrent admission on those keys may be refused (for one round
 //! trip). The fixed order means two admissions on the same keys never hold one each and refuse each
-//! other. Keys that share a hash tag share a slot (`{t1}:app:a1` and `{t1}:tenant`): choose keys so, and
-//! an app's and its tenant's limits are taken in one script.
+//! other. Keys that share a hash tag share a slot (`{t1}:app:a1` and `{t1}:tenant`) and one script.
 //!
 //! A release goes to every group; a renewal renews every group and answers as one (held where any
 //! group held it). Overrides and their index (in a slot of its own) follow `index.lua`'s order.

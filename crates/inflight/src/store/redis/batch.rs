@@ -1,13 +1,10 @@
 //! Admissions and releases go to Redis in batches: what is waiting when a batch leaves rides together in
-//! one call of `batch.lua`. A script call costs Redis far more than the few commands in it, so under load
-//! this multiplies what one Redis can admit; with little load a batch is one operation and nothing waits.
+//! one call of `batch.lua`; with little load a batch is one operation and nothing waits.
 //!
-//! One dispatcher task per store (shared by its clones) forms the batches and sends them: at most
-//! `pipeline` are out at once (`RedisStoreBuilder::pipeline`); while they are, new operations queue, and
-//! the next batch takes them all. On a Redis Cluster a batch is cut by slot (a script may not touch
-//! keys of two slots): one call per slot it touches, sent together, so batching keeps its gain where
-//! operations meet on a slot (hot keys, keys sharing a hash tag); every operation reaching this module
-//! has all its keys in one slot (`across.rs` splits the others).
+//! One dispatcher task per store (shared by its clones) sends the batches, at most `pipeline` at once
+//! (`RedisStoreBuilder::pipeline`); meanwhile new operations queue, and the next batch takes them all.
+//! On a Redis Cluster a batch is cut by slot: one call per slot it touches, sent together; every
+//! operation reaching this module has all its keys in one slot (`across.rs` splits the others).
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -28,9 +25,8 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
 
-/// Replicas that must acknowledge each batch (Redis `WAIT`, on the same connection right after it)
-/// before its operations are answered, and how long to wait for them at most; when fewer acknowledge
-/// in time the batch is answered anyway (its writes are on the primary).
+/// Replicas that must acknowledge each batch (Redis `WAIT`) before it is answered, and the longest wait
+/// for them; when fewer acknowledge in time the batch is answered anyway (its writes are on the primary).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Durability {
     pub(super) replicas: u32,

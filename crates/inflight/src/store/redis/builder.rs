@@ -64,17 +64,15 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1). While
-    /// they are, new operations wait and leave together in the next batch: more keeps Redis busy while
-    /// answers travel, fewer makes batches larger and script calls fewer (BENCHMARKS.md compares them).
+    /// How many batches of admissions and releases may be out at once (default 3; 0 counts as 1); while
+    /// they are, new operations wait and leave together in the next batch (BENCHMARKS.md compares them).
     pub fn pipeline(mut self, batches: usize) -> Self {
         self.pipeline = batches.max(1);
         self
     }
 
-    /// The most keys that may have an override at once (0, the default: no bound); setting one more is
-    /// [`StoreError::TooManyOverrides`]. Overrides have no expiry: without a bound, whoever may set them
-    /// may fill Redis.
+    /// The most keys that may have an override at once (0, the default: no bound, and overrides never
+    /// expire); setting one more is [`StoreError::TooManyOverrides`].
     pub fn max_overrides(mut self, max: usize) -> Self {
         self.max_overrides = max;
         self

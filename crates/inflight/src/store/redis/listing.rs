@@ -109,8 +109,7 @@ impl RedisStore {
             .map_err(|e| StoreError::Protocol(format!("unexpected answer to SCAN: {e}")))
     }
 
-    /// The busy ones of `keys`, with their counts: one `busy.lua` call per slot (one in all on one
-    /// server), all at once.
+    /// The busy ones of `keys`, with their counts: one `busy.lua` call per slot, all at once.
     async fn counts(&self, keys: Vec<String>) -> Result<Vec<BusyKey>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());

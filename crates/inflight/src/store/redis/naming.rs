@@ -1,13 +1,11 @@
 //! Redis key names: a prefix, then the user key escaped inside one hash tag, then a role.
 //!
-//! Escaping keeps every user key inside its own namespace and its own hash tag: `{`, `}`, `%` and control
-//! characters are percent-encoded, so no key can close the tag early or spell another key's names, and
-//! the empty key becomes `%` (an empty tag `{}` would not be a tag at all, and a lone `%` is never the
-//! encoding of anything else).
+//! `{`, `}`, `%` and control characters are percent-encoded, so no key can close the tag early or spell
+//! another key's names; the empty key becomes `%` (an empty tag `{}` is no tag, and a lone `%` encodes
+//! nothing else).
 //!
-//! On Redis Cluster a user key with a hash tag of its own (`{t1}:app:a1`: the text between its first `{`
-//! and the next `}`, when not empty, as Redis reads tags) is named `<prefix>{t1}<escaped key>`, so that
-//! keys sharing a tag share a slot and are taken in one script; keys without one keep their own slot.
+//! On Redis Cluster a user key with a hash tag of its own (`{t1}:app:a1`, as Redis reads tags) is named
+//! `<prefix>{t1}<escaped key>`, so that keys sharing a tag share a slot and are taken in one script.
 
 use std::fmt::Write;
 

@@ -6,15 +6,12 @@
 //! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides` (on a Redis
 //! Cluster, where the index is `<prefix>{overrides}` in a slot of its own, `index.lua` changes the index:
 //! see `across.rs`; PUBLISH reaches every node). A task of the store subscribes (through one node of a
-//! cluster, the next one when it fails), then reads the whole index, and applies each announcement as it comes. It also
-//! reads the version every [`POLL`]; an announcement still missing one poll after its version was read
-//! (lost while the subscription was being remade, say), or a version that went back (Redis lost its
-//! data), makes it read the index again. So a new override applies to this process's next admission
-//! within moments of being set, and within two [`POLL`]s when its announcement was lost. While Redis
-//! cannot be reached, the last view stays in force (no one can set an override in that Redis
-//! meanwhile); the subscription is remade every [`POLL`] until it can be. Until the first read
-//! completes, when more than [`MAX_VIEW`] keys have an override, or if the task keeping the view
-//! ends, every admission asks Redis.
+//! cluster, the next one when it fails), reads the whole index, then applies each announcement as it
+//! comes; it reads the index again when an announcement is still missing one [`POLL`] after its version
+//! was read, or the version went back (Redis lost its data). So a new override applies to this process's
+//! next admission within moments, and within two [`POLL`]s when its announcement was lost. While Redis
+//! cannot be reached, the last view stays in force (no one can set an override there meanwhile). Until
+//! the first read completes, past [`MAX_VIEW`] keys, or if the task ends, every admission asks Redis.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,9 +41,8 @@ pub(super) struct Names {
 }
 
 impl Names {
-    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}` (or `{quotas}`), so
-    /// that one script changes both (a prefix with a tag of its own puts both in that tag's slot just as
-    /// well).
+    /// On a Redis Cluster the index and its version share a hash tag, `{overrides}` (or `{quotas}`, or
+    /// the prefix's own), so that one script changes both.
     pub(super) fn new(prefix: &str, what: &'static str, cluster: bool) -> Self {
         let index = if cluster {
             format!("{prefix}{{{what}}}")

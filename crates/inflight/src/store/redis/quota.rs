@@ -3,14 +3,11 @@
 //! call touches one slot, on a Redis Cluster too; deadlines are on the Redis clock.
 //!
 //! The keys with a balance are also in an index, `<prefix>quotas` (`<prefix>{quotas}` on a Cluster),
-//! which a view in this process follows as the view of overrides follows theirs (`overrides.rs`): a
-//! reservation on a key the view knows has none is answered with no round trip. (Settlements and reads
-//! of a balance always ask Redis: they are rare, and a settlement must not miss a key funded a moment
-//! ago.)
-//! Funding adds the key to the index (`index.lua`, at most [`MAX_QUOTAS`] keys) before its balance is
-//! set, so the view never misses a metered key for longer than an announcement takes to arrive. Keys
-//! never leave the index (balances have no delete). The view starts with the store's first quota call:
-//! a store that never meters pays nothing for it.
+//! which a view in this process follows as `overrides.rs` does: a reservation on a key the view knows
+//! has none is answered with no round trip (settlements and reads of a balance always ask Redis).
+//! Funding adds the key to the index (`index.lua`, at most [`MAX_QUOTAS`] keys, never removed) before
+//! its balance is set, so the view never misses a metered key for longer than an announcement takes
+//! to arrive. The view starts with the store's first quota call.
 
 use super::error::invoke;
 use super::naming::{KeyNames, Member};

@@ -1,6 +1,5 @@
 //! [`RedisStore`]: leases in inflight's own keys (`scripts/common.lua`), admissions and releases in
-//! batches (`batch.rs`); its other operations are in files of their own (`across.rs`, `status.rs`,
-//! `index.rs`, `listing.rs`, `quota.rs`).
+//! batches (`batch.rs`).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -62,15 +61,14 @@ impl RedisStore {
         &self.target
     }
 
-    /// For tests of leases: every script of this handle (and its clones) reads Redis `TIME` plus `by` more
-    /// than before, as if that much time had passed. Other handles on the same Redis are not moved.
+    /// For tests of leases: every script of this handle and its clones reads Redis `TIME` plus `by` more
+    /// than before (other handles on the same Redis are not moved).
     #[cfg(feature = "test-util")]
     pub fn advance_clock(&self, by: std::time::Duration) {
         let by = i64::try_from(crate::clock::millis(by)).unwrap_or(i64::MAX);
         self.clock_offset_ms.fetch_add(by, Ordering::SeqCst);
     }
 
-    /// What every script adds to Redis `TIME`, ms.
     pub(super) fn offset(&self) -> i64 {
         self.clock_offset_ms.load(Ordering::Relaxed)
     }
@@ -257,7 +255,6 @@ impl Store for RedisStore {
         self.index_op(id, op).await
     }
 
-    /// Asks Redis for a PONG.
     async fn maintain(&self) -> Result<(), StoreError> {
         retried(|| {
             let mut conn = self.conn.clone();

@@ -1,11 +1,8 @@
 //! Redis Cluster: `redis+cluster://[user:password@]host:port,host:port,...` (`rediss+cluster://` for
 //! TLS), through redis-rs's cluster client, which routes each command by its first key's slot, follows
-//! MOVED and ASK, reloads its slot map when a node goes, and reloads a script a node lacks (a promoted
-//! replica starts with an empty script cache). It re-sends a command whose connection dropped, so every
-//! script is idempotent by permit id; its retries and timeouts are set here, never left to defaults.
-//!
-//! A user key's three Redis keys share one hash tag, so one slot: an admission whose keys all share a
-//! slot is one script, like on one server. `across.rs` takes the others, slot by slot.
+//! MOVED and ASK, and reloads its slot map and a script a node lacks. It re-sends a command whose
+//! connection dropped, so every script is idempotent by permit id; its retries and timeouts are set here.
+//! An admission whose keys all share a slot is one script; `across.rs` takes the others.
 
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
@@ -15,12 +12,10 @@ use redis::Client;
 use super::options::{client, ConnOptions};
 use crate::error::StoreError;
 
-/// How many times the cluster client sends a command again (after MOVED, ASK, TRYAGAIN or a lost
-/// connection) before the error is the caller's.
+/// How many times the cluster client resends a command (after MOVED, ASK, TRYAGAIN or a lost connection).
 const RETRIES: u32 = 3;
 
-/// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` for other
-/// URLs.
+/// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` otherwise.
 pub(super) fn strip_scheme(url: &str) -> Option<(&str, bool)> {
     if let Some(rest) = url.strip_prefix("redis+cluster://") {
         Some((rest, false))

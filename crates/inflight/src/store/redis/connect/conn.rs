@@ -1,7 +1,5 @@
-//! The store's one way to Redis, whatever the deployment: one server (a [`ConnectionManager`]), a
-//! Redis Cluster (redis-rs's cluster client, which follows MOVED/ASK and reloads its slot map), or a
-//! primary found through Sentinel (`sentinel.rs`, which follows failovers). The rest of the store sends
-//! commands through [`Conn`] and does not care which.
+//! [`Conn`], the store's one way to Redis, whatever the deployment: one server (a
+//! [`ConnectionManager`]), a Redis Cluster, or a primary found through Sentinel.
 
 use std::sync::Arc;
 
@@ -34,9 +32,8 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
-    /// Checks `options`' URL and prepares the connection, made on first use and remade whenever it is
-    /// lost; and where it goes, for logs (never credentials). Inside a Tokio runtime only: the
-    /// connection's tasks run on it.
+    /// Checks `options`' URL and prepares the connection (made on first use, remade when lost), inside a
+    /// Tokio runtime only; and where it goes, for logs (never credentials).
     pub(crate) fn open(options: &ConnOptions) -> Result<(Conn, String), StoreError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(StoreError::Rejected(
@@ -72,8 +69,7 @@ impl Conn {
         matches!(self, Conn::Cluster { .. })
     }
 
-    /// Sends `cmd` to the primary that serves `slot` on a cluster (through the cluster client's own
-    /// slot map), to the one server otherwise.
+    /// Sends `cmd` to the primary that serves `slot` on a cluster, to the one server otherwise.
     pub(crate) async fn on_primary_of(&self, slot: u16, cmd: &Cmd) -> RedisResult<Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         match self {

@@ -1,6 +1,5 @@
-//! The way to Redis, whatever the deployment: one server, a Redis Cluster (`cluster.rs`) or the primary
-//! Sentinel names (`sentinel.rs`), behind one connection type, [`Conn`] (`conn.rs`), opened from
-//! [`ConnOptions`] (`options.rs`), which every store's builder fills in.
+//! The way to Redis (one server, a Redis Cluster or Sentinel's primary) behind one [`Conn`], opened from
+//! [`ConnOptions`], which every store's builder fills in.
 
 mod cluster;
 mod conn;

@@ -1,14 +1,12 @@
 //! Sentinel: `redis+sentinel://[user:password@]host:port,host:port/master-name[?db=N]` (`rediss+sentinel`
 //! for TLS; `sentinel_username` and `sentinel_password` in the query when the sentinels want their
-//! own). The primary is looked up through any sentinel that answers (`SENTINEL get-master-addr-by-name`)
-//! and followed through failovers, which redis-rs's own Sentinel client does not do: a command that
-//! fails because the primary went (a lost connection, a refusal, a timeout, a READONLY reply from a
-//! demoted primary) makes the store ask the sentinels again; a task subscribed to `+switch-master` on
-//! one sentinel (the next one when it fails) and a poll every [`POLL`] catch a failover without waiting
-//! for an error. When the primary changed, the connection is swapped, and the command that failed is
-//! sent once more to the new primary: every script is idempotent by permit id, so that is safe. While
-//! the sentinels still name the lost primary (before they fail it over), commands fail at once and the
-//! limiter's failure policy decides.
+//! own). The primary is looked up through any sentinel that answers and followed through failovers
+//! (which redis-rs's own Sentinel client does not do): a command that fails because the primary went (a
+//! lost connection, a refusal, a timeout, READONLY) makes the store ask the sentinels again, and a
+//! `+switch-master` subscription and a poll every [`POLL`] catch a failover without an error. When the
+//! primary changed, the failed command is sent once more to the new one (every script is idempotent by
+//! permit id). While the sentinels still name the lost primary, commands fail at once and the limiter's
+//! failure policy decides.
 
 use std::sync::{Arc, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -270,8 +268,7 @@ fn gone(error: &RedisError) -> bool {
         || error.code() == Some("READONLY")
 }
 
-/// Follows `+switch-master` on one sentinel after another, and asks every [`POLL`]; ends when the
-/// store goes.
+/// Follows `+switch-master` on one sentinel after another, and asks every [`POLL`], until the store goes.
 async fn watch(follower: Weak<Follower>) {
     let mut attempt = 0usize;
     loop {

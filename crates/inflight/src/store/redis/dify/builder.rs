@@ -18,9 +18,8 @@ pub struct DifyStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// A [`DifyStore`] with these settings instead (URL, prefix, timeouts, bound on overrides, CA
-    /// certificate): Dify's own keys, shared with its workers during a migration. It sends each
-    /// admission and release alone, so the pipeline and the replicas to wait for do not apply.
+    /// A [`DifyStore`] with these settings instead: Dify's own keys, shared with its workers during a
+    /// migration. Each admission and release goes alone: the pipeline and replicas to wait for do not apply.
     pub fn dify(self) -> DifyStoreBuilder {
         DifyStoreBuilder {
             plain: self,
@@ -37,8 +36,7 @@ impl DifyStore {
 }
 
 impl DifyStoreBuilder {
-    /// How old a Dify worker's entry must be before an admission that needs its slot evicts it (default
-    /// 600 s, Dify's own age).
+    /// How old a Dify worker's entry must be before an admission that needs its slot evicts it (600 s).
     pub fn stale_after(mut self, age: Duration) -> Self {
         self.stale_after = age;
         self

@@ -1,22 +1,18 @@
 //! [`DifyStore`]: leases in Dify's own `RateLimit` keys, so that inflight and unmodified Dify workers
 //! enforce one cap on one Redis while a deployment moves over (`docs/dify.md`, section 3).
 //!
-//! What it shares with Dify's workers: per app key `K`, the hash `dify:rate_limit:K:active_requests`
-//! (request id -> epoch seconds; its length is the count, Dify's entries and inflight's together) and
-//! the string `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override).
-//! Beside them, inflight's leases of its own entries (`scripts/dify.lua` names every key). What it
-//! costs, against [`RedisStore`]:
+//! Per app key `K` it shares Dify's hash `dify:rate_limit:K:active_requests` (request id -> epoch
+//! seconds; its length is the count, Dify's entries and inflight's together) and the string
+//! `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override); beside them,
+//! inflight's leases of its own entries (`scripts/dify.lua` names every key). Against [`RedisStore`]:
 //!
-//! - Every permit weighs 1 (each entry counts one); a heavier one is [`StoreError::Unsupported`], and
-//!   so is a key with `{` or `}`.
-//! - No Redis Cluster: an app's two Dify keys hash to different slots, so no script can read the limit
-//!   and admit in one step there; opening one on a cluster is refused.
+//! - Every permit weighs 1; a heavier one is [`StoreError::Unsupported`], and so is a key with `{` or `}`.
+//! - No Redis Cluster (an app's two Dify keys hash to different slots); opening one there is refused.
 //! - No listing of busy keys ([`BusyKeys`] answers [`StoreError::Unsupported`]).
-//! - Every admission and release is a script call of its own (no batches), and every admission asks
-//!   Redis, unlimited keys included: Dify's workers write limits that no view in this process hears of.
-//! - A Dify worker's entry (one without a lease of inflight's) older than the stale age (default 600 s,
-//!   Dify's own) is evicted, but only by an admission that needs its slot. inflight's entries carry the
-//!   Redis clock's seconds, refreshed by every renewal, so Dify's workers never evict a live one.
+//! - No batches, and every admission asks Redis, unlimited keys included (Dify's workers write limits
+//!   that no view in this process hears of).
+//! - A Dify worker's entry older than the stale age (default 600 s) is evicted, only by an admission
+//!   that needs its slot; inflight's entries are refreshed by every renewal, so Dify never evicts one.
 //! - An override set here is written where Dify's workers also write it; theirs wins when they next do.
 //!
 //! The rest is the plain store's, under its prefix: the index of remote permits, quotas, the health
