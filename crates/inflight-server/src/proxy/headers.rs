@@ -35,11 +35,12 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(header::CONTENT_LENGTH);
     }
     // The names present, looked up once each: most messages have none or one.
-    let mut gone: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| HOP_BY_HOP.contains(name))
-        .cloned()
-        .collect();
+    let mut gone: Vec<HeaderName> = Vec::new();
+    for name in headers.keys() {
+        if HOP_BY_HOP.contains(name) {
+            gone.push(name.clone());
+        }
+    }
     for value in headers.get_all(header::CONNECTION) {
         let options = value.to_str().unwrap_or_default().split(',');
         gone.extend(

@@ -75,11 +75,19 @@ macro_rules! each {
     };
 }
 
-/// Forwards each `async fn` listed, as it is declared in its trait, to whichever store `self` is.
+/// Forwards each `async fn` listed, as it is declared in its trait, to whichever store `self` is. A
+/// Redis store's future is boxed: it is large, and every future that holds this one (an admission's,
+/// a proxied request's) would be as large, and copied as often, for the memory store too.
 macro_rules! forward {
     ($(async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
         async fn $name(&self $(, $arg: $ty)*) -> $ret {
-            each!(self, s => s.$name($($arg),*).await)
+            match self {
+                AnyStore::Memory(s) => s.$name($($arg),*).await,
+                #[cfg(feature = "redis")]
+                AnyStore::Redis(s) => Box::pin(s.$name($($arg),*)).await,
+                #[cfg(feature = "redis")]
+                AnyStore::Dify(s) => Box::pin(s.$name($($arg),*)).await,
+            }
         }
     )*};
 }
