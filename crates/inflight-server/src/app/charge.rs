@@ -68,7 +68,6 @@ impl App {
     ) -> Result<(Permit, Option<Reservation>), KeyRefused> {
         let admission = self.acquire_all(keys, options, wait).await;
         if admission.is_ok() || reservation.is_none() {
-            // (Nothing to refund: no store operation to time, nor a future more on the proxy's path.)
             return admission.map(|permit| (permit, reservation));
         }
         self.timed("quota", self.quota.admitted(reservation, admission))

@@ -47,8 +47,7 @@ pub(crate) struct Settler {
     pending: Arc<AtomicUsize>,
 }
 
-/// A settlement for the task: its first try, already started (or answered with a transient error);
-/// `None` where no runtime ran to start it.
+/// A settlement for the task; `started`: its first try (`None` where no runtime ran to start it).
 struct Job {
     started: Option<BoxFuture<'static, Result<(), StoreError>>>,
     deferred: Deferred,

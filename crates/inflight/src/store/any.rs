@@ -75,9 +75,8 @@ macro_rules! each {
     };
 }
 
-/// Forwards each `async fn` listed, as it is declared in its trait, to whichever store `self` is. A
-/// Redis store's future is boxed: it is large, and every future that holds this one (an admission's,
-/// a proxied request's) would be as large, and copied as often, for the memory store too.
+/// Forwards each `async fn` listed to whichever store `self` is. A Redis store's future is boxed: it
+/// is large, and every future holding this one would be as large, on the memory store too.
 macro_rules! forward {
     ($(async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
         async fn $name(&self $(, $arg: $ty)*) -> $ret {
