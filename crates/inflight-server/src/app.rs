@@ -143,8 +143,7 @@ impl App {
         let charged = record.filter(|recorded| *recorded.keys == [Arc::from(key)]);
         if let (Some(recorded), Renewal::Renewed(_) | Renewal::Readded(_)) = (charged, &renewal) {
             let lease = lease.unwrap_or(Duration::from_millis(recorded.lease_ms));
-            self.timed("quota", self.quota.keep_lent(&recorded, id, lease))
-                .await;
+            self.keep_lent(&recorded, id, lease).await;
         }
         Ok(renewal)
     }
@@ -213,8 +212,7 @@ impl App {
         self.count_renewal(&recorded.keys[0], id, &renewal);
         if let Renewal::Renewed(_) | Renewal::Readded(_) = renewal {
             // (The limiter wrote the record again for its lease; a reservation's may be longer.)
-            let lease = Duration::from_millis(recorded.lease_ms);
-            self.timed("quota", self.quota.keep_lent(&recorded, id, lease))
+            self.keep_lent(&recorded, id, Duration::from_millis(recorded.lease_ms))
                 .await;
         }
         Ok(Some((recorded.keys, renewal)))

@@ -92,8 +92,7 @@ async fn acquire_charged(
     let id = PermitId::from(id);
     let reservation = app.reserve(&charge, Some(id.clone())).await?;
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
-    let admitted = app.quota.admitted(Some(reservation), admission);
-    let (permit, reservation) = app.timed("quota", admitted).await?;
+    let (permit, reservation) = app.charged(Some(reservation), admission).await?;
     let mut json = None;
     if let Some(reservation) = reservation {
         if app.quota.settles_on_release(&reservation) {

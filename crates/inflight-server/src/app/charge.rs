@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use inflight::quota::{QuotaError, Settle, Settlement};
-use inflight::store::IndexOp;
+use inflight::store::{IndexOp, Recorded};
 use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, Store, StoreError};
 
 use super::App;
@@ -67,11 +67,28 @@ impl App {
         reservation: Option<Reservation>,
     ) -> Result<(Permit, Option<Reservation>), KeyRefused> {
         let admission = self.acquire_all(keys, options, wait).await;
+        self.charged(reservation, admission).await
+    }
+
+    /// The answer to an admission a reservation was made for: a refusal refunds it (timed) first.
+    pub async fn charged<E>(
+        &self,
+        reservation: Option<Reservation>,
+        admission: Result<Permit, E>,
+    ) -> Result<(Permit, Option<Reservation>), E> {
         if admission.is_ok() || reservation.is_none() {
             return admission.map(|permit| (permit, reservation));
         }
         self.timed("quota", self.quota.admitted(reservation, admission))
             .await
+    }
+
+    /// A lent permit renewed: the reservation recorded with it, if any, extended (timed).
+    pub(super) async fn keep_lent(&self, recorded: &Recorded, id: &PermitId, lease: Duration) {
+        if recorded.quota.is_some() {
+            self.timed("quota", self.quota.keep_lent(recorded, id, lease))
+                .await;
+        }
     }
 
     /// Releases a lease on `keys` lent a moment ago whose record (to renew it by id) could not be written.

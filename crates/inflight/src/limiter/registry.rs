@@ -151,6 +151,7 @@ impl Registry {
     /// The leases whose renewal is due by `now_ms` (`u64::MAX`: all of them); the shortest lease held sets
     /// the next tick.
     pub(super) fn due(&self, now: u64, default_lease_ms: u64) -> Vec<Arc<PermitState>> {
+        let seen = self.min_lease_ms.load(Ordering::Relaxed);
         let kept = self.kept.iter().map(|kept| kept.ttl_ms).min();
         let mut shortest = kept.unwrap_or(u64::MAX).min(default_lease_ms);
         let due = self
@@ -160,7 +161,15 @@ impl Registry {
             .filter(|p| p.renew_at_ms.load(Ordering::Relaxed) <= now)
             .map(|p| p.value().clone())
             .collect();
-        self.min_lease_ms.store(shortest, Ordering::Relaxed);
+        // A shorter one that arrived meanwhile is kept: it lowered the minimum after `seen`.
+        let relaxed = Ordering::Relaxed;
+        if self
+            .min_lease_ms
+            .compare_exchange(seen, shortest, relaxed, relaxed)
+            .is_err()
+        {
+            self.min_lease_ms.fetch_min(shortest, relaxed);
+        }
         due
     }
 }

@@ -1,12 +1,8 @@
-//! [`Settler`]: the one owner of what dropped objects leave for the store to settle (a dropped permit's
-//! release, a dropped reservation's refund or commit). One task per limiter.
-//!
-//! Each settlement is started where it is asked for, before that call returns (an in-process store
-//! finishes it there; the Redis store has queued it for its next batch), so that a later admission of
-//! the same id from this process reaches the store after it; only what is left to wait for goes to the
-//! task. Where no Tokio runtime runs (a plain thread), the task starts it. A transient failure is tried
-//! again, with a growing delay, until the settlement's deadline: past it the store settles by itself
-//! (a lease expires, a reservation is refunded). [`Settler::flush`] waits for them at shutdown.
+//! [`Settler`]: the one owner of what dropped objects leave to settle (a permit's release, a
+//! reservation's refund or commit), one task per limiter. Each settlement is started where it is asked
+//! for, inside the limiter's runtime, before that call returns, so that a later admission of the same id
+//! from this process reaches the store after it; the task finishes it, trying again after transient
+//! failures until its deadline (past it the store settles by itself). [`Settler::flush`] waits at shutdown.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -45,11 +41,13 @@ pub(crate) struct Deferred {
 pub(crate) struct Settler {
     queue: mpsc::UnboundedSender<Job>,
     pending: Arc<AtomicUsize>,
+    /// The limiter's runtime: a settlement asked for off it (a plain thread) is started inside it.
+    runtime: tokio::runtime::Handle,
 }
 
-/// A settlement for the task; `started`: its first try (`None` where no runtime ran to start it).
+/// A settlement for the task, and its first try, already started.
 struct Job {
-    started: Option<BoxFuture<'static, Result<(), StoreError>>>,
+    started: BoxFuture<'static, Result<(), StoreError>>,
     deferred: Deferred,
     give_up: Instant,
 }
@@ -59,36 +57,49 @@ impl Settler {
     pub(crate) fn start() -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(run(jobs, pending.clone()));
-        Self { queue, pending }
+        let runtime = tokio::runtime::Handle::current();
+        runtime.spawn(run(jobs, pending.clone()));
+        Self {
+            queue,
+            pending,
+            runtime,
+        }
     }
 
     /// Settles in the background: started now (see the module's docs), finished by the task.
     pub(crate) fn settle(&self, deferred: Deferred) {
+        // Closed: the limiter's runtime is gone (a try would find no timers); the store's deadline will.
+        if self.queue.is_closed() {
+            return;
+        }
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             let Deferred { what, key, id, .. } = deferred;
             tracing::warn!(%key, %id, what, "too many settlements pending; leaving this one to the store's deadline");
             return;
         }
-        let mut started = None;
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let mut first = (deferred.attempt)();
-            // Polled once here, so that the store has it before this returns; the task polls it again
-            // with a waker of its own.
-            match first.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Pending => started = Some(first),
-                Poll::Ready(Err(error)) if error.is_transient() => {
-                    started = Some(Box::pin(std::future::ready(Err(error))));
+        // Off every runtime (a plain thread), inside the limiter's: the first try is still started here.
+        let _inside = tokio::runtime::Handle::try_current()
+            .is_err()
+            .then(|| self.runtime.enter());
+        let mut started = (deferred.attempt)();
+        // Polled once here, so that the store has it before this returns; the task polls it again with a
+        // waker of its own.
+        match started
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Pending => {}
+            Poll::Ready(Err(error)) if error.is_transient() => {
+                started = Box::pin(std::future::ready(Err(error)));
+            }
+            Poll::Ready(outcome) => {
+                self.pending.fetch_sub(1, Ordering::AcqRel);
+                if let Err(error) = outcome {
+                    let Deferred { what, key, id, .. } = deferred;
+                    tracing::warn!(%error, %key, %id, what, "not settled; the store's deadline will");
                 }
-                Poll::Ready(outcome) => {
-                    self.pending.fetch_sub(1, Ordering::AcqRel);
-                    if let Err(error) = outcome {
-                        let Deferred { what, key, id, .. } = deferred;
-                        tracing::warn!(%error, %key, %id, what, "not settled; the store's deadline will");
-                    }
-                    return;
-                }
+                return;
             }
         }
         let give_up = Instant::now() + deferred.within;
@@ -146,10 +157,7 @@ async fn finish(job: Job) {
         ..
     } = deferred;
     let mut delay = FIRST_RETRY_DELAY;
-    let mut outcome = match started {
-        Some(started) => started.await,
-        None => attempt().await,
-    };
+    let mut outcome = started.await;
     loop {
         match outcome {
             Ok(()) => return,

@@ -1,8 +1,6 @@
-//! The charge of a permit lent to a remote caller (over HTTP, say), in the quota's order across
-//! processes: the reservation, made under the permit's id before its admission, is refunded when the
-//! admission is refused; once admitted, it is committed at once under [`CommitOn::Admission`], or else
-//! recorded with the permit's keys, so that whichever process releases the permit settles it
-//! (committed, or refunded when the work failed) and each renewal of the permit extends it.
+//! A lent permit's charge in the quota's order: refunded when its admission is refused; once admitted,
+//! committed at once ([`CommitOn::Admission`]) or recorded with the permit's keys, so that whichever
+//! process releases the permit settles it, and each renewal extends it.
 
 use std::sync::Arc;
 use std::time::Duration;

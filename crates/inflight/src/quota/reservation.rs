@@ -32,9 +32,8 @@ pub struct Reservation<S: Store + QuotaStore = AnyStore> {
     amount: u64,
     balance: Option<Balance>,
     expires_at_ms: u64,
-    /// Set while it is to be settled here: its quota, and its number among the reservations that the
-    /// quota's limiter keeps open.
-    open: Option<(Quota<S>, Option<u64>)>,
+    /// Set while it is settled here: its quota, its number among those its limiter keeps open, its ttl.
+    open: Option<(Quota<S>, Option<u64>, u64)>,
 }
 
 /// A reservation handed off by [`Reservation::detach`]: whoever holds it settles it by key and id
@@ -55,14 +54,20 @@ pub struct DetachedReservation {
 
 impl<S: Store + QuotaStore> Reservation<S> {
     /// What the store has yet to answer: while armed, dropping it refunds whatever the store may do.
-    pub(super) fn pending(key: Arc<str>, id: PermitId, amount: u64, quota: Quota<S>) -> Self {
+    pub(super) fn pending(
+        key: Arc<str>,
+        id: PermitId,
+        amount: u64,
+        quota: Quota<S>,
+        ttl_ms: u64,
+    ) -> Self {
         Self {
             key,
             id,
             amount,
             balance: None,
             expires_at_ms: 0,
-            open: Some((quota, None)),
+            open: Some((quota, None, ttl_ms)),
         }
     }
 
@@ -85,7 +90,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
             amount,
             balance: Some(balance),
             expires_at_ms,
-            open: Some((quota, Some(kept))),
+            open: Some((quota, Some(kept), ttl_ms)),
         }
     }
 
@@ -102,7 +107,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
 
     /// Nothing to settle on drop any more, nor to extend: returns who would have settled it.
     pub(super) fn disarm(&mut self) -> Option<Quota<S>> {
-        let (quota, kept) = self.open.take()?;
+        let (quota, kept, _) = self.open.take()?;
         if let Some(number) = kept {
             quota.limiter().stop_keeping(number);
         }
@@ -186,7 +191,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
     /// The settlement as the quota's limiter finishes it in the background when the guard returned is
     /// dropped armed (tried until a ttl from now, past which the store refunds it).
     fn unsettled(&self, settle: Settle) -> Option<Unsettled> {
-        let (quota, _) = self.open.as_ref()?;
+        let (quota, _, ttl_ms) = self.open.as_ref()?;
         let (key, id) = (self.key.clone(), self.id.clone());
         let (attempt_quota, attempt_key, attempt_id) = (quota.clone(), key.clone(), id.clone());
         let attempt: Attempt = Box::new(move || {
@@ -197,7 +202,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
             );
             Box::pin(async move { quota.settle(&key, &id, settle).await.map(drop) })
         });
-        let within = quota.ttl().max(Duration::from_millis(1));
+        let within = Duration::from_millis((*ttl_ms).max(1));
         let what = match settle {
             Settle::Commit => "commit",
             Settle::Refund => "refund",

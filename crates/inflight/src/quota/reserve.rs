@@ -42,7 +42,8 @@ impl<S: Store + QuotaStore> Quota<S> {
         let key: Arc<str> = Arc::from(key);
         // Until the store answers, a generated id's reservation can only be this call's: dropped
         // before the answer, it is refunded.
-        let mut unanswered = Reservation::pending(key.clone(), id.clone(), amount, self.clone());
+        let mut unanswered =
+            Reservation::pending(key.clone(), id.clone(), amount, self.clone(), ttl_ms);
         if !generated {
             unanswered.disarm();
         }

@@ -75,24 +75,24 @@ macro_rules! each {
     };
 }
 
-/// Forwards each `async fn` listed to whichever store `self` is. A Redis store's future is boxed: it
-/// is large, and every future holding this one would be as large, on the memory store too.
+/// Forwards each `async fn` listed to whichever store `self` is (a Dify store `d`, to `target`). A Redis
+/// store's future is boxed: it is large, and every future holding it would be as large, memory's too.
 macro_rules! forward {
-    ($(async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
+    ($d:ident => $dify:expr; $(async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {$(
         async fn $name(&self $(, $arg: $ty)*) -> $ret {
             match self {
                 AnyStore::Memory(s) => s.$name($($arg),*).await,
                 #[cfg(feature = "redis")]
                 AnyStore::Redis(s) => Box::pin(s.$name($($arg),*)).await,
                 #[cfg(feature = "redis")]
-                AnyStore::Dify(s) => Box::pin(s.$name($($arg),*)).await,
+                AnyStore::Dify($d) => Box::pin($dify.$name($($arg),*)).await,
             }
         }
     )*};
 }
 
 impl Store for AnyStore {
-    forward! {
+    forward! { d => d;
         async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError>;
         async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError>;
         async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError>;
@@ -121,13 +121,13 @@ impl Wakeups for AnyStore {
 }
 
 impl BusyKeys for AnyStore {
-    forward! {
+    forward! { d => d;
         async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError>;
     }
 }
 
 impl QuotaStore for AnyStore {
-    forward! {
+    forward! { d => d.plain;
         async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError>;
         async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError>;
         async fn reserve(&self, key: &str, id: &PermitId, amount: u64, ttl_ms: u64)

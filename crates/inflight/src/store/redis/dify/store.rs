@@ -25,7 +25,6 @@ use redis::ScriptInvocation;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
-use crate::quota::{Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement};
 use crate::store::busy::{BusyKeys, BusyList};
 use crate::store::redis::error::invoke;
 use crate::store::redis::scripts;
@@ -56,7 +55,7 @@ use crate::store::{
 pub struct DifyStore {
     /// The connection, the prefix of inflight's own keys, the wake-ups (on Dify's channels) and
     /// everything this store does as the plain one does.
-    pub(super) plain: RedisStore,
+    pub(crate) plain: RedisStore,
     /// How old a Dify worker's entry must be to be stale, ms.
     pub(super) stale_ms: u64,
 }
@@ -196,39 +195,5 @@ impl BusyKeys for DifyStore {
         Err(StoreError::Unsupported(
             "listing busy keys under the Dify layout".into(),
         ))
-    }
-}
-
-/// Balances in inflight's own keys, as [`RedisStore`] keeps them.
-impl QuotaStore for DifyStore {
-    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
-        self.plain.fund(key, fund).await
-    }
-
-    async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
-        self.plain.balance(key).await
-    }
-
-    async fn reserve(
-        &self,
-        key: &str,
-        id: &PermitId,
-        amount: u64,
-        ttl_ms: u64,
-    ) -> Result<Reserve, StoreError> {
-        self.plain.reserve(key, id, amount, ttl_ms).await
-    }
-
-    async fn settle(
-        &self,
-        key: &str,
-        id: &PermitId,
-        settle: Settle,
-    ) -> Result<Settlement, StoreError> {
-        self.plain.settle(key, id, settle).await
-    }
-
-    async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
-        self.plain.extend(key, id, ttl_ms).await
     }
 }
