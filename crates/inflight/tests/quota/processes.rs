@@ -1,49 +1,13 @@
 //! What only processes sharing a real Redis show: a holder killed with SIGKILL loses no credit, and the
 //! balance is conserved when several processes reserve and settle at once.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use inflight::quota::{Fund, Quota, QuotaError, Settlement};
 use inflight::{Limiter, Policy, RedisStore};
 
+use crate::support::child::{env, spawn_child, wait_for_line};
 use crate::support::TestRedis;
-
-/// Runs this test binary again as a child process doing `role` (see [`child`]).
-fn spawn_child(role: &str, env: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args([
-        "--ignored",
-        "--exact",
-        "child_process",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("INFLIGHT_TEST_CHILD", role)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn child test process")
-}
-
-/// Reads the child's output until `line`, then drains the rest in the background.
-fn wait_for_line(child: &mut std::process::Child, line: &str) {
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-    for got in lines.by_ref() {
-        if got.expect("child output").contains(line) {
-            std::thread::spawn(move || lines.for_each(drop));
-            return;
-        }
-    }
-    panic!("the child ended without saying {line:?}");
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
-}
 
 /// What a child process does, by its role; nothing when not started by a test here.
 pub fn child() {

@@ -1,52 +1,15 @@
 //! Many processes on one key: child processes of this test binary that hammer a key or hold permits
 //! until they are killed.
 
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inflight::{AcquireError, Limiter, Policy, RedisStore};
 
+use crate::support::child::{env, spawn_child, wait_for_line};
 use crate::support::TestRedis;
 use crate::{timing_sensitive, whole_machine};
-
-/// Runs this test binary again as a child process doing `role` (see `child_process`).
-fn spawn_child(role: &str, env: &[(&str, String)]) -> std::process::Child {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
-    cmd.args([
-        "--ignored",
-        "--exact",
-        "child_process",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("INFLIGHT_TEST_CHILD", role)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn child test process")
-}
-
-/// Reads the child's output until `line`, then drains the rest in the background (so the child never
-/// writes into a closed pipe).
-fn wait_for_line(child: &mut std::process::Child, line: &str) {
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-    for got in lines.by_ref() {
-        if got.expect("child output").contains(line) {
-            std::thread::spawn(move || lines.for_each(drop));
-            return;
-        }
-    }
-    panic!("the child ended without saying {line:?}");
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set"))
-}
 
 /// 64 tasks admit on one key until this process has `ADMISSIONS` admissions, recording each admitted
 /// request in an independent probe (a counter on another Redis): +1 after admission, -1 before release.

@@ -1,6 +1,7 @@
 //! Helpers of the inflight tests.
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod child;
 pub mod failover;
 pub mod ops;
 
