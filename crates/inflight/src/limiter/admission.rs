@@ -216,8 +216,8 @@ impl<S: Store> Limiter<S> {
         // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
         // admission may still have been made: its lease is then released in the background instead of
         // holding a slot until it expires. Only for a generated id, which no other permit can hold.
-        let release = core.release_of(shared.clone(), id.clone(), lease_ms);
-        let mut unanswered = Unsettled::new(&core.settler, release, generated);
+        let release = generated.then(|| core.release_of(shared.clone(), id.clone(), lease_ms));
+        let mut unanswered = Unsettled::new(&core.settler, release);
         let answer = core.store.acquire(request).await;
         unanswered.disarm_unless(matches!(&answer, Err(error) if error.is_transient()));
         drop(unanswered);

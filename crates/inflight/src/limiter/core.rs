@@ -105,7 +105,7 @@ impl<S: Store> Owner for Core<S> {
         // Dropped before the store answers, or answered with a transient error: the release goes on in
         // the background like a dropped permit's.
         let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
-        let mut unsettled = Unsettled::new(&self.settler, release, true);
+        let mut unsettled = Unsettled::new(&self.settler, Some(release));
         Box::pin(async move {
             let result = self.store.release(&state.keys, &state.id).await;
             unsettled.disarm_unless(matches!(&result, Err(error) if error.is_transient()));

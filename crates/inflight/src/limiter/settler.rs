@@ -182,10 +182,10 @@ pub(crate) struct Unsettled {
 }
 
 impl Unsettled {
-    pub(crate) fn new(settler: &Settler, deferred: Deferred, armed: bool) -> Self {
+    pub(crate) fn new(settler: &Settler, deferred: Option<Deferred>) -> Self {
         Self {
             settler: settler.clone(),
-            deferred: armed.then_some(deferred),
+            deferred,
         }
     }
 

@@ -214,7 +214,7 @@ impl<S: Store + QuotaStore> Reservation<S> {
             within,
             attempt,
         };
-        Some(Unsettled::new(quota.limiter().settler(), deferred, true))
+        Some(Unsettled::new(quota.limiter().settler(), Some(deferred)))
     }
 }
 
