@@ -12,7 +12,12 @@ pub(super) fn answer(head: &[u8]) -> Option<Vec<u8>> {
     let head = std::str::from_utf8(head).ok()?;
     let head = head.strip_suffix("\r\n\r\n")?;
     let (status_line, headers) = head.split_once("\r\n").unwrap_or((head, ""));
-    let code = status_line.strip_prefix("HTTP/1.1 ")?.get(..3)?;
+    // hyper answers in the version of the connection's last request: 1.0 after a kept-alive HTTP/1.0 one.
+    let (version, status) = status_line.split_once(' ')?;
+    if version != "HTTP/1.1" && version != "HTTP/1.0" {
+        return None;
+    }
+    let code = status.get(..3)?;
     let status = StatusCode::from_bytes(code.as_bytes()).ok()?;
     if !status.is_client_error() {
         return None;
@@ -21,7 +26,7 @@ pub(super) fn answer(head: &[u8]) -> Option<Vec<u8>> {
     let body = serde_json::json!({ "code": code, "message": message, "status": status.as_u16() })
         .to_string();
     let mut answer = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        "{version} {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
         status.as_u16(),
         status.canonical_reason().unwrap_or("Bad Request"),
         body.len()
@@ -101,6 +106,19 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_after_a_kept_alive_http_1_0_request_keeps_its_version() {
+        let head = b"HTTP/1.0 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        let answer = text(answer(head).expect("a refusal"));
+        assert!(
+            answer.starts_with("HTTP/1.0 400 Bad Request\r\n"),
+            "{answer}"
+        );
+        let body = answer.split_once("\r\n\r\n").unwrap().1;
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["code"], "bad_request");
+    }
+
+    #[test]
     fn anything_else_is_left_as_it_is() {
         for head in [
             &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"[..],
@@ -109,6 +127,7 @@ mod tests {
             b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n",
             b"HTTP/1.1 4",
             b"HTTP/1.1 abc\r\n\r\n",
+            b"HTTP/2.0 400 Bad Request\r\n\r\n",
             b"\xff\xfe",
         ] {
             assert!(
