@@ -61,22 +61,30 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
     Ok(Some(Charge { key, amount }))
 }
 
-/// How a release settles its permit's reservation: `?outcome=success` commits; `failure`, or none, refunds.
-pub(super) fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
+/// A permit's release query, `?outcome=success|failure&token=N` (both optional): how its reservation
+/// settles (refunded by default), and the token of the admission released (0 when not given).
+pub(super) fn release_query(uri: &Uri) -> Result<(Settle, u64), ApiError> {
     let query = uri.query().unwrap_or_default();
-    let mut settle = Settle::Refund;
+    let (mut settle, mut token) = (Settle::Refund, 0);
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        settle = match pair.split_once('=') {
-            Some(("outcome", "success")) => Settle::Commit,
-            Some(("outcome", "failure")) => Settle::Refund,
+        match pair.split_once('=') {
+            Some(("outcome", "success")) => settle = Settle::Commit,
+            Some(("outcome", "failure")) => settle = Settle::Refund,
+            Some(("token", n)) => {
+                token = n.parse().map_err(|_| {
+                    ApiError::invalid_request(
+                        "token must be a whole number (the admission's token).",
+                    )
+                })?;
+            }
             _ => {
                 return Err(ApiError::invalid_request(
-                    "The only query is ?outcome=success or ?outcome=failure.",
+                    "The query may name ?outcome=success or ?outcome=failure, and &token=N.",
                 ))
             }
-        };
+        }
     }
-    Ok(settle)
+    Ok((settle, token))
 }
 
 /// A key's balance, as the balance and settlement routes answer it (`balance: null`: unmetered).

@@ -94,7 +94,7 @@ macro_rules! forward {
 impl Store for AnyStore {
     forward! { d => d;
         async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError>;
-        async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError>;
+        async fn release(&self, keys: &[Arc<str>], id: &PermitId, token: u64) -> Result<bool, StoreError>;
         async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError>;
         async fn status(&self, key: &str, limits: ClassLimits, change: OverrideChange)
             -> Result<KeyStatus, StoreError>;

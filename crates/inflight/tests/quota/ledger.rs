@@ -178,7 +178,10 @@ pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f:
     assert_eq!(recorded.quota.as_deref(), Some("tenant:t1"));
     assert_eq!(&*recorded.keys, keys.as_slice());
     f.advance(lease / 2);
-    limiter.renew_recorded(&permit.id, None).await.unwrap();
+    limiter
+        .renew_recorded(&permit.id, permit.token, None)
+        .await
+        .unwrap();
     let renewed = store
         .index(&permit.id, IndexOp::Get)
         .await
