@@ -13,7 +13,9 @@ use super::{
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
-use crate::quota::{Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement};
+use crate::quota::{
+    Balance, Extension, Fund, Funding, IdempotencyKey, QuotaStore, Reserve, Settle, Settlement,
+};
 
 /// One of the stores this crate ships: every store trait, implemented by dispatching to the variant.
 ///
@@ -128,7 +130,8 @@ impl BusyKeys for AnyStore {
 
 impl QuotaStore for AnyStore {
     forward! { d => d.plain;
-        async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError>;
+        async fn fund(&self, key: &str, fund: Fund, idempotency: &IdempotencyKey)
+            -> Result<Funding, StoreError>;
         async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError>;
         async fn reserve(&self, key: &str, id: &PermitId, amount: u64, ttl_ms: u64)
             -> Result<Reserve, StoreError>;
