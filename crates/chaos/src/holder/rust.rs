@@ -1,0 +1,121 @@
+//! The library's holder: a [`Limiter`] on a Redis store; renewals are the library's own, and a permit
+//! that turns lost is logged as a renewal "lost".
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inflight::{
+    AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, Permit, Policy, RedisStore,
+};
+
+use super::{mix, next_id, Rng, Task};
+use crate::history::PermitInfo;
+
+/// The policy of every run: keys `l1:*`, `l4:*`, `l64:*` have limits 1, 4 and 64.
+pub(crate) fn policy() -> Policy {
+    let mut policy = Policy::new(0, 0);
+    for limit in [1, 4, 64] {
+        policy = policy
+            .rule(&format!("l{limit}:*"), ClassLimits::new(limit, 0))
+            .expect("a valid rule");
+    }
+    policy
+}
+
+/// The fencing token of an admission, when the library gives one.
+pub(crate) fn token_of(_permit: &Permit) -> Option<u64> {
+    None
+}
+
+pub(super) async fn run(task: Arc<Task>) -> crate::Result {
+    let store = RedisStore::open(task.args.target.clone())?;
+    // The store breaker off, as `inflight` does for Cluster: every admission asks the store.
+    let limiter = Arc::new(
+        Limiter::builder(store)
+            .policy(policy())
+            .lease(Duration::from_millis(task.args.lease_ms))
+            .on_store_failure(FailurePolicy::FailClosed)
+            .store_breaker(false)
+            .build(),
+    );
+    let mut tasks = Vec::new();
+    for n in 0..task.args.tasks {
+        let (task, limiter) = (task.clone(), limiter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
+            while Instant::now() < task.until {
+                cycle(&task, &limiter, &mut rng).await;
+            }
+        }));
+    }
+    for handle in tasks {
+        handle.await?;
+    }
+    Ok(())
+}
+
+/// One acquire, hold and release.
+async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng) {
+    let jobs = mix(&task.args.mix);
+    let job = &jobs[rng.below(jobs.len() as u64) as usize];
+    let info = PermitInfo {
+        keys: job.keys.clone(),
+        id: next_id(&task.args.process),
+        weight: job.weight,
+        lease_ms: task.args.lease_ms,
+    };
+    let options = AcquireOptions::new()
+        .id(info.id.clone())
+        .weight(job.weight)
+        .lease(Duration::from_millis(task.args.lease_ms));
+    let keys: Vec<&str> = job.keys.iter().map(String::as_str).collect();
+    let history = &task.history;
+    let invoke = history.now();
+    let acquired = limiter.try_acquire_all(&keys, options).await;
+    let complete = history.now();
+    let permit = match acquired {
+        Ok(permit) => {
+            let result = if permit.is_counted() {
+                "admitted"
+            } else {
+                "unlimited"
+            };
+            history.permit_op(
+                "acquire",
+                &info,
+                (invoke, complete),
+                result,
+                token_of(&permit),
+            );
+            permit
+        }
+        Err(refused) => {
+            let result = match refused.error {
+                AcquireError::Full { .. } | AcquireError::WeightExceedsLimit { .. } => "full",
+                _ => "error",
+            };
+            history.permit_op("acquire", &info, (invoke, complete), result, None);
+            // Not at once again: a refused key stays full a while, and an unreachable store too.
+            tokio::time::sleep(Duration::from_millis(5 + rng.below(20))).await;
+            return;
+        }
+    };
+    let hold_until = Instant::now() + task.hold(rng);
+    let mut lost = false;
+    while Instant::now() < hold_until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if !lost && permit.is_lost() {
+            lost = true;
+            let now = history.now();
+            history.permit_op("renew", &info, (now, now), "lost", None);
+        }
+    }
+    let invoke = history.now();
+    let released = permit.release().await;
+    let result = if released.is_ok() {
+        "released"
+    } else {
+        "error"
+    };
+    history.permit_op("release", &info, (invoke, history.now()), result, None);
+}
