@@ -1,0 +1,155 @@
+"""A holder of the chaos runs (``inflight-chaos run``): Python's ``RedisLimiter`` acquiring, holding a random
+short while and releasing from several threads, every operation a JSON line of its history (the format of
+``inflight check-history``). Takes the same flags as ``inflight-chaos holder``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import redis
+
+from inflight_client import Permit, RedisLimiter, StoreError, TooManyRequests
+
+
+class History:
+    """One process's history: one ``write`` a line, timed on the wall clock read once and advanced by the
+    monotonic clock."""
+
+    def __init__(self, path: str, process: str) -> None:
+        self.process = process
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+        self._epoch_ns = time.time_ns()
+        self._start_ns = time.monotonic_ns()
+
+    def now(self) -> int:
+        return self._epoch_ns + time.monotonic_ns() - self._start_ns
+
+    def write(self, op: str, invoke_ns: int, complete_ns: int, fields: dict[str, Any]) -> None:
+        line = {"process": self.process, "op": op, "invoke_ns": invoke_ns, "complete_ns": complete_ns}
+        line.update(fields)
+        data = (json.dumps(line) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, data)
+
+
+def limit_of(key: str) -> int:
+    """The limit in a run's key name: ``l4:a`` has 4."""
+    head = key.split(":", 1)[0]
+    return int(head[1:]) if head.startswith("l") and head[1:].isdigit() else 0
+
+
+def mix(name: str) -> list[tuple[list[str], int]]:
+    """The permits a run's holders take (the same as the Rust holders')."""
+    jobs = [(["l1:a"], 1), (["l4:a"], 1), (["l4:a"], 3), (["l64:a"], 1), (["l64:a"], 3)]
+    if name == "multi":
+        jobs += [(["l4:a", "l1:b"], 1), (["l64:a", "l4:b"], 3)]
+    return jobs
+
+
+def token_of(permit: Permit) -> int | None:
+    """The permit's fencing token, when the client gives one."""
+    token = getattr(permit, "token", None)
+    return token if isinstance(token, int) else None
+
+
+class Holder:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.history = History(args.out, args.process)
+        self.until = time.monotonic() + args.duration_ms / 1000
+        client = redis.Redis.from_url(args.target, socket_timeout=1.0, socket_connect_timeout=0.5)
+        rules = [{"keys": f"l{n}:*", "default": n} for n in (1, 4, 64)]
+        self.limiter = RedisLimiter(client, limits=rules, lease=args.lease_ms / 1000)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def next_id(self) -> str:
+        with self._lock:
+            self._next += 1
+            return f"{self.args.process}-{self._next}"
+
+    def op(self, op: str, keys: list[str], id: str, weight: int, times: tuple[int, int], **more: Any) -> None:
+        fields = {
+            "keys": keys,
+            "id": id,
+            "weight": weight,
+            "lease_ms": self.args.lease_ms,
+            "limits": [limit_of(k) for k in keys],
+            "token": None,
+        }
+        fields.update(more)
+        self.history.write(op, times[0], times[1], fields)
+
+    def task(self, seed: int) -> None:
+        rng = random.Random(seed)
+        jobs = mix(self.args.mix)
+        while time.monotonic() < self.until:
+            keys, weight = rng.choice(jobs)
+            self.cycle(rng, keys, weight)
+
+    def cycle(self, rng: random.Random, keys: list[str], weight: int) -> None:
+        id = self.next_id()
+        invoke = self.history.now()
+        try:
+            permit = self.limiter.try_acquire_all(keys, id=id, weight=weight)
+        except TooManyRequests:
+            self.op("acquire", keys, id, weight, (invoke, self.history.now()), result="full")
+            time.sleep(0.005 + rng.random() * 0.02)
+            return
+        except (StoreError, redis.RedisError, OSError):
+            self.op("acquire", keys, id, weight, (invoke, self.history.now()), result="error")
+            time.sleep(0.005 + rng.random() * 0.02)
+            return
+        result = "admitted" if permit.limit is not None else "unlimited"
+        complete = self.history.now()
+        self.op("acquire", keys, id, weight, (invoke, complete), result=result, token=token_of(permit))
+        hold_until = time.monotonic() + 0.005 + rng.random() * self.args.max_hold_ms / 1000
+        lost = False
+        while time.monotonic() < hold_until:
+            time.sleep(0.01)
+            if not lost and permit.lost:
+                lost = True
+                now = self.history.now()
+                self.op("renew", keys, id, weight, (now, now), result="lost")
+        invoke = self.history.now()
+        result = "released" if permit.release() else "gone"
+        self.op("release", keys, id, weight, (invoke, self.history.now()), result=result)
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self.task, args=(self.args.seed * 7919 + n,), daemon=True)
+            for n in range(self.args.tasks)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.limiter.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kind", default="py")
+    parser.add_argument("--target", required=True, help="the Redis URL")
+    parser.add_argument("--upstream", default="")
+    parser.add_argument("--process", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--duration-ms", type=int, default=10_000)
+    parser.add_argument("--lease-ms", type=int, default=2_000)
+    parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--max-hold-ms", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--mix", default="multi")
+    parser.add_argument("--storm", action="store_true")
+    Holder(parser.parse_args()).run()
+
+
+if __name__ == "__main__":
+    main()
