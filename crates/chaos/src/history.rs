@@ -130,6 +130,38 @@ impl History {
     }
 }
 
+/// Ends, in the history at `path` of a process SIGKILLed at `killed_ns`, every admitted permit it had not
+/// logged a release of: a release it had sent may have landed, unlogged, so from the kill on (when it did
+/// no more work) none is certainly held. Each gets a release with result "error" (unknown) at the kill.
+pub(crate) fn end_killed(path: &Path, killed_ns: u64) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let mut open: Vec<Value> = Vec::new();
+    for line in text.lines() {
+        let Ok(line) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        match (line["op"].as_str(), line["result"].as_str()) {
+            (Some("acquire"), Some("admitted")) => open.push(line),
+            (Some("release"), _) => open.retain(|held| held["id"] != line["id"]),
+            _ => {}
+        }
+    }
+    let mut out = String::new();
+    for mut held in open {
+        held["op"] = json!("release");
+        held["result"] = json!("error");
+        held["token"] = Value::Null;
+        held["invoke_ns"] = json!(killed_ns);
+        held["complete_ns"] = json!(killed_ns);
+        out.push_str(&held.to_string());
+        out.push('\n');
+    }
+    OpenOptions::new()
+        .append(true)
+        .open(path)?
+        .write_all(out.as_bytes())
+}
+
 /// The limit of a key of a run: the number between `l` and `:` of its name (`l4:a` has 4), 0 otherwise.
 pub(crate) fn limit_of(key: &str) -> u32 {
     key.strip_prefix('l')

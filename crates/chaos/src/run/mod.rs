@@ -215,6 +215,12 @@ fn run_one(
     for holder in &mut holders {
         holder.wait_until(deadline);
     }
+    if scenario.fault == Fault::KillHolders {
+        for victim in scenarios::victims(&holders) {
+            let file = dir.join(format!("{}.jsonl", victim.name));
+            crate::history::end_killed(&file, from)?;
+        }
+    }
     drop((serve, proxy));
     // Every lease could have ended: what is still counted is leaked.
     std::thread::sleep(Duration::from_millis(plan.lease_ms + 500));

@@ -29,7 +29,7 @@ pub(crate) enum Fault {
     SentinelFailover,
     /// The Cluster primary of `l4:a`'s slot SIGKILLed; the run waits for its replica to take over.
     ClusterPrimaryLost,
-    /// `l4:a`'s slot moved to another primary.
+    /// `l4:a`'s slot moved to another primary and back, three times.
     SlotMove,
     /// Proxy clients that drop their connections mid-answer, for 3 s.
     ProxyStorm,
@@ -263,7 +263,12 @@ pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, 
                 let from = cluster.primary_of_slot(slot);
                 let to = cluster.primaries().into_iter().find(|&p| Some(p) != from);
                 if let (Some(from), Some(to)) = (from, to) {
-                    cluster.move_slot(slot, from, to);
+                    // Away and back, three times: each move splits the slot's keys a while.
+                    for n in 0..6 {
+                        let (a, b) = if n % 2 == 0 { (from, to) } else { (to, from) };
+                        cluster.move_slot(slot, a, b);
+                        std::thread::sleep(Duration::from_millis(250));
+                    }
                 }
             }
         }
@@ -279,7 +284,7 @@ pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, 
 
 /// The holders a fault on holders hits: the first two of the library's, Python's and the HTTP API's
 /// (a proxy client killed would be released by the proxy at once, which its history cannot say).
-fn victims(holders: &[Proc]) -> impl Iterator<Item = &Proc> {
+pub(crate) fn victims(holders: &[Proc]) -> impl Iterator<Item = &Proc> {
     holders.iter().filter(|p| {
         let (kind, n) = p.name.split_once('-').unwrap_or_default();
         matches!(kind, "rust" | "py" | "http") && matches!(n, "0" | "1")
