@@ -285,6 +285,7 @@ fn over_by_key(verdict: &Value) -> Vec<(String, u64)> {
     out
 }
 
+/// The scenario's line, its fields in this order (a JSON object is unordered; people read it in order).
 fn report(
     scenario: &Scenario,
     (operations, admissions): (u64, u64),
@@ -292,28 +293,37 @@ fn report(
     ok: Option<bool>,
     started: Instant,
     dir: &std::path::Path,
-) -> Value {
+) -> String {
     let field = |names: &[&str]| check::field(verdict, names);
-    json!({
-        "scenario": scenario.name,
-        "operations": operations,
-        "admissions": admissions,
-        "over_admission": {
-            "count": field(&["over_admissions", "over_admission_count", "count"]),
-            "largest_excess": field(&["largest_excess", "max_excess"]),
-        },
-        "slots_leaked": field(&["slots_leaked", "leaked"]),
-        "permits_lost": field(&["permits_lost", "lost"]),
-        "recovery_ms": field(&["recovery_ms", "recovery"]),
-        "token_violations": field(&["token_violations", "tokens_backwards"]),
-        "bound": scenario.bound.text(),
-        "result": match ok {
-            Some(true) => "within bound",
-            Some(false) => "OVER BOUND",
-            None => "unchecked",
-        },
-        "checker_error": verdict.get("error"),
-        "seconds": started.elapsed().as_secs(),
-        "histories": dir.display().to_string(),
-    })
+    let result = match ok {
+        Some(true) => "within bound",
+        Some(false) => "OVER BOUND",
+        None => "unchecked",
+    };
+    let fields = [
+        ("scenario", json!(scenario.name)),
+        ("operations", json!(operations)),
+        ("admissions", json!(admissions)),
+        (
+            "over_admission",
+            json!({
+                "count": field(&["over_admissions", "over_admission_count", "count"]),
+                "largest_excess": field(&["largest_excess", "max_excess"]),
+            }),
+        ),
+        ("slots_leaked", field(&["slots_leaked", "leaked"])),
+        ("permits_lost", field(&["permits_lost", "lost"])),
+        ("recovery_ms", field(&["recovery_ms", "recovery"])),
+        ("token_violations", field(&["token_violations", "tokens_backwards"])),
+        ("bound", json!(scenario.bound.text())),
+        ("result", json!(result)),
+        ("checker_error", verdict.get("error").cloned().unwrap_or(Value::Null)),
+        ("seconds", json!(started.elapsed().as_secs())),
+        ("histories", json!(dir.display().to_string())),
+    ];
+    let inner: Vec<String> = fields
+        .iter()
+        .map(|(name, value)| format!("{}:{value}", json!(name)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
 }
