@@ -87,15 +87,16 @@ class Holder:
         fields.update(more)
         self.history.write(op, times[0], times[1], fields)
 
-    def task(self, seed: int) -> None:
-        rng = random.Random(seed)
+    def task(self, n: int) -> None:
+        rng = random.Random(self.args.seed * 7919 + n)
         jobs = mix(self.args.mix)
         while time.monotonic() < self.until:
-            keys, weight = rng.choice(jobs)
-            self.cycle(rng, keys, weight)
+            j = rng.randrange(len(jobs))
+            # Half the time the id this task used last for this job (a request retried under its id).
+            id = f"{self.args.process}-t{n}-j{j}" if rng.random() < 0.5 else self.next_id()
+            self.cycle(rng, id, *jobs[j])
 
-    def cycle(self, rng: random.Random, keys: list[str], weight: int) -> None:
-        id = self.next_id()
+    def cycle(self, rng: random.Random, id: str, keys: list[str], weight: int) -> None:
         invoke = self.history.now()
         try:
             permit = self.limiter.try_acquire_all(keys, id=id, weight=weight)
@@ -123,10 +124,7 @@ class Holder:
         self.op("release", keys, id, weight, (invoke, self.history.now()), result=result)
 
     def run(self) -> None:
-        threads = [
-            threading.Thread(target=self.task, args=(self.args.seed * 7919 + n,), daemon=True)
-            for n in range(self.args.tasks)
-        ]
+        threads = [threading.Thread(target=self.task, args=(n,), daemon=True) for n in range(self.args.tasks)]
         for thread in threads:
             thread.start()
         for thread in threads:

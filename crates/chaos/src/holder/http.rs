@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{mix, next_id, Rng, Task};
+use super::{mix, pick_id, Rng, Task};
 use crate::history::PermitInfo;
 
 /// The answer to one request: its status, and its body.
@@ -76,7 +76,7 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
             while Instant::now() < task.until {
-                cycle(&task, &mut rng).await;
+                cycle(&task, &mut rng, n).await;
             }
         }));
     }
@@ -86,12 +86,13 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
     Ok(())
 }
 
-async fn cycle(task: &Task, rng: &mut Rng) {
+async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
     let jobs = mix(&task.args.mix);
-    let job = &jobs[rng.below(jobs.len() as u64) as usize];
+    let j = rng.below(jobs.len() as u64) as usize;
+    let job = &jobs[j];
     let info = PermitInfo {
         keys: job.keys.clone(),
-        id: next_id(&task.args.process),
+        id: pick_id(&task.args.process, n, j, rng),
         weight: job.weight,
         lease_ms: task.args.lease_ms,
     };

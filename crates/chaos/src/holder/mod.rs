@@ -138,6 +138,17 @@ pub(crate) fn next_id(process: &str) -> String {
     format!("{process}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The permit id of task `task`'s next job `job`: half the time the one it used last for that job (a
+/// request retried under its id; never held twice at once, as a task holds one permit at a time, but it
+/// may follow a release that failed), else a new one.
+pub(crate) fn pick_id(process: &str, task: usize, job: usize, rng: &mut Rng) -> String {
+    if rng.below(2) == 0 {
+        format!("{process}-t{task}-j{job}")
+    } else {
+        next_id(process)
+    }
+}
+
 /// What every task of a holder shares.
 pub(crate) struct Task {
     /// The holder's arguments.

@@ -8,7 +8,7 @@ use inflight::{
     AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, Permit, Policy, RedisStore,
 };
 
-use super::{mix, next_id, Rng, Task};
+use super::{mix, pick_id, Rng, Task};
 use crate::history::PermitInfo;
 
 /// The policy of every run: keys `l1:*`, `l4:*`, `l64:*` have limits 1, 4 and 64.
@@ -44,7 +44,7 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
             while Instant::now() < task.until {
-                cycle(&task, &limiter, &mut rng).await;
+                cycle(&task, &limiter, &mut rng, n).await;
             }
         }));
     }
@@ -55,12 +55,13 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
 }
 
 /// One acquire, hold and release.
-async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng) {
+async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usize) {
     let jobs = mix(&task.args.mix);
-    let job = &jobs[rng.below(jobs.len() as u64) as usize];
+    let j = rng.below(jobs.len() as u64) as usize;
+    let job = &jobs[j];
     let info = PermitInfo {
         keys: job.keys.clone(),
-        id: next_id(&task.args.process),
+        id: pick_id(&task.args.process, n, j, rng),
         weight: job.weight,
         lease_ms: task.args.lease_ms,
     };

@@ -314,10 +314,16 @@ fn report(
         ("slots_leaked", field(&["slots_leaked", "leaked"])),
         ("permits_lost", field(&["permits_lost", "lost"])),
         ("recovery_ms", field(&["recovery_ms", "recovery"])),
-        ("token_violations", field(&["token_violations", "tokens_backwards"])),
+        (
+            "token_violations",
+            field(&["token_violations", "tokens_backwards"]),
+        ),
         ("bound", json!(scenario.bound.text())),
         ("result", json!(result)),
-        ("checker_error", verdict.get("error").cloned().unwrap_or(Value::Null)),
+        (
+            "checker_error",
+            verdict.get("error").cloned().unwrap_or(Value::Null),
+        ),
         ("seconds", json!(started.elapsed().as_secs())),
         ("histories", json!(dir.display().to_string())),
     ];
