@@ -111,17 +111,35 @@ class Holder:
         result = "admitted" if permit.limit is not None else "unlimited"
         complete = self.history.now()
         self.op("acquire", keys, id, weight, (invoke, complete), result=result, token=token_of(permit))
-        hold_until = time.monotonic() + 0.005 + rng.random() * self.args.max_hold_ms / 1000
-        lost = False
+        hold_until = time.monotonic() + self.hold(rng)
+        lost, expires_ms = False, permit.expires_at_ms or 0
         while time.monotonic() < hold_until:
             time.sleep(0.01)
             if not lost and permit.lost:
                 lost = True
                 now = self.history.now()
                 self.op("renew", keys, id, weight, (now, now), result="lost")
+            if not lost and (permit.expires_at_ms or 0) > expires_ms:
+                expires_ms = permit.expires_at_ms or 0
+                self.log_renewal(keys, id, weight, expires_ms)
         invoke = self.history.now()
         result = "released" if permit.release() else "gone"
         self.op("release", keys, id, weight, (invoke, self.history.now()), result=result)
+
+    def hold(self, rng: random.Random) -> float:
+        """A random hold in seconds; one in eight longer than the lease (1 to 2.5 leases)."""
+        lease: float = self.args.lease_ms / 1000
+        longest: float = self.args.max_hold_ms / 1000
+        if rng.randrange(8) == 0:
+            return lease * (1 + rng.random() * 1.5)
+        return 0.005 + rng.random() * longest
+
+    def log_renewal(self, keys: list[str], id: str, weight: int, expires_ms: int) -> None:
+        """A renewal the client made, seen as a later expiry: Redis granted it at ``expires_ms - lease``
+        (this machine's clock), so it was invoked before; 5 ms earlier still, for the clocks' rounding."""
+        now = self.history.now()
+        invoke = min(max(0, (expires_ms - self.args.lease_ms) * 1_000_000 - 5_000_000), now)
+        self.op("renew", keys, id, weight, (invoke, now), result="renewed")
 
     def run(self) -> None:
         threads = [threading.Thread(target=self.task, args=(n,), daemon=True) for n in range(self.args.tasks)]

@@ -123,9 +123,29 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         tokio::time::sleep(Duration::from_millis(5 + rng.below(20))).await;
         return;
     }
-    tokio::time::sleep(task.hold(rng)).await;
-    let invoke = history.now();
     let path = format!("/v1/permits/{}", info.id);
+    // Renewed every third of the lease while held (a long hold outlives its lease otherwise).
+    let hold_until = tokio::time::Instant::now() + task.hold(rng);
+    let every = Duration::from_millis(info.lease_ms / 3);
+    let mut lost = false;
+    loop {
+        let next = tokio::time::Instant::now() + every;
+        if lost || next >= hold_until {
+            tokio::time::sleep_until(hold_until).await;
+            break;
+        }
+        tokio::time::sleep_until(next).await;
+        let invoke = history.now();
+        let renewal = json!({"lease_ms": info.lease_ms}).to_string();
+        let result = match request(addr, "PUT", &path, &renewal).await {
+            Ok(a) if a.status == 200 => "renewed",
+            Ok(a) if a.status == 404 => "lost",
+            _ => "error",
+        };
+        lost = result == "lost";
+        history.permit_op("renew", &info, (invoke, history.now()), result, None);
+    }
+    let invoke = history.now();
     let answer = request(addr, "DELETE", &path, "").await;
     let result = match answer {
         Ok(a) if (200..300).contains(&a.status) => "released",

@@ -160,9 +160,14 @@ pub(crate) struct Task {
 }
 
 impl Task {
-    /// A random hold, at least 5 ms.
+    /// A random hold, at least 5 ms; one in eight longer than the lease (1 to 2.5 leases), so that it
+    /// lasts only through renewals.
     pub(crate) fn hold(&self, rng: &mut Rng) -> Duration {
-        Duration::from_millis(5 + rng.below(self.args.max_hold_ms.max(1)))
+        let lease = self.args.lease_ms;
+        Duration::from_millis(match rng.below(8) {
+            0 => lease + rng.below(lease * 3 / 2),
+            _ => 5 + rng.below(self.args.max_hold_ms.max(1)),
+        })
     }
 }
 

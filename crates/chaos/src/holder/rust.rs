@@ -102,13 +102,17 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
         }
     };
     let hold_until = Instant::now() + task.hold(rng);
-    let mut lost = false;
+    let (mut lost, mut expires_ms) = (false, permit.expires_at_ms());
     while Instant::now() < hold_until {
         tokio::time::sleep(Duration::from_millis(10)).await;
         if !lost && permit.is_lost() {
             lost = true;
             let now = history.now();
             history.permit_op("renew", &info, (now, now), "lost", None);
+        }
+        if !lost && permit.expires_at_ms() > expires_ms {
+            expires_ms = permit.expires_at_ms();
+            log_renewal(task, &info, expires_ms);
         }
     }
     let invoke = history.now();
@@ -119,4 +123,15 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
         "error"
     };
     history.permit_op("release", &info, (invoke, history.now()), result, None);
+}
+
+/// Logs a renewal the library made, seen as a later expiry: Redis granted it at `expires_ms - lease`
+/// (its clock is this machine's wall clock), so it was invoked before; 5 ms earlier still, for the
+/// clocks' rounding. Its lease then lasts at least until the logged invoke + lease.
+fn log_renewal(task: &Task, info: &PermitInfo, expires_ms: u64) {
+    let now = task.history.now();
+    let granted_ns = expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
+    let invoke = granted_ns.saturating_sub(5_000_000).min(now);
+    task.history
+        .permit_op("renew", info, (invoke, now), "renewed", None);
 }
