@@ -175,6 +175,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_killed_holders_unreleased_permits_end_at_the_kill() {
+        let path = std::env::temp_dir().join(format!("chaos-killed-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let history = History::open(&path, "rust-0").unwrap();
+        let permit = |id: &str| PermitInfo {
+            keys: vec!["l1:a".into()],
+            id: id.into(),
+            weight: 1,
+            lease_ms: 2000,
+        };
+        history.permit_op("acquire", &permit("a"), (1, 2), "admitted", Some(7));
+        history.permit_op("release", &permit("a"), (3, 4), "released", None);
+        history.permit_op("acquire", &permit("a"), (5, 6), "admitted", Some(8));
+        history.permit_op("acquire", &permit("b"), (5, 6), "full", None);
+        end_killed(&path, 10).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let added: Vec<Value> = text
+            .lines()
+            .skip(4)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            added.len(),
+            1,
+            "only the second admission of a was open: {text}"
+        );
+        let line = &added[0];
+        assert_eq!((&line["op"], &line["id"]), (&json!("release"), &json!("a")));
+        assert_eq!(
+            (&line["result"], &line["invoke_ns"]),
+            (&json!("error"), &json!(10))
+        );
+    }
+
+    #[test]
     fn a_keys_limit_is_in_its_name() {
         assert_eq!(limit_of("l4:a"), 4);
         assert_eq!(limit_of("l64:b"), 64);
