@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import redis
+from redis.sentinel import Sentinel
 
 from inflight_client import Permit, RedisLimiter, StoreError, TooManyRequests
 
@@ -59,12 +60,23 @@ def token_of(permit: Permit) -> int | None:
     return token if isinstance(token, int) else None
 
 
+def connect(url: str) -> redis.Redis[bytes]:
+    """A client of ``redis://host:port`` or of the primary ``redis+sentinel://host:port,.../name`` names,
+    with 1 s timeouts (a paused Redis is an error, not a hang)."""
+    timeouts: dict[str, Any] = {"socket_timeout": 1.0, "socket_connect_timeout": 0.5}
+    if url.startswith("redis+sentinel://"):
+        hosts, name = url.removeprefix("redis+sentinel://").split("/", 1)
+        nodes = [(host, int(port)) for host, port in (h.rsplit(":", 1) for h in hosts.split(","))]
+        return Sentinel(nodes, **timeouts).master_for(name, **timeouts)
+    return redis.Redis.from_url(url, **timeouts)
+
+
 class Holder:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.history = History(args.out, args.process)
         self.until = time.monotonic() + args.duration_ms / 1000
-        client = redis.Redis.from_url(args.target, socket_timeout=1.0, socket_connect_timeout=0.5)
+        client = connect(args.target)
         rules = [{"keys": f"l{n}:*", "default": n} for n in (1, 4, 64)]
         self.limiter = RedisLimiter(client, limits=rules, lease=args.lease_ms / 1000)
         self._next = 0
@@ -123,6 +135,8 @@ class Holder:
                 expires_ms = permit.expires_at_ms or 0
                 self.log_renewal(keys, id, weight, expires_ms)
         invoke = self.history.now()
+        # The client's release never raises (a failed one leaves a lease that ends on its own): "released"
+        # says it was sent, which is all the checker reads from it (held until its invoke).
         result = "released" if permit.release() else "gone"
         self.op("release", keys, id, weight, (invoke, self.history.now()), result=result)
 

@@ -58,8 +58,9 @@ struct Plan {
 }
 
 fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
-    let standalone = scenario.topology == Kind::Standalone;
-    let python = if standalone && args.python.is_some() {
+    // Python's holders take a redis:// or redis+sentinel:// URL (RedisLimiter runs no Cluster).
+    let cluster = scenario.topology == Kind::Cluster;
+    let python = if !cluster && args.python.is_some() {
         2
     } else {
         0
