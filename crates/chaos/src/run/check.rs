@@ -75,3 +75,51 @@ pub(crate) fn field(verdict: &Value, names: &[&str]) -> Value {
     }
     Value::Null
 }
+
+/// The checker's verdict on each key of `keys` alone: the histories' lines projected on the key (a
+/// permit on several keys keeps only this one) in `dir/<key>.jsonl`, each judged by itself, so that a
+/// bound per key (its limit) can be checked against the largest excess on that key.
+pub(crate) fn per_key(
+    inflight: &Path,
+    files: &[PathBuf],
+    keys: &[String],
+    dir: &Path,
+) -> Vec<(String, Value)> {
+    let _ = std::fs::create_dir_all(dir);
+    let mut lines = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        lines.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok()),
+        );
+    }
+    let mut verdicts = Vec::new();
+    for key in keys {
+        let mut out = String::new();
+        for line in &lines {
+            let names = line["keys"].as_array().cloned().unwrap_or_default();
+            let at = names.iter().position(|k| k == key.as_str());
+            let mut line = line.clone();
+            match at {
+                Some(at) => {
+                    for field in ["keys", "limits", "in_flight", "tokens"] {
+                        if let Some(values) = line[field].as_array() {
+                            line[field] = json!([values.get(at).cloned().unwrap_or(Value::Null)]);
+                        }
+                    }
+                }
+                // Faults name no key; every other line of another key stays out.
+                None if names.is_empty() => {}
+                None => continue,
+            }
+            out.push_str(&line.to_string());
+            out.push('\n');
+        }
+        let path = dir.join(format!("{}.jsonl", key.replace(':', "_")));
+        if std::fs::write(&path, out).is_ok() {
+            verdicts.push((key.clone(), check(inflight, &[path])));
+        }
+    }
+    verdicts
+}
