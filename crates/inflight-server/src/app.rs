@@ -129,9 +129,10 @@ impl App {
         &self,
         key: &str,
         id: &PermitId,
+        token: u64,
         lease: Option<Duration>,
     ) -> Result<Renewal, StoreError> {
-        let renewal = self.timed("renew", self.limiter.renew(key, id, lease));
+        let renewal = self.timed("renew", self.limiter.renew(key, id, token, lease));
         let record = self.timed("record", self.limiter.store().index(id, IndexOp::Get));
         let (renewal, record) = futures_util::future::join(renewal, record).await;
         let renewal = renewal?;
@@ -167,9 +168,12 @@ impl App {
         }
     }
 
-    /// Releases a lease handed out over HTTP; returns whether it was held (and then counts the release).
-    pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
-        let held = self.timed("release", self.limiter.release(key, id)).await?;
+    /// Releases a lease handed out over HTTP (that the admission with `token` took; 0: whichever the id
+    /// holds); returns whether it was held (and then counts the release).
+    pub async fn release(&self, key: &str, id: &PermitId, token: u64) -> Result<bool, StoreError> {
+        let held = self
+            .timed("release", self.limiter.release(key, id, token))
+            .await?;
         self.count_release(key, id, held);
         Ok(held)
     }
@@ -191,7 +195,7 @@ impl App {
         }
         let recorded = self.limiter.record(keys, &lease_out.id, lease);
         if let Err(error) = self.timed("record", recorded).await {
-            self.release_all_lent(keys, &lease_out.id).await;
+            self.release_all_lent(keys, &lease_out).await;
             return Err(error);
         }
         Ok(lease_out)
@@ -201,10 +205,11 @@ impl App {
     pub async fn renew_recorded(
         &self,
         id: &PermitId,
+        token: u64,
         lease: Option<Duration>,
     ) -> Result<Option<(Keys, Renewal)>, StoreError> {
         let found = self
-            .timed("renew", self.limiter.renew_recorded(id, lease))
+            .timed("renew", self.limiter.renew_recorded(id, token, lease))
             .await?;
         let Some((recorded, renewal)) = found else {
             return Ok(None);

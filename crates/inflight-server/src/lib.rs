@@ -38,6 +38,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         max_wait: settings.max_wait,
         api_on_proxy_port: settings.admin_on_proxy_port,
         trust_forwarded: settings.trust_forwarded,
+        forward_token: settings.forward_token,
         access_log: settings.serve.logging.access_log,
     })
 }

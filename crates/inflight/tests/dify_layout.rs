@@ -147,7 +147,10 @@ async fn inflights_entries_carry_the_redis_clock_and_renewals_keep_them_from_dif
     let lease = permit.detach();
     for step in 1..=60u32 {
         store.advance_clock(Duration::from_secs(20));
-        let renewal = limiter.renew("app-1", &lease.id, None).await.unwrap();
+        let renewal = limiter
+            .renew("app-1", &lease.id, lease.token, None)
+            .await
+            .unwrap();
         assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
         let dify_now = now + f64::from(step) * 20.0;
         assert!(dify_flush(&mut conn, dify_now).is_empty(), "step {step}");
@@ -158,7 +161,10 @@ async fn inflights_entries_carry_the_redis_clock_and_renewals_keep_them_from_dif
         .parse()
         .unwrap();
     assert!(refreshed - written > 1_100.0, "{refreshed} vs {written}");
-    assert!(limiter.release("app-1", &lease.id).await.unwrap());
+    assert!(limiter
+        .release("app-1", &lease.id, lease.token)
+        .await
+        .unwrap());
     let left: usize = conn.hlen(HASH).unwrap();
     assert_eq!(left, 0);
 }

@@ -278,32 +278,33 @@ class AsyncRedisLimiter:
             _core.key_names(self.prefix, keys),
             _core.acquire_args(keys, id, weight, lease_ms, limits),
         )
-        limit, in_flight, expires_at_ms = _core.admission(reply, keys, weight)
+        limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
         if expires_at_ms is None:
             return AsyncPermit(keys, id, weight, None, 0, None, None, None)
-        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms)
+        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
         self._holders.add(held)
         self._renewer.add(held)
         return AsyncPermit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
-    async def release(self, keys: str | Sequence[str], id: str) -> bool:
+    async def release(self, keys: str | Sequence[str], id: str, token: int = 0) -> bool:
+        """As :meth:`RedisLimiter.release`."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
-        reply = await self._call(
-            self._batch, _core.key_names(self.prefix, unique), _core.release_args(unique, _core.check_id(id))
-        )
+        args = _core.release_args(unique, _core.check_id(id), token)
+        reply = await self._call(self._batch, _core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
     async def _release_held(self, held: Held) -> None:
+        token = self._holders.token(held)
         if self._holders.last(held):
-            await self.release(held.keys, held.id)
+            await self.release(held.keys, held.id, token)
 
     async def _renew_held(self, held: Held) -> bool:
         reply = await self._call(
             self._renew,
             _core.key_names(self.prefix, held.keys),
-            _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
+            _core.renew_args(held.id, held.lease_ms, held.weight, held.limits, self._holders.token(held)),
         )
-        outcome, _limit, _in_flight, _weight, expires_at_ms, _held = _core.ints(reply, 6)
+        outcome, _limit, _in_flight, _weight, expires_at_ms, _held, _token = _core.ints(reply, 7)
         if outcome in (1, 2):
             held.expires_at_ms = expires_at_ms
             return True

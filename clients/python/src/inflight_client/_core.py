@@ -80,28 +80,40 @@ def key_names(prefix: str, keys: Sequence[str]) -> list[str]:
 def acquire_args(
     keys: Sequence[str], id: str, weight: int, lease_ms: int, limits: Sequence[ClassLimits]
 ) -> list[Arg]:
-    """``batch.lua``'s ARGV for one admission: clock offset, ``a`` (or ``A n``), key places, member, terms."""
+    """``batch.lua``'s ARGV for one admission: clock offset, ``a`` (or ``A n``), key places, member, terms,
+    and 0 (the lease keeps the token it gets)."""
     args: list[Arg] = [0]
     args.extend(["a"] if len(keys) == 1 else ["A", len(keys)])
     args.extend(range(1, len(keys) + 1))
     args.append(_keys.member(id))
     args.append(" ".join([str(weight), str(lease_ms)] + [f"{c.default} {c.max}" for c in limits]))
+    args.append(0)
     return args
 
 
-def release_args(keys: Sequence[str], id: str) -> list[Arg]:
+def release_args(keys: Sequence[str], id: str, token: int = 0) -> list[Arg]:
+    """``batch.lua``'s ARGV for one release: of the admission that got ``token`` (0: whichever the id holds)."""
     args: list[Arg] = [0]
     args.extend(["r"] if len(keys) == 1 else ["R", len(keys)])
     args.extend(range(1, len(keys) + 1))
     args.append(_keys.member(id))
+    args.append(check_token(token))
     return args
 
 
-def renew_args(id: str, lease_ms: int, readd: int, limits: Sequence[ClassLimits]) -> list[Arg]:
-    """``renew.lua``'s ARGV: member, lease ms, weight to re-add with, clock offset, ``'default max'`` each."""
-    args: list[Arg] = [_keys.member(id), lease_ms, readd, 0]
+def renew_args(id: str, lease_ms: int, readd: int, limits: Sequence[ClassLimits], token: int = 0) -> list[Arg]:
+    """``renew.lua``'s ARGV: member, lease ms, weight to re-add with, clock offset, token, ``'default max'``
+    each."""
+    args: list[Arg] = [_keys.member(id), lease_ms, readd, 0, check_token(token)]
     args.extend(f"{c.default} {c.max}" for c in limits)
     return args
+
+
+def check_token(token: int) -> int:
+    """A token as the scripts take it: a whole number from 0 (0: any admission's lease)."""
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**63:
+        raise ValueError(f"token must be a whole number from 0 below 2**63, not {token!r}")
+    return token
 
 
 def status_call(prefix: str, key: str, limits: ClassLimits, change: str) -> tuple[list[str], list[Arg]]:
@@ -117,14 +129,16 @@ def ints(reply: object, n: int) -> list[int]:
     return [int(x) for x in reply]
 
 
-def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None]:
-    """Reads ``batch.lua``'s answer: (limit, in_flight, expires_at_ms), ``expires_at_ms`` None when the keys
-    are unlimited (nothing recorded); raises the refusal."""
-    decision, index, limit, in_flight, expires_at_ms, _reclaimed = ints(reply, 6)
+def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None, int]:
+    """Reads ``batch.lua``'s answer (``dify.lua``'s: six numbers, no token): (limit, in_flight, expires_at_ms,
+    token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the refusal."""
+    numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 10)
+    decision, index, limit, in_flight, expires_at_ms = numbers[:5]
+    token = numbers[6] if len(numbers) == 10 else 0
     if decision == 1:
-        return limit or None, in_flight, expires_at_ms
+        return limit or None, in_flight, expires_at_ms, token
     if decision == 2:
-        return None, 0, None
+        return None, 0, None, 0
     if decision == 0:
         raise TooManyRequests(limit, in_flight, keys[index])
     if decision == 3:

@@ -124,12 +124,13 @@ class HttpLimiter:
         id, weight = str(answer["id"]), int(answer.get("weight", body["weight"]))
         if expires is None:  # unlimited: nothing held
             return Permit(keys, id, weight, None, in_flight, None, None, None)
-        held = Held(keys, id, weight, int(body["lease_ms"]), (), expires_at_ms=int(expires), extra=path)
+        token = int(answer.get("token") or 0)
+        held = Held(keys, id, weight, int(body["lease_ms"]), (), expires_at_ms=int(expires), token=token, extra=path)
         self._renewer.add(held)
         return Permit(keys, id, weight, limit, in_flight, int(expires), held, self._renewer)
 
     def _renew_held(self, held: Held) -> bool:
-        status, answer = self._request("PUT", str(held.extra), {"lease_ms": held.lease_ms})
+        status, answer = self._request("PUT", str(held.extra), {"lease_ms": held.lease_ms, "token": held.token})
         if status == 200:
             held.expires_at_ms = int(answer.get("lease_expires_at_ms") or 0)
             return True
@@ -138,13 +139,15 @@ class HttpLimiter:
         raise self._refusal(status, answer, held.keys[0], held.weight)
 
     def _release_held(self, held: Held) -> None:
-        status, answer = self._request("DELETE", str(held.extra))
+        status, answer = self._request("DELETE", f"{held.extra}?token={held.token}")
         if status not in (200, 204):
             raise self._refusal(status, answer, held.keys[0], held.weight)
 
-    def release(self, key: str, id: str) -> bool:
-        """``DELETE /v1/keys/{key}/permits/{id}`` (released, or already gone)."""
-        status, answer = self._request("DELETE", f"/v1/keys/{_quote(key)}/permits/{_quote(id)}")
+    def release(self, key: str, id: str, token: int = 0) -> bool:
+        """``DELETE /v1/keys/{key}/permits/{id}`` (released, or already gone); with a ``token``, only the lease
+        of the admission that got it."""
+        path = f"/v1/keys/{_quote(key)}/permits/{_quote(id)}?token={_core.check_token(token)}"
+        status, answer = self._request("DELETE", path)
         if status not in (200, 204):
             raise self._refusal(status, answer, key, 1)
         return True

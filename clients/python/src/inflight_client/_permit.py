@@ -33,6 +33,7 @@ class Held:
     done: bool = False  # released (or being released)
     lost: bool = False  # the store no longer holds it and could not re-add it
     expires_at_ms: int = 0
+    token: int = 0  # the admission's fencing token
     extra: Any = field(default=None)  # backend data (the HTTP path)
 
     def schedule(self) -> None:
@@ -46,11 +47,19 @@ class Holders:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._counts: dict[tuple[tuple[str, ...], str], int] = {}
+        self._tokens: dict[tuple[tuple[str, ...], str], int] = {}
 
     def add(self, held: Held) -> None:
         with self._lock:
             key = (held.keys, held.id)
             self._counts[key] = self._counts.get(key, 0) + 1
+            # The latest admission's (tokens grow): it took the lease over, so its token names it now.
+            self._tokens[key] = max(self._tokens.get(key, 0), held.token)
+
+    def token(self, held: Held) -> int:
+        """The token of the latest admission of ``held``'s keys and id in this process."""
+        with self._lock:
+            return self._tokens.get((held.keys, held.id), held.token)
 
     def last(self, held: Held) -> bool:
         """Counts ``held`` out; True when it was the last holder (the store's lease must go)."""
@@ -61,6 +70,7 @@ class Holders:
                 self._counts[key] = left
                 return False
             self._counts.pop(key, None)
+            self._tokens.pop(key, None)
             return True
 
 
@@ -196,6 +206,7 @@ class PermitBase:
         expires_at_ms: int | None,
         held: Held | None,
         keeper: _Keeper | None,
+        token: int = 0,
     ) -> None:
         self.keys = keys
         self.id = id
@@ -203,6 +214,7 @@ class PermitBase:
         self.limit = limit
         self.in_flight = in_flight
         self._expires_at_ms = expires_at_ms
+        self._token = token
         self._held = held
         self._keeper = keeper
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -220,6 +232,12 @@ class PermitBase:
         if self._held is not None and self._held.expires_at_ms:
             return self._held.expires_at_ms
         return self._expires_at_ms
+
+    @property
+    def token(self) -> int:
+        """The admission's fencing token: larger than every token given before on each of its keys, by
+        every process (Rust or Python) sharing the store; 0 when nothing is held or under the Dify layout."""
+        return self._held.token if self._held is not None else self._token
 
     @property
     def held(self) -> bool:
@@ -263,8 +281,9 @@ class Permit(PermitBase):
         expires_at_ms: int | None,
         held: Held | None,
         renewer: Renewer | None,
+        token: int = 0,
     ) -> None:
-        super().__init__(keys, id, weight, limit, in_flight, expires_at_ms, held, renewer)
+        super().__init__(keys, id, weight, limit, in_flight, expires_at_ms, held, renewer, token)
         self._renewer = renewer
 
     def release(self) -> bool:

@@ -101,28 +101,29 @@ class RedisLimiter:
                 _core.key_names(self.prefix, keys),
                 _core.acquire_args(keys, id, weight, lease_ms, limits),
             )
-        limit, in_flight, expires_at_ms = _core.admission(reply, keys, weight)
+        limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
         if expires_at_ms is None:
             return Permit(keys, id, weight, None, 0, None, None, None)
-        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms)
+        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
         self._holders.add(held)
         self._renewer.add(held)
         return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
-    def release(self, keys: str | Sequence[str], id: str) -> bool:
+    def release(self, keys: str | Sequence[str], id: str, token: int = 0) -> bool:
         """Releases the permit ``id`` from ``keys`` (a key or its keys), wherever it was acquired (another
-        process, Rust or Python); False when none held it."""
+        process, Rust or Python), unless a later admission of the id took its lease over (a ``token``
+        other than its own; 0: whichever lease the id holds); False when none held it."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
         if self.layout == "dify":
             return _core.ints(self._call_dify("r", unique, _core.check_id(id), 0, "", []), 1)[0] == 1
-        reply = self._call(
-            self._batch, _core.key_names(self.prefix, unique), _core.release_args(unique, _core.check_id(id))
-        )
+        args = _core.release_args(unique, _core.check_id(id), token)
+        reply = self._call(self._batch, _core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
     def _release_held(self, held: Held) -> None:
+        token = self._holders.token(held)
         if self._holders.last(held):
-            self.release(held.keys, held.id)
+            self.release(held.keys, held.id, token)
 
     def _call_dify(
         self, op: str, keys: Sequence[str], id: str, lease_ms: int, extra: str, limits: Sequence[ClassLimits]
@@ -139,10 +140,10 @@ class RedisLimiter:
             reply = self._call(
                 self._renew,
                 _core.key_names(self.prefix, held.keys),
-                _core.renew_args(held.id, held.lease_ms, held.weight, held.limits),
+                _core.renew_args(held.id, held.lease_ms, held.weight, held.limits, self._holders.token(held)),
             )
-        # renew.lua answers a sixth number (whether a key of the call held it); dify.lua five.
-        answer = _core.ints(reply, 5) if self.layout == "dify" else _core.ints(reply, 6)[:5]
+        # renew.lua answers two numbers more (whether a key of the call held it, the token); dify.lua five.
+        answer = _core.ints(reply, 5) if self.layout == "dify" else _core.ints(reply, 7)[:5]
         outcome, _limit, _in_flight, _weight, expires_at_ms = answer
         if outcome in (1, 2):
             held.expires_at_ms = expires_at_ms

@@ -1,12 +1,13 @@
 //! What a request carries, checked: keys and ids (in a path, a body, the proxy's key header), JSON
-//! bodies, leases and waits, and query strings.
+//! bodies, leases and waits, idempotency keys, and query strings.
 
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::Path;
-use axum::http::Uri;
+use axum::http::{HeaderMap, Uri};
+use inflight::quota::IdempotencyKey;
 use inflight::AcquireOptions;
 use serde::de::DeserializeOwned;
 
@@ -113,6 +114,54 @@ pub(super) fn options(
         options = options.lease(lease);
     }
     Ok(options)
+}
+
+/// The request's `Idempotency-Key` header (IETF draft "The Idempotency-Key HTTP Header Field"): a
+/// Structured Field string (`"..."`, with `\"` and `\\` escapes) as the draft has it, or the bare
+/// value (visible ASCII) as many clients send it; 1 to 256 bytes. `None` when absent.
+pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let invalid = || {
+        ApiError::invalid_request(
+            "Idempotency-Key must be one header, a string of 1 to 256 bytes of visible ASCII \
+             (\"quoted\", as the draft has it, or bare).",
+        )
+    };
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(invalid());
+    }
+    let bytes = value.as_bytes();
+    let key = match bytes.strip_prefix(b"\"") {
+        Some(quoted) => unquote(quoted).ok_or_else(invalid)?,
+        None if bytes.iter().all(u8::is_ascii_graphic) => bytes.to_vec(),
+        None => return Err(invalid()),
+    };
+    match String::from_utf8(key) {
+        Ok(key) if !key.is_empty() && key.len() <= MAX_NAME => Ok(Some(IdempotencyKey::from(key))),
+        _ => Err(invalid()),
+    }
+}
+
+/// The inside of a Structured Field string after its opening quote, which must end it; `None` if it is
+/// not one.
+fn unquote(quoted: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(quoted.len());
+    let mut bytes = quoted.iter();
+    while let Some(&byte) = bytes.next() {
+        match byte {
+            b'"' => return bytes.next().is_none().then_some(out),
+            b'\\' => match bytes.next() {
+                Some(&escaped @ (b'"' | b'\\')) => out.push(escaped),
+                _ => return None,
+            },
+            b' '..=b'~' => out.push(byte),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// The query's `name=value` pairs, percent-decoded (`+` is a space).

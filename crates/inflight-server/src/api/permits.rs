@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::input::{body, check_name, checked_key, checked_key_and_id, lease, options, wait};
 use super::limits::KeyJson;
-use super::quotas::{self, outcome, QuotaBody, ReservationJson};
+use super::quotas::{self, release_query, QuotaBody, ReservationJson};
 use crate::app::{App, Charge};
 use crate::error::ApiError;
 
@@ -33,6 +33,8 @@ pub(super) struct AcquireBody {
 #[serde(deny_unknown_fields)]
 struct RenewBody {
     lease_ms: Option<u64>,
+    /// The token of the admission renewed (absent: whichever lease the id holds).
+    token: Option<u64>,
 }
 
 /// A permit, as `POST .../permits` and `PUT .../permits/{id}` answer it.
@@ -44,6 +46,8 @@ pub(super) struct PermitJson {
     limit: Option<u32>,
     in_flight: u32,
     lease_expires_at_ms: Option<u64>,
+    /// The admission's fencing token (0: nothing held, an unlimited key).
+    token: u64,
     /// Its reservation, when the acquire body charged a quota.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) reservation: Option<ReservationJson>,
@@ -57,6 +61,7 @@ pub(super) fn permit_json(lease: Lease) -> PermitJson {
         limit: lease.limit.get(),
         in_flight: lease.in_flight,
         lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
+        token: lease.token,
         reservation: None,
     }
 }
@@ -126,12 +131,15 @@ pub(super) async fn renew(
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
     let id = PermitId::from(id);
-    let (weight, limit, in_flight, expires) = match app.renew(&key, &id, lease).await? {
+    let token = request.token.unwrap_or(0);
+    let renewed = app.renew(&key, &id, token, lease).await?;
+    let (weight, limit, in_flight, expires, token) = match renewed {
         Renewal::Renewed(grant) | Renewal::Readded(grant) => (
             grant.weight,
             grant.limit.get(),
             grant.in_flight,
             Some(grant.expires_at_ms),
+            grant.token,
         ),
         Renewal::Lost => {
             // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
@@ -139,7 +147,7 @@ pub(super) async fn renew(
             if status.limit != Limit::Unlimited {
                 return Err(permit_not_found());
             }
-            (1, None, status.in_flight, None)
+            (1, None, status.in_flight, None, 0)
         }
     };
     Ok(Json(PermitJson {
@@ -149,6 +157,7 @@ pub(super) async fn renew(
         limit,
         in_flight,
         lease_expires_at_ms: expires,
+        token,
         reservation: None,
     }))
 }
@@ -159,9 +168,9 @@ pub(super) async fn release(
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let (key, id) = checked_key_and_id(path)?;
-    let settle = outcome(&uri)?;
+    let (settle, token) = release_query(&uri)?;
     let id = PermitId::from(id);
-    app.release_settled(&key, &id, settle).await?;
+    app.release_settled(&key, &id, token, settle).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -183,6 +192,8 @@ pub(super) struct PermitAllJson {
     keys: Vec<KeyJson>,
     weight: u32,
     lease_expires_at_ms: Option<u64>,
+    /// The admission's fencing token (0: nothing held, every key unlimited).
+    token: u64,
     /// Its reservation, when the acquire body charged a quota.
     #[serde(skip_serializing_if = "Option::is_none")]
     reservation: Option<ReservationJson>,
@@ -236,7 +247,7 @@ pub(super) async fn acquire_all(
             let recorded = app.quota.record_lent(&keys, &lent.id, lease, &charge.key);
             let recorded = app.timed("record", recorded).await;
             if let Err(error) = recorded {
-                app.release_all_lent(&keys, &lent.id).await;
+                app.release_all_lent(&keys, &lent).await;
                 return Err(error.into());
             }
             lent
@@ -248,7 +259,7 @@ pub(super) async fn acquire_all(
             Ok(handed) => Some(quotas::reservation_json(&handed)),
             Err(error) => {
                 // Not committed at admission: the client gets no permit to renew, nor a charge.
-                app.release_all_lent(&keys, &lent.id).await;
+                app.release_all_lent(&keys, &lent).await;
                 return Err(error.into());
             }
         },
@@ -256,29 +267,35 @@ pub(super) async fn acquire_all(
     };
     let first = (lent.limit.get(), lent.in_flight);
     let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
-    let mut body = permit_all_json(
-        &app,
-        lent.id.to_string(),
-        &keys,
-        lent.weight,
+    let held = Held {
+        weight: lent.weight,
         first,
-        expires,
-    )
-    .await;
+        lease_expires_at_ms: expires,
+        token: lent.token,
+    };
+    let mut body = permit_all_json(&app, lent.id.to_string(), &keys, held).await;
     body.reservation = reservation;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
-/// that holds nothing, or a key whose store is away: its class's limit, nothing in flight).
-async fn permit_all_json(
-    app: &App,
-    id: String,
-    keys: &[Arc<str>],
+/// What the store answered of a permit on several keys: its weight, its first key's limit and
+/// in-flight count, its lease's end and its token.
+struct Held {
     weight: u32,
     first: (Option<u32>, u32),
     lease_expires_at_ms: Option<u64>,
-) -> PermitAllJson {
+    token: u64,
+}
+
+/// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
+/// that holds nothing, or a key whose store is away: its class's limit, nothing in flight).
+async fn permit_all_json(app: &App, id: String, keys: &[Arc<str>], held: Held) -> PermitAllJson {
+    let Held {
+        weight,
+        first,
+        lease_expires_at_ms,
+        token,
+    } = held;
     // A permit that holds nothing (no lease) is on keys that are all unlimited: nothing to read.
     let held = lease_expires_at_ms.is_some();
     let others = futures_util::future::join_all(keys[1..].iter().map(|key| async move {
@@ -307,6 +324,7 @@ async fn permit_all_json(
         keys: std::iter::once(first).chain(others).collect(),
         weight,
         lease_expires_at_ms,
+        token,
         reservation: None,
     }
 }
@@ -319,12 +337,18 @@ pub(super) async fn renew_recorded(
     let id = recorded_id(path)?;
     let request: RenewBody = body(bytes)?;
     let lease = lease(request.lease_ms)?;
-    match app.renew_recorded(&id, lease).await? {
+    let token = request.token.unwrap_or(0);
+    match app.renew_recorded(&id, token, lease).await? {
         Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
-            let first = (grant.limit.get(), grant.in_flight);
-            let expires = (grant.expires_at_ms > 0).then_some(grant.expires_at_ms);
-            let body = permit_all_json(&app, id.to_string(), &keys, grant.weight, first, expires);
-            Ok(Json(body.await))
+            let held = Held {
+                weight: grant.weight,
+                first: (grant.limit.get(), grant.in_flight),
+                lease_expires_at_ms: (grant.expires_at_ms > 0).then_some(grant.expires_at_ms),
+                token: grant.token,
+            };
+            Ok(Json(
+                permit_all_json(&app, id.to_string(), &keys, held).await,
+            ))
         }
         Some((_, Renewal::Lost)) | None => Err(permit_not_found()),
     }
@@ -336,8 +360,8 @@ pub(super) async fn release_recorded(
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let id = recorded_id(path)?;
-    let settle = outcome(&uri)?;
-    app.release_recorded_settled(&id, settle).await?;
+    let (settle, token) = release_query(&uri)?;
+    app.release_recorded_settled(&id, token, settle).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -2,6 +2,11 @@
 //! remote callers (`POST .../reservations`, `PUT .../reservations/{id}` to extend, `POST
 //! .../reservations/{id}/commit`, `DELETE .../reservations/{id}` to refund); and the `"quota"` of an
 //! acquire body.
+//!
+//! A funding applies once per `Idempotency-Key` header (per key, for a day): the same request again
+//! is answered as the first time, with `Idempotent-Replayed: true`, and another request under it is
+//! 422. Without the header, each request has a key of its own: the store's re-sends apply once, a
+//! client's retries do not.
 
 use std::sync::Arc;
 
@@ -13,12 +18,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{post, put};
 use axum::{Json, Router};
 use inflight::quota::{
-    Balance, DetachedReservation, Extension, Fund, Settle, Settlement, MAX_RESERVATION_TTL,
+    Balance, DetachedReservation, Extension, Fund, Funding, IdempotencyKey, Settle, Settlement,
+    MAX_RESERVATION_TTL,
 };
 use inflight::PermitId;
 use serde::{Deserialize, Serialize};
 
-use super::input::{body, check_name, checked_key, checked_key_and_id, millis};
+use super::input::{body, check_name, checked_key, checked_key_and_id, idempotency_key, millis};
 use crate::app::{quota_error, App, Charge};
 use crate::error::ApiError;
 
@@ -61,22 +67,30 @@ pub(super) fn charge(quota: Option<QuotaBody>) -> Result<Option<Charge>, ApiErro
     Ok(Some(Charge { key, amount }))
 }
 
-/// How a release settles its permit's reservation: `?outcome=success` commits; `failure`, or none, refunds.
-pub(super) fn outcome(uri: &Uri) -> Result<Settle, ApiError> {
+/// A permit's release query, `?outcome=success|failure&token=N` (both optional): how its reservation
+/// settles (refunded by default), and the token of the admission released (0 when not given).
+pub(super) fn release_query(uri: &Uri) -> Result<(Settle, u64), ApiError> {
     let query = uri.query().unwrap_or_default();
-    let mut settle = Settle::Refund;
+    let (mut settle, mut token) = (Settle::Refund, 0);
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-        settle = match pair.split_once('=') {
-            Some(("outcome", "success")) => Settle::Commit,
-            Some(("outcome", "failure")) => Settle::Refund,
+        match pair.split_once('=') {
+            Some(("outcome", "success")) => settle = Settle::Commit,
+            Some(("outcome", "failure")) => settle = Settle::Refund,
+            Some(("token", n)) => {
+                token = n.parse().map_err(|_| {
+                    ApiError::invalid_request(
+                        "token must be a whole number (the admission's token).",
+                    )
+                })?;
+            }
             _ => {
                 return Err(ApiError::invalid_request(
-                    "The only query is ?outcome=success or ?outcome=failure.",
+                    "The query may name ?outcome=success or ?outcome=failure, and &token=N.",
                 ))
             }
-        };
+        }
     }
-    Ok(settle)
+    Ok((settle, token))
 }
 
 /// A key's balance, as the balance and settlement routes answer it (`balance: null`: unmetered).
@@ -169,10 +183,30 @@ fn required<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::invalid_request(format!("Expected {shape}: {e}")))
 }
 
-async fn fund(app: &App, key: String, fund: Fund) -> Result<Json<QuotaJson>, ApiError> {
-    let funded = app.timed("quota", app.quota.fund(&key, fund)).await;
-    let balance = funded.map_err(|error| quota_error(&key, error))?;
-    Ok(quota_json(key, Some(balance)))
+/// Funds `key` once per the request's `Idempotency-Key` (none: a key of this request's own).
+async fn fund(
+    app: &App,
+    headers: &HeaderMap,
+    key: String,
+    fund: Fund,
+) -> Result<Response, ApiError> {
+    let once = idempotency_key(headers)?.unwrap_or_else(IdempotencyKey::generate);
+    let funded = app
+        .timed("quota", app.quota.fund_with(&key, fund, &once))
+        .await;
+    match funded.map_err(|error| quota_error(&key, error))? {
+        Funding::Applied(balance) => Ok(quota_json(key, Some(balance)).into_response()),
+        Funding::Repeated(balance) => {
+            let replayed = [("idempotent-replayed", "true")];
+            Ok((replayed, quota_json(key, Some(balance))).into_response())
+        }
+        Funding::KeyReused => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "This Idempotency-Key was used for another request on this key: use a new one.",
+        )
+        .naming(key)),
+    }
 }
 
 async fn set_balance(
@@ -180,11 +214,11 @@ async fn set_balance(
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<QuotaJson>, ApiError> {
+) -> Result<Response, ApiError> {
     app.tokens.require_admin(&headers)?;
     let key = checked_key(path)?;
     let request: BalanceBody = required(bytes, "{\"balance\": N} with N >= 0")?;
-    fund(&app, key, Fund::Set(request.balance)).await
+    fund(&app, &headers, key, Fund::Set(request.balance)).await
 }
 
 async fn top_up(
@@ -192,11 +226,11 @@ async fn top_up(
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<QuotaJson>, ApiError> {
+) -> Result<Response, ApiError> {
     app.tokens.require_admin(&headers)?;
     let key = checked_key(path)?;
     let request: TopUpBody = required(bytes, "{\"amount\": N} with N >= 1")?;
-    fund(&app, key, Fund::Add(request.amount)).await
+    fund(&app, &headers, key, Fund::Add(request.amount)).await
 }
 
 async fn balance(

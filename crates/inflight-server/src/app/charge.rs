@@ -8,7 +8,9 @@ use std::time::Duration;
 use http::StatusCode;
 use inflight::quota::{QuotaError, Settle, Settlement};
 use inflight::store::{IndexOp, Recorded};
-use inflight::{AcquireOptions, KeyRefused, Permit, PermitId, Reservation, Store, StoreError};
+use inflight::{
+    AcquireOptions, KeyRefused, Lease, Permit, PermitId, Reservation, Store, StoreError,
+};
 
 use super::App;
 use crate::error::ApiError;
@@ -92,9 +94,9 @@ impl App {
     }
 
     /// Releases a lease on `keys` lent a moment ago whose record (to renew it by id) could not be written.
-    pub async fn release_all_lent(&self, keys: &[Arc<str>], id: &PermitId) {
-        if let Ok(held) = self.limiter.release_all(keys, id).await {
-            self.count_release(&keys[0], id, held);
+    pub async fn release_all_lent(&self, keys: &[Arc<str>], lent: &Lease) {
+        if let Ok(held) = self.limiter.release_all(keys, &lent.id, lent.token).await {
+            self.count_release(&keys[0], &lent.id, held);
         }
     }
 
@@ -115,10 +117,12 @@ impl App {
         &self,
         key: &str,
         id: &PermitId,
+        token: u64,
         settle: Settle,
     ) -> Result<bool, StoreError> {
         let record = self.timed("record", self.limiter.store().index(id, IndexOp::Get));
-        let (held, record) = futures_util::future::join(self.release(key, id), record).await;
+        let release = self.release(key, id, token);
+        let (held, record) = futures_util::future::join(release, record).await;
         let held = held?;
         if let Some(recorded) = record?.filter(|recorded| *recorded.keys == [Arc::from(key)]) {
             let settled = self.quota.settle_lent(id, &recorded, settle);
@@ -131,6 +135,7 @@ impl App {
     pub async fn release_recorded_settled(
         &self,
         id: &PermitId,
+        token: u64,
         settle: Settle,
     ) -> Result<(), StoreError> {
         let store = self.limiter.store();
@@ -139,7 +144,10 @@ impl App {
         };
         // Released first: a release retried after a lost answer still finds the record.
         let held = self
-            .timed("release", self.limiter.release_all(&recorded.keys, id))
+            .timed(
+                "release",
+                self.limiter.release_all(&recorded.keys, id, token),
+            )
             .await?;
         self.count_release(&recorded.keys[0], id, held);
         let settled = self.quota.settle_lent(id, &recorded, settle);

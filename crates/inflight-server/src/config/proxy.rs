@@ -59,6 +59,13 @@ pub struct ProxySettings {
     #[arg(long, env = "INFLIGHT_TRUST_FORWARDED")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub trust_forwarded: bool,
+    /// Send each admitted request's fencing token upstream in `Inflight-Token` (a client's own is
+    /// removed), so that the upstream can refuse a holder whose lease lapsed: one with a smaller token
+    /// than one it has seen on the key.
+    #[arg(help_heading = "Proxy")]
+    #[arg(long, env = "INFLIGHT_FORWARD_TOKEN")]
+    #[arg(action = clap::ArgAction::SetTrue)]
+    pub forward_token: bool,
     /// Where the API (permits, limits, metrics) answers, apart from the proxied port, so that proxied
     /// clients cannot reach it.
     #[arg(help_heading = "Admin")]

@@ -104,7 +104,11 @@ async fn forward_checked(
         Some(_) => ProxyResult::Admitted,
         None => ProxyResult::Unlimited,
     };
-    let upstream_request = proxy.target.to_upstream(request, client)?;
+    let mut upstream_request = proxy.target.to_upstream(request, client)?;
+    if proxy.upstream.forward_token {
+        let token = permit.as_ref().map_or(0, Permit::token);
+        headers::set_token(upstream_request.headers_mut(), token);
+    }
     let sent = proxy.pool.send(upstream_request);
     let started = std::time::Instant::now();
     // On every early return below, the permit, its reservation and `proxying` are dropped: the slot is

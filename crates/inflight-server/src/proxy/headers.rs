@@ -26,6 +26,16 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+const INFLIGHT_TOKEN: HeaderName = HeaderName::from_static("inflight-token");
+
+/// `Inflight-Token`: the admission's fencing token, in place of any the client sent; none for a request
+/// that holds no slot (`token` 0).
+pub(super) fn set_token(headers: &mut HeaderMap, token: u64) {
+    headers.remove(INFLIGHT_TOKEN);
+    if token > 0 {
+        headers.insert(INFLIGHT_TOKEN, HeaderValue::from(token));
+    }
+}
 
 /// Removes hop-by-hop headers, including those the Connection header names. A message with
 /// `Transfer-Encoding` loses its `Content-Length` too (RFC 9112 6.3: the encoding decides the length, so

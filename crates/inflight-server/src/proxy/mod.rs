@@ -39,6 +39,8 @@ pub struct Upstream {
     pub max_wait: Duration,
     /// Whether the client's forwarding headers are trusted (appended to) or replaced.
     pub trust_forwarded: bool,
+    /// Whether each admitted request's token goes upstream in `Inflight-Token`.
+    pub forward_token: bool,
     /// Whether the API answers under `/_inflight` on the proxied port (else only on the admin listener).
     pub api_on_proxy_port: bool,
     /// Whether each request gets an access line (`--access-log`).

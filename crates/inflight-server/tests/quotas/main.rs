@@ -1,13 +1,15 @@
 //! Quotas over HTTP against a real client, on the memory and the Redis store: balances and reservations
 //! held by remote callers (quota_permits.rs: charges taken with permits).
 //!
-//! By theme: balances (balances.rs), reservations (reservations.rs), and the quota routes in the
-//! OpenAPI document and the quota settings (settings.rs).
+//! By theme: balances (balances.rs), fundings that apply once per `Idempotency-Key` (idempotency.rs),
+//! reservations (reservations.rs), and the quota routes in the OpenAPI document and the quota settings
+//! (settings.rs).
 #![allow(missing_docs)]
 
 mod balances;
 #[path = "../common/mod.rs"]
 mod common;
+mod idempotency;
 mod reservations;
 mod settings;
 

@@ -19,6 +19,18 @@ async fn the_openapi_document_has_the_quota_routes() {
     ] {
         assert!(openapi["paths"][path].is_object(), "{path} documented");
     }
+    let once = &openapi["components"]["parameters"]["IdempotencyKey"];
+    assert_eq!(once["name"], "Idempotency-Key");
+    let reference = serde_json::json!({"$ref": "#/components/parameters/IdempotencyKey"});
+    for (path, method) in [
+        ("/v1/quotas/{key}", "put"),
+        ("/v1/quotas/{key}/top-up", "post"),
+    ] {
+        let operation = &openapi["paths"][path][method];
+        let parameters = operation["parameters"].as_array().unwrap();
+        assert!(parameters.contains(&reference), "{path} takes one");
+        assert!(operation["responses"]["422"].is_object(), "{path}: 422");
+    }
 }
 
 #[test]

@@ -216,7 +216,8 @@ impl<S: Store> Limiter<S> {
         // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
         // admission may still have been made: its lease is then released in the background instead of
         // holding a slot until it expires. Only for a generated id, which no other permit can hold.
-        let release = generated.then(|| core.release_of(shared.clone(), id.clone(), lease_ms));
+        // By id alone: the admission's token is not known, and a generated id names no other admission.
+        let release = generated.then(|| core.release_of(shared.clone(), id.clone(), lease_ms, 0));
         let mut unanswered = Unsettled::new(&core.settler, release);
         let answer = core.store.acquire(request).await;
         unanswered.disarm_unless(matches!(&answer, Err(error) if error.is_transient()));
@@ -294,6 +295,7 @@ impl<S: Store> Limiter<S> {
                     lease_ms,
                     holders: AtomicUsize::new(1),
                     expires_at_ms: AtomicU64::new(grant.expires_at_ms),
+                    token: AtomicU64::new(grant.token),
                     renew_at_ms: AtomicU64::new(self.core.registry.renew_at(lease_ms)),
                     lost: AtomicBool::new(false),
                     released: AtomicBool::new(false),

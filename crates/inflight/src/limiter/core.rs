@@ -59,14 +59,21 @@ impl<S> Core<S> {
 }
 
 impl<S: Store> Core<S> {
-    /// The release of the lease `id` on `keys`, for the [`Settler`]: tried until the lease would end.
-    pub(super) fn release_of(&self, keys: Keys, id: PermitId, lease_ms: u64) -> Deferred {
+    /// The release of the lease `id` on `keys` that the admission with `token` took (0: whichever the id
+    /// holds), for the [`Settler`]: tried until the lease would end.
+    pub(super) fn release_of(
+        &self,
+        keys: Keys,
+        id: PermitId,
+        lease_ms: u64,
+        token: u64,
+    ) -> Deferred {
         let store = self.store.clone();
         let (key, within) = (keys[0].clone(), Duration::from_millis(lease_ms));
         let attempt_id = id.clone();
         let attempt: settler::Attempt = Box::new(move || {
             let (store, keys, id) = (store.clone(), keys.clone(), attempt_id.clone());
-            Box::pin(async move { store.release(&keys, &id).await.map(drop) })
+            Box::pin(async move { store.release(&keys, &id, token).await.map(drop) })
         });
         Deferred {
             what: "release",
@@ -75,6 +82,12 @@ impl<S: Store> Core<S> {
             within,
             attempt,
         }
+    }
+
+    /// The release of a permit's lease, by the token of the admission that holds it now.
+    pub(super) fn release_state(&self, state: &PermitState) -> Deferred {
+        let token = state.token.load(Ordering::Acquire);
+        self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms, token)
     }
 }
 
@@ -85,8 +98,7 @@ impl<S: Store> Owner for Core<S> {
         if state.leave() && !state.released.load(Ordering::Acquire) {
             self.registry.remove(&state);
             if !state.lost.load(Ordering::Acquire) {
-                let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
-                self.settler.settle(release);
+                self.settler.settle(self.release_state(&state));
             }
         }
     }
@@ -104,10 +116,11 @@ impl<S: Store> Owner for Core<S> {
         }
         // Dropped before the store answers, or answered with a transient error: the release goes on in
         // the background like a dropped permit's.
-        let release = self.release_of(state.keys.clone(), state.id.clone(), state.lease_ms);
+        let release = self.release_state(&state);
         let mut unsettled = Unsettled::new(&self.settler, Some(release));
         Box::pin(async move {
-            let result = self.store.release(&state.keys, &state.id).await;
+            let token = state.token.load(Ordering::Acquire);
+            let result = self.store.release(&state.keys, &state.id, token).await;
             unsettled.disarm_unless(matches!(&result, Err(error) if error.is_transient()));
             drop(unsettled);
             result.map(drop)

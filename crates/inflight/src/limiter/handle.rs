@@ -122,7 +122,8 @@ impl<S: Store> Limiter<S> {
     pub async fn release_leases(&self) {
         let core = &self.core;
         let releases = core.registry.take_all().into_iter().map(|state| async move {
-            if let Err(error) = core.store.release(&state.keys, &state.id).await {
+            let token = state.token.load(std::sync::atomic::Ordering::Acquire);
+            if let Err(error) = core.store.release(&state.keys, &state.id, token).await {
                 tracing::warn!(%error, key = %state.keys[0], "release at shutdown failed; the lease will expire");
             }
         });

@@ -1,5 +1,9 @@
 //! Leases held elsewhere (a detached permit, a worker in another process or language): renewed and
 //! released by their keys and id, or by their id alone once [`Limiter::record`] has recorded their keys.
+//!
+//! Each names the token of the admission it belongs to ([`crate::Lease::token`]; 0: whichever lease the
+//! id holds), so that a late or repeated renewal or release of an earlier admission of the same id
+//! never acts on a later one's lease.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,14 +17,16 @@ use crate::store::{IndexOp, Keys, Recorded, RenewRequest, Renewal, Store};
 
 impl<S: Store> Limiter<S> {
     /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease`, or by default for
-    /// the length it was acquired with. A lease that is gone stays gone: [`Renewal::Lost`].
+    /// the length it was acquired with. A lease that is gone stays gone, and so is one that a later
+    /// admission of the id took over (another `token`): [`Renewal::Lost`].
     pub async fn renew(
         &self,
         key: &str,
         id: &PermitId,
+        token: u64,
         lease: Option<Duration>,
     ) -> Result<Renewal, StoreError> {
-        self.renew_all(&[Arc::from(key)], id, lease).await
+        self.renew_all(&[Arc::from(key)], id, token, lease).await
     }
 
     /// [`Limiter::renew`] for a lease on several keys (a permit of [`Limiter::try_acquire_all`]).
@@ -28,6 +34,7 @@ impl<S: Store> Limiter<S> {
         &self,
         keys: &[Arc<str>],
         id: &PermitId,
+        token: u64,
         lease: Option<Duration>,
     ) -> Result<Renewal, StoreError> {
         if id.is_empty() || keys.is_empty() {
@@ -39,6 +46,7 @@ impl<S: Store> Limiter<S> {
             lease_ms: lease.map(|lease| millis(lease).clamp(1, millis(MAX_LEASE))),
             limits: self.core.limits_of(keys),
             readd_weight: None,
+            token,
         }];
         let outcome = self.core.store.renew(&request).await?.pop();
         let outcome =
@@ -52,22 +60,28 @@ impl<S: Store> Limiter<S> {
         Ok(outcome)
     }
 
-    /// Releases a lease held elsewhere; returns whether it was held. Releasing twice is not an error.
-    pub async fn release(&self, key: &str, id: &PermitId) -> Result<bool, StoreError> {
-        self.release_all(&[Arc::from(key)], id).await
+    /// Releases a lease held elsewhere, unless a later admission of the id took it over (another
+    /// `token`); returns whether it was held. Releasing twice is not an error.
+    pub async fn release(&self, key: &str, id: &PermitId, token: u64) -> Result<bool, StoreError> {
+        self.release_all(&[Arc::from(key)], id, token).await
     }
 
     /// [`Limiter::release`] for a lease on several keys (a permit of [`Limiter::try_acquire_all`]).
-    pub async fn release_all(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+    pub async fn release_all(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        token: u64,
+    ) -> Result<bool, StoreError> {
         if id.is_empty() || keys.is_empty() {
             return Ok(false);
         }
         // A lease handed out while the store was away (fail_open_local) lives in the fallback.
         let in_fallback = match &self.core.fallback {
-            Some(fallback) => fallback.release(keys, id).await?,
+            Some(fallback) => fallback.release(keys, id, token).await?,
             None => false,
         };
-        match self.core.store.release(keys, id).await {
+        match self.core.store.release(keys, id, token).await {
             Ok(held) => Ok(held || in_fallback),
             Err(_) if in_fallback => Ok(true),
             Err(error) => Err(error),
@@ -112,6 +126,7 @@ impl<S: Store> Limiter<S> {
     pub async fn renew_recorded(
         &self,
         id: &PermitId,
+        token: u64,
         lease: Option<Duration>,
     ) -> Result<Option<(Recorded, Renewal)>, StoreError> {
         let Some(mut recorded) = self.core.store.index(id, IndexOp::Get).await? else {
@@ -123,7 +138,12 @@ impl<S: Store> Limiter<S> {
         });
         recorded.lease_ms = lease_ms;
         let renewal = self
-            .renew_all(&recorded.keys, id, Some(Duration::from_millis(lease_ms)))
+            .renew_all(
+                &recorded.keys,
+                id,
+                token,
+                Some(Duration::from_millis(lease_ms)),
+            )
             .await?;
         match renewal {
             Renewal::Renewed(_) | Renewal::Readded(_) => {
@@ -135,7 +155,9 @@ impl<S: Store> Limiter<S> {
                 };
                 self.core.store.index(id, op).await?;
             }
-            Renewal::Lost => drop(self.core.store.index(id, IndexOp::Remove).await?),
+            // (Named by a token, the lease may be a later admission's: its record stays, to expire.)
+            Renewal::Lost if token == 0 => drop(self.core.store.index(id, IndexOp::Remove).await?),
+            Renewal::Lost => {}
         }
         Ok(Some((recorded, renewal)))
     }
@@ -145,13 +167,17 @@ impl<S: Store> Limiter<S> {
     pub async fn release_recorded(
         &self,
         id: &PermitId,
+        token: u64,
     ) -> Result<Option<(Keys, bool)>, StoreError> {
         let Some(Recorded { keys, .. }) = self.core.store.index(id, IndexOp::Get).await? else {
             return Ok(None);
         };
         // Released first: a release retried after a lost answer still finds the record.
-        let held = self.release_all(&keys, id).await?;
-        self.core.store.index(id, IndexOp::Remove).await?;
+        let held = self.release_all(&keys, id, token).await?;
+        // (Named by a token and not held, the lease may be a later admission's: its record stays.)
+        if held || token == 0 {
+            self.core.store.index(id, IndexOp::Remove).await?;
+        }
         Ok(Some((keys, held)))
     }
 }

@@ -57,6 +57,7 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
                 lease_ms: Some(p.lease_ms),
                 limits: core.limits_of(&p.keys),
                 readd_weight: Some(p.weight),
+                token: p.token.load(Ordering::Acquire),
             })
             .collect();
         let outcomes = match core.store.renew(&batch).await {
@@ -121,9 +122,7 @@ fn apply<S: Store>(core: &Core<S>, permit: &Arc<PermitState>, outcome: Renewal) 
             // A permit released while its renewal was on its way must not leave the lease behind, unless
             // another permit of this process holds the same lease since.
             if permit.released.load(Ordering::Acquire) && !core.registry.holds_other(permit) {
-                let release =
-                    core.release_of(permit.keys.clone(), permit.id.clone(), permit.lease_ms);
-                core.settler.settle(release);
+                core.settler.settle(core.release_state(permit));
             }
         }
         Renewal::Lost => {

@@ -24,6 +24,9 @@ pub(crate) struct PermitState {
     /// The permits holding this lease: it is released when the last of them goes.
     pub(crate) holders: AtomicUsize,
     pub(crate) expires_at_ms: AtomicU64,
+    /// The token of the admission that holds the lease now (a later admission of the id in this
+    /// process takes it over with its own).
+    pub(crate) token: AtomicU64,
     /// When the renewal task should next renew it, in ms of the limiter's monotonic clock.
     pub(crate) renew_at_ms: AtomicU64,
     pub(crate) lost: AtomicBool,
@@ -107,6 +110,8 @@ pub struct Permit {
     weight: u32,
     limit: Limit,
     in_flight: u32,
+    /// The admission's token, for a permit without a lease in the store (else its state's).
+    token: u64,
 }
 
 /// A lease handed off by [`Permit::detach`]: its holder must renew or release it (for example over HTTP).
@@ -125,6 +130,8 @@ pub struct Lease {
     /// When the lease ends unless renewed (ms since the Unix epoch, store clock); 0 when nothing is held
     /// (an unlimited key).
     pub expires_at_ms: u64,
+    /// The admission's fencing token ([`Permit::token`]); renewals and releases name it.
+    pub token: u64,
 }
 
 impl Permit {
@@ -142,6 +149,7 @@ impl Permit {
             weight,
             limit,
             in_flight,
+            token: 0,
         }
     }
 
@@ -153,13 +161,15 @@ impl Permit {
         grant: Grant,
         lease_ms: u64,
     ) -> Self {
-        Self::new(
+        let mut permit = Self::new(
             Hold::Local { slots, lease_ms },
             id,
             grant.weight,
             grant.limit,
             grant.in_flight,
-        )
+        );
+        permit.token = grant.token;
+        permit
     }
 
     /// The permit with the store's figures of its admission.
@@ -168,7 +178,9 @@ impl Permit {
             state
                 .expires_at_ms
                 .store(grant.expires_at_ms, Ordering::Relaxed);
+            state.token.store(grant.token, Ordering::Release);
         }
+        self.token = grant.token;
         self.weight = grant.weight;
         self.limit = grant.limit;
         self.in_flight = grant.in_flight;
@@ -228,6 +240,33 @@ impl Permit {
             .map_or(0, |state| state.expires_at_ms.load(Ordering::Relaxed))
     }
 
+    /// The admission's fencing token: larger than every token given before on each of its keys, by
+    /// every process sharing the store (on Redis, the Redis clock in microseconds or the key's last
+    /// token + 1), so a resource the permit guards can refuse a holder whose lease lapsed and was
+    /// given to another meanwhile (it brings a smaller token than one already seen). 0 for an unlimited
+    /// key, and under the Dify layout, which keeps none. On a Redis Cluster, a permit over keys of
+    /// several slots carries the token of its first slot (in slot order), whose keys it grows on.
+    ///
+    /// ```
+    /// use inflight::{Limiter, MemoryStore, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(1, 0)).build();
+    /// let first = limiter.try_acquire("printer").await.unwrap();
+    /// let token = first.token();
+    /// drop(first);
+    /// let second = limiter.try_acquire("printer").await.unwrap();
+    /// assert!(second.token() > token);
+    /// # }
+    /// ```
+    pub fn token(&self) -> u64 {
+        match &self.hold {
+            Hold::Leased { state, .. } => state.token.load(Ordering::Acquire),
+            _ => self.token,
+        }
+    }
+
     /// True once a renewal found the lease gone and could not take it back (the key was full): the
     /// request is no longer counted. Finishing its work is still safe; the permit is released as usual.
     pub fn is_lost(&self) -> bool {
@@ -259,12 +298,13 @@ impl Permit {
     pub fn detach(mut self) -> Lease {
         let key: Arc<str> = Arc::from(self.key());
         let id = self.id().clone();
+        let token = self.token();
         let expires_at_ms = match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Leased { state, owner } => {
                 owner.detach(&state);
                 state.expires_at_ms.load(Ordering::Relaxed)
             }
-            Hold::Local { slots, lease_ms } => slots.hand_off(&id, self.weight, lease_ms),
+            Hold::Local { slots, lease_ms } => slots.hand_off(&id, self.weight, lease_ms, token),
             Hold::Free { .. } | Hold::Done => 0,
         };
         Lease {
@@ -274,6 +314,7 @@ impl Permit {
             limit: self.limit,
             in_flight: self.in_flight,
             expires_at_ms,
+            token,
         }
     }
 }

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::idempotency::IdempotencyKey;
 use super::stats::QuotaStats;
 use super::store::{
-    Balance, Extension, Fund, QuotaStore, Settle, Settlement, DEFAULT_RESERVATION_TTL, MAX_BALANCE,
-    MAX_RESERVATION_TTL,
+    Balance, Extension, Fund, Funding, QuotaStore, Settle, Settlement, DEFAULT_RESERVATION_TTL,
+    MAX_BALANCE, MAX_RESERVATION_TTL,
 };
 use crate::clock::millis;
 use crate::error::StoreError;
@@ -40,7 +41,7 @@ pub enum QuotaError {
     /// A reservation under this id was settled a moment ago; an id is reserved once.
     #[error("the reservation under this id was settled already")]
     Settled,
-    /// The request is malformed (an amount of 0, a ttl over 24 h, an empty id).
+    /// The request is malformed (an amount of 0, a ttl over 24 h, an empty id or idempotency key).
     #[error("invalid request: {0}")]
     Invalid(&'static str),
     /// The store could not decide.
@@ -161,18 +162,66 @@ impl<S: Store + QuotaStore> Quota<S> {
         &self.stats
     }
 
-    /// Sets or tops up `key`'s balance (amounts up to [`MAX_BALANCE`]; a top-up of 0 is refused).
+    /// Sets or tops up `key`'s balance (amounts up to [`MAX_BALANCE`]; a top-up of 0 is refused), once:
+    /// under an idempotency key generated for this call, so that a command the Redis client re-sends
+    /// after a dropped connection is not credited twice.
     pub async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, QuotaError> {
+        match self
+            .fund_with(key, fund, &IdempotencyKey::generate())
+            .await?
+        {
+            Funding::Applied(balance) | Funding::Repeated(balance) => Ok(balance),
+            Funding::KeyReused => Err(QuotaError::Store(StoreError::Protocol(
+                "a generated idempotency key was found in use".into(),
+            ))),
+        }
+    }
+
+    /// Sets or tops up `key`'s balance once per `idempotency` key (given by the caller: its retries
+    /// apply once too, within [`crate::quota::FUNDING_MEMORY`]). The same funding under the same key
+    /// again is [`Funding::Repeated`], answered as the first time; another funding under it is
+    /// [`Funding::KeyReused`]. Both change nothing.
+    ///
+    /// ```
+    /// use inflight::quota::{Fund, Funding, IdempotencyKey, Quota};
+    /// use inflight::MemoryStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), inflight::quota::QuotaError> {
+    /// let quota = Quota::new(MemoryStore::new());
+    /// let payment = IdempotencyKey::from("payment-42");
+    /// quota.fund("tenant:t1", Fund::Set(100)).await?;
+    /// let first = quota.fund_with("tenant:t1", Fund::Add(50), &payment).await?;
+    /// let retry = quota.fund_with("tenant:t1", Fund::Add(50), &payment).await?;
+    /// assert_eq!((first.balance().unwrap().balance, retry.is_repeated()), (150, true));
+    /// assert_eq!(quota.balance("tenant:t1").await?.unwrap().balance, 150);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn fund_with(
+        &self,
+        key: &str,
+        fund: Fund,
+        idempotency: &IdempotencyKey,
+    ) -> Result<Funding, QuotaError> {
         match fund {
             Fund::Set(n) | Fund::Add(n) if n > MAX_BALANCE => {
                 return Err(QuotaError::Invalid("balances are at most 10^15"))
             }
             Fund::Add(0) => return Err(QuotaError::Invalid("a top-up must be at least 1")),
+            _ if idempotency.is_empty() => {
+                return Err(QuotaError::Invalid("an idempotency key is not empty"))
+            }
             _ => {}
         }
-        let balance = self.store().fund(key, fund).await?;
-        self.stats.saw(key, Some(&balance));
-        Ok(balance)
+        let funding = self.store().fund(key, fund, idempotency).await?;
+        match &funding {
+            Funding::Applied(balance) => self.stats.saw(key, Some(balance)),
+            // (Answered as it was: not the balance now, which the stats keep.)
+            Funding::Repeated(balance) => self.stats.saw_expired(balance.expired),
+            Funding::KeyReused => {}
+        }
+        Ok(funding)
     }
 
     /// `key`'s balance; `None` for an unmetered key.

@@ -8,11 +8,16 @@
 //! [`Quota::extend`]), so work may outlast the ttl. A key whose balance was never set is **unmetered**:
 //! reservations on it succeed and record nothing.
 //!
+//! Funding a key (setting its balance, or a **top-up**) applies once per [`IdempotencyKey`]: one is
+//! generated per call, so that a command re-sent after a dropped connection is not credited twice, or
+//! given by the caller ([`Quota::fund_with`]), so that its own retries are not either.
+//!
 //! [`Quota`] is the handle the rest of a program uses: a [`Reservation`] settles itself (refunds) when it
 //! is dropped unsettled, and [`Quota::run`] does the whole order — reserve, admit, run the work, settle —
 //! committing only when the work succeeds (or, with [`CommitOn::Admission`], once it is admitted).
 
 mod handle;
+mod idempotency;
 mod lent;
 mod reservation;
 mod reserve;
@@ -21,10 +26,15 @@ mod stats;
 mod store;
 
 pub use handle::{CommitOn, Quota, QuotaError};
+pub use idempotency::{
+    IdempotencyKey, FUNDING_MEMORY, GENERATED_FUNDING_MEMORY, MAX_REMEMBERED_FUNDINGS,
+};
 pub use reservation::{DetachedReservation, Reservation, Settling};
 pub use run::RunError;
 pub use stats::QuotaStats;
+pub(crate) use store::fingerprint;
 pub use store::{
-    Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, DEFAULT_RESERVATION_TTL,
-    MAX_BALANCE, MAX_OPEN_RESERVATIONS, MAX_QUOTAS, MAX_RESERVATION_TTL, SETTLED_MEMORY,
+    Balance, Extension, Fund, Funding, QuotaStore, Reserve, Settle, Settlement,
+    DEFAULT_RESERVATION_TTL, MAX_BALANCE, MAX_OPEN_RESERVATIONS, MAX_QUOTAS, MAX_RESERVATION_TTL,
+    SETTLED_MEMORY,
 };

@@ -45,10 +45,7 @@ impl QuotaStats {
 
     pub(crate) fn saw(&self, key: &str, balance: Option<&Balance>) {
         let Some(balance) = balance else { return };
-        if balance.expired > 0 {
-            self.expired
-                .fetch_add(u64::from(balance.expired), Ordering::Relaxed);
-        }
+        self.saw_expired(balance.expired);
         if let Some((balances, max)) = &self.balances {
             let mut balances = balances.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(last) = balances.get_mut(key) {
@@ -56,6 +53,14 @@ impl QuotaStats {
             } else if balances.len() < *max {
                 balances.insert(key.into(), *balance);
             }
+        }
+    }
+
+    /// Counts reservations the store refunded because their ttl passed.
+    pub(crate) fn saw_expired(&self, expired: u32) {
+        if expired > 0 {
+            self.expired
+                .fetch_add(u64::from(expired), Ordering::Relaxed);
         }
     }
 

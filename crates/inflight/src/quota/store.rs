@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use super::idempotency::IdempotencyKey;
 use crate::error::StoreError;
 use crate::id::PermitId;
 
@@ -45,6 +46,44 @@ pub struct Balance {
     pub reserved: u64,
     /// Reservations of the key found past their ttl and refunded: a sign of crashed holders.
     pub expired: u32,
+}
+
+/// The store's answer to a funding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Funding {
+    /// Applied now: the balance after it.
+    Applied(Balance),
+    /// Applied before under this idempotency key (a caller's retry, or this very call's command,
+    /// re-sent by the Redis client after its connection dropped): nothing changed. The balance and
+    /// reserved amount as answered the first time (not as they are now); `expired` counts the
+    /// reservations this call refunded.
+    Repeated(Balance),
+    /// The idempotency key was used for another funding of this key (another amount, or a set where
+    /// that was a top-up) within its memory: nothing changed.
+    KeyReused,
+}
+
+impl Funding {
+    /// The balance answered; `None` for [`Funding::KeyReused`].
+    pub fn balance(&self) -> Option<Balance> {
+        match self {
+            Self::Applied(balance) | Self::Repeated(balance) => Some(*balance),
+            Self::KeyReused => None,
+        }
+    }
+
+    /// True for [`Funding::Repeated`].
+    pub fn is_repeated(&self) -> bool {
+        matches!(self, Self::Repeated(_))
+    }
+}
+
+/// A funding as a store records it beside its idempotency key, to tell a re-send from another funding.
+pub(crate) fn fingerprint(fund: Fund) -> (char, u64) {
+    match fund {
+        Fund::Set(n) => ('s', n),
+        Fund::Add(n) => ('a', n),
+    }
 }
 
 /// The store's decision on a reservation.
@@ -147,12 +186,17 @@ impl Settlement {
 /// The callers ([`crate::Quota`]) check the bounds: amounts from 1 to [`MAX_BALANCE`], ttls from 1 ms to
 /// [`MAX_RESERVATION_TTL`].
 pub trait QuotaStore: Clone + Send + Sync + 'static {
-    /// Sets or tops up a key's balance; one that would pass [`MAX_BALANCE`] is [`StoreError::Rejected`].
+    /// Sets or tops up a key's balance, once per `idempotency` key: the store remembers the key with
+    /// its answer (for [`IdempotencyKey::memory`], at most
+    /// [`crate::quota::MAX_REMEMBERED_FUNDINGS`] per key) in the same atomic step, and answers the same
+    /// funding under it again with [`Funding::Repeated`]. One that would pass [`MAX_BALANCE`] is
+    /// [`StoreError::Rejected`] (and not remembered).
     fn fund(
         &self,
         key: &str,
         fund: Fund,
-    ) -> impl Future<Output = Result<Balance, StoreError>> + Send;
+        idempotency: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Funding, StoreError>> + Send;
 
     /// A key's balance; `None` for an unmetered key.
     fn balance(

@@ -13,7 +13,9 @@ use super::{
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
-use crate::quota::{Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement};
+use crate::quota::{
+    Balance, Extension, Fund, Funding, IdempotencyKey, QuotaStore, Reserve, Settle, Settlement,
+};
 
 /// One of the stores this crate ships: every store trait, implemented by dispatching to the variant.
 ///
@@ -94,7 +96,7 @@ macro_rules! forward {
 impl Store for AnyStore {
     forward! { d => d;
         async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError>;
-        async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError>;
+        async fn release(&self, keys: &[Arc<str>], id: &PermitId, token: u64) -> Result<bool, StoreError>;
         async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError>;
         async fn status(&self, key: &str, limits: ClassLimits, change: OverrideChange)
             -> Result<KeyStatus, StoreError>;
@@ -128,7 +130,8 @@ impl BusyKeys for AnyStore {
 
 impl QuotaStore for AnyStore {
     forward! { d => d.plain;
-        async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError>;
+        async fn fund(&self, key: &str, fund: Fund, idempotency: &IdempotencyKey)
+            -> Result<Funding, StoreError>;
         async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError>;
         async fn reserve(&self, key: &str, id: &PermitId, amount: u64, ttl_ms: u64)
             -> Result<Reserve, StoreError>;

@@ -36,6 +36,8 @@ pub struct Grant {
     pub weight: u32,
     /// When the lease ends unless renewed, in the store's clock (ms since the Unix epoch).
     pub expires_at_ms: u64,
+    /// The admission's fencing token (see [`Store::acquire`]); 0 when nothing was recorded.
+    pub token: u64,
 }
 
 /// The store's decision on an [`AcquireRequest`].
@@ -85,6 +87,9 @@ pub struct RenewRequest {
     /// When the lease is gone (the store lost it, or it expired): add it again with this weight if every
     /// key has room. The library's own permits do; a renewal from a remote caller does not.
     pub readd_weight: Option<u32>,
+    /// The token of the admission renewed (0: whichever the id holds). A lease a later admission of
+    /// the id took is not this one's: [`Renewal::Lost`], and left as it is.
+    pub token: u64,
 }
 
 /// The outcome of one renewal.
@@ -158,8 +163,8 @@ pub trait LocalSlots: Send + Sync + 'static {
     /// Gives back `weight` slots on every key.
     fn give_back(&self, weight: u32);
     /// Turns the slots into a lease under `id` that ends `lease_ms` from now unless renewed, keeping the
-    /// in-flight counts as they are; returns the deadline.
-    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64;
+    /// in-flight counts as they are and the admission's `token`; returns the deadline.
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64, token: u64) -> u64;
 }
 
 /// The decision of [`Store::hold`].
@@ -184,16 +189,24 @@ pub enum LocalAdmission {
 pub trait Store: Clone + Send + Sync + 'static {
     /// Decides one admission atomically: reclaims expired leases, resolves each key's limit, and adds the
     /// lease on every limited key if it fits on all of them.
+    ///
+    /// Each admission gets a fencing token ([`Grant::token`]): larger than every token given before on
+    /// each of its keys, by every process sharing the store. A lease under a given id keeps its token; a
+    /// later admission of the same id takes the lease over with a new one, and a release or renewal
+    /// naming the old token leaves it alone, in whatever order they reach the store.
     fn acquire(
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
 
-    /// Removes the lease `id` from every key of `keys`; whether any was held (releasing twice is no error).
+    /// Removes the lease `id` from every key of `keys`, unless a later admission of the id took it over
+    /// (a token other than `token`; 0: whichever lease the id holds); whether any was held (releasing
+    /// twice is no error).
     fn release(
         &self,
         keys: &[Arc<str>],
         id: &PermitId,
+        token: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Renews leases, one outcome per request in the same order.

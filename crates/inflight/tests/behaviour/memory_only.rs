@@ -41,7 +41,12 @@ impl Store for Double {
         self.count();
         self.inner.acquire(req)
     }
-    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        token: u64,
+    ) -> Result<bool, StoreError> {
         self.count();
         let failed = self
             .failures
@@ -50,7 +55,7 @@ impl Store for Double {
         if failed {
             return Err(StoreError::Unavailable("briefly away".into()));
         }
-        self.inner.release(keys, id).await
+        self.inner.release(keys, id, token).await
     }
     fn renew(
         &self,

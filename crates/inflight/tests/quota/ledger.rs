@@ -69,8 +69,10 @@ pub async fn balances_are_set_and_topped_up_within_bounds<F: Fixture>(f: F) {
     // The store refuses it too, and a refused funding leaves a new key unmetered.
     use inflight::QuotaStore;
     let store = f.store();
-    assert!(store.fund("new", Fund::Set(MAX_BALANCE + 1)).await.is_err());
-    assert!(store.fund("new", Fund::Add(MAX_BALANCE + 1)).await.is_err());
+    for fund in [Fund::Set(MAX_BALANCE + 1), Fund::Add(MAX_BALANCE + 1)] {
+        let once = inflight::quota::IdempotencyKey::generate();
+        assert!(store.fund("new", fund, &once).await.is_err());
+    }
     assert_eq!(quota.balance("new").await.unwrap(), None);
     let all = quota.reserve("tenant:t1", MAX_BALANCE).await.unwrap();
     assert_eq!(all.balance().unwrap().balance, 0);
@@ -178,7 +180,10 @@ pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f:
     assert_eq!(recorded.quota.as_deref(), Some("tenant:t1"));
     assert_eq!(&*recorded.keys, keys.as_slice());
     f.advance(lease / 2);
-    limiter.renew_recorded(&permit.id, None).await.unwrap();
+    limiter
+        .renew_recorded(&permit.id, permit.token, None)
+        .await
+        .unwrap();
     let renewed = store
         .index(&permit.id, IndexOp::Get)
         .await

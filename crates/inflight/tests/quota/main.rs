@@ -1,13 +1,14 @@
 //! Quotas settled around the work, on every store: the settlement matrix (scenarios.rs), reservations
 //! extended while their holders work (extend.rs), bounds and an independent ledger under contention
 //! (ledger.rs), and, on a real Redis, holders in other processes
-//! killed with SIGKILL and processes churning at once (processes.rs), and the view of metered keys
-//! (view.rs).
+//! killed with SIGKILL and processes churning at once (processes.rs), the view of metered keys
+//! (view.rs), and fundings that apply once however often they are sent (resend.rs).
 #![allow(missing_docs, unreachable_pub)]
 
 mod extend;
 mod ledger;
 mod processes;
+mod resend;
 mod scenarios;
 #[path = "../support/mod.rs"]
 mod support;
@@ -141,6 +142,7 @@ per_store!(
     ledger::balances_are_set_and_topped_up_within_bounds,
     ledger::balance_is_conserved_and_never_negative_under_contention,
     ledger::a_permits_record_keeps_its_quota_key_across_renewals,
+    resend::a_funding_applies_once_per_idempotency_key,
 );
 
 /// A key holds at most `MAX_OPEN_RESERVATIONS` open (memory only: on Redis it takes that many calls).

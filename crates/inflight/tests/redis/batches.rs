@@ -67,7 +67,7 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.
     let (a, released, b) = tokio::join!(
         acquire(&first),
-        store.release(&keys, &first),
+        store.release(&keys, &first, 0),
         acquire(&second)
     );
     assert!(matches!(a.unwrap(), Admission::Admitted { .. }));

@@ -142,7 +142,7 @@ async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
     }
     assert!(limiter.try_acquire("handed").await.unwrap_err().is_full());
     assert!(limiter
-        .release("handed", &leases[0].id)
+        .release("handed", &leases[0].id, leases[0].token)
         .await
         .expect("released from the fallback"));
     let again = limiter

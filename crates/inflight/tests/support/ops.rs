@@ -231,7 +231,7 @@ pub async fn apply_store<S: Store>(
         }
         Op::Release { key: k, id: i } => {
             let keys = [Arc::from(key(k))];
-            Outcome::Released(store.release(&keys, &id(i)).await.unwrap())
+            Outcome::Released(store.release(&keys, &id(i), 0).await.unwrap())
         }
         Op::Renew {
             key: k,
@@ -244,6 +244,7 @@ pub async fn apply_store<S: Store>(
                 lease_ms,
                 limits: vec![class(policy, k)],
                 readd_weight: None,
+                token: 0,
             };
             match store.renew(&[req]).await.unwrap().pop().unwrap() {
                 Renewal::Renewed(g) => Outcome::Renewed {

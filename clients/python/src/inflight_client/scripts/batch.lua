@@ -1,19 +1,24 @@
 -- batch.lua: the admissions and releases waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key) or 'r' (a
--- release from one key), or 'A' or 'R' and n (on n keys); the places of its keys among the KEYS (1 for
--- the first three, ...); the permit id; and for an admission its terms 'weight lease_ms d1 m1 d2 m2 ...'
--- (the default and max limits of each key's class, in the operation's order).
--- Returns the replies in one flat array: 6 numbers an admission, 1 a release.
+-- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'r' (a
+-- release from one key) or 'u' (an undo: a refused admission across Cluster slots gives back what it
+-- took on one), or 'A', 'R' or 'U' and n (on n keys); the places of its keys among the KEYS (1 for the
+-- first three, ...); the permit id; then for an admission its terms 'weight lease_ms d1 m1 d2 m2 ...'
+-- (the default and max limits of each key's class, in the operation's order) and the token its lease
+-- keeps (0: the one it gets; across Cluster slots, the first slot's), for a release the token
+-- of the admission released (0: whichever the id holds), for an undo the token the admission got and
+-- what the id held before it, 'weight lease_ms token' ('0 0 0': nothing).
+-- Returns the replies in one flat array: 10 numbers an admission, 1 a release or an undo.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
 -- call per operation.
 
 -- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
 -- 3 weight over the limit), the refusing key's index (0-based; -1), limit and in_flight (of that key,
--- or of the first), expires_at_ms, reclaimed. Unlimited keys record nothing.
+-- or of the first), expires_at_ms, reclaimed, token, and what the id held before on the first limited
+-- key (weight, 0 when nothing; lease_ms; token). Unlimited keys record nothing.
 local limits = {} -- of the operation's keys, by place: reused, each operation writing its own
-local function acquire(keys, n, id, t)
+local function acquire(keys, n, id, t, keep)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
   for i = 1, n do
     local key = keys[i]
@@ -22,28 +27,42 @@ local function acquire(keys, n, id, t)
     limits[i] = limit
     if limit > 0 then
       any = true
-      if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed end
+      if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0 end
       -- No room for a new lease: a retry of a held id never needs more than it has.
       if count + weight > limit then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed end
+        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0 end
       end
     end
   end
-  if not any then return 2, -1, 0, 0, 0, reclaimed end
+  if not any then return 2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0 end
+  local limited = {}
   for i = 1, n do
-    if limits[i] > 0 then put(keys[i], id, weight, lease_ms) end
+    if limits[i] > 0 then limited[#limited + 1] = keys[i] end
   end
-  return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed
+  local token = next_token(limited, #limited)
+  if keep ~= 0 then token = keep end
+  local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token)
+  for i = 2, #limited do put(limited[i], id, weight, lease_ms, token) end
+  return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed, token,
+    held, old_ms, old_token
+end
+
+-- Whether `id`'s lease on `key` is the one of the admission that got `token` (0: any).
+local function owns(key, id, token)
+  if token == 0 or not redis.call('ZSCORE', key.leases, id) then return true end
+  local _, _, own = meta(key, id)
+  return own == 0 or own == token
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
 -- went is announced on '<prefix>{E}:released', which processes with waiters on the key subscribe to.
-local function release(keys, n, id)
+-- A lease a later admission of the id took (another token) stays.
+local function release(keys, n, id, token)
   local released = 0
   for i = 1, n do
     local key = keys[i]
-    if redis.call('ZREM', key.leases, id) == 1 then
+    if owns(key, id, token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1
       if key.hashed then forget(key, id) end
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
@@ -53,11 +72,28 @@ local function release(keys, n, id)
   return released
 end
 
+-- Undoes, on every key, an admission that got `token`: its lease removed when the id held nothing
+-- before ('0 0 0'), else what it held put back ('weight lease_ms token'); a later admission's lease
+-- stays. 1 when anything changed.
+local function undo(keys, n, id, token, before)
+  local weight, lease_ms, old_token = string.match(before, '^(%d+) (%d+) (%d+)$')
+  weight, lease_ms, old_token = tonumber(weight), tonumber(lease_ms), tonumber(old_token)
+  if weight == 0 then return release(keys, n, id, token) end
+  local changed = 0
+  for i = 1, n do
+    if owns(keys[i], id, token) and redis.call('ZSCORE', keys[i].leases, id) then
+      put(keys[i], id, weight, lease_ms, old_token)
+      changed = 1
+    end
+  end
+  return changed
+end
+
 set_now(tonumber(ARGV[1]))
 local replies, r, a, terms, keys = {}, 0, 2, {}, {}
 while a <= #ARGV do
   local kind, n = ARGV[a], 1
-  if kind == 'A' or kind == 'R' then a, n = a + 1, tonumber(ARGV[a + 1]) end
+  if kind == 'A' or kind == 'R' or kind == 'U' then a, n = a + 1, tonumber(ARGV[a + 1]) end
   for j = 1, n do
     local k = tonumber(ARGV[a + j]) * 3
     keys[j] = view(KEYS[k - 2], KEYS[k - 1], KEYS[k])
@@ -70,12 +106,15 @@ while a <= #ARGV do
       for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
       terms[ARGV[a + n + 2]] = t
     end
-    replies[r + 1], replies[r + 2], replies[r + 3], replies[r + 4], replies[r + 5], replies[r + 6] =
-      acquire(keys, n, id, t)
-    r, a = r + 6, a + n + 3
+    local out = {acquire(keys, n, id, t, tonumber(ARGV[a + n + 3]))}
+    for j = 1, 10 do replies[r + j] = out[j] end
+    r, a = r + 10, a + n + 4
+  elseif kind == 'r' or kind == 'R' then
+    replies[r + 1] = release(keys, n, id, tonumber(ARGV[a + n + 2]))
+    r, a = r + 1, a + n + 3
   else
-    replies[r + 1] = release(keys, n, id)
-    r, a = r + 1, a + n + 2
+    replies[r + 1] = undo(keys, n, id, tonumber(ARGV[a + n + 2]), ARGV[a + n + 3])
+    r, a = r + 1, a + n + 4
   end
 end
 return replies

@@ -3,17 +3,22 @@
 -- Data model of one user key K (E = K escaped, so that its names share the hash tag {E}: one slot):
 --   <prefix>{E}:leases   sorted set: permit id -> lease deadline (ms, Redis clock). A generated (UUID)
 --                        id is the byte 0xFF and its 16 bytes; a given id is its text.
---   <prefix>{E}:permits  hash: permit id -> 'weight lease_ms', for leases other than weight 1 of
---                        DEFAULT_LEASE_MS; '' -> the sum of (weight - 1) over the leases (always there).
+--   <prefix>{E}:permits  hash: permit id -> 'weight lease_ms token'; '' -> the sum of (weight - 1)
+--                        over the leases (always there); '#' -> the key's last token.
+-- Tokens (fencing): each admission gets one, larger than every token its keys gave before: the Redis
+-- clock in microseconds, or the keys' last token + 1 when that is larger. A lease keeps its admission's
+-- token; a later admission of the same id takes it over with its own, and a release or renewal naming
+-- another token leaves it alone.
 --   <prefix>{E}:limit    string: the key's limit override (absent: none). Configuration: no TTL.
 -- in_flight = the number of leases + permits['']. Leases and permits expire together, a while after
 -- the latest deadline, so that idle keys leave nothing behind.
 local DEFAULT_LEASE_MS = 30000
-local clock_ms, now = 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
+local clock_ms, now, now_us = 0, 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
 local function set_now(offset_ms)
   local t = redis.call('TIME')
   clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   now = clock_ms + offset_ms
+  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset_ms * 1000
 end
 
 -- The effective limit: the override if > 0, else the default; capped by the ceiling if > 0; 0: unlimited.
@@ -23,11 +28,11 @@ local function resolve(override, default_limit, max_limit)
   return own
 end
 
-local function meta(key, id) -- a lease's weight and length
+local function meta(key, id) -- a lease's weight, length and token (0: none kept)
   local m = key.hashed and redis.call('HGET', key.permits, id)
-  if not m then return 1, DEFAULT_LEASE_MS end
-  local weight, lease_ms = string.match(m, '^(%d+) (%d+)$')
-  return tonumber(weight), tonumber(lease_ms)
+  if not m then return 1, DEFAULT_LEASE_MS, 0 end
+  local weight, lease_ms, token = string.match(m, '^(%d+) (%d+) ?(%d*)$')
+  return tonumber(weight), tonumber(lease_ms), tonumber(token) or 0
 end
 
 local function hashed(key) -- the hash is written (perhaps made anew): keep() gives it its expiry again
@@ -40,10 +45,13 @@ local function add_extra(key, delta)
   key.extra = redis.call('HINCRBY', key.permits, '', delta)
 end
 
--- Records `id`'s lease as `weight` of `lease_ms`, where it was `held` (0: new) of `old_ms`.
-local function record(key, id, held, old_ms, weight, lease_ms)
+-- Records `id`'s lease as `weight` of `lease_ms` with `token`, where it was `held` (0: new) of `old_ms`.
+local function record(key, id, held, old_ms, weight, lease_ms, token)
   add_extra(key, (weight - 1) - math.max(held - 1, 0))
-  if weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
+  if token ~= 0 then
+    redis.call('HSET', key.permits, id, weight .. ' ' .. lease_ms .. ' ' .. string.format('%.0f', token), '', key.extra)
+    hashed(key)
+  elseif weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
     if held ~= weight or old_ms ~= lease_ms then
       redis.call('HSET', key.permits, id, weight .. ' ' .. lease_ms, '', key.extra)
       hashed(key)
@@ -60,14 +68,14 @@ local function forget(key, id) -- after `id`'s lease left the set
 end
 
 -- The script's view of a key, made once: its expired leases reclaimed (a hash left without leases, its
--- set evicted alone, dropped), its number of leases n and its extra weight read.
+-- set evicted alone, counts no extra weight), its number of leases n, its extra weight and last token read.
 local seen = {}
 local function view(leases, permits, limit)
   if seen[leases] then return seen[leases] end
   local key = {leases = leases, permits = permits, limit = limit, kept = 0}
   seen[leases] = key
-  local extra = redis.call('HGET', permits, '')
-  key.hashed, key.extra = extra ~= false, tonumber(extra or '0')
+  local fields = redis.call('HMGET', permits, '', '#')
+  key.hashed, key.extra, key.last = fields[1] ~= false, tonumber(fields[1] or '0'), tonumber(fields[2] or '0')
   local upto = string.format('%.0f', now)
   if key.hashed then
     local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', upto)
@@ -75,9 +83,9 @@ local function view(leases, permits, limit)
   end
   key.reclaimed = redis.call('ZREMRANGEBYSCORE', leases, '-inf', upto)
   key.n = redis.call('ZCARD', leases)
-  if key.n == 0 and key.hashed then
-    redis.call('DEL', permits)
-    key.hashed, key.extra = false, 0
+  if key.n == 0 and key.extra ~= 0 then -- (the hash stays: it keeps the key's last token)
+    redis.call('HSET', permits, '', 0)
+    key.extra = 0
   end
   return key
 end
@@ -103,18 +111,38 @@ local function keep(key, lease_ms, fresh)
   key.kept = lease_ms
 end
 
+-- The next token of an admission on `keys` (the first n), recorded as each key's last.
+local function next_token(keys, n)
+  local token = now_us
+  for i = 1, n do token = math.max(token, keys[i].last + 1) end
+  for i = 1, n do
+    local key = keys[i]
+    key.last = token
+    if key.hashed then
+      redis.call('HSET', key.permits, '#', string.format('%.0f', token))
+    else
+      redis.call('HSET', key.permits, '#', string.format('%.0f', token), '', 0)
+      hashed(key)
+    end
+  end
+  return token
+end
+
 local deadlines = {} -- as ZADD takes them, by lease length: formatted once a script
-local function put(key, id, weight, lease_ms) -- adds (or refreshes) `id`'s lease
+-- Adds (or refreshes) `id`'s lease, keeping `token` (0: the one it has); returns
+-- what it was before: weight (0: not held), length and token.
+local function put(key, id, weight, lease_ms, token)
   deadlines[lease_ms] = deadlines[lease_ms] or string.format('%.0f', now + lease_ms)
-  local held, old_ms, fresh = 0, DEFAULT_LEASE_MS, key.n == 0
+  local held, old_ms, old_token, fresh = 0, DEFAULT_LEASE_MS, 0, key.n == 0
   if redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1 then
     key.n = key.n + 1
   else
-    held, old_ms = meta(key, id)
+    held, old_ms, old_token = meta(key, id)
   end
-  -- (Most leases are new ones of weight 1 and the default length: nothing to record.)
-  if held > 0 or weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
-    record(key, id, held, old_ms, weight, lease_ms)
+  if token == 0 then token = old_token end
+  if held > 0 or weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS or token ~= 0 then
+    record(key, id, held, old_ms, weight, lease_ms, token)
   end
   if lease_ms > key.kept then keep(key, lease_ms, fresh) end
+  return held, old_ms, old_token
 end

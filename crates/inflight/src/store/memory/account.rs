@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
+use super::funded::Fundings;
 use super::key::Hasher;
 use crate::clock::millis;
 use crate::id::PermitId;
@@ -37,6 +38,8 @@ pub(super) struct Account {
     /// The same, oldest first.
     forget: VecDeque<(u64, PermitId)>,
     next_seq: u64,
+    /// The fundings applied, by idempotency key, while remembered.
+    pub(super) fundings: Fundings,
 }
 
 impl Account {

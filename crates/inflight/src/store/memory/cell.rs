@@ -11,10 +11,13 @@ use crate::policy::{ClassLimits, Limit};
 use crate::store::wake::Wakes;
 use crate::store::{Admission, Grant, LocalSlots};
 
-/// The store's clock, and its last reading for the paths that need only a rough time.
+/// The store's clock, its last reading for the paths that need only a rough time, and the last token.
 pub(super) struct Time<C> {
     pub(super) clock: C,
     pub(super) coarse_ms: AtomicU64,
+    /// One sequence for every key of the store, so that each key's tokens grow however often the key
+    /// is forgotten while idle.
+    pub(super) last_token: AtomicU64,
 }
 
 impl<C: Clock> Time<C> {
@@ -26,6 +29,17 @@ impl<C: Clock> Time<C> {
 
     pub(super) fn coarse_ms(&self) -> u64 {
         self.coarse_ms.load(Ordering::Relaxed)
+    }
+}
+
+impl<C> Time<C> {
+    /// The next token: the clock in microseconds (`now_ms` in thousands), or the last token + 1.
+    pub(super) fn token(&self, now_ms: u64) -> u64 {
+        let next = |last: u64| (last + 1).max(now_ms.saturating_mul(1000));
+        let last = self
+            .last_token
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| Some(next(last)));
+        next(last.unwrap_or_else(|last| last))
     }
 }
 
@@ -47,13 +61,15 @@ impl<C> Cell<C> {
 
 impl<C: Clock> Cell<C> {
     /// Turns `weight` held slots into a lease; the in-flight count does not change.
-    fn lease_hold(&self, id: &PermitId, weight: u32, lease_ms: u64, expires_at_ms: u64) {
+    fn lease_hold(&self, id: &PermitId, weight: u32, lease: (u64, u64), token: u64) {
+        let (lease_ms, expires_at_ms) = lease;
         let mut state = self.lock();
         state.in_flight -= weight;
         let lease = Lease {
             weight,
             expires_at_ms,
             lease_ms,
+            token,
         };
         state.add(id, lease);
     }
@@ -73,9 +89,9 @@ impl<C: Clock> LocalSlots for Cell<C> {
         self.wakes.wake(&self.key);
     }
 
-    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64, token: u64) -> u64 {
         let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
-        self.lease_hold(id, weight, lease_ms, expires_at_ms);
+        self.lease_hold(id, weight, (lease_ms, expires_at_ms), token);
         expires_at_ms
     }
 }
@@ -96,10 +112,10 @@ impl<C: Clock> LocalSlots for Cells<C> {
         self.cells.iter().for_each(|cell| cell.give_back(weight));
     }
 
-    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64) -> u64 {
+    fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64, token: u64) -> u64 {
         let expires_at_ms = self.time.now_ms().saturating_add(lease_ms);
         for cell in &self.cells {
-            cell.lease_hold(id, weight, lease_ms, expires_at_ms);
+            cell.lease_hold(id, weight, (lease_ms, expires_at_ms), token);
         }
         expires_at_ms
     }
@@ -154,8 +170,9 @@ pub(super) fn grant<C>(
     slots: &[Slot<'_, C>],
     limit: Limit,
     weight: u32,
-    expires_at_ms: u64,
+    lease: (u64, u64),
 ) -> Grant {
+    let (expires_at_ms, token) = lease;
     let in_flight = match (limit, slots.first()) {
         (Limit::Limited(_), Some(slot)) => slot.state.in_flight,
         _ => 0,
@@ -165,5 +182,6 @@ pub(super) fn grant<C>(
         in_flight,
         weight,
         expires_at_ms,
+        token,
     }
 }

@@ -32,6 +32,7 @@ impl<C: Clock> MemoryStore<C> {
                 weight: req.weight,
                 expires_at_ms: now.saturating_add(req.lease_ms),
                 lease_ms: req.lease_ms,
+                token: self.inner.time.token(now),
             };
             for slot in slots.iter_mut() {
                 if slot.state.limit(req.limits[slot.index]) != Limit::Unlimited {
@@ -39,7 +40,7 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
             Admission::Admitted {
-                grant: grant(slots, first, req.weight, lease.expires_at_ms),
+                grant: grant(slots, first, req.weight, (lease.expires_at_ms, lease.token)),
                 reclaimed,
             }
         })
@@ -50,6 +51,15 @@ impl<C: Clock> MemoryStore<C> {
             let limits = |slot: &Slot<'_, C>| req.limits[slot.index];
             let limited = |slot: &Slot<'_, C>| slot.state.limit(limits(slot)) != Limit::Unlimited;
             let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
+            // Taken over by a later admission of the id: not this one's to renew.
+            if found.is_some_and(|lease| req.token != 0 && lease.token != req.token) {
+                return Renewal::Lost;
+            }
+            let token = match found {
+                Some(lease) => lease.token,
+                None if req.token != 0 => req.token,
+                None => self.inner.time.token(now),
+            };
             let missing = slots
                 .iter()
                 .any(|slot| limited(slot) && slot.state.lease(&req.id).is_none());
@@ -85,6 +95,7 @@ impl<C: Clock> MemoryStore<C> {
                         weight,
                         expires_at_ms,
                         lease_ms,
+                        token,
                     };
                     slot.state.add(&req.id, lease);
                 }
@@ -92,7 +103,7 @@ impl<C: Clock> MemoryStore<C> {
             let first = slots.first().map_or(req.limits[0].resolve(None), |slot| {
                 slot.state.limit(limits(slot))
             });
-            let grant = grant(slots, first, weight, expires_at_ms);
+            let grant = grant(slots, first, weight, (expires_at_ms, token));
             if readded {
                 Renewal::Readded(grant)
             } else {
@@ -157,11 +168,12 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         keys: &[Arc<str>],
         id: &PermitId,
+        token: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let released = self.locked(keys, false, false, |slots, _, _| {
             let mut released = false;
             for slot in slots.iter_mut() {
-                released |= slot.state.release(id);
+                released |= slot.state.release(id, token);
             }
             released
         });
@@ -201,7 +213,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         if given_id {
             return None;
         }
-        Some(self.locked(keys, true, false, |slots, _, reclaimed| {
+        Some(self.locked(keys, true, false, |slots, now, reclaimed| {
             let first = match admit(slots, limits, None, weight, reclaimed) {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
@@ -223,7 +235,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             };
             LocalAdmission::Taken {
                 slots: taken,
-                grant: grant(slots, first, weight, 0),
+                grant: grant(slots, first, weight, (0, self.inner.time.token(now))),
                 reclaimed,
             }
         }))

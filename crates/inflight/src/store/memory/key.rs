@@ -21,12 +21,14 @@ pub(super) struct KeyState {
     pub(super) last_used_ms: u64,
 }
 
-/// One lease: its weight, deadline and length (what a renewal without a length keeps).
+/// One lease: its weight, deadline, length (what a renewal without a length keeps) and its admission's
+/// token.
 #[derive(Clone, Copy)]
 pub(super) struct Lease {
     pub(super) weight: u32,
     pub(super) expires_at_ms: u64,
     pub(super) lease_ms: u64,
+    pub(super) token: u64,
 }
 
 /// Why a key refuses an admission.
@@ -143,13 +145,15 @@ impl KeyState {
         Some(*lease)
     }
 
-    pub(super) fn release(&mut self, id: &PermitId) -> bool {
-        match self.leases.remove(id) {
-            Some(lease) => {
+    /// Removes the lease of `id`, unless a later admission took it over (another `token`; 0: any).
+    pub(super) fn release(&mut self, id: &PermitId, token: u64) -> bool {
+        match self.leases.get(id) {
+            Some(lease) if token == 0 || lease.token == token => {
                 self.in_flight -= lease.weight;
+                self.leases.remove(id);
                 true
             }
-            None => false,
+            _ => false,
         }
     }
 

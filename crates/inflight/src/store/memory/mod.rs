@@ -3,6 +3,7 @@
 mod account;
 mod cell;
 mod decide;
+mod funded;
 mod index;
 mod key;
 mod listing;

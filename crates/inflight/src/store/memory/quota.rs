@@ -1,6 +1,7 @@
 //! The memory store's balances ([`QuotaStore`]): one account per metered key (`account.rs`), changed
 //! under its shard's lock of the map, so that each step is atomic. Deadlines run on the store's injected
-//! clock; expired reservations are refunded whenever their key is touched.
+//! clock; expired reservations are refunded whenever their key is touched. Fundings are remembered by
+//! idempotency key in the account (`funded.rs`).
 
 use std::future::{ready, Future};
 use std::sync::Arc;
@@ -11,20 +12,27 @@ use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::quota::{
-    Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
-    MAX_OPEN_RESERVATIONS, MAX_QUOTAS,
+    Balance, Extension, Fund, Funding, IdempotencyKey, QuotaStore, Reserve, Settle, Settlement,
+    MAX_BALANCE, MAX_OPEN_RESERVATIONS, MAX_QUOTAS,
 };
 
 impl<C: Clock> MemoryStore<C> {
-    /// Runs `f` on `key`'s account, its expired reservations refunded first; `None` when unmetered.
+    /// Runs `f` on `key`'s account, its expired reservations refunded (and old fundings forgotten)
+    /// first; `None` when unmetered.
     fn with_account<R>(&self, key: &str, f: impl FnOnce(&mut Account, u64, u32) -> R) -> Option<R> {
         let mut account = self.inner.quotas.accounts.get_mut(key)?;
         let now = self.inner.time.now_ms();
         let expired = account.sweep(now);
+        account.fundings.forget_past(now);
         Some(f(&mut account, now, expired))
     }
 
-    fn fund_now(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
+    fn fund_now(
+        &self,
+        key: &str,
+        fund: Fund,
+        idempotency: &IdempotencyKey,
+    ) -> Result<Funding, StoreError> {
         let too_large = |balance: u64| {
             StoreError::Rejected(format!(
                 "a balance of {balance} would pass the largest, {MAX_BALANCE}"
@@ -42,6 +50,10 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.inner.time.now_ms();
         let mut account = quotas.entry(Arc::from(key)).or_default();
         let expired = account.sweep(now);
+        account.fundings.forget_past(now);
+        if let Some(answer) = account.fundings.answer(idempotency, fund, expired) {
+            return Ok(answer);
+        }
         let balance = match fund {
             Fund::Set(n) => n,
             Fund::Add(n) => account.balance.saturating_add(n),
@@ -50,7 +62,11 @@ impl<C: Clock> MemoryStore<C> {
             return Err(too_large(balance));
         }
         account.balance = balance;
-        Ok(account.balance(expired))
+        let balance = account.balance(expired);
+        account
+            .fundings
+            .remember(idempotency.clone(), fund, &balance, now);
+        Ok(Funding::Applied(balance))
     }
 }
 
@@ -59,8 +75,9 @@ impl<C: Clock> QuotaStore for MemoryStore<C> {
         &self,
         key: &str,
         fund: Fund,
-    ) -> impl Future<Output = Result<Balance, StoreError>> + Send {
-        ready(self.fund_now(key, fund))
+        idempotency: &IdempotencyKey,
+    ) -> impl Future<Output = Result<Funding, StoreError>> + Send {
+        ready(self.fund_now(key, fund, idempotency))
     }
 
     fn balance(

@@ -94,6 +94,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn with_clock(clock: C) -> Self {
         let time = Time {
             coarse_ms: AtomicU64::new(clock.now_ms()),
+            last_token: AtomicU64::new(0),
             clock,
         };
         let inner = Inner {

@@ -37,6 +37,10 @@ pub(super) fn groups(names: &[KeyNames]) -> Vec<Vec<usize>> {
         .collect()
 }
 
+/// A group an admission took: its keys' places, the token it gave, and what the id held there before
+/// (`weight lease_ms token`; weight 0: nothing).
+type Taken<'a> = (&'a [usize], u64, [u64; 3]);
+
 fn pick<T: Clone>(all: &[T], group: &[usize]) -> Vec<T> {
     group.iter().map(|&i| all[i].clone()).collect()
 }
@@ -61,29 +65,38 @@ impl RedisStore {
         terms: (u32, u64, Vec<ClassLimits>),
     ) -> Result<Reply, StoreError> {
         let (weight, lease_ms, limits) = terms;
-        let mut taken: Vec<&[usize]> = Vec::new();
-        let (mut reclaimed, mut first, mut expires_at_ms) = (0, None, 0);
+        // Each group taken, with the token it gave and what the id held there before.
+        let mut taken: Vec<Taken> = Vec::new();
+        let (mut reclaimed, mut first, mut expires_at_ms, mut token) = (0, None, 0, 0);
         for group in &groups {
             let op = Op::Acquire {
                 names: pick(&names, group),
                 id: id.clone(),
                 terms: (weight, lease_ms, pick(&limits, group)),
+                keep: token,
             };
             let reply = match self.batcher.run(op).await {
                 Ok(reply) => reply,
                 Err(error) => {
-                    // Perhaps taken before the answer was lost: released with the others.
-                    taken.push(group);
+                    // Perhaps taken before the answer was lost, by a token not known here: the others
+                    // are given back, and this group's lease expires (its id names no lease of another
+                    // admission: it may be a held one's).
                     self.roll_back(&names, &taken, id).await;
                     return Err(error);
                 }
             };
-            let [decision, index, limit, in_flight, expires, group_reclaimed] = reply;
+            let [decision, index, limit, in_flight, expires, group_reclaimed, ..] = reply;
             reclaimed += group_reclaimed;
             match decision {
                 1 => {
-                    taken.push(group);
+                    let [.., given, held, held_ms, held_token] = reply;
+                    let before = [held, held_ms, held_token].map(|n| n.max(0).unsigned_abs());
+                    taken.push((group, given.max(0).unsigned_abs(), before));
                     expires_at_ms = expires;
+                    // The permit's token is its first group's (in slot order), kept by the others.
+                    if token == 0 {
+                        token = given.max(0).unsigned_abs();
+                    }
                     if group[0] == 0 {
                         first = Some((limit, in_flight));
                     }
@@ -92,25 +105,52 @@ impl RedisStore {
                 0 | 3 => {
                     self.roll_back(&names, &taken, id).await;
                     let index = group[usize::try_from(index).unwrap_or(0)];
-                    return Ok([decision, index as i64, limit, in_flight, 0, reclaimed]);
+                    return Ok([
+                        decision,
+                        index as i64,
+                        limit,
+                        in_flight,
+                        0,
+                        reclaimed,
+                        0,
+                        0,
+                        0,
+                        0,
+                    ]);
                 }
                 _ => return Ok(reply),
             }
         }
         if taken.is_empty() {
-            return Ok([2, -1, 0, 0, 0, reclaimed]);
+            return Ok([2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0]);
         }
         // The first key's figures; (0, 0) when its own group was unlimited.
         let (limit, in_flight) = first.unwrap_or((0, 0));
-        Ok([1, -1, limit, in_flight, expires_at_ms, reclaimed])
+        let token = i64::try_from(token).unwrap_or(i64::MAX);
+        Ok([
+            1,
+            -1,
+            limit,
+            in_flight,
+            expires_at_ms,
+            reclaimed,
+            token,
+            0,
+            0,
+            0,
+        ])
     }
 
-    /// Gives back what a refused admission took. A release that fails leaves its lease to expire.
-    async fn roll_back(&self, names: &[KeyNames], taken: &[&[usize]], id: &PermitId) {
-        let releases = taken.iter().map(|group| {
-            self.batcher.run(Op::Release {
+    /// Undoes what a refused admission took: each group's lease removed, or what the id held there
+    /// before put back; a later admission's lease of the id stays. An undo that fails leaves its lease to
+    /// expire.
+    async fn roll_back(&self, names: &[KeyNames], taken: &[Taken<'_>], id: &PermitId) {
+        let releases = taken.iter().map(|&(group, token, before)| {
+            self.batcher.run(Op::Undo {
                 names: pick(names, group),
                 id: id.clone(),
+                token,
+                before,
             })
         });
         for result in futures_util::future::join_all(releases).await {
@@ -126,11 +166,13 @@ impl RedisStore {
         names: Vec<KeyNames>,
         groups: Vec<Vec<usize>>,
         id: &PermitId,
+        token: u64,
     ) -> Result<bool, StoreError> {
         let releases = groups.iter().map(|group| {
             self.batcher.run(Op::Release {
                 names: pick(&names, group),
                 id: id.clone(),
+                token,
             })
         });
         let mut released = false;
@@ -189,11 +231,13 @@ impl RedisStore {
             // Every group unlimited: nothing recorded, nothing to lose.
             Some(grant) if !lost => Ok(Renewal::Renewed(grant)),
             _ => {
-                let readded: Vec<&[usize]> = groups
+                let readded: Vec<Taken> = groups
                     .iter()
                     .zip(&outcomes)
-                    .filter(|(_, (r, _))| matches!(r, Renewal::Readded(_)))
-                    .map(|(group, _)| group.as_slice())
+                    .filter_map(|(group, (r, _))| match r {
+                        Renewal::Readded(grant) => Some((group.as_slice(), grant.token, [0; 3])),
+                        _ => None,
+                    })
                     .collect();
                 self.roll_back(&self.names(&req.keys), &readded, &req.id)
                     .await;

@@ -43,25 +43,40 @@ pub(super) enum Op {
         id: PermitId,
         /// `weight lease_ms` and the limits of each key's class, as `batch.lua` reads them.
         terms: (u32, u64, Vec<ClassLimits>),
+        /// The token the lease keeps: 0, the one the admission gets (across Cluster slots, the first
+        /// slot's, so that one token names the permit's lease on every slot).
+        keep: u64,
     },
+    /// A release of the lease the admission that got `token` (0: any) holds.
     Release {
         names: Vec<KeyNames>,
         id: PermitId,
+        token: u64,
+    },
+    /// Undoes on these keys the admission that got `token`: puts back what the id held before it
+    /// (`weight lease_ms token`; weight 0: nothing, the lease is removed).
+    Undo {
+        names: Vec<KeyNames>,
+        id: PermitId,
+        token: u64,
+        before: [u64; 3],
     },
 }
 
 impl Op {
     fn parts(&self) -> (&[KeyNames], &PermitId) {
         match self {
-            Op::Acquire { names, id, .. } | Op::Release { names, id } => (names, id),
+            Op::Acquire { names, id, .. }
+            | Op::Release { names, id, .. }
+            | Op::Undo { names, id, .. } => (names, id),
         }
     }
 
     /// How many numbers `batch.lua` answers it with.
     fn reply_len(&self) -> usize {
         match self {
-            Op::Acquire { .. } => 6,
-            Op::Release { .. } => 1,
+            Op::Acquire { .. } => 10,
+            Op::Release { .. } | Op::Undo { .. } => 1,
         }
     }
 }
@@ -88,8 +103,8 @@ impl redis::ToRedisArgs for Terms<'_> {
     }
 }
 
-/// What `batch.lua` answered one operation (a release uses the first number only).
-pub(super) type Reply = [i64; 6];
+/// What `batch.lua` answered one operation (a release or an undo uses the first number only).
+pub(super) type Reply = [i64; 10];
 
 struct Job {
     op: Op,
@@ -186,12 +201,14 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     let mut places: HashMap<&str, usize> = HashMap::new();
     for job in &jobs {
         let (names, id) = job.op.parts();
-        let acquire = matches!(job.op, Op::Acquire { .. });
-        match (acquire, names.len()) {
-            (true, 1) => invocation.arg("a"),
-            (false, 1) => invocation.arg("r"),
-            (true, n) => invocation.arg("A").arg(n),
-            (false, n) => invocation.arg("R").arg(n),
+        let kind = match job.op {
+            Op::Acquire { .. } => ["a", "A"],
+            Op::Release { .. } => ["r", "R"],
+            Op::Undo { .. } => ["u", "U"],
+        };
+        match names.len() {
+            1 => invocation.arg(kind[0]),
+            n => invocation.arg(kind[1]).arg(n),
         };
         for key in names {
             let next = places.len() + 1;
@@ -202,9 +219,16 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
             invocation.arg(place);
         }
         invocation.arg(Member(id));
-        if let Op::Acquire { terms, .. } = &job.op {
-            invocation.arg(Terms(terms));
-        }
+        match &job.op {
+            Op::Acquire { terms, keep, .. } => invocation.arg(Terms(terms)).arg(keep),
+            Op::Release { token, .. } => invocation.arg(token),
+            Op::Undo { token, before, .. } => {
+                let [weight, lease_ms, old] = before;
+                invocation
+                    .arg(token)
+                    .arg(format!("{weight} {lease_ms} {old}"))
+            }
+        };
     }
     let invocation = &invocation;
     let replies = retried(|| send(conn.clone(), invocation, wait)).await;

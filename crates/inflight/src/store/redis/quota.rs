@@ -1,6 +1,12 @@
-//! The Redis store's balances ([`QuotaStore`]): `scripts/quota.lua` decides every step. A key's four
-//! names share its hash tag (`<prefix>{E}:quota`, `:reservations`, `:amounts`, `:settled`), so that each
-//! call touches one slot, on a Redis Cluster too; deadlines are on the Redis clock.
+//! The Redis store's balances ([`QuotaStore`]): `scripts/quota.lua` decides every step. A key's six
+//! names share its hash tag (`<prefix>{E}:quota`, `:reservations`, `:amounts`, `:settled`, and the
+//! fundings remembered by idempotency key, `:funded` and `:fundings`), so that each call touches one
+//! slot, on a Redis Cluster too; deadlines are on the Redis clock.
+//!
+//! Every call may be sent twice (the cluster client and the Sentinel follower re-send a command whose
+//! connection dropped, and this store tries once more itself): reservations, settlements and extensions
+//! are idempotent by reservation id, and a funding by its idempotency key, remembered in the same script
+//! that applies it (and so replicated with it, to the replica a failover promotes).
 //!
 //! The keys with a balance are also in an index, `<prefix>quotas` (`<prefix>{quotas}` on a Cluster),
 //! which a view in this process follows as `overrides.rs` does: a reservation on a key the view knows
@@ -18,8 +24,8 @@ use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::quota::{
-    Balance, Extension, Fund, QuotaStore, Reserve, Settle, Settlement, MAX_BALANCE,
-    MAX_OPEN_RESERVATIONS, MAX_QUOTAS, SETTLED_MEMORY,
+    Balance, Extension, Fund, Funding, IdempotencyKey, QuotaStore, Reserve, Settle, Settlement,
+    MAX_BALANCE, MAX_OPEN_RESERVATIONS, MAX_QUOTAS, MAX_REMEMBERED_FUNDINGS, SETTLED_MEMORY,
 };
 
 /// What `quota.lua` answers: the outcome and the key's balance.
@@ -30,19 +36,25 @@ struct Answer {
 }
 
 impl RedisStore {
-    /// Runs `quota.lua`'s `op` on `key` with `args`. Retried once on a dead connection when `retry`:
-    /// every operation but a top-up gives the same result when it runs twice.
+    /// Runs `quota.lua`'s `op` on `key` with `args`, once more on a dead connection: every operation
+    /// gives the same result when it runs twice (a funding by its idempotency key).
     async fn quota_call(
         &self,
         key: &str,
         op: &str,
         args: &[&dyn ToArg],
-        retry: bool,
     ) -> Result<Answer, StoreError> {
         let names = KeyNames::new(&self.prefix, key, self.conn.is_cluster());
         let tag = names.tag();
         let mut invocation = scripts::QUOTA.prepare_invoke();
-        for role in [":quota", ":reservations", ":amounts", ":settled"] {
+        for role in [
+            ":quota",
+            ":reservations",
+            ":amounts",
+            ":settled",
+            ":funded",
+            ":fundings",
+        ] {
             invocation.key(format!("{tag}{role}"));
         }
         invocation
@@ -53,10 +65,7 @@ impl RedisStore {
         for arg in args {
             arg.push(&mut invocation);
         }
-        let out: Vec<i64> = match retry {
-            true => invoke(&self.conn, &invocation).await?,
-            false => invocation.invoke_async(&mut self.conn.clone()).await?,
-        };
+        let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
         let [outcome, balance, reserved, expired, expires_at_ms] = fields(&out)?;
         Ok(Answer {
             outcome,
@@ -75,21 +84,34 @@ fn unexpected(op: &str, outcome: i64) -> StoreError {
 }
 
 impl QuotaStore for RedisStore {
-    async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, StoreError> {
-        let (mode, n, retry) = match fund {
-            Fund::Set(n) => ("s", n, true),
-            Fund::Add(n) => ("a", n, false),
+    async fn fund(
+        &self,
+        key: &str,
+        fund: Fund,
+        idempotency: &IdempotencyKey,
+    ) -> Result<Funding, StoreError> {
+        let (mode, n) = match fund {
+            Fund::Set(n) => ("s", n),
+            Fund::Add(n) => ("a", n),
         };
         let metered = &self.metered;
         if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
             return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
         }
         metered.view.note(key, true);
-        let answer = self
-            .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
-            .await?;
+        let once: [&dyn ToArg; 6] = [
+            &mode,
+            &n,
+            &MAX_BALANCE,
+            &Member(idempotency.id()),
+            &millis(idempotency.memory()),
+            &MAX_REMEMBERED_FUNDINGS,
+        ];
+        let answer = self.quota_call(key, "f", &once).await?;
         match answer.outcome {
-            1 => Ok(answer.balance),
+            1 => Ok(Funding::Applied(answer.balance)),
+            3 => Ok(Funding::Repeated(answer.balance)),
+            -4 => Ok(Funding::KeyReused),
             -2 => Err(StoreError::Rejected(format!(
                 "the balance would pass the largest, {MAX_BALANCE}"
             ))),
@@ -98,7 +120,7 @@ impl QuotaStore for RedisStore {
     }
 
     async fn balance(&self, key: &str) -> Result<Option<Balance>, StoreError> {
-        let answer = self.quota_call(key, "b", &[], true).await?;
+        let answer = self.quota_call(key, "b", &[]).await?;
         match answer.outcome {
             1 => Ok(Some(answer.balance)),
             -1 => Ok(None),
@@ -117,7 +139,7 @@ impl QuotaStore for RedisStore {
             return Ok(Reserve::Unmetered);
         }
         let args: [&dyn ToArg; 3] = [&Member(id), &amount, &ttl_ms];
-        let answer = self.quota_call(key, "r", &args, true).await?;
+        let answer = self.quota_call(key, "r", &args).await?;
         let balance = answer.balance;
         match answer.outcome {
             1 => Ok(Reserve::Reserved {
@@ -144,9 +166,7 @@ impl QuotaStore for RedisStore {
             Settle::Commit => "c",
             Settle::Refund => "r",
         };
-        let answer = self
-            .quota_call(key, "s", &[&Member(id), &how], true)
-            .await?;
+        let answer = self.quota_call(key, "s", &[&Member(id), &how]).await?;
         match answer.outcome {
             1 => Ok(Settlement::Settled(answer.balance)),
             2 => Ok(Settlement::Already(answer.balance)),
@@ -157,9 +177,7 @@ impl QuotaStore for RedisStore {
     }
 
     async fn extend(&self, key: &str, id: &PermitId, ttl_ms: u64) -> Result<Extension, StoreError> {
-        let answer = self
-            .quota_call(key, "e", &[&Member(id), &ttl_ms], true)
-            .await?;
+        let answer = self.quota_call(key, "e", &[&Member(id), &ttl_ms]).await?;
         match answer.outcome {
             1 => Ok(Extension::Extended {
                 expires_at_ms: answer.expires_at_ms,

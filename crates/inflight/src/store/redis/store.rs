@@ -103,27 +103,29 @@ impl RedisStore {
             .arg(Member(&req.id))
             .arg(req.lease_ms.unwrap_or(0))
             .arg(readd.or(req.readd_weight).unwrap_or(0))
-            .arg(self.offset());
+            .arg(self.offset())
+            .arg(req.token);
         for limits in limits {
             invocation.arg(format!("{} {}", limits.default_limit, limits.max_limit));
         }
         let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
-        let [outcome, limit, in_flight, weight, expires_at_ms, held] = fields(&out)?;
-        let renewal = renewal_of([outcome, limit, in_flight, weight, expires_at_ms])?;
+        let [outcome, limit, in_flight, weight, expires_at_ms, held, token] = fields(&out)?;
+        let renewal = renewal_of([outcome, limit, in_flight, weight, expires_at_ms, token])?;
         Ok((renewal, held == 1))
     }
 }
 
-/// A renewal's answer (`renew.lua`'s first five numbers, `dify.lua`'s five): outcome (1 renewed,
-/// 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms.
+/// A renewal's answer (`renew.lua`'s numbers but `held`, `dify.lua`'s six): outcome (1 renewed,
+/// 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms, token.
 pub(super) fn renewal_of(
-    [outcome, limit, in_flight, weight, expires_at_ms]: [i64; 5],
+    [outcome, limit, in_flight, weight, expires_at_ms, token]: [i64; 6],
 ) -> Result<Renewal, StoreError> {
     let grant = Grant {
         limit: Limit::from_u32(number(limit)?),
         in_flight: number(in_flight)?,
         weight: number(weight)?,
         expires_at_ms: number(expires_at_ms)?,
+        token: number(token)?,
     };
     match outcome {
         1 => Ok(Renewal::Renewed(grant)),
@@ -156,9 +158,9 @@ pub(super) fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
     T::try_from(n).map_err(|_| StoreError::Protocol(format!("number out of range: {n}")))
 }
 
-/// An admission's answer (`batch.lua`'s six numbers, `dify.lua`'s), for a permit of `weight`.
+/// An admission's answer (`batch.lua`'s numbers, `dify.lua`'s), for a permit of `weight`.
 pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, StoreError> {
-    let [decision, index, limit, in_flight, expires_at_ms, reclaimed] = reply;
+    let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, ..] = reply;
     let reclaimed = number(reclaimed)?;
     match decision {
         1 => Ok(Admission::Admitted {
@@ -167,6 +169,7 @@ pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, Store
                 in_flight: number(in_flight)?,
                 weight,
                 expires_at_ms: number(expires_at_ms)?,
+                token: number(token)?,
             },
             reclaimed,
         }),
@@ -194,18 +197,33 @@ impl Store for RedisStore {
         let id = req.id.clone();
         let reply = match self.across(&names) {
             Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
-            None => self.batcher.run(Op::Acquire { names, id, terms }).await?,
+            None => {
+                let keep = 0;
+                self.batcher
+                    .run(Op::Acquire {
+                        names,
+                        id,
+                        terms,
+                        keep,
+                    })
+                    .await?
+            }
         };
         admission_of(reply, req.weight)
     }
 
-    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        token: u64,
+    ) -> Result<bool, StoreError> {
         let names = self.names(keys);
         let released = match self.across(&names) {
-            Some(groups) => self.release_across(names, groups, id).await?,
+            Some(groups) => self.release_across(names, groups, id, token).await?,
             None => {
                 let id = id.clone();
-                self.batcher.run(Op::Release { names, id }).await?[0] == 1
+                self.batcher.run(Op::Release { names, id, token }).await?[0] == 1
             }
         };
         // Heard here at once; other processes hear it through the key's channel.

@@ -55,9 +55,15 @@ pub async fn generated_ids_are_uuids_and_given_ids_are_kept<F: Fixture>(f: F) {
     assert_eq!(given.id().to_string(), "req-123");
     // The given id is what the store holds: releasing it by id frees it.
     let lease = given.detach();
-    assert!(limiter.release("app", &lease.id).await.unwrap());
+    assert!(limiter
+        .release("app", &lease.id, lease.token)
+        .await
+        .unwrap());
     assert!(
-        !limiter.release("app", &lease.id).await.unwrap(),
+        !limiter
+            .release("app", &lease.id, lease.token)
+            .await
+            .unwrap(),
         "second release is a no-op"
     );
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 2);
@@ -75,9 +81,9 @@ pub async fn an_empty_id_is_refused_and_never_matches<F: Fixture>(f: F) {
         .unwrap_err();
     assert!(matches!(err, AcquireError::Invalid(_)), "{err:?}");
     let empty = PermitId::from("");
-    assert!(!limiter.release("app", &empty).await.unwrap());
+    assert!(!limiter.release("app", &empty, 0).await.unwrap());
     assert_eq!(
-        limiter.renew("app", &empty, None).await.unwrap(),
+        limiter.renew("app", &empty, 0, None).await.unwrap(),
         Renewal::Lost
     );
     assert_eq!(
@@ -162,7 +168,7 @@ pub async fn status_of_an_unknown_key_is_empty<F: Fixture>(f: F) {
         (Limit::Limited(7), None, 0)
     );
     assert!(!limiter
-        .release("never-seen", &PermitId::generate())
+        .release("never-seen", &PermitId::generate(), 0)
         .await
         .unwrap());
 }

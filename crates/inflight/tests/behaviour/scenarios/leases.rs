@@ -100,7 +100,11 @@ pub async fn a_renewal_without_a_length_keeps_the_leases_own<F: Fixture>(f: F) {
         .unwrap()
         .detach();
     f.advance(Duration::from_secs(40));
-    let Renewal::Renewed(grant) = limiter.renew("app", &lease.id, None).await.unwrap() else {
+    let Renewal::Renewed(grant) = limiter
+        .renew("app", &lease.id, lease.token, None)
+        .await
+        .unwrap()
+    else {
         panic!("held");
     };
     assert!(
@@ -112,11 +116,14 @@ pub async fn a_renewal_without_a_length_keeps_the_leases_own<F: Fixture>(f: F) {
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 1);
     // A renewal with a length changes it for the renewals after it too.
     limiter
-        .renew("app", &lease.id, Some(Duration::from_secs(5)))
+        .renew("app", &lease.id, lease.token, Some(Duration::from_secs(5)))
         .await
         .unwrap();
     f.advance(Duration::from_secs(4));
-    limiter.renew("app", &lease.id, None).await.unwrap();
+    limiter
+        .renew("app", &lease.id, lease.token, None)
+        .await
+        .unwrap();
     f.advance(Duration::from_secs(6));
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 0);
 }
@@ -183,7 +190,10 @@ pub async fn a_renewal_readds_a_lease_the_store_lost<F: Fixture>(f: F) {
         .await
         .unwrap();
     // The store forgets the lease (as a Redis restarted empty would).
-    assert!(holder.release("app", permit.id()).await.unwrap());
+    assert!(holder
+        .release("app", permit.id(), permit.token())
+        .await
+        .unwrap());
     assert_eq!(holder.status("app").await.unwrap().in_flight, 0);
     holder.renew_now().await;
     assert_eq!(holder.status("app").await.unwrap().in_flight, 1, "re-added");
@@ -227,7 +237,7 @@ pub async fn remote_renewal_of_a_gone_lease_says_lost<F: Fixture>(f: F) {
         .detach();
     f.advance(Duration::from_secs(4));
     match limiter
-        .renew("app", &lease.id, Some(Duration::from_secs(5)))
+        .renew("app", &lease.id, lease.token, Some(Duration::from_secs(5)))
         .await
         .unwrap()
     {
@@ -242,12 +252,15 @@ pub async fn remote_renewal_of_a_gone_lease_says_lost<F: Fixture>(f: F) {
     }
     f.advance(Duration::from_secs(4));
     assert!(matches!(
-        limiter.renew("app", &lease.id, None).await.unwrap(),
+        limiter
+            .renew("app", &lease.id, lease.token, None)
+            .await
+            .unwrap(),
         Renewal::Renewed(_)
     ));
     let unknown = PermitId::from("never-acquired");
     assert_eq!(
-        limiter.renew("app", &unknown, None).await.unwrap(),
+        limiter.renew("app", &unknown, 0, None).await.unwrap(),
         Renewal::Lost
     );
     assert_eq!(

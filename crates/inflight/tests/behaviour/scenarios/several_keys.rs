@@ -58,7 +58,7 @@ pub async fn several_limits_are_taken_together_or_not_at_all<F: Fixture>(f: F) {
     settle(&limiter, "app:b", 0).await;
     settle(&limiter, "global", 2).await;
     assert!(
-        !limiter.release("global", &id).await.unwrap(),
+        !limiter.release("global", &id, 0).await.unwrap(),
         "already released"
     );
     a1.release().await.unwrap();
@@ -100,7 +100,7 @@ pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id
     for _ in 0..3 {
         f.advance(LEASE / 2);
         let (found, renewal) = limiter
-            .renew_recorded(&lease.id, None)
+            .renew_recorded(&lease.id, lease.token, None)
             .await
             .unwrap()
             .unwrap();
@@ -109,17 +109,25 @@ pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id
     }
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);
     assert_eq!(limiter.status("tenant:t").await.unwrap().in_flight, 1);
-    let (found, held) = limiter.release_recorded(&lease.id).await.unwrap().unwrap();
+    let (found, held) = limiter
+        .release_recorded(&lease.id, lease.token)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((found.len(), held), (3, true));
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 0);
     assert_eq!(limiter.status("tenant:t").await.unwrap().in_flight, 0);
     assert!(limiter
-        .renew_recorded(&lease.id, None)
+        .renew_recorded(&lease.id, lease.token, None)
         .await
         .unwrap()
         .is_none());
     assert!(
-        limiter.release_recorded(&lease.id).await.unwrap().is_none(),
+        limiter
+            .release_recorded(&lease.id, lease.token)
+            .await
+            .unwrap()
+            .is_none(),
         "twice: no error"
     );
     // A record whose lease ended goes with it; renew_all and release_all take the keys directly.
@@ -132,15 +140,21 @@ pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id
     limiter.record(&names, &lease.id, LEASE).await.unwrap();
     assert!(matches!(
         limiter
-            .renew_all(&names, &lease.id, Some(LEASE * 2))
+            .renew_all(&names, &lease.id, lease.token, Some(LEASE * 2))
             .await
             .unwrap(),
         Renewal::Renewed(_)
     ));
     f.advance(LEASE * 3);
-    let gone = limiter.renew_recorded(&lease.id, None).await.unwrap();
+    let gone = limiter
+        .renew_recorded(&lease.id, lease.token, None)
+        .await
+        .unwrap();
     assert!(matches!(gone, None | Some((_, Renewal::Lost))), "{gone:?}");
-    assert!(!limiter.release_all(&names, &lease.id).await.unwrap());
+    assert!(!limiter
+        .release_all(&names, &lease.id, lease.token)
+        .await
+        .unwrap());
 }
 
 /// With `a` full, admissions on `[b, a]` are refused again and again while a probe takes `b` alone: the
@@ -220,7 +234,10 @@ pub async fn a_permit_stays_held_when_one_of_its_keys_becomes_limited<F: Fixture
     limiter.set_limit("user:u", 1).await.unwrap();
     let other = limiter.try_acquire("user:u").await.unwrap();
     assert!(other.is_counted());
-    let renewal = limiter.renew_all(&names, &lease.id, None).await.unwrap();
+    let renewal = limiter
+        .renew_all(&names, &lease.id, lease.token, None)
+        .await
+        .unwrap();
     assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);
     assert_eq!(
@@ -229,14 +246,20 @@ pub async fn a_permit_stays_held_when_one_of_its_keys_becomes_limited<F: Fixture
         "no room: uncounted there"
     );
     other.release().await.unwrap();
-    let renewal = limiter.renew_all(&names, &lease.id, None).await.unwrap();
+    let renewal = limiter
+        .renew_all(&names, &lease.id, lease.token, None)
+        .await
+        .unwrap();
     assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
     assert_eq!(
         limiter.status("user:u").await.unwrap().in_flight,
         1,
         "taken once it fits"
     );
-    assert!(limiter.release_all(&names, &lease.id).await.unwrap());
+    assert!(limiter
+        .release_all(&names, &lease.id, lease.token)
+        .await
+        .unwrap());
     // The same for a permit the limiter renews itself: a reload limits one of its keys, which is full.
     let held = limiter
         .try_acquire_all(&["app:b", "user:v"], AcquireOptions::new().id("p2"))

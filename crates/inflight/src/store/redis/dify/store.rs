@@ -14,6 +14,8 @@
 //! - A Dify worker's entry older than the stale age (default 600 s) is evicted, only by an admission
 //!   that needs its slot; inflight's entries are refreshed by every renewal, so Dify never evicts one.
 //! - An override set here is written where Dify's workers also write it; theirs wins when they next do.
+//! - No fencing tokens: Dify's entries keep none (its workers neither give nor check one), so every
+//!   token is 0 and a release or renewal acts on whatever lease the id holds.
 //!
 //! The rest is the plain store's, under its prefix: the index of remote permits, quotas, the health
 //! check and the tests' clock.
@@ -123,7 +125,9 @@ impl DifyStore {
         };
         let lease_ms = req.lease_ms.unwrap_or(0);
         let call = self.call("n", &req.keys, &req.id, lease_ms, readd, &req.limits)?;
-        renewal_of(fields(&self.run(call).await?)?)
+        let [outcome, limit, in_flight, weight, expires_at_ms] = fields(&self.run(call).await?)?;
+        // No tokens: Dify's entries keep none (see the module's doc).
+        renewal_of([outcome, limit, in_flight, weight, expires_at_ms, 0])
     }
 }
 
@@ -136,13 +140,22 @@ impl Store for DifyStore {
         }
         let call = self.call("a", req.keys, req.id, req.lease_ms, "", req.limits)?;
         let out = self.run(call).await?;
-        let reply = out.as_slice().try_into();
-        let reply =
-            reply.map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
-        admission_of(reply, req.weight)
+        let reply: [i64; 6] = out
+            .as_slice()
+            .try_into()
+            .map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
+        let mut padded = [0; 10];
+        padded[..6].copy_from_slice(&reply);
+        admission_of(padded, req.weight)
     }
 
-    async fn release(&self, keys: &[Arc<str>], id: &PermitId) -> Result<bool, StoreError> {
+    /// By id alone: Dify's entries keep no token (see the module's doc).
+    async fn release(
+        &self,
+        keys: &[Arc<str>],
+        id: &PermitId,
+        _token: u64,
+    ) -> Result<bool, StoreError> {
         let call = self.call("r", keys, id, 0, "", &[])?;
         let [released] = fields(&self.run(call).await?)?;
         // Heard here at once; other processes hear it through the key's channel.
