@@ -55,9 +55,8 @@ def mix(name: str) -> list[tuple[list[str], int]]:
 
 
 def token_of(permit: Permit) -> int | None:
-    """The permit's fencing token, when the client gives one."""
-    token = getattr(permit, "token", None)
-    return token if isinstance(token, int) else None
+    """The permit's fencing token (``None`` for 0: nothing held, an unlimited key)."""
+    return permit.token or None
 
 
 def connect(url: str) -> redis.Redis[bytes]:

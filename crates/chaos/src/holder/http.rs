@@ -64,9 +64,11 @@ fn parse(raw: &[u8]) -> Answer {
     Answer { status, body }
 }
 
-/// The fencing token of an admission's answer, when the server gives one.
+/// The fencing token of an admission's answer (`None` for 0: nothing held, an unlimited key).
 pub(crate) fn token_in(body: &Value) -> Option<u64> {
-    body.get("token").and_then(Value::as_u64)
+    body.get("token")
+        .and_then(Value::as_u64)
+        .filter(|&token| token > 0)
 }
 
 pub(super) async fn run(task: Arc<Task>) -> crate::Result {
@@ -136,7 +138,8 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         }
         tokio::time::sleep_until(next).await;
         let invoke = history.now();
-        let renewal = json!({"lease_ms": info.lease_ms}).to_string();
+        // Naming the admission's token: a renewal never takes over a later admission of the id.
+        let renewal = json!({"lease_ms": info.lease_ms, "token": token}).to_string();
         let result = match request(addr, "PUT", &path, &renewal).await {
             Ok(a) if a.status == 200 => "renewed",
             Ok(a) if a.status == 404 => "lost",
@@ -146,7 +149,12 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         history.permit_op("renew", &info, (invoke, history.now()), result, None);
     }
     let invoke = history.now();
-    let answer = request(addr, "DELETE", &path, "").await;
+    // Naming the token: a late release never removes a later admission of the same id.
+    let release = match token {
+        Some(token) => format!("{path}?token={token}"),
+        None => path.clone(),
+    };
+    let answer = request(addr, "DELETE", &release, "").await;
     let result = match answer {
         Ok(a) if (200..300).contains(&a.status) => "released",
         Ok(a) if a.status == 404 => "gone",

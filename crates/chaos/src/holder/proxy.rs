@@ -30,8 +30,9 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
     Ok(())
 }
 
-/// Reads until the end of the answer's head; its status (0 when none came).
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<u16> {
+/// Reads until the end of the answer's head; its status (0 when none came) and the admission's token
+/// the upstream told back (`X-Chaos-Token`).
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<(u16, Option<u64>)> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -41,11 +42,17 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<u16> {
         head.push(byte[0]);
     }
     let text = String::from_utf8_lossy(&head);
-    Ok(text
+    let status = text
         .split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0))
+        .unwrap_or(0);
+    let token = text.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        let token = value.trim().parse().ok()?;
+        name.eq_ignore_ascii_case("x-chaos-token").then_some(token)
+    });
+    Ok((status, token.filter(|&t| t > 0)))
 }
 
 async fn cycle(task: &Task, rng: &mut Rng) {
@@ -75,7 +82,7 @@ async fn cycle(task: &Task, rng: &mut Rng) {
     };
     let opened = tokio::time::timeout(Duration::from_secs(10), opened).await;
     let complete = history.now();
-    let (mut stream, status) = match opened {
+    let (mut stream, (status, token)) = match opened {
         Ok(Ok(opened)) => opened,
         _ => {
             history.permit_op("acquire", &info, (invoke, complete), "error", None);
@@ -87,8 +94,7 @@ async fn cycle(task: &Task, rng: &mut Rng) {
         429 => "full",
         _ => "error",
     };
-    // The proxy's `Inflight-Token` header is off by default: no token here.
-    history.permit_op("acquire", &info, (invoke, complete), result, None);
+    history.permit_op("acquire", &info, (invoke, complete), result, token);
     if status != 200 {
         tokio::time::sleep(Duration::from_millis(5 + rng.below(20))).await;
         return;

@@ -22,9 +22,9 @@ pub(crate) fn policy() -> Policy {
     policy
 }
 
-/// The fencing token of an admission, when the library gives one.
-pub(crate) fn token_of(_permit: &Permit) -> Option<u64> {
-    None
+/// The fencing token of an admission (`None` for 0: nothing held, an unlimited key).
+pub(crate) fn token_of(permit: &Permit) -> Option<u64> {
+    Some(permit.token()).filter(|&token| token > 0)
 }
 
 pub(super) async fn run(task: Arc<Task>) -> crate::Result {

@@ -146,6 +146,7 @@ fn run_one(
     let (serve, serve_addr) = start_inflight(inflight, "serve", &store, plan.lease_ms, &[], dir)?;
     let upstream = format!("127.0.0.1:{}", runtime.block_on(upstream::start())?);
     let proxy_flags = [
+        "--forward-token".to_owned(),
         "--upstream".to_owned(),
         format!("http://{upstream}"),
         "--admin-listen".to_owned(),

@@ -1,5 +1,6 @@
 //! The proxy's upstream: `GET /work/{id}` streams a chunk every 20 ms until `POST /end/{id}` comes
-//! (straight from the holder, not through the proxy), its client goes, or 30 s pass.
+//! (straight from the holder, not through the proxy), its client goes, or 30 s pass. It tells the
+//! admission's token back in `X-Chaos-Token`.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -44,9 +45,20 @@ async fn serve(mut stream: TcpStream, ended: Arc<Mutex<HashSet<String>>>) -> std
         return stream.write_all(answer.as_bytes()).await;
     }
     let id = path.strip_prefix("/work/").unwrap_or_default().to_owned();
-    stream
-        .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        .await?;
+    // The admission's token, as the proxy forwards it (`--forward-token`), told back to the client.
+    let token = text
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("inflight-token")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    let head = format!(
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\
+         X-Chaos-Token: {token}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if ended.lock().expect("the set").remove(&id) {
