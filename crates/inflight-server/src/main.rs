@@ -14,6 +14,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let (cli, matches) = inflight_server::config::env::parse();
+    // `check-history` reads files: no runtime, and exit codes of its own.
+    if let Command::CheckHistory(args) = &cli.command {
+        return inflight_server::history::run(args);
+    }
     // `serve` and `proxy` answer on worker threads of their own (server/), each with its limiter and
     // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
     // threads (a multi-thread runtime even for one: the main thread only waits for the tasks).
@@ -69,6 +73,7 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
             );
             return Ok(());
         }
+        Command::CheckHistory(_) => unreachable!("`check-history` returns before the runtime"),
     };
     let log = init_logging(settings.logging.log_format, settings.logging.filter()?);
     let shared = Shared::new(&settings)?;
@@ -135,7 +140,9 @@ fn reload_on_hangup(
                 let settings = match &command {
                     Command::Serve(args) => args.layered(&matches),
                     Command::Proxy(args) => args.layered(&matches).map(|proxy| proxy.serve),
-                    Command::Bench(_) | Command::CheckConfig(_) => return,
+                    Command::Bench(_) | Command::CheckConfig(_) | Command::CheckHistory(_) => {
+                        return
+                    }
                 };
                 let reloaded = settings.and_then(|settings| {
                     let policy = settings.policy()?;

@@ -61,6 +61,13 @@ pub enum Command {
     /// Checks a settings file as `serve` (or `proxy`) would load it, environment included: exits 0, or
     /// names the setting that is wrong and why.
     CheckConfig(CheckArgs),
+    /// Checks the histories of a fault run: certain over-admission, tokens going backwards, leaks, losses.
+    ///
+    /// Reads JSON-lines histories (docs/histories.md) as one history; reports over-admission only where
+    /// certain, fencing tokens going backwards, slots leaked at the end, permits lost and the recovery
+    /// after each fault. Exits 0 (nothing certain went wrong), 1 (over-admission or a token going
+    /// backwards) or 2 (a file or line that cannot be read, named).
+    CheckHistory(crate::history::CheckHistoryArgs),
 }
 
 /// A setting that could not be used: names the setting and says why.
