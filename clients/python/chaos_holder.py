@@ -123,7 +123,7 @@ class Holder:
         complete = self.history.now()
         self.op("acquire", keys, id, weight, (invoke, complete), result=result, token=token_of(permit))
         hold_until = time.monotonic() + self.hold(rng)
-        lost, expires_ms = False, permit.expires_at_ms or 0
+        lost, expires_ms, token = False, permit.expires_at_ms or 0, token_of(permit)
         while time.monotonic() < hold_until:
             time.sleep(0.01)
             if not lost and permit.lost:
@@ -132,7 +132,10 @@ class Holder:
                 self.op("renew", keys, id, weight, (now, now), result="lost")
             if not lost and (permit.expires_at_ms or 0) > expires_ms:
                 expires_ms = permit.expires_at_ms or 0
-                self.log_renewal(keys, id, weight, expires_ms)
+                # A lease re-added (it had gone) comes with a new token.
+                readded = token_of(permit) if token_of(permit) != token else None
+                token = token_of(permit)
+                self.log_renewal(keys, id, weight, expires_ms, readded)
         invoke = self.history.now()
         # The client's release never raises (a failed one leaves a lease that ends on its own): "released"
         # says it was sent, which is all the checker reads from it (held until its invoke).
@@ -147,12 +150,16 @@ class Holder:
             return lease * (1 + rng.random() * 1.5)
         return 0.005 + rng.random() * longest
 
-    def log_renewal(self, keys: list[str], id: str, weight: int, expires_ms: int) -> None:
+    def log_renewal(
+        self, keys: list[str], id: str, weight: int, expires_ms: int, readded: int | None
+    ) -> None:
         """A renewal the client made, seen as a later expiry: Redis granted it at ``expires_ms - lease``
-        (this machine's clock), so it was invoked before; 5 ms earlier still, for the clocks' rounding."""
+        (this machine's clock), so it was invoked before; 5 ms earlier still, for the clocks' rounding.
+        ``readded``: the new token of a lease that had gone and was added again."""
         now = self.history.now()
         invoke = min(max(0, (expires_ms - self.args.lease_ms) * 1_000_000 - 5_000_000), now)
-        self.op("renew", keys, id, weight, (invoke, now), result="renewed")
+        result = "renewed" if readded is None else "readded"
+        self.op("renew", keys, id, weight, (invoke, now), result=result, token=readded)
 
     def run(self) -> None:
         threads = [threading.Thread(target=self.task, args=(n,), daemon=True) for n in range(self.args.tasks)]

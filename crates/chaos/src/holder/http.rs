@@ -105,7 +105,7 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
     let invoke = history.now();
     let answer = request(addr, "POST", "/v1/permits", &body.to_string()).await;
     let complete = history.now();
-    let (result, token) = match &answer {
+    let (result, mut token) = match &answer {
         Ok(a) if a.status == 201 => {
             let body: Value = serde_json::from_str(&a.body).unwrap_or(Value::Null);
             // An unlimited key is answered without a lease.
@@ -140,13 +140,21 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         let invoke = history.now();
         // Naming the admission's token: a renewal never takes over a later admission of the id.
         let renewal = json!({"lease_ms": info.lease_ms, "token": token}).to_string();
-        let result = match request(addr, "PUT", &path, &renewal).await {
-            Ok(a) if a.status == 200 => "renewed",
-            Ok(a) if a.status == 404 => "lost",
-            _ => "error",
+        let (result, readded) = match request(addr, "PUT", &path, &renewal).await {
+            Ok(a) if a.status == 200 => {
+                // A lease re-added (it had gone) comes with a new token, named from then on.
+                let body: Value = serde_json::from_str(&a.body).unwrap_or(Value::Null);
+                match token_in(&body).filter(|&new| Some(new) != token) {
+                    Some(new) => ("readded", Some(new)),
+                    None => ("renewed", None),
+                }
+            }
+            Ok(a) if a.status == 404 => ("lost", None),
+            _ => ("error", None),
         };
         lost = result == "lost";
-        history.permit_op("renew", &info, (invoke, history.now()), result, None);
+        token = readded.or(token);
+        history.permit_op("renew", &info, (invoke, history.now()), result, readded);
     }
     let invoke = history.now();
     // Naming the token: a late release never removes a later admission of the same id.

@@ -102,7 +102,7 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
         }
     };
     let hold_until = Instant::now() + task.hold(rng);
-    let (mut lost, mut expires_ms) = (false, permit.expires_at_ms());
+    let (mut lost, mut expires_ms, mut token) = (false, permit.expires_at_ms(), token_of(&permit));
     while Instant::now() < hold_until {
         tokio::time::sleep(Duration::from_millis(10)).await;
         if !lost && permit.is_lost() {
@@ -112,7 +112,10 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
         }
         if !lost && permit.expires_at_ms() > expires_ms {
             expires_ms = permit.expires_at_ms();
-            log_renewal(task, &info, expires_ms);
+            // A lease re-added (it had gone) comes with a new token.
+            let readded = token_of(&permit) != token;
+            token = token_of(&permit);
+            log_renewal(task, &info, expires_ms, readded.then_some(token).flatten());
         }
     }
     let invoke = history.now();
@@ -128,10 +131,16 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
 /// Logs a renewal the library made, seen as a later expiry: Redis granted it at `expires_ms - lease`
 /// (its clock is this machine's wall clock), so it was invoked before; 5 ms earlier still, for the
 /// clocks' rounding. Its lease then lasts at least until the logged invoke + lease.
-fn log_renewal(task: &Task, info: &PermitInfo, expires_ms: u64) {
+/// `readded`: the new token of a lease that had gone and was added again.
+fn log_renewal(task: &Task, info: &PermitInfo, expires_ms: u64, readded: Option<u64>) {
     let now = task.history.now();
     let granted_ns = expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
     let invoke = granted_ns.saturating_sub(5_000_000).min(now);
+    let result = if readded.is_some() {
+        "readded"
+    } else {
+        "renewed"
+    };
     task.history
-        .permit_op("renew", info, (invoke, now), "renewed", None);
+        .permit_op("renew", info, (invoke, now), result, readded);
 }

@@ -58,68 +58,31 @@ pub(crate) fn check(inflight: &Path, files: &[PathBuf]) -> Value {
     }
 }
 
-/// A number the verdict gives under any of `names` (its fields may nest one level).
-pub(crate) fn field(verdict: &Value, names: &[&str]) -> Value {
-    for name in names {
-        if let Some(value) = verdict.get(*name) {
-            return value.clone();
-        }
-        let nested = verdict
-            .as_object()
-            .into_iter()
-            .flat_map(|o| o.values())
-            .find_map(|v| v.get(*name));
-        if let Some(value) = nested {
-            return value.clone();
-        }
-    }
-    Value::Null
+/// The verdict's `name` (null when it has none).
+pub(crate) fn field(verdict: &Value, name: &str) -> Value {
+    verdict.get(name).cloned().unwrap_or(Value::Null)
 }
 
-/// The checker's verdict on each key of `keys` alone: the histories' lines projected on the key (a
-/// permit on several keys keeps only this one) in `dir/<key>.jsonl`, each judged by itself, so that a
-/// bound per key (its limit) can be checked against the largest excess on that key.
-pub(crate) fn per_key(
-    inflight: &Path,
-    files: &[PathBuf],
-    keys: &[String],
-    dir: &Path,
-) -> Vec<(String, Value)> {
-    let _ = std::fs::create_dir_all(dir);
-    let mut lines = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        lines.extend(
-            text.lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok()),
-        );
-    }
-    let mut verdicts = Vec::new();
-    for key in keys {
-        let mut out = String::new();
-        for line in &lines {
-            let names = line["keys"].as_array().cloned().unwrap_or_default();
-            let at = names.iter().position(|k| k == key.as_str());
-            let mut line = line.clone();
-            match at {
-                Some(at) => {
-                    for field in ["keys", "limits", "in_flight", "tokens"] {
-                        if let Some(values) = line[field].as_array() {
-                            line[field] = json!([values.get(at).cloned().unwrap_or(Value::Null)]);
-                        }
-                    }
-                }
-                // Faults name no key; every other line of another key stays out.
-                None if names.is_empty() => {}
-                None => continue,
-            }
-            out.push_str(&line.to_string());
-            out.push('\n');
-        }
-        let path = dir.join(format!("{}.jsonl", key.replace(':', "_")));
-        if std::fs::write(&path, out).is_ok() {
-            verdicts.push((key.clone(), check(inflight, &[path])));
-        }
-    }
-    verdicts
+/// The keys over their limit by more than `allowed(key's limit)`: from the verdict's per-key figures.
+pub(crate) fn keys_over(verdict: &Value, allowed: impl Fn(u64) -> u64) -> Vec<String> {
+    let keys = verdict["keys"].as_array().cloned().unwrap_or_default();
+    keys.iter()
+        .filter(|key| {
+            let limit = key["limit"].as_u64().unwrap_or(0);
+            key["largest_excess"].as_u64().unwrap_or(0) > allowed(limit)
+        })
+        .map(|key| key["key"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The longest recovery after a fault, in ms (null when no admission followed one).
+pub(crate) fn recovery_ms(verdict: &Value) -> Value {
+    let faults = verdict["faults"].as_array().cloned().unwrap_or_default();
+    let longest = faults
+        .iter()
+        .filter_map(|fault| fault["recovery_ms"].as_f64())
+        .fold(None, |max: Option<f64>, ms| {
+            Some(max.map_or(ms, |m| m.max(ms)))
+        });
+    longest.map_or(Value::Null, |ms| json!((ms * 10.0).round() / 10.0))
 }

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use self::relay::Relay;
 use self::scenarios::{Bound, Fault, Scenario, Stage};
 use self::topology::{default_inflight, start_inflight, Kind, Proc, Topology};
-use crate::history::{limit_of, History};
+use crate::history::History;
 use crate::holder::keys_of;
 
 /// What `run` is told.
@@ -102,14 +102,7 @@ pub(crate) fn run(args: RunArgs) -> crate::Result<bool> {
         let files = run_one(&args, &runtime, &scenario, &inflight, &dir)?;
         let (operations, admissions) = check::count(&files);
         let verdict = check::check(&inflight, &files);
-        // A bound per key: each key's own verdict, when the whole run over-admitted.
-        let per_key = match scenario.bound {
-            Bound::LostLeases if over_admissions(&verdict) > 0 => {
-                check::per_key(&inflight, &files, &keys_of("multi"), &dir.join("by-key"))
-            }
-            _ => Vec::new(),
-        };
-        let ok = judge(scenario.bound, &verdict, &per_key);
+        let ok = judge(scenario.bound, &verdict);
         all_ok &= ok == Some(true);
         let line = report(
             &scenario,
@@ -263,34 +256,19 @@ async fn statuses(url: &str, runner: &History) {
     }
 }
 
-/// The count of instants over a limit in a verdict.
-fn over_admissions(verdict: &Value) -> u64 {
-    check::field(
-        verdict,
-        &["over_admissions", "over_admission_count", "count"],
-    )
-    .as_u64()
-    .unwrap_or(0)
-}
-
-/// Whether the verdict is within `bound` (with `per_key`, each key's own verdict, for a bound per key);
-/// `None` when there is no verdict.
-fn judge(bound: Bound, verdict: &Value, per_key: &[(String, Value)]) -> Option<bool> {
-    if verdict.get("error").is_some() || per_key.iter().any(|(_, v)| v.get("error").is_some()) {
+/// Whether the verdict is within `bound`; `None` when there is no verdict. Leaks and tokens going
+/// backwards are over every bound.
+fn judge(bound: Bound, verdict: &Value) -> Option<bool> {
+    if verdict.get("error").is_some() {
         return None;
     }
-    let number = |names: &[&str]| check::field(verdict, names).as_u64().unwrap_or(0);
-    let leaked = number(&["slots_leaked", "leaked"]);
-    let tokens = number(&["token_violations", "tokens_backwards"]);
+    let number = |name: &str| check::field(verdict, name).as_u64().unwrap_or(0);
     let within = match bound {
-        Bound::Zero => over_admissions(verdict) == 0,
+        Bound::Zero => number("over_admissions") == 0,
         // Over a key's limit by at most that limit (RELIABILITY.md, "Failover").
-        Bound::LostLeases => per_key.iter().all(|(key, verdict)| {
-            let excess = check::field(verdict, &["largest_excess", "max_excess"]);
-            excess.as_u64().unwrap_or(0) <= u64::from(limit_of(key))
-        }),
+        Bound::LostLeases => check::keys_over(verdict, |limit| limit).is_empty(),
     };
-    Some(within && leaked == 0 && tokens == 0)
+    Some(within && number("slots_leaked") == 0 && number("token_violations") == 0)
 }
 
 /// The scenario's line, its fields in this order (a JSON object is unordered; people read it in order).
@@ -302,7 +280,7 @@ fn report(
     started: Instant,
     dir: &std::path::Path,
 ) -> String {
-    let field = |names: &[&str]| check::field(verdict, names);
+    let field = |name: &str| check::field(verdict, name);
     let result = match ok {
         Some(true) => "within bound",
         Some(false) => "OVER BOUND",
@@ -310,24 +288,32 @@ fn report(
     };
     let fields = [
         ("scenario", json!(scenario.name)),
-        ("operations", json!(operations)),
-        ("admissions", json!(admissions)),
+        // The checker's counts, or this run's own when it gave none.
+        (
+            "operations",
+            verdict
+                .get("operations")
+                .cloned()
+                .unwrap_or(json!(operations)),
+        ),
+        (
+            "admissions",
+            verdict
+                .get("admissions")
+                .cloned()
+                .unwrap_or(json!(admissions)),
+        ),
         (
             "over_admission",
-            json!({
-                "count": field(&["over_admissions", "over_admission_count", "count"]),
-                "largest_excess": field(&["largest_excess", "max_excess"]),
-            }),
+            json!({"count": field("over_admissions"), "largest_excess": field("largest_excess")}),
         ),
-        ("slots_leaked", field(&["slots_leaked", "leaked"])),
-        ("permits_lost", field(&["permits_lost", "lost"])),
-        ("recovery_ms", field(&["recovery_ms", "recovery"])),
-        (
-            "token_violations",
-            field(&["token_violations", "tokens_backwards"]),
-        ),
+        ("slots_leaked", field("slots_leaked")),
+        ("permits_lost", field("permits_lost")),
+        ("recovery_ms", check::recovery_ms(verdict)),
+        ("token_violations", field("token_violations")),
         ("bound", json!(scenario.bound.text())),
         ("result", json!(result)),
+        ("keys_over", json!(check::keys_over(verdict, |_| 0))),
         (
             "checker_error",
             verdict.get("error").cloned().unwrap_or(Value::Null),
