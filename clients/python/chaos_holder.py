@@ -129,18 +129,18 @@ class Holder:
             if not lost and permit.lost:
                 lost = True
                 now = self.history.now()
-                self.op("renew", keys, id, weight, (now, now), result="lost")
+                self.op("renew", keys, id, weight, (now, now), result="lost", token=token)
             if not lost and (permit.expires_at_ms or 0) > expires_ms:
                 expires_ms = permit.expires_at_ms or 0
                 # A lease re-added (it had gone) comes with a new token.
-                readded = token_of(permit) if token_of(permit) != token else None
+                readded = token_of(permit) != token
                 token = token_of(permit)
-                self.log_renewal(keys, id, weight, expires_ms, readded)
+                self.log_renewal(keys, id, weight, expires_ms, invoke, token, readded)
         invoke = self.history.now()
         # The client's release never raises (a failed one leaves a lease that ends on its own): "released"
         # says it was sent, which is all the checker reads from it (held until its invoke).
         result = "released" if permit.release() else "gone"
-        self.op("release", keys, id, weight, (invoke, self.history.now()), result=result)
+        self.op("release", keys, id, weight, (invoke, self.history.now()), result=result, token=token)
 
     def hold(self, rng: random.Random) -> float:
         """A random hold in seconds; one in eight longer than the lease (1 to 2.5 leases)."""
@@ -151,15 +151,24 @@ class Holder:
         return 0.005 + rng.random() * longest
 
     def log_renewal(
-        self, keys: list[str], id: str, weight: int, expires_ms: int, readded: int | None
+        self,
+        keys: list[str],
+        id: str,
+        weight: int,
+        expires_ms: int,
+        after_ns: int,
+        token: int | None,
+        readded: bool,
     ) -> None:
         """A renewal the client made, seen as a later expiry: Redis granted it at ``expires_ms - lease``
-        (this machine's clock), so it was invoked before; 5 ms earlier still, for the clocks' rounding.
-        ``readded``: the new token of a lease that had gone and was added again."""
+        (this machine's clock), so it was invoked before that (5 ms before, for the clocks' rounding) and
+        after the admission's invoke (``after_ns``). ``readded``: the lease had gone and came back with a
+        new ``token``."""
         now = self.history.now()
-        invoke = min(max(0, (expires_ms - self.args.lease_ms) * 1_000_000 - 5_000_000), now)
-        result = "renewed" if readded is None else "readded"
-        self.op("renew", keys, id, weight, (invoke, now), result=result, token=readded)
+        granted = (expires_ms - self.args.lease_ms) * 1_000_000
+        invoke = min(max(granted - 5_000_000, after_ns + 1), now)
+        result = "readded" if readded else "renewed"
+        self.op("renew", keys, id, weight, (invoke, now), result=result, token=token)
 
     def run(self) -> None:
         threads = [threading.Thread(target=self.task, args=(n,), daemon=True) for n in range(self.args.tasks)]

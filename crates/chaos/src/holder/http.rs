@@ -154,7 +154,7 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         };
         lost = result == "lost";
         token = readded.or(token);
-        history.permit_op("renew", &info, (invoke, history.now()), result, readded);
+        history.permit_op("renew", &info, (invoke, history.now()), result, token);
     }
     let invoke = history.now();
     // Naming the token: a late release never removes a later admission of the same id.
@@ -168,5 +168,5 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         Ok(a) if a.status == 404 => "gone",
         _ => "error",
     };
-    history.permit_op("release", &info, (invoke, history.now()), result, None);
+    history.permit_op("release", &info, (invoke, history.now()), result, token);
 }

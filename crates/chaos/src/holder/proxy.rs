@@ -107,7 +107,7 @@ async fn cycle(task: &Task, rng: &mut Rng) {
         #[allow(deprecated)]
         let _ = stream.set_linger(Some(Duration::ZERO));
         drop(stream);
-        history.permit_op("release", &info, (invoke, history.now()), "released", None);
+        history.permit_op("release", &info, (invoke, history.now()), "released", token);
         return;
     }
     let upstream = task.args.upstream.as_deref().unwrap_or_default();
@@ -118,5 +118,6 @@ async fn cycle(task: &Task, rng: &mut Rng) {
         (Ok(a), Ok(Ok(_))) if a.status == 200 => "released",
         _ => "error",
     };
-    history.permit_op("release", &info, (invoke, history.now()), result, None);
+    // The proxy releases the lease of the token it forwarded.
+    history.permit_op("release", &info, (invoke, history.now()), result, token);
 }

@@ -108,14 +108,20 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
         if !lost && permit.is_lost() {
             lost = true;
             let now = history.now();
-            history.permit_op("renew", &info, (now, now), "lost", None);
+            history.permit_op("renew", &info, (now, now), "lost", token);
         }
         if !lost && permit.expires_at_ms() > expires_ms {
             expires_ms = permit.expires_at_ms();
             // A lease re-added (it had gone) comes with a new token.
             let readded = token_of(&permit) != token;
             token = token_of(&permit);
-            log_renewal(task, &info, expires_ms, readded.then_some(token).flatten());
+            let renewal = Renewal {
+                expires_ms,
+                after_ns: invoke,
+                token,
+                readded,
+            };
+            log_renewal(task, &info, renewal);
         }
     }
     let invoke = history.now();
@@ -125,22 +131,37 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
     } else {
         "error"
     };
-    history.permit_op("release", &info, (invoke, history.now()), result, None);
+    // The library's release names the token of the lease it holds.
+    history.permit_op("release", &info, (invoke, history.now()), result, token);
 }
 
-/// Logs a renewal the library made, seen as a later expiry: Redis granted it at `expires_ms - lease`
-/// (its clock is this machine's wall clock), so it was invoked before; 5 ms earlier still, for the
-/// clocks' rounding. Its lease then lasts at least until the logged invoke + lease.
-/// `readded`: the new token of a lease that had gone and was added again.
-fn log_renewal(task: &Task, info: &PermitInfo, expires_ms: u64, readded: Option<u64>) {
+/// A renewal the library made, seen as a later expiry.
+struct Renewal {
+    /// The new expiry (ms since the epoch, Redis's clock).
+    expires_ms: u64,
+    /// The admission's invoke: a renewal is invoked after it.
+    after_ns: u64,
+    /// The lease's token now.
+    token: Option<u64>,
+    /// True when the token changed: the lease had gone and was added again.
+    readded: bool,
+}
+
+/// Logs a renewal seen as a later expiry: Redis granted it at `expires_ms - lease` (its clock is this
+/// machine's wall clock), so it was invoked before that (5 ms before, for the clocks' rounding) and
+/// after the admission's invoke. Its lease then lasts at least until the logged invoke + lease.
+fn log_renewal(task: &Task, info: &PermitInfo, renewal: Renewal) {
     let now = task.history.now();
-    let granted_ns = expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
-    let invoke = granted_ns.saturating_sub(5_000_000).min(now);
-    let result = if readded.is_some() {
+    let granted_ns = renewal.expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
+    let invoke = granted_ns
+        .saturating_sub(5_000_000)
+        .max(renewal.after_ns + 1)
+        .min(now);
+    let result = if renewal.readded {
         "readded"
     } else {
         "renewed"
     };
     task.history
-        .permit_op("renew", info, (invoke, now), result, readded);
+        .permit_op("renew", info, (invoke, now), result, renewal.token);
 }
