@@ -86,3 +86,19 @@ pub(crate) fn recovery_ms(verdict: &Value) -> Value {
         });
     longest.map_or(Value::Null, |ms| json!((ms * 10.0).round() / 10.0))
 }
+
+/// How long the fault was in force, in ms (the runner's fault line).
+pub(crate) fn fault_ms(verdict: &Value) -> Value {
+    let faults = verdict["faults"].as_array().cloned().unwrap_or_default();
+    let longest = faults
+        .iter()
+        .filter_map(|f| {
+            Some(
+                f["complete_ns"]
+                    .as_u64()?
+                    .saturating_sub(f["invoke_ns"].as_u64()?),
+            )
+        })
+        .max();
+    longest.map_or(Value::Null, |ns| json!(ns / 1_000_000))
+}

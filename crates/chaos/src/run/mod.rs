@@ -309,6 +309,7 @@ fn report(
         ),
         ("slots_leaked", field("slots_leaked")),
         ("permits_lost", field("permits_lost")),
+        ("fault_ms", check::fault_ms(verdict)),
         ("recovery_ms", check::recovery_ms(verdict)),
         ("token_violations", field("token_violations")),
         ("bound", json!(scenario.bound.text())),
