@@ -65,6 +65,10 @@ pub(crate) struct HolderArgs {
     /// Proxy: drop the connection instead of reading the answer to its end (a disconnect storm).
     #[arg(long)]
     pub(crate) storm: bool,
+    /// Rust: enforce 2 on the `l1:*` keys while logging their limit as 1, for a control run that must be
+    /// caught over its limits.
+    #[arg(long)]
+    pub(crate) loose: bool,
 }
 
 /// One permit to take: its keys and weight.
