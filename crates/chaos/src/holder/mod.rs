@@ -168,8 +168,9 @@ impl Task {
     /// lasts only through renewals.
     pub(crate) fn hold(&self, rng: &mut Rng) -> Duration {
         let lease = self.args.lease_ms;
+        // A storm's clients hold briefly: the storm is their coming and going.
         Duration::from_millis(match rng.below(8) {
-            0 => lease + rng.below(lease * 3 / 2),
+            0 if !self.args.storm => lease + rng.below(lease * 3 / 2),
             _ => 5 + rng.below(self.args.max_hold_ms.max(1)),
         })
     }
