@@ -23,11 +23,14 @@ def test_admits_refuses_and_releases(http: HttpLimiter) -> None:
     assert (a.key, a.limit, a.in_flight) == ("app/1 x", 2, 1)
     with http.try_acquire("app/1 x", id="req-1") as b:
         assert b.id == "req-1" and b.in_flight == 2
-        again = http.try_acquire("app/1 x", id="req-1")  # kept: dropping it would release req-1
+        again = http.try_acquire("app/1 x", id="req-1")
         assert again.in_flight == 2  # a held id counts once
         with pytest.raises(TooManyRequests) as refused:
             http.try_acquire("app/1 x")
         assert refused.value.key == "app/1 x"
+    # Two permits of this process under one id hold the slot until the last of them goes.
+    assert http.status("app/1 x").in_flight == 2
+    assert again.release() is True
     assert http.status("app/1 x").in_flight == 1
     assert a.release() is True and a.release() is False
     assert http.status("app/1 x").in_flight == 0

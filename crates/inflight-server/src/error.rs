@@ -117,6 +117,12 @@ impl From<StoreError> for ApiError {
                     "{max} reservations of this key are open, the most allowed: settle one first."
                 ),
             ),
+            StoreError::IdInUse => (
+                StatusCode::CONFLICT,
+                "permit_id_in_use",
+                "The id names a held permit on other keys: release it first, or use another id."
+                    .to_string(),
+            ),
             StoreError::TooManyQuotas { max } => (
                 StatusCode::CONFLICT,
                 "too_many_quotas",

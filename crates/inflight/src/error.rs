@@ -77,6 +77,10 @@ pub enum StoreError {
         /// The bound.
         max: usize,
     },
+    /// The permit id is recorded for a permit on other keys ([`crate::Limiter::record`]): one id names
+    /// one permit, so that renewing or releasing it by id acts on all of its keys.
+    #[error("the permit id names a permit on other keys")]
+    IdInUse,
 }
 
 impl StoreError {

@@ -334,3 +334,46 @@ async fn quotas_work_across_slots_and_processes_on_a_cluster() {
         .unwrap();
     assert_eq!(index, 3, "every funded key in the index");
 }
+
+/// The third finding: when a later slot refused, the slots taken before were rolled back by id,
+/// which removed a lease the id already held there: a refused re-entry left the live holder uncounted.
+/// Now each taken slot is put back as it was (the lease, its weight and its token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_re_entry_across_slots_leaves_the_held_lease_as_it_was() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("reentry");
+    let limiter = limiter(
+        cluster.store_builder(&prefix).open().unwrap(),
+        Policy::new(2, 0),
+    );
+    // Two keys of two slots, in the order they are taken (slot order).
+    let mut pair = ["a", "b"];
+    assert_ne!(cluster.slot_of("a"), cluster.slot_of("b"));
+    pair.sort_by_key(|key| cluster.slot_of(key));
+    let [first, second] = pair;
+    let options = |weight| AcquireOptions::new().id("job").weight(weight);
+    let held = limiter.try_acquire_all(&pair, options(1)).await.unwrap();
+    let held = held.detach();
+    let _other = limiter.try_acquire(second).await.unwrap();
+    // The same id again, heavier: the first slot has room for it, the second does not.
+    let refused = limiter
+        .try_acquire_all(&pair, options(2))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.key, second, "{refused:?}");
+    assert!(refused.error.is_full(), "{refused:?}");
+    assert_eq!(
+        limiter.status(first).await.unwrap().in_flight,
+        1,
+        "still held"
+    );
+    assert_eq!(limiter.status(second).await.unwrap().in_flight, 2);
+    // Still the held admission's lease: its token releases it.
+    let keys: Vec<Arc<str>> = pair.iter().map(|key| Arc::from(*key)).collect();
+    assert!(limiter
+        .release_all(&keys, &held.id, held.token)
+        .await
+        .unwrap());
+    assert_eq!(limiter.status(first).await.unwrap().in_flight, 0);
+    assert_eq!(limiter.status(second).await.unwrap().in_flight, 1);
+}

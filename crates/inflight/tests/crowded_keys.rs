@@ -99,7 +99,10 @@ async fn a_held_permit_costs_a_bounded_number_of_bytes_however_many_a_key_holds(
     assert_eq!(in_flight(&store, "k").await, 0);
     // Left: the key's last token (so that the next admission's is larger), until the leases' deadline.
     assert_eq!(keys(&mut c), ["inflight:{k}:permits"]);
-    let ttl: i64 = redis::cmd("PTTL").arg("inflight:{k}:permits").query(&mut c).unwrap();
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("inflight:{k}:permits")
+        .query(&mut c)
+        .unwrap();
     assert!((1..=61_000).contains(&ttl), "{ttl}");
 }
 

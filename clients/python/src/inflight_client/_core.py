@@ -92,7 +92,7 @@ def acquire_args(
 
 
 def release_args(keys: Sequence[str], id: str, token: int = 0) -> list[Arg]:
-    """``batch.lua``'s ARGV for one release: of the admission that got ``token`` (0: whichever the id holds)."""
+    """``batch.lua``'s ARGV for one release: of the admission that got ``token`` (0: the id's lease)."""
     args: list[Arg] = [0]
     args.extend(["r"] if len(keys) == 1 else ["R", len(keys)])
     args.extend(range(1, len(keys) + 1))
@@ -101,7 +101,9 @@ def release_args(keys: Sequence[str], id: str, token: int = 0) -> list[Arg]:
     return args
 
 
-def renew_args(id: str, lease_ms: int, readd: int, limits: Sequence[ClassLimits], token: int = 0) -> list[Arg]:
+def renew_args(
+    id: str, lease_ms: int, readd: int, limits: Sequence[ClassLimits], token: int = 0
+) -> list[Arg]:
     """``renew.lua``'s ARGV: member, lease ms, weight to re-add with, clock offset, token, ``'default max'``
     each."""
     args: list[Arg] = [_keys.member(id), lease_ms, readd, 0, check_token(token)]

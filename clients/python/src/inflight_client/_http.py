@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from . import _core
 from ._errors import InflightError, StoreError, TooManyRequests, WeightExceedsLimit
-from ._permit import GuardedStream, Held, Permit, Renewer
+from ._permit import GuardedStream, Held, Holders, Permit, Renewer
 
 T = TypeVar("T")
 
@@ -43,6 +43,7 @@ class HttpLimiter:
         self.lease_ms = _core.to_lease_ms(lease)
         self.timeout = timeout
         self._renewer = Renewer(self._renew_held, self._release_held, name="inflight-http-renewer")
+        self._holders = Holders()
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -125,12 +126,15 @@ class HttpLimiter:
         if expires is None:  # unlimited: nothing held
             return Permit(keys, id, weight, None, in_flight, None, None, None)
         token = int(answer.get("token") or 0)
-        held = Held(keys, id, weight, int(body["lease_ms"]), (), expires_at_ms=int(expires), token=token, extra=path)
+        lease_ms = int(body["lease_ms"])
+        held = Held(keys, id, weight, lease_ms, (), expires_at_ms=int(expires), token=token, extra=path)
+        self._holders.add(held)
         self._renewer.add(held)
         return Permit(keys, id, weight, limit, in_flight, int(expires), held, self._renewer)
 
     def _renew_held(self, held: Held) -> bool:
-        status, answer = self._request("PUT", str(held.extra), {"lease_ms": held.lease_ms, "token": held.token})
+        renewal = {"lease_ms": held.lease_ms, "token": self._holders.token(held)}
+        status, answer = self._request("PUT", str(held.extra), renewal)
         if status == 200:
             held.expires_at_ms = int(answer.get("lease_expires_at_ms") or 0)
             return True
@@ -139,13 +143,16 @@ class HttpLimiter:
         raise self._refusal(status, answer, held.keys[0], held.weight)
 
     def _release_held(self, held: Held) -> None:
-        status, answer = self._request("DELETE", f"{held.extra}?token={held.token}")
+        token = self._holders.token(held)
+        if not self._holders.last(held):
+            return  # another permit of this process holds the lease under the same id
+        status, answer = self._request("DELETE", f"{held.extra}?token={token}")
         if status not in (200, 204):
             raise self._refusal(status, answer, held.keys[0], held.weight)
 
     def release(self, key: str, id: str, token: int = 0) -> bool:
-        """``DELETE /v1/keys/{key}/permits/{id}`` (released, or already gone); with a ``token``, only the lease
-        of the admission that got it."""
+        """``DELETE /v1/keys/{key}/permits/{id}`` (released, or already gone); with a ``token``, only the
+        lease of the admission that got it."""
         path = f"/v1/keys/{_quote(key)}/permits/{_quote(id)}?token={_core.check_token(token)}"
         status, answer = self._request("DELETE", path)
         if status not in (200, 204):

@@ -10,7 +10,8 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inflight::{Lease, Limit, PermitId, Renewal};
+use inflight::store::IndexOp;
+use inflight::{Lease, Limit, PermitId, Renewal, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 use super::input::{body, check_name, checked_key, checked_key_and_id, lease, options, wait};
@@ -112,6 +113,20 @@ async fn acquire_charged(
     let mut body = permit_json(app.lend(permit));
     body.reservation = json;
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `409 permit_id_in_use` when a given id names a recorded permit on other keys: admitting it on these
+/// would take over the leases the two share, and its record (renewals and releases by id) would leave
+/// the others held. The store checks again as it records (`StoreError::IdInUse`).
+async fn id_free(app: &App, id: Option<&str>, keys: &[Arc<str>]) -> Result<(), ApiError> {
+    let Some(id) = id.map(PermitId::from) else {
+        return Ok(());
+    };
+    let recorded = app.limiter.store().index(&id, IndexOp::Get);
+    match app.timed("record", recorded).await? {
+        Some(recorded) if *recorded.keys != *keys => Err(StoreError::IdInUse.into()),
+        _ => Ok(()),
+    }
 }
 
 fn permit_not_found() -> ApiError {
@@ -228,6 +243,7 @@ pub(super) async fn acquire_all(
     }
     let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
     let charge = quotas::charge(request.quota)?;
+    id_free(&app, request.id.as_deref(), &keys).await?;
     // A reservation goes under the permit's id, so that releasing the permit settles it.
     let id = request
         .id

@@ -1,13 +1,15 @@
 //! The HTTP limiter API against a real HTTP client, on the memory and the Redis store: every row of the
 //! API table and every error code.
 //!
-//! By theme: permits (permits.rs), limits and the admin token (limits.rs), errors (errors.rs), and
+//! By theme: permits (permits.rs), fencing tokens (fencing.rs), limits and the admin token (limits.rs),
+//! errors (errors.rs), and
 //! health, readiness, metrics and the OpenAPI document (operations.rs).
 #![allow(missing_docs)]
 
 #[path = "../common/mod.rs"]
 mod common;
 mod errors;
+mod fencing;
 mod limits;
 mod operations;
 mod permits;

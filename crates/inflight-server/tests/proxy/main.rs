@@ -1,13 +1,15 @@
 //! The reverse proxy against a real upstream and a real client, on the memory and the Redis store.
 //!
 //! By theme: forwarding requests and limiting them (forwarding.rs), the connections to the upstream
-//! and what it answers (upstream.rs), and shutdown (shutdown.rs).
+//! and what it answers (upstream.rs), shutdown (shutdown.rs), and the fencing token sent upstream
+//! (token.rs).
 #![allow(missing_docs)]
 
 #[path = "../common/mod.rs"]
 mod common;
 mod forwarding;
 mod shutdown;
+mod token;
 mod upstream;
 
 use inflight_server::Settings;

@@ -139,7 +139,8 @@ pub struct Recorded {
 /// What [`Store::index`] does.
 #[derive(Clone, Copy, Debug)]
 pub enum IndexOp<'a> {
-    /// Records the fields under the id for `ttl_ms`, replacing what was there; answers `None`.
+    /// Records the fields under the id for `ttl_ms`, replacing what was there, unless a live entry
+    /// names other keys: then [`StoreError::IdInUse`], nothing changed; answers `None`.
     Put {
         /// The permit's keys.
         keys: &'a [Arc<str>],

@@ -19,6 +19,11 @@ macro_rules! behaviour_suite {
                 weights_as_large_as_the_limit_never_overflow,
                 keys_are_opaque,
                 an_empty_id_is_refused_and_never_matches,
+                // (Dify's layout keeps no tokens.)
+                tokens_grow_with_every_admission_on_a_key,
+                a_late_release_of_an_earlier_admission_leaves_a_later_ones_lease,
+                a_later_admission_of_an_id_takes_its_lease_over,
+                in_process_permits_of_one_id_release_with_the_latest_token,
             );
             // (Its keys share a hash tag: braces, which Dify's layout refuses.)
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

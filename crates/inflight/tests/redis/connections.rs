@@ -4,7 +4,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use inflight::store::OverrideChange;
-use inflight::{AcquireError, Limiter, Policy, RedisStore, Store};
+use inflight::{AcquireError, AcquireOptions, Limiter, Policy, RedisStore, Store};
 
 use crate::support::TestRedis;
 
@@ -212,4 +212,36 @@ async fn scripts_are_reloaded_after_a_script_flush() {
         .await
         .expect("NOSCRIPT answered by loading the script");
     permit.release().await.unwrap();
+}
+
+/// The second finding: after Redis loses its scripts, each batch out gets NOSCRIPT, loads the
+/// script and is sent again, so a batch sent later may run first: a new admission of an id before the
+/// release of its previous one, which then removed the new lease (held, counted nowhere). Whatever
+/// order they run in, the later admission's lease is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_sent_again_after_a_script_flush_never_uncount_a_later_admission() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let mut plain = redis.client();
+    for round in 0..100 {
+        let options = || AcquireOptions::new().id(format!("job-{round}"));
+        let first = limiter.try_acquire_with("k", options()).await.unwrap();
+        let first = first.detach();
+        redis::cmd("SCRIPT").arg("FLUSH").exec(&mut plain).unwrap();
+        let release = limiter.release("k", &first.id, first.token);
+        let (_, second) = tokio::join!(release, limiter.try_acquire_with("k", options()));
+        let second = second.expect("the id's own slot").detach();
+        let status = limiter.status("k").await.unwrap();
+        assert_eq!(
+            status.in_flight, 1,
+            "round {round}: the later admission is counted"
+        );
+        assert!(limiter.try_acquire("k").await.unwrap_err().is_full());
+        assert!(limiter
+            .release("k", &second.id, second.token)
+            .await
+            .unwrap());
+    }
 }

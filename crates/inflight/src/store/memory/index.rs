@@ -1,5 +1,6 @@
 //! The index of permits handed to remote callers: id -> keys, each entry ending after its ttl.
 
+use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 
 use super::key::Hasher;
@@ -42,8 +43,19 @@ impl Index {
                     quota: quota.map(Into::into),
                 };
                 let entry = (recorded, now.saturating_add(ttl_ms));
-                self.entries.insert(id.clone(), entry);
-                Ok(None)
+                match self.entries.entry(id.clone()) {
+                    Entry::Occupied(held) if live(held.get()) && held.get().0.keys[..] != *keys => {
+                        Err(StoreError::IdInUse)
+                    }
+                    Entry::Occupied(mut held) => {
+                        held.insert(entry);
+                        Ok(None)
+                    }
+                    Entry::Vacant(vacant) => {
+                        vacant.insert(entry);
+                        Ok(None)
+                    }
+                }
             }
             IndexOp::Get => Ok(self
                 .entries

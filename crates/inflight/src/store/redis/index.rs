@@ -10,6 +10,26 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::store::{IndexOp, Recorded};
 
+/// Writes an index entry (KEYS[1]; ARGV: the entry, its keys' part, ttl ms) unless the entry there
+/// records other keys (its keys' part, after the lease length and `;`, differs): 1 written, 0 not.
+static PUT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(
+        "local old = redis.call('GET', KEYS[1])
+        if old then
+          local start = (string.find(old, ';', 1, true) or #old) + 1
+          local i = start
+          while i <= #old and string.sub(old, i, i) ~= 'q' do
+            local colon = string.find(old, ':', i, true)
+            if not colon then break end
+            i = colon + 1 + (tonumber(string.sub(old, i, colon - 1)) or 0)
+          end
+          if string.sub(old, start, i - 1) ~= ARGV[2] then return 0 end
+        end
+        redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+        return 1",
+    )
+});
+
 impl RedisStore {
     pub(super) async fn index_op(
         &self,
@@ -26,11 +46,22 @@ impl RedisStore {
                 ttl_ms,
                 quota,
             } => {
-                pipe.cmd("SET")
-                    .arg(&name)
+                let keys_part = encode(keys, 0, None).split_off(2); // without "0;"
+                let mut put = PUT.prepare_invoke();
+                put.key(&name)
                     .arg(encode(keys, lease_ms, quota))
-                    .arg("PX")
+                    .arg(keys_part)
                     .arg(ttl_ms.max(1));
+                let put = &put;
+                let kept: i64 = retried(|| {
+                    let mut conn = self.conn.clone();
+                    async move { put.invoke_async(&mut conn).await }
+                })
+                .await?;
+                return match kept {
+                    1 => Ok(None),
+                    _ => Err(StoreError::IdInUse),
+                };
             }
             IndexOp::Get => {
                 pipe.cmd("GET").arg(&name);

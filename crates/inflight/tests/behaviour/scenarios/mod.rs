@@ -1,15 +1,18 @@
 //! The behaviour every store must have, written once; `main.rs` instantiates it per store. By theme:
 //! admission at the limit, ids and weights (admission.rs); how a permit is held, by a guard, a stream,
 //! a scope or from phase to phase (permits.rs); leases, renewals and their loss (leases.rs); limits,
-//! overrides, classes of keys and policies (limits.rs); and permits on several keys (several_keys.rs).
+//! overrides, classes of keys and policies (limits.rs); permits on several keys (several_keys.rs); and
+//! fencing tokens (fencing.rs).
 
 mod admission;
+mod fencing;
 mod leases;
 mod limits;
 mod permits;
 mod several_keys;
 
 pub use admission::*;
+pub use fencing::*;
 pub use leases::*;
 pub use limits::*;
 pub use permits::*;

@@ -48,13 +48,6 @@ local function acquire(keys, n, id, t, keep)
     held, old_ms, old_token
 end
 
--- Whether `id`'s lease on `key` is the one of the admission that got `token` (0: any).
-local function owns(key, id, token)
-  if token == 0 or not redis.call('ZSCORE', key.leases, id) then return true end
-  local _, _, own = meta(key, id)
-  return own == 0 or own == token
-end
-
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
 -- went is announced on '<prefix>{E}:released', which processes with waiters on the key subscribe to.
 -- A lease a later admission of the id took (another token) stays.
@@ -62,9 +55,13 @@ local function release(keys, n, id, token)
   local released = 0
   for i = 1, n do
     local key = keys[i]
-    if owns(key, id, token) and redis.call('ZREM', key.leases, id) == 1 then
+    local weight, _, own = meta(key, id)
+    if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1
-      if key.hashed then forget(key, id) end
+      if key.hashed then
+        add_extra(key, 1 - weight)
+        redis.call('HDEL', key.permits, id)
+      end
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
       redis.call('PUBLISH', string.sub(key.leases, 1, -8) .. ':released', '')
     end
@@ -81,7 +78,8 @@ local function undo(keys, n, id, token, before)
   if weight == 0 then return release(keys, n, id, token) end
   local changed = 0
   for i = 1, n do
-    if owns(keys[i], id, token) and redis.call('ZSCORE', keys[i].leases, id) then
+    local _, _, own = meta(keys[i], id)
+    if own == token and redis.call('ZSCORE', keys[i].leases, id) then
       put(keys[i], id, weight, lease_ms, old_token)
       changed = 1
     end

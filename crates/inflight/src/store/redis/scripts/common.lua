@@ -35,8 +35,8 @@ local function meta(key, id) -- a lease's weight, length and token (0: none kept
   return tonumber(weight), tonumber(lease_ms), tonumber(token) or 0
 end
 
-local function hashed(key) -- the hash is written (perhaps made anew): keep() gives it its expiry again
-  key.hashed, key.kept = true, 0
+local function hashed(key) -- the hash is written: made anew, keep() gives it its expiry
+  if not key.hashed then key.hashed, key.kept = true, 0 end
 end
 
 local function add_extra(key, delta)
@@ -45,11 +45,13 @@ local function add_extra(key, delta)
   key.extra = redis.call('HINCRBY', key.permits, '', delta)
 end
 
--- Records `id`'s lease as `weight` of `lease_ms` with `token`, where it was `held` (0: new) of `old_ms`.
+-- Records `id`'s lease as `weight` of `lease_ms` with `token`, where it was `held` (0: new) of `old_ms`,
+-- and the key's last token.
 local function record(key, id, held, old_ms, weight, lease_ms, token)
   add_extra(key, (weight - 1) - math.max(held - 1, 0))
   if token ~= 0 then
-    redis.call('HSET', key.permits, id, weight .. ' ' .. lease_ms .. ' ' .. string.format('%.0f', token), '', key.extra)
+    local entry = weight .. ' ' .. lease_ms .. ' ' .. string.format('%.0f', token)
+    redis.call('HSET', key.permits, id, entry, '', key.extra, '#', string.format('%.0f', key.last))
     hashed(key)
   elseif weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
     if held ~= weight or old_ms ~= lease_ms then
@@ -111,20 +113,12 @@ local function keep(key, lease_ms, fresh)
   key.kept = lease_ms
 end
 
--- The next token of an admission on `keys` (the first n), recorded as each key's last.
+-- The next token of an admission on `keys` (the first n): each key's last from now on (written with the
+-- lease, by record()).
 local function next_token(keys, n)
   local token = now_us
   for i = 1, n do token = math.max(token, keys[i].last + 1) end
-  for i = 1, n do
-    local key = keys[i]
-    key.last = token
-    if key.hashed then
-      redis.call('HSET', key.permits, '#', string.format('%.0f', token))
-    else
-      redis.call('HSET', key.permits, '#', string.format('%.0f', token), '', 0)
-      hashed(key)
-    end
-  end
+  for i = 1, n do keys[i].last = token end
   return token
 end
 
