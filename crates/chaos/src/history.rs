@@ -5,7 +5,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
@@ -18,15 +18,31 @@ pub(crate) struct Clock {
 }
 
 impl Clock {
-    /// Reads the wall clock now.
+    /// Reads the wall clock now, between two readings of the monotonic clock close together (a
+    /// process preempted between the two clocks would run its whole history off by the pause: a few
+    /// ms on a loaded machine, enough for false alarms between processes).
     pub(crate) fn start() -> Self {
-        let epoch_ns = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Self {
-            epoch_ns,
-            start: Instant::now(),
+        let mut best: Option<(Duration, Self)> = None;
+        for _ in 0..100 {
+            let before = Instant::now();
+            let wall = SystemTime::now();
+            let after = Instant::now();
+            let epoch_ns = wall
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            let gap = after - before;
+            let clock = Self {
+                epoch_ns,
+                start: before + gap / 2,
+            };
+            if best.as_ref().is_none_or(|(g, _)| gap < *g) {
+                best = Some((gap, clock));
+            }
+            if gap < Duration::from_micros(20) {
+                break;
+            }
         }
+        best.map(|(_, clock)| clock).expect("at least one reading")
     }
 
     /// Now, in ns since the Unix epoch.
