@@ -2,7 +2,7 @@
 # Runs every test of the workspace. The Redis tests start their own redis-server processes on free ports,
 # so what is needed beside Rust is the redis-server binary (and chromium, for the status page's tests):
 # installed here when missing. Then the
-# Python client's tests (clients/python), in a venv made here (target/pyvenv).
+# Python client's tests (clients/python), in a venv made here (target/pyvenv), and the quick chaos runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +35,10 @@ rm -rf clients/python/build
 INFLIGHT_BIN="$PWD/target/debug/inflight" "$venv/bin/python" -m pytest -q -p no:cacheprovider clients/python/tests \
   2>&1 | tee -a "$log" || status=$?
 
+# The quick fault runs (scripts/chaos.sh --quick, a few minutes): real topologies, holders in every client,
+# each scenario's histories judged by `inflight check-history`; a scenario within its bound passes.
+scripts/chaos.sh --quick 2>&1 | tee -a "$log" || status=$?
+
 # One total: cargo's "test result:" lines (one per test binary and doc-test run) and pytest's summary
 # ("3 failed, 76 passed, 2 skipped in 20.1s"; errors count as failures).
 cargo_sum() {
@@ -42,8 +46,10 @@ cargo_sum() {
 }
 py=$(grep -aE '^=* ?[0-9]+ (passed|failed|skipped|errors?)\b.* in [0-9.]+s' "$log" | tail -1 || true)
 py_count() { echo "$py" | { grep -oE "[0-9]+ $1" || true; } | awk '{n += $1} END {print n + 0}'; }
-passed=$(( $(cargo_sum 4) + $(py_count passed) ))
-failed=$(( $(cargo_sum 6) + $(py_count failed) + $(py_count 'errors?') ))
+# The chaos scenarios' lines ({"scenario": ..., "result": "within bound"}).
+chaos_count() { grep -ac "^{.*\"result\":\"$1" "$log" || true; }
+passed=$(( $(cargo_sum 4) + $(py_count passed) + $(chaos_count within) ))
+failed=$(( $(cargo_sum 6) + $(py_count failed) + $(py_count 'errors?') + $(chaos_count OVER) + $(chaos_count unchecked) ))
 # A run that stopped before its summary (a build error, say) fails without one: count it as a failure.
 [ "$status" -eq 0 ] || [ "$failed" -gt 0 ] || failed=1
 echo "tests: $passed passed, $failed failed"

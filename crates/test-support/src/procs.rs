@@ -177,16 +177,26 @@ impl Nodes {
         self.children.lock().unwrap().push((port, Some(child)));
     }
 
-    /// Kills the node on `port` with SIGKILL (its data is gone with it).
+    /// Kills the node on `port` with SIGKILL (its data is gone with it); [`Nodes::spawn`] may start
+    /// another on the same port after.
     pub fn kill(&self, port: u16) {
         let mut children = self.children.lock().unwrap();
-        let (_, child) = children
+        if let Some((_, child)) = children
             .iter_mut()
-            .find(|(p, _)| *p == port)
-            .expect("a node");
-        if let Some(mut child) = child.take() {
-            kill(&mut child);
+            .find(|(p, child)| *p == port && child.is_some())
+        {
+            if let Some(mut child) = child.take() {
+                kill(&mut child);
+            }
         }
+    }
+
+    /// The process id of the live node on `port` (to pause it with SIGSTOP, say).
+    pub fn pid(&self, port: u16) -> Option<u32> {
+        let children = self.children.lock().unwrap();
+        children
+            .iter()
+            .find_map(|(p, child)| child.as_ref().filter(|_| *p == port).map(Child::id))
     }
 
     /// The ports of the nodes not killed, in the order they were started.

@@ -1,0 +1,167 @@
+//! The library's holder: a [`Limiter`] on a Redis store; renewals are the library's own, and a permit
+//! that turns lost is logged as a renewal "lost".
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inflight::{
+    AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, Permit, Policy, RedisStore,
+};
+
+use super::{mix, pick_id, Rng, Task};
+use crate::history::{limit_of, PermitInfo};
+
+/// The policy of every run: keys `l1:*`, `l4:*`, `l64:*` have limits 1, 4 and 64; `loose` enforces 2
+/// on `l1:*` (a control run).
+pub(crate) fn policy(loose: bool) -> Policy {
+    let mut policy = Policy::new(0, 0);
+    for limit in [1, 4, 64] {
+        let enforced = if loose && limit == 1 { 2 } else { limit };
+        policy = policy
+            .rule(&format!("l{limit}:*"), ClassLimits::new(enforced, 0))
+            .expect("a valid rule");
+    }
+    policy
+}
+
+/// The fencing token of an admission (`None` for 0: nothing held, an unlimited key).
+pub(crate) fn token_of(permit: &Permit) -> Option<u64> {
+    Some(permit.token()).filter(|&token| token > 0)
+}
+
+pub(super) async fn run(task: Arc<Task>) -> crate::Result {
+    let store = RedisStore::open(task.args.target.clone())?;
+    // The store breaker off, as `inflight` does for Cluster: every admission asks the store.
+    let limiter = Arc::new(
+        Limiter::builder(store)
+            .policy(policy(task.args.loose))
+            .lease(Duration::from_millis(task.args.lease_ms))
+            .on_store_failure(FailurePolicy::FailClosed)
+            .store_breaker(false)
+            .build(),
+    );
+    let mut tasks = Vec::new();
+    for n in 0..task.args.tasks {
+        let (task, limiter) = (task.clone(), limiter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
+            while Instant::now() < task.until {
+                cycle(&task, &limiter, &mut rng, n).await;
+            }
+        }));
+    }
+    for handle in tasks {
+        handle.await?;
+    }
+    Ok(())
+}
+
+/// One acquire, hold and release.
+async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usize) {
+    let jobs = mix(&task.args.mix);
+    let j = rng.below(jobs.len() as u64) as usize;
+    let job = &jobs[j];
+    let info = PermitInfo {
+        keys: job.keys.clone(),
+        id: pick_id(&task.args.process, n, j, rng),
+        weight: job.weight,
+        lease_ms: task.args.lease_ms,
+    };
+    let options = AcquireOptions::new()
+        .id(info.id.clone())
+        .weight(job.weight)
+        .lease(Duration::from_millis(task.args.lease_ms));
+    let keys: Vec<&str> = job.keys.iter().map(String::as_str).collect();
+    let history = &task.history;
+    let invoke = history.now();
+    let acquired = limiter.try_acquire_all(&keys, options).await;
+    let complete = history.now();
+    let permit = match acquired {
+        Ok(permit) => {
+            // Admitted on a limited key, counted or not (under fail_open the store did not count it).
+            let limited = job.keys.iter().any(|key| limit_of(key) > 0);
+            let result = if limited { "admitted" } else { "unlimited" };
+            history.permit_op(
+                "acquire",
+                &info,
+                (invoke, complete),
+                result,
+                token_of(&permit),
+            );
+            permit
+        }
+        Err(refused) => {
+            let result = match refused.error {
+                AcquireError::Full { .. } | AcquireError::WeightExceedsLimit { .. } => "full",
+                _ => "error",
+            };
+            history.permit_op("acquire", &info, (invoke, complete), result, None);
+            // Not at once again: a refused key stays full a while, and an unreachable store too.
+            tokio::time::sleep(Duration::from_millis(5 + rng.below(20))).await;
+            return;
+        }
+    };
+    let hold_until = Instant::now() + task.hold(rng);
+    let (mut lost, mut expires_ms, mut token) = (false, permit.expires_at_ms(), token_of(&permit));
+    while Instant::now() < hold_until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if !lost && permit.is_lost() {
+            lost = true;
+            let now = history.now();
+            history.permit_op("renew", &info, (now, now), "lost", token);
+        }
+        if !lost && permit.expires_at_ms() > expires_ms {
+            expires_ms = permit.expires_at_ms();
+            // A lease re-added (it had gone) comes with a new token.
+            let readded = token_of(&permit) != token;
+            token = token_of(&permit);
+            let renewal = Renewal {
+                expires_ms,
+                after_ns: invoke,
+                token,
+                readded,
+            };
+            log_renewal(task, &info, renewal);
+        }
+    }
+    let invoke = history.now();
+    let released = permit.release().await;
+    let result = if released.is_ok() {
+        "released"
+    } else {
+        "error"
+    };
+    // The library's release names the token of the lease it holds.
+    history.permit_op("release", &info, (invoke, history.now()), result, token);
+}
+
+/// A renewal the library made, seen as a later expiry.
+struct Renewal {
+    /// The new expiry (ms since the epoch, Redis's clock).
+    expires_ms: u64,
+    /// The admission's invoke: a renewal is invoked after it.
+    after_ns: u64,
+    /// The lease's token now.
+    token: Option<u64>,
+    /// True when the token changed: the lease had gone and was added again.
+    readded: bool,
+}
+
+/// Logs a renewal seen as a later expiry: Redis granted it at `expires_ms - lease` (its clock is this
+/// machine's wall clock), so it was invoked before that (5 ms before, for the clocks' rounding) and
+/// after the admission's invoke. Its lease then lasts at least until the logged invoke + lease.
+fn log_renewal(task: &Task, info: &PermitInfo, renewal: Renewal) {
+    let now = task.history.now();
+    let granted_ns = renewal.expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
+    let invoke = granted_ns
+        .saturating_sub(5_000_000)
+        .max(renewal.after_ns + 1)
+        .min(now);
+    let result = if renewal.readded {
+        "readded"
+    } else {
+        "renewed"
+    };
+    task.history
+        .permit_op("renew", info, (invoke, now), result, renewal.token);
+}

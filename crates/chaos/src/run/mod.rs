@@ -1,0 +1,334 @@
+//! `inflight-chaos run`: each scenario on a topology of its own, with holder processes writing histories,
+//! its fault injected a third of the way in, a status line per key once every lease could have ended,
+//! then `inflight check-history`; one JSON line per scenario.
+
+mod check;
+mod relay;
+mod scenarios;
+mod topology;
+mod upstream;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use inflight::{Limiter, RedisStore};
+use serde_json::{json, Value};
+
+use self::relay::Relay;
+use self::scenarios::{Bound, Fault, Scenario, Stage};
+use self::topology::{default_inflight, start_inflight, Kind, Proc, Topology};
+use crate::history::History;
+use crate::holder::keys_of;
+
+/// What `run` is told.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct RunArgs {
+    /// Fewer scenarios, fewer holders, shorter runs (under 5 minutes on 2 cores).
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Only the scenarios whose name contains this.
+    #[arg(long)]
+    pub(crate) only: Option<String>,
+    /// The `inflight` binary (serve, proxy, check-history); default: beside this one.
+    #[arg(long)]
+    pub(crate) inflight: Option<PathBuf>,
+    /// A Python with `inflight_client` installed, for Python holders (none without it).
+    #[arg(long)]
+    pub(crate) python: Option<PathBuf>,
+    /// The Python holder script.
+    #[arg(long, default_value = "clients/python/chaos_holder.py")]
+    pub(crate) python_holder: PathBuf,
+    /// Where each scenario's histories and logs go (a directory per scenario).
+    #[arg(long, default_value = "target/chaos")]
+    pub(crate) out: PathBuf,
+}
+
+/// How big and long a scenario's run is.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    duration_ms: u64,
+    fault_at_ms: u64,
+    lease_ms: u64,
+    rust: usize,
+    python: usize,
+    http: usize,
+    proxy: usize,
+    tasks: usize,
+}
+
+fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
+    // Python's holders take a redis:// or redis+sentinel:// URL (RedisLimiter runs no Cluster).
+    let cluster = scenario.topology == Kind::Cluster;
+    let python = if !cluster && args.python.is_some() {
+        2
+    } else {
+        0
+    };
+    let proxy = usize::from(scenario.fault == Fault::ProxyStorm) * 2 + 1;
+    let (duration_ms, rust) = if args.quick { (8_000, 3) } else { (20_000, 6) };
+    Plan {
+        duration_ms,
+        fault_at_ms: duration_ms / 3,
+        lease_ms: 2_000,
+        rust,
+        python,
+        http: 2,
+        proxy,
+        tasks: 4,
+    }
+}
+
+/// Runs the scenarios asked for; true when every one stayed within its bound.
+pub(crate) fn run(args: RunArgs) -> crate::Result<bool> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let inflight = args.inflight.clone().unwrap_or_else(default_inflight);
+    let mut all_ok = true;
+    for scenario in scenarios::all() {
+        let wanted = match &args.only {
+            Some(only) => scenario.name.contains(only.as_str()),
+            None => scenario.quick || !args.quick,
+        };
+        if !wanted {
+            continue;
+        }
+        let started = Instant::now();
+        let dir = args.out.join(scenario.name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let files = run_one(&args, &runtime, &scenario, &inflight, &dir)?;
+        let (operations, admissions) = check::count(&files);
+        let verdict = check::check(&inflight, &files);
+        let ok = judge(scenario.bound, &verdict);
+        all_ok &= ok == Some(true);
+        let line = report(
+            &scenario,
+            (operations, admissions),
+            &verdict,
+            ok,
+            started,
+            &dir,
+        );
+        println!("{line}");
+    }
+    Ok(all_ok)
+}
+
+/// Runs one scenario; its history files.
+fn run_one(
+    args: &RunArgs,
+    runtime: &tokio::runtime::Runtime,
+    scenario: &Scenario,
+    inflight: &std::path::Path,
+    dir: &std::path::Path,
+) -> crate::Result<Vec<PathBuf>> {
+    let plan = plan(args, scenario);
+    let topology = Topology::start(scenario.topology);
+    let relay = match (scenario.relay, topology.port()) {
+        (true, Some(port)) => Some(runtime.block_on(Relay::start(port))?),
+        _ => None,
+    };
+    let store = match &relay {
+        Some(relay) => format!("redis://127.0.0.1:{}", relay.port),
+        None => topology.url(),
+    };
+    let runner = History::open(&dir.join("runner.jsonl"), "runner")?;
+    let (serve, serve_addr) = start_inflight(inflight, "serve", &store, plan.lease_ms, &[], dir)?;
+    let upstream = format!("127.0.0.1:{}", runtime.block_on(upstream::start())?);
+    let proxy_flags = [
+        "--forward-token".to_owned(),
+        "--upstream".to_owned(),
+        format!("http://{upstream}"),
+        "--admin-listen".to_owned(),
+        format!("127.0.0.1:{}", test_support::procs::free_ports(1)[0]),
+    ];
+    let (proxy, proxy_addr) =
+        start_inflight(inflight, "proxy", &store, plan.lease_ms, &proxy_flags, dir)?;
+    let exe = std::env::current_exe()?;
+    let spawn = |kind: &str, n: usize, duration_ms: u64, storm: bool| -> Proc {
+        let process = format!("{}-{n}", if storm { "storm" } else { kind });
+        let mut command = if kind == "py" {
+            let mut c = Command::new(args.python.as_ref().expect("a python"));
+            c.arg(&args.python_holder);
+            c
+        } else {
+            let mut c = Command::new(&exe);
+            c.args(["holder", "--kind", kind]);
+            if scenario.bound == Bound::MustExceed {
+                c.arg("--loose");
+            }
+            c
+        };
+        let target = match kind {
+            "http" => format!("http://{serve_addr}"),
+            "proxy" => format!("http://{proxy_addr}"),
+            _ => store.clone(),
+        };
+        command
+            .args([
+                "--target",
+                &target,
+                "--upstream",
+                &upstream,
+                "--process",
+                &process,
+            ])
+            .arg("--out")
+            .arg(dir.join(format!("{process}.jsonl")))
+            .args(["--duration-ms", &duration_ms.to_string()])
+            .args(["--lease-ms", &plan.lease_ms.to_string()])
+            .args(["--tasks", &plan.tasks.to_string()])
+            .args([
+                "--seed",
+                &(n as u64 + 1 + 1000 * u64::from(storm)).to_string(),
+            ]);
+        if storm {
+            command.arg("--storm");
+        }
+        Proc::spawn(&process, command, &dir.join(format!("{process}.log"))).expect("start a holder")
+    };
+    let mut holders = Vec::new();
+    for (kind, count) in [
+        ("rust", plan.rust),
+        ("py", plan.python),
+        ("http", plan.http),
+        ("proxy", plan.proxy),
+    ] {
+        holders.extend((0..count).map(|n| spawn(kind, n, plan.duration_ms, false)));
+    }
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(plan.fault_at_ms));
+    let storm = |n: usize, duration_ms: u64| -> Vec<Proc> {
+        (0..n)
+            .map(|i| spawn("proxy", i, duration_ms, true))
+            .collect()
+    };
+    let stage = Stage {
+        topology: &topology,
+        relay: relay.as_deref(),
+        holders: &holders,
+        lease_ms: plan.lease_ms,
+        storm: &storm,
+    };
+    let (from, to) = scenarios::inject(scenario.fault, &stage, &runner);
+    runner.fault(scenario.name, from, to);
+    // Every holder ends by itself (a killed one already has); a stopped one is continued by now.
+    let deadline = started + Duration::from_millis(plan.duration_ms) + Duration::from_secs(30);
+    for holder in &mut holders {
+        holder.wait_until(deadline);
+    }
+    if scenario.fault == Fault::KillHolders {
+        for victim in scenarios::victims(&holders) {
+            let file = dir.join(format!("{}.jsonl", victim.name));
+            crate::history::end_killed(&file, from)?;
+        }
+    }
+    drop((serve, proxy));
+    // Every lease could have ended: what is still counted is leaked.
+    std::thread::sleep(Duration::from_millis(plan.lease_ms + 500));
+    runtime.block_on(statuses(&topology.url(), &runner));
+    drop(holders);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// A status line per key of the run, read on `url`.
+async fn statuses(url: &str, runner: &History) {
+    let Ok(store) = RedisStore::open(url) else {
+        return;
+    };
+    let limiter = Limiter::builder(store)
+        .policy(crate::holder::policy(false))
+        .build();
+    for key in keys_of("multi") {
+        for _ in 0..20 {
+            let invoke = runner.now();
+            if let Ok(status) = limiter.status(&key).await {
+                runner.status(&key, status.in_flight, (invoke, runner.now()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Whether the verdict is within `bound`; `None` when there is no verdict. Leaks and tokens going
+/// backwards are over every bound.
+fn judge(bound: Bound, verdict: &Value) -> Option<bool> {
+    if verdict.get("error").is_some() {
+        return None;
+    }
+    let number = |name: &str| check::field(verdict, name).as_u64().unwrap_or(0);
+    let within = match bound {
+        Bound::Zero => number("over_admissions") == 0,
+        // Over a key's limit by at most that limit (RELIABILITY.md, "Failover").
+        Bound::LostLeases => check::keys_over(verdict, |limit| limit).is_empty(),
+        Bound::MustExceed => return Some(number("over_admissions") > 0),
+    };
+    Some(within && number("slots_leaked") == 0 && number("token_violations") == 0)
+}
+
+/// The scenario's line, its fields in this order (a JSON object is unordered; people read it in order).
+fn report(
+    scenario: &Scenario,
+    (operations, admissions): (u64, u64),
+    verdict: &Value,
+    ok: Option<bool>,
+    started: Instant,
+    dir: &std::path::Path,
+) -> String {
+    let field = |name: &str| check::field(verdict, name);
+    let result = match ok {
+        Some(true) => "within bound",
+        Some(false) => "OVER BOUND",
+        None => "unchecked",
+    };
+    let fields = [
+        ("scenario", json!(scenario.name)),
+        // The checker's counts, or this run's own when it gave none.
+        (
+            "operations",
+            verdict
+                .get("operations")
+                .cloned()
+                .unwrap_or(json!(operations)),
+        ),
+        (
+            "admissions",
+            verdict
+                .get("admissions")
+                .cloned()
+                .unwrap_or(json!(admissions)),
+        ),
+        (
+            "over_admission",
+            json!({"count": field("over_admissions"), "largest_excess": field("largest_excess")}),
+        ),
+        ("slots_leaked", field("slots_leaked")),
+        ("permits_lost", field("permits_lost")),
+        ("fault_ms", check::fault_ms(verdict)),
+        ("recovery_ms", check::recovery_ms(verdict)),
+        ("token_violations", field("token_violations")),
+        ("bound", json!(scenario.bound.text())),
+        ("result", json!(result)),
+        ("keys_over", json!(check::keys_over(verdict, |_| 0))),
+        (
+            "checker_error",
+            verdict.get("error").cloned().unwrap_or(Value::Null),
+        ),
+        ("seconds", json!(started.elapsed().as_secs())),
+        ("histories", json!(dir.display().to_string())),
+    ];
+    let inner: Vec<String> = fields
+        .iter()
+        .map(|(name, value)| format!("{}:{value}", json!(name)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}

@@ -1,0 +1,230 @@
+//! The scenarios: a topology, a fault, and the over-admission bound that applies to it.
+
+use std::time::{Duration, Instant};
+
+use super::relay::{Mode, Relay};
+use super::topology::{signal_pid, Kind, Proc, Topology};
+use crate::history::History;
+
+/// A fault a scenario injects once, a third of the way into its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// Two holders SIGKILLed while holding.
+    KillHolders,
+    /// Two holders SIGSTOPped for twice the lease, then continued.
+    StopHolders,
+    /// Redis SIGKILLed and started again, empty, a second later.
+    KillRedis,
+    /// Redis SIGSTOPped for 2.5 s (past the clients' 1 s response timeout), then continued.
+    PauseRedis,
+    /// `SCRIPT FLUSH` every 100 ms for 3 s.
+    ScriptFlush,
+    /// 20-200 ms on every chunk of the Redis link for 3 s.
+    Latency,
+    /// One chunk in ten held back 0.3-1.5 s (lost packets resent) for 3 s.
+    Drops,
+    /// Every Redis connection reset every 250 ms for 3 s.
+    Resets,
+    /// The Sentinel primary SIGKILLed; the run waits for the sentinels to name another.
+    SentinelFailover,
+    /// The Cluster primary of `l4:a`'s slot SIGKILLed; the run waits for its replica to take over.
+    ClusterPrimaryLost,
+    /// `l4:a`'s slot moved to another primary and back, three times.
+    SlotMove,
+    /// Proxy clients that drop their connections mid-answer, for 3 s.
+    ProxyStorm,
+}
+
+/// The most a scenario may over-admit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// Never over a limit.
+    Zero,
+    /// RELIABILITY.md "Failover": only through lost leases, so on a key at most its limit over it.
+    LostLeases,
+    /// A control: the run must be over a limit (the library's holders enforce 2 where every history
+    /// says 1), or the harness and the checker would miss what they are there to catch.
+    MustExceed,
+}
+
+impl Bound {
+    /// As the report prints it.
+    pub(crate) fn text(self) -> &'static str {
+        match self {
+            Self::Zero => "0",
+            Self::LostLeases => "lost leases: excess <= the key's limit (RELIABILITY.md, Failover)",
+            Self::MustExceed => "a control: must be over (the library's holders enforce 2 on l1:*)",
+        }
+    }
+}
+
+/// One scenario.
+#[derive(Debug, Clone)]
+pub(crate) struct Scenario {
+    /// Its name (`--only`).
+    pub(crate) name: &'static str,
+    /// Its Redis.
+    pub(crate) topology: Kind,
+    /// True when the holders reach Redis through the run's relay.
+    pub(crate) relay: bool,
+    /// Its fault.
+    pub(crate) fault: Fault,
+    /// Its bound.
+    pub(crate) bound: Bound,
+    /// True when `--quick` runs it too.
+    pub(crate) quick: bool,
+}
+
+/// Every scenario, in the order a run takes them.
+#[rustfmt::skip]
+pub(crate) fn all() -> Vec<Scenario> {
+    use Fault::*;
+    use Kind::*;
+    let s = |name, topology, relay, fault, bound, quick| Scenario { name, topology, relay, fault, bound, quick };
+    vec![
+        // name                  topology    relay  fault               bound                quick
+        s("holders-killed",       Standalone, false, KillHolders,        Bound::Zero,         true),
+        s("holders-stopped",      Standalone, false, StopHolders,        Bound::Zero,         true),
+        s("redis-killed",         Standalone, false, KillRedis,          Bound::LostLeases,   true),
+        s("redis-paused",         Standalone, false, PauseRedis,         Bound::Zero,         true),
+        s("script-flush",         Standalone, false, ScriptFlush,        Bound::Zero,         true),
+        s("link-latency",         Standalone, true,  Latency,            Bound::Zero,         false),
+        s("link-drops",           Standalone, true,  Drops,              Bound::Zero,         true),
+        s("link-resets",          Standalone, true,  Resets,             Bound::Zero,         true),
+        s("proxy-storm",          Standalone, false, ProxyStorm,         Bound::Zero,         true),
+        s("sentinel-failover",    Sentinel,   false, SentinelFailover,   Bound::LostLeases,   true),
+        s("cluster-primary-lost", Cluster,    false, ClusterPrimaryLost, Bound::LostLeases,   false),
+        s("cluster-slot-moved",   Cluster,    false, SlotMove,           Bound::Zero,         true),
+        s("control-loose-limit",  Standalone, false, ScriptFlush,        Bound::MustExceed,   true),
+    ]
+}
+
+/// What a fault acts on.
+pub(crate) struct Stage<'a> {
+    /// The topology.
+    pub(crate) topology: &'a Topology,
+    /// The relay, when the holders use one.
+    pub(crate) relay: Option<&'a Relay>,
+    /// The holder processes.
+    pub(crate) holders: &'a [Proc],
+    /// The lease of every permit.
+    pub(crate) lease_ms: u64,
+    /// Starts `n` storming proxy clients for `duration_ms` (a disconnect storm).
+    pub(crate) storm: &'a dyn Fn(usize, u64) -> Vec<Proc>,
+}
+
+/// Injects `fault`; its window on `clock` (when it was in force).
+pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, u64) {
+    let lease = Duration::from_millis(stage.lease_ms);
+    let start = clock.now();
+    match fault {
+        Fault::KillHolders => {
+            victims(stage.holders).for_each(|p| p.signal("KILL"));
+        }
+        Fault::StopHolders => {
+            victims(stage.holders).for_each(|p| p.signal("STOP"));
+            std::thread::sleep(2 * lease);
+            victims(stage.holders).for_each(|p| p.signal("CONT"));
+        }
+        Fault::KillRedis => {
+            if let Some(pid) = stage.topology.pid() {
+                signal_pid(pid, "KILL");
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            stage.topology.restart();
+        }
+        Fault::PauseRedis => {
+            let pid = stage.topology.pid();
+            pid.inspect(|&pid| signal_pid(pid, "STOP"));
+            std::thread::sleep(Duration::from_millis(2500));
+            pid.inspect(|&pid| signal_pid(pid, "CONT"));
+        }
+        Fault::ScriptFlush => {
+            let port = stage.topology.port().unwrap_or_default();
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                if let Ok(mut conn) = test_support::procs::connect(port) {
+                    let _: redis::RedisResult<()> =
+                        redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Fault::Latency | Fault::Drops => {
+            let relay = stage.relay.expect("a relay");
+            relay.set(if fault == Fault::Latency {
+                Mode::Latency
+            } else {
+                Mode::Drops
+            });
+            std::thread::sleep(Duration::from_secs(3));
+            relay.set(Mode::Clear);
+        }
+        Fault::Resets => {
+            let relay = stage.relay.expect("a relay");
+            for _ in 0..12 {
+                relay.reset_all();
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+        Fault::SentinelFailover => {
+            if let Topology::Sentinel(sentinel) = stage.topology {
+                let old = sentinel.primary();
+                sentinel.kill_primary();
+                wait(Duration::from_secs(20), || {
+                    sentinel.named_primary().is_some_and(|p| p != old)
+                });
+            }
+        }
+        Fault::ClusterPrimaryLost => {
+            if let Topology::Cluster(cluster) = stage.topology {
+                let slot = cluster.slot_of("inflight:{l4:a}");
+                if let Some(primary) = cluster.primary_of_slot(slot) {
+                    cluster.kill(primary);
+                    wait(Duration::from_secs(20), || {
+                        cluster.primary_of_slot(slot).is_some_and(|p| p != primary)
+                    });
+                }
+            }
+        }
+        Fault::SlotMove => {
+            if let Topology::Cluster(cluster) = stage.topology {
+                let slot = cluster.slot_of("inflight:{l4:a}");
+                let from = cluster.primary_of_slot(slot);
+                let to = cluster.primaries().into_iter().find(|&p| Some(p) != from);
+                if let (Some(from), Some(to)) = (from, to) {
+                    // Away and back, three times: each move splits the slot's keys a while.
+                    for n in 0..6 {
+                        let (a, b) = if n % 2 == 0 { (from, to) } else { (to, from) };
+                        cluster.move_slot(slot, a, b);
+                        std::thread::sleep(Duration::from_millis(250));
+                    }
+                }
+            }
+        }
+        Fault::ProxyStorm => {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            for mut client in (stage.storm)(6, 3000) {
+                client.wait_until(deadline);
+            }
+        }
+    }
+    (start, clock.now())
+}
+
+/// The holders a fault on holders hits: the first two of the library's, Python's and the HTTP API's
+/// (a proxy client killed would be released by the proxy at once, which its history cannot say).
+pub(crate) fn victims(holders: &[Proc]) -> impl Iterator<Item = &Proc> {
+    holders.iter().filter(|p| {
+        let (kind, n) = p.name.split_once('-').unwrap_or_default();
+        matches!(kind, "rust" | "py" | "http") && matches!(n, "0" | "1")
+    })
+}
+
+/// Polls `done` every 50 ms until it is true or `within` passes.
+fn wait(within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
