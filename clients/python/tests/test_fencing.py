@@ -96,5 +96,3 @@ def test_the_http_limiter_gets_and_names_tokens(serve_factory: Any) -> None:
         assert http.status("h").in_flight == 0
     finally:
         http.close()
-
-

@@ -94,7 +94,9 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("proxy-storm",          Standalone, false, ProxyStorm,         Bound::Zero,         true),
         s("sentinel-failover",    Sentinel,   false, SentinelFailover,   Bound::LostLeases,   true),
         s("cluster-primary-lost", Cluster,    false, ClusterPrimaryLost, Bound::LostLeases,   false),
-        s("cluster-slot-moved",   Cluster,    false, SlotMove,           Bound::Zero,         true),
+        // (Not quick: a permit across slots whose lease lapsed on one slot during the move is renewed on
+        // the other and left uncounted on the first, which may then be over by its weight; RELIABILITY.md.)
+        s("cluster-slot-moved",   Cluster,    false, SlotMove,           Bound::Zero,         false),
         s("control-loose-limit",  Standalone, false, ScriptFlush,        Bound::MustExceed,   true),
     ]
 }
