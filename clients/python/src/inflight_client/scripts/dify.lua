@@ -64,9 +64,12 @@ local function put(key, ms) -- adds or refreshes id's entry and lease
   redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
   if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
   -- The side keys outlive every lease (so a holder's crash is reclaimed); H is Dify's, left without expiry.
+  -- Only ever extended: a short lease must not cut them below a longer lease's deadline (PTTL, not
+  -- PEXPIRE's GT, which Redis 6 lacks and which never sets an expiry on a key that has none).
   local keep = math.max(ms * 2, stale_ms) + 1000
-  redis.call('PEXPIRE', key.leases, keep)
-  redis.call('PEXPIRE', key.lengths, keep)
+  for _, side in ipairs({key.leases, key.lengths}) do
+    if redis.call('PTTL', side) < keep then redis.call('PEXPIRE', side, keep) end
+  end
 end
 
 if op == 'a' then
