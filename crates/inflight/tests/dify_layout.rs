@@ -265,3 +265,17 @@ async fn a_short_lease_never_shortens_the_expiry_of_a_longer_one() {
         "3 held on a limit of 2: {third:?}"
     );
 }
+
+/// Issue 28, item 10, in Dify's layout: a `max_active_requests` no client can read (past 2^32 - 1) is
+/// read as none.
+#[tokio::test]
+async fn an_unreadable_max_active_requests_is_read_as_none() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let limiter = limiter(store(&redis), 1);
+    let _: () = conn.set(MAX, "4294967296").unwrap();
+    let status = limiter.status("app-1").await.unwrap();
+    assert_eq!((status.override_limit, status.limit.get()), (None, Some(1)));
+    let _held = limiter.try_acquire("app-1").await.unwrap();
+    assert!(limiter.try_acquire("app-1").await.unwrap_err().is_full());
+}

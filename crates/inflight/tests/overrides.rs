@@ -144,3 +144,51 @@ async fn a_lost_announcement_is_caught_by_the_version_poll() {
     eprintln!("a silent override was seen after {took:?}");
     assert!(limiter.try_acquire("quiet").await.unwrap_err().is_full());
 }
+
+/// Issue 28, item 10: an override another writer left that no process can read (past 2^32 - 1, below 1,
+/// not a whole number) is read as none: the key's class limits apply, in every process, and its status
+/// says it has no override, instead of every admission on it failing.
+#[tokio::test]
+async fn an_override_no_process_can_read_is_read_as_none() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let mut c = redis.client();
+    let written = [
+        "4294967296",
+        "18446744073709551616",
+        "1e400",
+        "-3",
+        "2.5",
+        "many",
+    ];
+    let mut holders = Vec::new();
+    for (n, value) in written.into_iter().enumerate() {
+        let key = format!("bad:{n}");
+        redis::pipe()
+            .cmd("SET")
+            .arg(format!("inflight:{{{key}}}:limit"))
+            .arg(value)
+            .cmd("HSET")
+            .arg("inflight:overrides")
+            .arg(&key)
+            .arg(value)
+            .query::<()>(&mut c)
+            .unwrap();
+        let status = limiter.status(&key).await;
+        let status = status.unwrap_or_else(|e| panic!("{value}: {e}"));
+        assert_eq!(status.override_limit, None, "{value}");
+        assert_eq!(status.limit.get(), Some(1), "{value}: the class default");
+        let held = limiter.try_acquire(&key).await;
+        let held = held.unwrap_or_else(|e| panic!("{value}: {e}"));
+        assert_eq!(held.limit().get(), Some(1), "{value}");
+        let full = limiter.try_acquire(&key).await.unwrap_err();
+        assert!(full.is_full(), "{value}: {full:?}");
+        holders.push(held);
+        let busy = limiter.busy("bad:", 10).await;
+        let busy = busy.unwrap_or_else(|e| panic!("{value}: {e}")).keys;
+        assert_eq!(busy.len(), n + 1);
+        assert!(busy.iter().all(|b| b.limit.get() == Some(1)), "{busy:?}");
+    }
+}

@@ -12,6 +12,8 @@ from ._policy import ClassLimits
 
 MAX_KEYS = 16
 MAX_LEASE_MS = 24 * 3600 * 1000
+# The largest override (2**32 - 1): what the Rust processes read; larger values read as none.
+MAX_OVERRIDE = 2**32 - 1
 
 Arg = str | bytes | int
 
@@ -138,8 +140,9 @@ def status(reply: object, key: str) -> KeyStatus:
 
 
 def change_arg(limit: int | None) -> str:
+    """``limit`` as the scripts take it; refused unless every client can read it back (``common.lua``)."""
     if limit is None:
         return ""
-    if not isinstance(limit, int) or limit < 0:
-        raise ValueError("a limit must be 0 (clear) or more")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_OVERRIDE:
+        raise ValueError(f"a limit must be a whole number from 0 (clear) to {MAX_OVERRIDE}, not {limit!r}")
     return str(limit)

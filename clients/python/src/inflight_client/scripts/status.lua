@@ -2,7 +2,8 @@
 -- KEYS[1] leases, KEYS[2] permits, KEYS[3] limit; KEYS[4] <prefix>overrides (hash: user key -> its
 -- override, for every key that has one), KEYS[5] <prefix>overrides:version (counts the changes); on
 -- Redis Cluster KEYS[4] and KEYS[5] are left out (they are in another slot) and index.lua keeps them
--- ARGV[1] default limit, ARGV[2] max limit, ARGV[3] override ('' leave, '0' clear, 'n' set), ARGV[4]
+-- ARGV[1] default limit, ARGV[2] max limit, ARGV[3] override ('' leave, '0' clear, 'n' set, refused past
+-- MAX_OVERRIDE), ARGV[4]
 -- clock offset ms, ARGV[5] the user key, ARGV[6] the channel that announces changes of overrides,
 -- ARGV[7] the most keys with an override (0: no bound).
 -- Returns {limit, override (0: none), in_flight}, or {-1, the bound, 0} when a new override would pass it.
@@ -11,13 +12,15 @@
 -- keeps every process's view of the index fresh never disagree.
 set_now(tonumber(ARGV[4]))
 if ARGV[3] ~= '' then
-  local set, changed, max, indexed = tonumber(ARGV[3]) > 0, 0, tonumber(ARGV[7] or '0'), #KEYS > 3
+  local value = override_arg(ARGV[3])
+  if not value then return redis.error_reply(OVERRIDE_RANGE) end
+  local set, changed, max, indexed = tonumber(value) > 0, 0, tonumber(ARGV[7] or '0'), #KEYS > 3
   if indexed and set and max > 0 and redis.call('HEXISTS', KEYS[4], ARGV[5]) == 0 and redis.call('HLEN', KEYS[4]) >= max then
     return {-1, max, 0}
   end
   if set then
-    redis.call('SET', KEYS[3], ARGV[3])
-    if indexed then changed = redis.call('HSET', KEYS[4], ARGV[5], ARGV[3]) end
+    redis.call('SET', KEYS[3], value)
+    if indexed then changed = redis.call('HSET', KEYS[4], ARGV[5], value) end
   else
     redis.call('DEL', KEYS[3])
     if indexed then changed = redis.call('HDEL', KEYS[4], ARGV[5]) end

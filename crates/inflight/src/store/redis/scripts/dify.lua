@@ -30,7 +30,7 @@ for i = 1, math.floor(#KEYS / 4) do
   end
   redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
   key.n = redis.call('HLEN', key.hash)
-  key.override = tonumber(redis.call('GET', key.limit) or '0') or 0
+  override(key) -- (a value no client reads, such as one past 2^32 - 1, reads as none)
   local default_limit, max_limit = string.match(ARGV[6 + i] or '0 0', '^(%d+) (%d+)$') -- (a release: none)
   key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
   keys[i] = key
@@ -123,18 +123,19 @@ elseif op == 'n' then
 else
   local key = keys[1]
   if ARGV[6] ~= '' then
-    local max = tonumber(ARGV[8])
-    if tonumber(ARGV[6]) > 0 then
+    local max, value = tonumber(ARGV[8]), override_arg(ARGV[6])
+    if not value then return redis.error_reply(OVERRIDE_RANGE) end
+    if tonumber(value) > 0 then
       if max > 0 and redis.call('HEXISTS', KEYS[5], ARGV[9]) == 0 and redis.call('HLEN', KEYS[5]) >= max then
         return {-1, max, 0}
       end
-      redis.call('SET', key.limit, ARGV[6])
-      redis.call('HSET', KEYS[5], ARGV[9], ARGV[6])
+      redis.call('SET', key.limit, value)
+      redis.call('HSET', KEYS[5], ARGV[9], value)
     else
       redis.call('DEL', key.limit)
       redis.call('HDEL', KEYS[5], ARGV[9])
     end
-    key.override = tonumber(ARGV[6])
+    key.override = tonumber(value)
     local default_limit, max_limit = string.match(ARGV[7], '^(%d+) (%d+)$')
     key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
   end
