@@ -134,8 +134,10 @@ def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | No
     raise StoreError(f"acquire answered decision {decision}")
 
 
-def status(reply: object, key: str) -> KeyStatus:
-    limit, override, in_flight = ints(reply, 3)
+def status(reply: object, key: str, numbers: int = 3) -> KeyStatus:
+    """``dify.lua``'s answer (3 numbers), or ``status.lua``'s (4: the last, the version of the Rust processes'
+    index of overrides after a change, is theirs)."""
+    limit, override, in_flight = ints(reply, numbers)[:3]
     return KeyStatus(key, limit or None, override or None, in_flight)
 
 

@@ -167,7 +167,7 @@ class RedisLimiter:
             args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])
             return _core.status(self._call(self._dify, names, [*args, 0, key]), key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
-        return _core.status(self._call(self._status, keys, args), key)
+        return _core.status(self._call(self._status, keys, args), key, 4)
 
     def guard_stream(self, permit: Permit, iterable: Iterable[T]) -> GuardedStream[T]:
         """Yields every item of ``iterable``; releases ``permit`` when it ends, raises or is closed."""

@@ -81,10 +81,11 @@ impl QuotaStore for RedisStore {
             Fund::Add(n) => ("a", n, false),
         };
         let metered = &self.metered;
-        if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
+        let added = overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await?;
+        let Some(version) = added else {
             return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
-        }
-        metered.view.note(key, true);
+        };
+        metered.view.note(key, true, version);
         let answer = self
             .quota_call(key, "f", &[&mode, &n, &MAX_BALANCE], retry)
             .await?;
