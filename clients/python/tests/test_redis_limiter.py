@@ -271,6 +271,19 @@ def test_renewal_keeps_a_2s_lease_alive_for_7s(r: redis.Redis) -> None:
         limiter.try_acquire("k").release()
 
 
+def test_a_lease_shorter_than_its_renewal_can_serve_is_refused(r: redis.Redis) -> None:
+    """Issue 28, item 7: leases from 1 ms were accepted, and lapsed while held; 100 ms is the least."""
+    with pytest.raises(ValueError, match="100 ms"):
+        RedisLimiter(r, default_limit=1, lease=0.05)
+    with RedisLimiter(r, default_limit=1) as limiter:
+        for short in (0.001, 0.099):
+            with pytest.raises(ValueError, match="100 ms"):
+                limiter.try_acquire("k", lease=short)
+        assert in_flight(limiter, "k") == 0
+        limiter.try_acquire("k", lease=0.1).release()
+    RedisLimiter(r, layout="dify", dify_stale_after=0.001).close()  # an age, not a lease
+
+
 def test_a_lease_the_store_lost_is_readded(r: redis.Redis) -> None:
     with RedisLimiter(r, default_limit=1, lease=0.3) as limiter:
         permit = limiter.try_acquire("k", weight=1)

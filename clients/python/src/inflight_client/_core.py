@@ -12,6 +12,8 @@ from ._policy import ClassLimits
 
 MAX_KEYS = 16
 MAX_LEASE_MS = 24 * 3600 * 1000
+# The shortest lease, as the Rust library's MIN_LEASE: renewed at a third, a shorter one lapses while held.
+MIN_LEASE_MS = 100
 # The largest override (2**32 - 1): what the Rust processes read; larger values read as none.
 MAX_OVERRIDE = 2**32 - 1
 
@@ -35,9 +37,18 @@ class KeyStatus:
 
 
 def to_lease_ms(lease: float) -> int:
+    """A lease in ms: 100 ms (``MIN_LEASE_MS``: a shorter one lapses before its renewal comes) to 24 h."""
     ms = round(lease * 1000)
+    if not MIN_LEASE_MS <= ms <= MAX_LEASE_MS:
+        raise ValueError(f"lease must be between 100 ms and 24 h, not {lease!r} s")
+    return ms
+
+
+def to_age_ms(age: float) -> int:
+    """An age (``dify_stale_after``) in ms: 1 ms to 24 h."""
+    ms = round(age * 1000)
     if not 1 <= ms <= MAX_LEASE_MS:
-        raise ValueError("lease must be between 1 ms and 24 h")
+        raise ValueError("an age must be between 1 ms and 24 h")
     return ms
 
 

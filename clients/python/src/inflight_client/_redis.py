@@ -47,7 +47,7 @@ class RedisLimiter:
         self.policy = Policy(default_limit, max_limit, limits)
         self.prefix = prefix
         self.layout = layout
-        self._stale_ms = _core.to_lease_ms(dify_stale_after) if layout == "dify" else 0
+        self._stale_ms = _core.to_age_ms(dify_stale_after) if layout == "dify" else 0
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
