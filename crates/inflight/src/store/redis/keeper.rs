@@ -94,14 +94,18 @@ async fn keep(conn: Conn, names: Names, view: Weak<View>) {
     let mut attempt = 0;
     let mut pause = Duration::ZERO;
     loop {
+        // A task of its own (ended with this one): the polls below await in turn, and must not wait
+        // on something a suspended subscription attempt holds (a Sentinel store's lookup).
         let channel = reader.names.channel.clone();
-        let subscribing = subscribe(reader.conn.clone(), channel, attempt, pause);
-        tokio::pin!(subscribing);
+        let mut subscribing = tokio::task::JoinSet::new();
+        subscribing.spawn(subscribe(reader.conn.clone(), channel, attempt, pause));
         let mut poll = tokio::time::interval(POLL);
         let subscribed = loop {
             tokio::select! {
                 biased;
-                subscribed = &mut subscribing => break subscribed,
+                Some(subscribed) = subscribing.join_next() => {
+                    break subscribed.unwrap_or_else(|e| Err(std::io::Error::other(e).into()));
+                }
                 _ = poll.tick() => {
                     if !reader.poll_unsubscribed().await {
                         return;
@@ -174,7 +178,7 @@ impl Reader {
 
     /// Subscribed: reads the index, then follows the announcements until the subscription breaks (an
     /// error) or the view is no longer used (`Ok`). The version's reads run beside the announcements,
-    /// which go on being applied while one is on its way.
+    /// which go on being applied while one is on its way; nothing else awaits beside one.
     async fn follow(&mut self, mut messages: Messages) -> RedisResult<()> {
         // Subscribed first: whatever changes while the index is read is announced after, and applied after.
         self.checked_resync().await?;
@@ -193,6 +197,8 @@ impl Reader {
                     let payload: String = message.get_payload()?;
                     if !view.apply(&payload) {
                         drop(view);
+                        // (Not beside a read still on its way, which may hold what the resync needs.)
+                        reading = None;
                         self.checked_resync().await?;
                     }
                 }
