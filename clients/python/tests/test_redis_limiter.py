@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from inflight_client import RedisLimiter, TooManyRequests, WeightExceedsLimit
+from inflight_client import RedisLimiter, TooManyRequests, WeightExceedsLimit, _core
 
 
 def in_flight(limiter: RedisLimiter, key: str) -> int:
@@ -133,6 +133,28 @@ def test_overrides_are_set_cleared_and_capped_by_the_class_max(r: redis.Redis) -
         assert r.get("inflight:{j}:limit") == b"4"
 
 
+def test_an_override_no_process_can_read_is_refused_and_read_as_none(r: redis.Redis) -> None:
+    """Issue 28, item 10: 2**32 written from Python made every inflight process answer 503 on the key."""
+    with RedisLimiter(r, default_limit=1) as limiter:
+        for bad in (2**32, 2**64, -1, 2.5, True, "3"):
+            with pytest.raises(ValueError, match="4294967295"):
+                limiter.set_limit("k", bad)  # type: ignore[arg-type]
+        assert r.exists("inflight:{k}:limit", "inflight:overrides") == 0
+        assert limiter.set_limit("k", 2**32 - 1).override == 2**32 - 1
+        # The script refuses what it could not read back, whoever calls it.
+        keys, args = _core.status_call("inflight:", "k", limiter.policy.limits("k"), str(2**32))
+        with pytest.raises(redis.ResponseError, match="4294967295"):
+            limiter._status(keys=keys, args=args)
+        assert r.get("inflight:{k}:limit") == str(2**32 - 1).encode()
+        # What another writer left out of range reads as none: the class's limit applies.
+        for stored in (str(2**32), str(2**64), "-3", "2.5", "many"):
+            r.set("inflight:{k}:limit", stored)
+            status = limiter.status("k")
+            assert (status.limit, status.override) == (1, None), stored
+            with limiter.try_acquire("k"), pytest.raises(TooManyRequests):
+                limiter.try_acquire("k")
+
+
 def test_classes_of_keys(r: redis.Redis) -> None:
     rules = [{"keys": "tenant:*", "default": 2, "max": 3}, {"keys": "app:*", "default": 1}]
     with RedisLimiter(r, limits=rules) as limiter:
@@ -247,6 +269,19 @@ def test_renewal_keeps_a_2s_lease_alive_for_7s(r: redis.Redis) -> None:
             limiter.try_acquire("k")
         permit.release()
         limiter.try_acquire("k").release()
+
+
+def test_a_lease_shorter_than_its_renewal_can_serve_is_refused(r: redis.Redis) -> None:
+    """Issue 28, item 7: leases from 1 ms were accepted, and lapsed while held; 100 ms is the least."""
+    with pytest.raises(ValueError, match="100 ms"):
+        RedisLimiter(r, default_limit=1, lease=0.05)
+    with RedisLimiter(r, default_limit=1) as limiter:
+        for short in (0.001, 0.099):
+            with pytest.raises(ValueError, match="100 ms"):
+                limiter.try_acquire("k", lease=short)
+        assert in_flight(limiter, "k") == 0
+        limiter.try_acquire("k", lease=0.1).release()
+    RedisLimiter(r, layout="dify", dify_stale_after=0.001).close()  # an age, not a lease
 
 
 def test_a_lease_the_store_lost_is_readded(r: redis.Redis) -> None:

@@ -83,7 +83,7 @@ pub use limiter::{
     Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_MAX_WAITERS, RECHECK,
     SHUTDOWN_DRAIN,
 };
-pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE};
+pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};

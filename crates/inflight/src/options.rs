@@ -10,6 +10,13 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The longest lease a permit may have: renewals keep longer work alive.
 pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
 
+/// The shortest lease a permit may have (what `inflight --lease` already required). A held lease is
+/// renewed a third of the way through: at 100 ms that leaves about 67 ms for the renewal's round trip and
+/// the scheduler, where 1 to 3 ms leases were measured lapsing while held on a busy machine. A lease
+/// shorter than the store's response timeout (1 s by default) can still lapse during one slow renewal:
+/// take several seconds where Redis may pause (a fork, a failover).
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
 /// What a caller may ask of one admission; every field has a default.
 ///
 /// ```
@@ -50,7 +57,8 @@ impl AcquireOptions {
         self
     }
 
-    /// How long the lease lasts between renewals (default: the limiter's; outside 1 ms to 24 h: invalid).
+    /// How long the lease lasts between renewals (default: the limiter's; outside [`MIN_LEASE`] (100 ms) to
+    /// [`MAX_LEASE`] (24 h): [`crate::AcquireError::Invalid`]).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self

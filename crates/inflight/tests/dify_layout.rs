@@ -232,3 +232,56 @@ async fn weights_and_keys_with_braces_are_refused_clearly() {
     assert!(err.to_string().contains("braces"), "{err}");
     assert_eq!(limiter.status("app-1").await.unwrap().in_flight, 0);
 }
+
+/// Issue 28, item 8: a short lease must not cut the expiry of the lease set below a longer lease's
+/// deadline. Here the set is left to expire (a second stale age makes a lease-less entry evictable at
+/// once, as 600 s does to an hour-long lease): the long lease must still count, 2 held on a limit of 2.
+#[tokio::test]
+async fn a_short_lease_never_shortens_the_expiry_of_a_longer_one() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let store = redis
+        .store_builder()
+        .dify()
+        .stale_after(Duration::from_millis(1))
+        .open()
+        .unwrap();
+    let limiter = limiter(store, 2);
+    let long = AcquireOptions::new().lease(Duration::from_secs(60));
+    let _long = limiter.try_acquire_with("app-1", long).await.unwrap();
+    let short = AcquireOptions::new().lease(Duration::from_millis(100));
+    let short = limiter.try_acquire_with("app-1", short).await.unwrap();
+    short.release().await.unwrap();
+    // The set now expires with the long lease (past a minute) or, shortened, within moments: wait
+    // for either.
+    let leases = format!("{{{HASH}}}:leases");
+    let started = std::time::Instant::now();
+    loop {
+        let ttl: i64 = conn.pttl(&leases).unwrap();
+        if ttl > 60_000 || ttl == -2 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "ttl {ttl}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _second = limiter.try_acquire("app-1").await.unwrap();
+    let third = limiter.try_acquire("app-1").await;
+    assert!(
+        third.as_ref().is_err_and(AcquireError::is_full),
+        "3 held on a limit of 2: {third:?}"
+    );
+}
+
+/// Issue 28, item 10, in Dify's layout: a `max_active_requests` no client can read (past 2^32 - 1) is
+/// read as none.
+#[tokio::test]
+async fn an_unreadable_max_active_requests_is_read_as_none() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let limiter = limiter(store(&redis), 1);
+    let _: () = conn.set(MAX, "4294967296").unwrap();
+    let status = limiter.status("app-1").await.unwrap();
+    assert_eq!((status.override_limit, status.limit.get()), (None, Some(1)));
+    let _held = limiter.try_acquire("app-1").await.unwrap();
+    assert!(limiter.try_acquire("app-1").await.unwrap_err().is_full());
+}

@@ -321,7 +321,7 @@ class AsyncRedisLimiter:
 
     async def _status_with(self, key: str, change: str) -> _core.KeyStatus:
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
-        return _core.status(await self._call(self._status, keys, args), key)
+        return _core.status(await self._call(self._status, keys, args), key, 4)
 
     def guard_stream(
         self, permit: AsyncPermit, iterable: AsyncIterable[T] | Iterable[T]

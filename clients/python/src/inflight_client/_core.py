@@ -12,6 +12,10 @@ from ._policy import ClassLimits
 
 MAX_KEYS = 16
 MAX_LEASE_MS = 24 * 3600 * 1000
+# The shortest lease, as the Rust library's MIN_LEASE: renewed at a third, a shorter one lapses while held.
+MIN_LEASE_MS = 100
+# The largest override (2**32 - 1): what the Rust processes read; larger values read as none.
+MAX_OVERRIDE = 2**32 - 1
 
 Arg = str | bytes | int
 
@@ -33,9 +37,18 @@ class KeyStatus:
 
 
 def to_lease_ms(lease: float) -> int:
+    """A lease in ms: 100 ms (``MIN_LEASE_MS``: a shorter one lapses before its renewal comes) to 24 h."""
     ms = round(lease * 1000)
+    if not MIN_LEASE_MS <= ms <= MAX_LEASE_MS:
+        raise ValueError(f"lease must be between 100 ms and 24 h, not {lease!r} s")
+    return ms
+
+
+def to_age_ms(age: float) -> int:
+    """An age (``dify_stale_after``) in ms: 1 ms to 24 h."""
+    ms = round(age * 1000)
     if not 1 <= ms <= MAX_LEASE_MS:
-        raise ValueError("lease must be between 1 ms and 24 h")
+        raise ValueError("an age must be between 1 ms and 24 h")
     return ms
 
 
@@ -148,14 +161,17 @@ def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | No
     raise StoreError(f"acquire answered decision {decision}")
 
 
-def status(reply: object, key: str) -> KeyStatus:
-    limit, override, in_flight = ints(reply, 3)
+def status(reply: object, key: str, numbers: int = 3) -> KeyStatus:
+    """``dify.lua``'s answer (3 numbers), or ``status.lua``'s (4: the last, the version of the Rust processes'
+    index of overrides after a change, is theirs)."""
+    limit, override, in_flight = ints(reply, numbers)[:3]
     return KeyStatus(key, limit or None, override or None, in_flight)
 
 
 def change_arg(limit: int | None) -> str:
+    """``limit`` as the scripts take it; refused unless every client can read it back (``common.lua``)."""
     if limit is None:
         return ""
-    if not isinstance(limit, int) or limit < 0:
-        raise ValueError("a limit must be 0 (clear) or more")
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_OVERRIDE:
+        raise ValueError(f"a limit must be a whole number from 0 (clear) to {MAX_OVERRIDE}, not {limit!r}")
     return str(limit)

@@ -47,7 +47,7 @@ class RedisLimiter:
         self.policy = Policy(default_limit, max_limit, limits)
         self.prefix = prefix
         self.layout = layout
-        self._stale_ms = _core.to_lease_ms(dify_stale_after) if layout == "dify" else 0
+        self._stale_ms = _core.to_age_ms(dify_stale_after) if layout == "dify" else 0
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
@@ -168,7 +168,7 @@ class RedisLimiter:
             args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])
             return _core.status(self._call(self._dify, names, [*args, 0, key]), key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
-        return _core.status(self._call(self._status, keys, args), key)
+        return _core.status(self._call(self._status, keys, args), key, 4)
 
     def guard_stream(self, permit: Permit, iterable: Iterable[T]) -> GuardedStream[T]:
         """Yields every item of ``iterable``; releases ``permit`` when it ends, raises or is closed."""

@@ -11,7 +11,7 @@ use inflight::quota::IdempotencyKey;
 use inflight::AcquireOptions;
 use serde::de::DeserializeOwned;
 
-use crate::config::MAX_LEASE;
+use crate::config::{MAX_LEASE, MIN_LEASE};
 use crate::error::ApiError;
 
 /// Longest key and id, in bytes.
@@ -61,9 +61,19 @@ pub(super) fn body<T: DeserializeOwned + Default>(
         .map_err(|e| ApiError::invalid_request(format!("Malformed JSON body: {e}")))
 }
 
-/// A lease asked for (`lease_ms`; none: the default), checked.
+/// A lease asked for (`lease_ms`; none: the default), checked: from [`MIN_LEASE`] (shorter ones lapse
+/// before their renewal comes) to [`MAX_LEASE`].
 pub(super) fn lease(lease_ms: Option<u64>) -> Result<Option<Duration>, ApiError> {
-    millis("lease_ms", lease_ms, MAX_LEASE)
+    match lease_ms.map(Duration::from_millis) {
+        Some(lease) if !(MIN_LEASE..=MAX_LEASE).contains(&lease) => {
+            Err(ApiError::invalid_request(format!(
+                "lease_ms must be between {} and {}.",
+                MIN_LEASE.as_millis(),
+                MAX_LEASE.as_millis()
+            )))
+        }
+        lease => Ok(lease),
+    }
 }
 
 /// A body's `field`, in ms, checked: from 1 ms to `max` (none: the default).

@@ -55,7 +55,10 @@ pub(super) async fn set_limit(
     let key = checked_key(path)?;
     let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
     let request: LimitBody = serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::invalid_request(format!("Expected {{\"limit\": N}} with N >= 0: {e}"))
+        ApiError::invalid_request(format!(
+            "Expected {{\"limit\": N}} with 0 <= N <= {}: {e}",
+            u32::MAX
+        ))
     })?;
     // Clearing (0) is always allowed, so that overrides set before the setting can go.
     if request.limit > 0

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 pub use check::{check, CheckArgs};
 pub use connections::Connections;
-pub use inflight::MAX_LEASE;
+pub use inflight::{MAX_LEASE, MIN_LEASE};
 pub use logging::{LogFormat, LoggingSettings};
 pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};

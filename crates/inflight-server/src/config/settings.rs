@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     invalid, store, text, ConfigError, Connections, Layered, LimitRule, LoggingSettings,
-    QuotaSettings, RedisSettings, TlsSettings, MAX_LEASE,
+    QuotaSettings, RedisSettings, TlsSettings, MAX_LEASE, MIN_LEASE,
 };
 
 /// The most worker threads a server runs.
@@ -195,7 +195,7 @@ impl Layered for Settings {
             let reason = "rediss:// needs a build with TLS (--features tls)";
             return Err(invalid("store", reason));
         }
-        if self.lease < Duration::from_millis(100) || self.lease > MAX_LEASE {
+        if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
         }
         self.connections.check()?;

@@ -50,6 +50,22 @@ async fn bad_input_gets_a_clear_error_and_never_a_500<M: Make>() {
         .await
         .unwrap();
     assert_error(heavy, StatusCode::BAD_REQUEST, "weight_exceeds_limit").await;
+    // Issue 28: a lease shorter than its renewal can serve is refused, naming the minimum (100 ms).
+    for short in [1, 99] {
+        let refused = http.post(&url).json(&json!({"lease_ms": short}));
+        let refused = body(refused.send().await.unwrap()).await;
+        assert_eq!(refused["code"], "invalid_request", "{refused}");
+        assert!(
+            refused["message"].as_str().unwrap().contains("100 and"),
+            "{refused}"
+        );
+    }
+    let at_least = http.post(&url).json(&json!({"lease_ms": 100}));
+    let at_least = at_least.send().await.unwrap();
+    assert_eq!(at_least.status(), StatusCode::CREATED);
+    let id = body(at_least).await["id"].as_str().unwrap().to_owned();
+    let released = http.delete(format!("{url}/{id}")).send().await.unwrap();
+    assert_eq!(released.status(), StatusCode::NO_CONTENT);
     let limit = http
         .put(server.url("/v1/keys/app/limit"))
         .body("{\"limit\": \"x\"}")
@@ -63,6 +79,14 @@ async fn bad_input_gets_a_clear_error_and_never_a_500<M: Make>() {
         .await
         .unwrap();
     assert_error(limit, StatusCode::BAD_REQUEST, "invalid_request").await;
+    // An override no process could read (past 2^32 - 1) is refused, naming the largest.
+    let limit = http.put(server.url("/v1/keys/app/limit"));
+    let limit = body(limit.body("{\"limit\": 4294967296}").send().await.unwrap()).await;
+    assert_eq!(limit["code"], "invalid_request", "{limit}");
+    assert!(
+        limit["message"].as_str().unwrap().contains("4294967295"),
+        "{limit}"
+    );
     assert_error(
         http.get(server.url("/nope")).send().await.unwrap(),
         StatusCode::NOT_FOUND,

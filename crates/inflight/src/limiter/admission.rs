@@ -10,7 +10,7 @@ use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
 use crate::id::PermitId;
-use crate::options::{AcquireOptions, MAX_LEASE};
+use crate::options::{AcquireOptions, MAX_LEASE, MIN_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
@@ -121,8 +121,10 @@ impl<S: Store> Limiter<S> {
         };
         let lease_ms = match options.lease.map(millis) {
             None => self.core.lease_ms,
-            Some(lease_ms) if lease_ms >= 1 && lease_ms <= millis(MAX_LEASE) => lease_ms,
-            Some(_) => return invalid("lease must be between 1 ms and 24 h"),
+            Some(lease_ms) if (millis(MIN_LEASE)..=millis(MAX_LEASE)).contains(&lease_ms) => {
+                lease_ms
+            }
+            Some(_) => return invalid("lease must be between 100 ms and 24 h"),
         };
         if options.id.as_ref().is_some_and(PermitId::is_empty) {
             return invalid("id must not be empty");

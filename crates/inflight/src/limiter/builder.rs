@@ -11,7 +11,7 @@ use super::renewer;
 use super::settler::Settler;
 use crate::clock::millis;
 use crate::failure::{Breaker, FailurePolicy};
-use crate::options::{DEFAULT_LEASE, MAX_LEASE};
+use crate::options::{DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
 use crate::policy::SharedPolicy;
 use crate::store::{MemoryStore, Store};
 
@@ -50,8 +50,9 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// The lease of each permit unless its options say otherwise (default 30 s; 1 ms to [`MAX_LEASE`]). A
-    /// crashed holder's slots come back within one lease; live holders renew at a third of it.
+    /// The lease of each permit unless its options say otherwise (default 30 s; [`MIN_LEASE`] to
+    /// [`MAX_LEASE`], a lease outside taken as the nearest of them). A crashed holder's slots come back
+    /// within one lease; live holders renew at a third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -91,7 +92,7 @@ impl<S: Store> LimiterBuilder<S> {
     ///
     /// Outside a Tokio runtime, like `tokio::spawn`.
     pub fn build(self) -> Limiter<S> {
-        let lease_ms = millis(self.lease).clamp(1, millis(MAX_LEASE));
+        let lease_ms = millis(self.lease).clamp(millis(MIN_LEASE), millis(MAX_LEASE));
         let fallback = matches!(self.on_store_failure, FailurePolicy::FailOpenLocal { .. })
             .then(|| self.fallback.unwrap_or_default());
         let core = Arc::new(Core {

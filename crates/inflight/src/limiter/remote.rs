@@ -12,13 +12,14 @@ use super::Limiter;
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::options::MAX_LEASE;
+use crate::options::{MAX_LEASE, MIN_LEASE};
 use crate::store::{IndexOp, Keys, Recorded, RenewRequest, Renewal, Store};
 
 impl<S: Store> Limiter<S> {
-    /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease`, or by default for
-    /// the length it was acquired with. A lease that is gone stays gone, and so is one that a later
-    /// admission of the id took over (another `token`): [`Renewal::Lost`].
+    /// Renews a lease held elsewhere (a detached permit, a remote worker) for `lease` (at least
+    /// [`crate::MIN_LEASE`]), or by default for the length it was acquired with. A lease that is gone
+    /// stays gone, and so is one that a later admission of the id took over (another `token`):
+    /// [`Renewal::Lost`].
     pub async fn renew(
         &self,
         key: &str,
@@ -43,7 +44,7 @@ impl<S: Store> Limiter<S> {
         let request = [RenewRequest {
             keys: Arc::from(keys),
             id: id.clone(),
-            lease_ms: lease.map(|lease| millis(lease).clamp(1, millis(MAX_LEASE))),
+            lease_ms: lease.map(|lease| millis(lease).clamp(millis(MIN_LEASE), millis(MAX_LEASE))),
             limits: self.core.limits_of(keys),
             readd_weight: None,
             token,
@@ -110,7 +111,7 @@ impl<S: Store> Limiter<S> {
         lease: Duration,
         quota: Option<(&str, Duration)>,
     ) -> Result<(), StoreError> {
-        let lease_ms = millis(lease).clamp(1, millis(MAX_LEASE));
+        let lease_ms = millis(lease).clamp(millis(MIN_LEASE), millis(MAX_LEASE));
         let reservation_ms = quota.map_or(0, |(_, ttl)| millis(ttl));
         let ttl_ms = record_ttl_ms(lease_ms).max(reservation_ms);
         let op = IndexOp::Put {
@@ -134,7 +135,7 @@ impl<S: Store> Limiter<S> {
         };
         // Without a length asked for, the lease keeps the one it has, and so does its record.
         let lease_ms = lease.map_or(recorded.lease_ms, |lease| {
-            millis(lease).clamp(1, millis(MAX_LEASE))
+            millis(lease).clamp(millis(MIN_LEASE), millis(MAX_LEASE))
         });
         recorded.lease_ms = lease_ms;
         let renewal = self

@@ -3,6 +3,7 @@
 
 pub mod child;
 pub mod failover;
+pub mod gate;
 pub mod ops;
 
 pub use test_support::{unique_prefix, TestCluster, TestRedis, TestSentinel};

@@ -92,10 +92,28 @@ local function view(leases, permits, limit)
   return key
 end
 
+-- An override counts when it is a whole number from 1 to MAX_OVERRIDE (2^32 - 1, what every client reads);
+-- anything else a writer left (larger, smaller, a fraction, text) reads as none: the key's class limits
+-- apply. Writes are refused unless they read back (override_arg).
+local MAX_OVERRIDE = 4294967295
+local function override_of(text)
+  local n = tonumber(text or '0')
+  if n and n >= 1 and n <= MAX_OVERRIDE and n == math.floor(n) then return n end
+  return 0
+end
+
 local function override(key)
-  key.override = key.override or tonumber(redis.call('GET', key.limit) or '0') or 0
+  key.override = key.override or override_of(redis.call('GET', key.limit))
   return key.override
 end
+
+-- A change of override as the scripts take it ('0' clears), as written; nil when out of range.
+local function override_arg(text)
+  local n = string.match(text, '^%d+$') and tonumber(text)
+  if not n or n > MAX_OVERRIDE then return nil end
+  return string.format('%.0f', n)
+end
+local OVERRIDE_RANGE = 'ERR an override is a whole number from 0 (clear) to ' .. MAX_OVERRIDE
 
 local function in_flight(key) return key.n + key.extra end
 

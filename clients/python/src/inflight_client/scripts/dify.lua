@@ -30,7 +30,7 @@ for i = 1, math.floor(#KEYS / 4) do
   end
   redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
   key.n = redis.call('HLEN', key.hash)
-  key.override = tonumber(redis.call('GET', key.limit) or '0') or 0
+  override(key) -- (a value no client reads, such as one past 2^32 - 1, reads as none)
   local default_limit, max_limit = string.match(ARGV[6 + i] or '0 0', '^(%d+) (%d+)$') -- (a release: none)
   key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
   keys[i] = key
@@ -64,9 +64,12 @@ local function put(key, ms) -- adds or refreshes id's entry and lease
   redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
   if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
   -- The side keys outlive every lease (so a holder's crash is reclaimed); H is Dify's, left without expiry.
+  -- Only ever extended: a short lease must not cut them below a longer lease's deadline (PTTL, not
+  -- PEXPIRE's GT, which Redis 6 lacks and which never sets an expiry on a key that has none).
   local keep = math.max(ms * 2, stale_ms) + 1000
-  redis.call('PEXPIRE', key.leases, keep)
-  redis.call('PEXPIRE', key.lengths, keep)
+  for _, side in ipairs({key.leases, key.lengths}) do
+    if redis.call('PTTL', side) < keep then redis.call('PEXPIRE', side, keep) end
+  end
 end
 
 if op == 'a' then
@@ -120,18 +123,19 @@ elseif op == 'n' then
 else
   local key = keys[1]
   if ARGV[6] ~= '' then
-    local max = tonumber(ARGV[8])
-    if tonumber(ARGV[6]) > 0 then
+    local max, value = tonumber(ARGV[8]), override_arg(ARGV[6])
+    if not value then return redis.error_reply(OVERRIDE_RANGE) end
+    if tonumber(value) > 0 then
       if max > 0 and redis.call('HEXISTS', KEYS[5], ARGV[9]) == 0 and redis.call('HLEN', KEYS[5]) >= max then
         return {-1, max, 0}
       end
-      redis.call('SET', key.limit, ARGV[6])
-      redis.call('HSET', KEYS[5], ARGV[9], ARGV[6])
+      redis.call('SET', key.limit, value)
+      redis.call('HSET', KEYS[5], ARGV[9], value)
     else
       redis.call('DEL', key.limit)
       redis.call('HDEL', KEYS[5], ARGV[9])
     end
-    key.override = tonumber(ARGV[6])
+    key.override = tonumber(value)
     local default_limit, max_limit = string.match(ARGV[7], '^(%d+) (%d+)$')
     key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
   end

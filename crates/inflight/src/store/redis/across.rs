@@ -254,36 +254,42 @@ impl RedisStore {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
+        // The view of this process hears of the change at once, as of the index's version it left.
         match change {
-            OverrideChange::Keep => self.status_in_slot(key, limits, change).await,
+            OverrideChange::Keep => Ok(self.status_in_slot(key, limits, change).await?.0),
             OverrideChange::Set(n) => {
                 self.index_change('+', key, n).await?;
-                let status = self.status_in_slot(key, limits, change).await?;
+                let (status, _) = self.status_in_slot(key, limits, change).await?;
                 // Again: a concurrent clear may have removed it between the two steps.
-                self.index_change('+', key, n).await?;
+                let version = self.index_change('+', key, n).await?;
+                self.view.note(key, true, version);
                 Ok(status)
             }
             OverrideChange::Clear => {
-                let status = self.status_in_slot(key, limits, change).await?;
-                self.index_change('-', key, 0).await?;
+                let (status, _) = self.status_in_slot(key, limits, change).await?;
+                let mut noted = (false, self.index_change('-', key, 0).await?);
                 // A concurrent set may have set it again after its own index step: add it back.
-                let now = self
+                let (now, _) = self
                     .status_in_slot(key, limits, OverrideChange::Keep)
                     .await?;
                 if let Some(n) = now.override_limit {
-                    self.index_change('+', key, n).await?;
+                    noted = (true, self.index_change('+', key, n).await?);
                 }
+                self.view.note(key, noted.0, noted.1);
                 Ok(status)
             }
         }
     }
 
-    async fn index_change(&self, op: char, key: &str, value: u32) -> Result<(), StoreError> {
+    /// Changes the index of overrides (`index.lua`); its version after the change.
+    async fn index_change(&self, op: char, key: &str, value: u32) -> Result<u64, StoreError> {
         let names = &self.overrides;
-        if !overrides::change(&self.conn, names, self.max_overrides, op, key, value).await? {
-            let max = number(i64::try_from(self.max_overrides).unwrap_or(i64::MAX))?;
-            return Err(StoreError::TooManyOverrides { max });
+        match overrides::change(&self.conn, names, self.max_overrides, op, key, value).await? {
+            Some(version) => Ok(version),
+            None => {
+                let max = number(i64::try_from(self.max_overrides).unwrap_or(i64::MAX))?;
+                Err(StoreError::TooManyOverrides { max })
+            }
         }
-        Ok(())
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use super::batch::{Batcher, Durability};
 use super::connect::{Conn, ConnOptions};
+use super::keeper::{self, Metered};
 use super::naming::KeyNames;
-use super::overrides::{self, Metered, Names, View};
+use super::overrides::{Names, View};
 use super::store::RedisStore;
 use super::wakeups;
 use crate::error::StoreError;
@@ -115,7 +116,7 @@ impl RedisStoreBuilder {
         let released = move |key: &str| KeyNames::new(&prefix, key, cluster).released();
         let wakes = wakeups::start(conn.clone(), released);
         let store = self.assemble(conn, target, wakes);
-        overrides::start(
+        keeper::start(
             store.conn.clone(),
             Names::clone(&store.overrides),
             &store.view,

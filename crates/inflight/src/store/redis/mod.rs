@@ -12,6 +12,7 @@ mod connect;
 mod dify;
 mod error;
 mod index;
+mod keeper;
 mod listing;
 mod naming;
 mod overrides;

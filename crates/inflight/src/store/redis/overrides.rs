@@ -5,30 +5,23 @@
 //! `<prefix>overrides:version`, which counts its changes. `status.lua` changes both with the override
 //! itself and publishes `'version +key'` (or `-key`) on the channel `<prefix>overrides` (on a Redis
 //! Cluster, where the index is `<prefix>{overrides}` in a slot of its own, `index.lua` changes the index:
-//! see `across.rs`; PUBLISH reaches every node). A task of the store subscribes (through one node of a
-//! cluster, the next one when it fails), reads the whole index, then applies each announcement as it
-//! comes; it reads the index again when an announcement is still missing one [`POLL`] after its version
-//! was read, or the version went back (Redis lost its data). So a new override applies to this process's
-//! next admission within moments, and within two [`POLL`]s when its announcement was lost. While Redis
-//! cannot be reached, the last view stays in force (no one can set an override there meanwhile). Until
-//! the first read completes, past [`MAX_VIEW`] keys, or if the task ends, every admission asks Redis.
+//! see `across.rs`; PUBLISH reaches every node). A task (`keeper.rs`) keeps the view fresh from the
+//! announcements and a poll of the version; it says how stale the view can be.
+//!
+//! The view never goes back: an announcement no newer than the version it holds is skipped, and a change
+//! this process made is noted with the version of the index it left (so its own next admission sees it at
+//! once) and stands over the older announcements of its key that may still arrive after it.
+//! Until the first read completes, past [`MAX_VIEW`] keys, while Redis refuses the view's reads, or if
+//! the task ends, every admission asks Redis.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Once, RwLock, Weak};
-use std::time::Duration;
-
-use futures_util::StreamExt;
-use redis::AsyncCommands;
+use std::sync::RwLock;
 
 use super::connect::Conn;
 
-/// How often the version of the index is read, to catch a lost announcement (within two of these).
-pub(super) const POLL: Duration = Duration::from_millis(50);
 /// The most keys with an override the view holds; past that, every admission asks Redis.
 pub(super) const MAX_VIEW: usize = 1 << 20;
-/// How long connecting and subscribing may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The names of an index in Redis: `what` is `overrides` (the keys with an override) or `quotas` (the
 /// keys with a balance, kept the same way: `quota.rs`).
@@ -58,38 +51,36 @@ impl Names {
     }
 }
 
-/// The view of the keys with a balance (`quota.rs`), shared by a store's clones.
-pub(super) struct Metered {
-    pub(super) names: Names,
-    pub(super) view: Arc<View>,
-    started: Once,
-}
-
-impl Metered {
-    pub(super) fn new(prefix: &str, cluster: bool) -> Self {
-        Self {
-            names: Names::new(prefix, "quotas", cluster),
-            view: Arc::default(),
-            started: Once::new(),
-        }
-    }
-
-    /// True when the view knows that `key` has no balance (starting the view on the first call).
-    pub(super) fn unmetered(&self, conn: &Conn, key: &str) -> bool {
-        self.started
-            .call_once(|| start(conn.clone(), self.names.clone(), &self.view));
-        self.view.none_of(&[key])
-    }
-}
-
 /// The view: shared by a store's clones, kept by one task.
 #[derive(Default)]
 pub(super) struct View {
-    keys: RwLock<HashSet<Box<str>>>,
-    /// The index has been read at least once and fits in [`MAX_VIEW`].
-    usable: AtomicBool,
-    /// The last version applied.
+    known: RwLock<Known>,
+    /// The index has been read at least once, fits in [`MAX_VIEW`], and Redis does not refuse its reads.
+    pub(super) usable: AtomicBool,
+    /// The last version applied (changed only with `known` locked).
     version: AtomicU64,
+}
+
+#[derive(Default)]
+struct Known {
+    keys: HashSet<Box<str>>,
+    /// The changes of this process whose announcements have not been applied yet: key -> the version of
+    /// the index they left, and whether the key was in it then.
+    ahead: HashMap<Box<str>, (u64, bool)>,
+}
+
+impl Known {
+    /// False when the key does not fit.
+    fn set(&mut self, key: &str, present: bool) -> bool {
+        if !present {
+            self.keys.remove(key);
+        } else if self.keys.len() < MAX_VIEW {
+            self.keys.insert(key.into());
+        } else {
+            return self.keys.contains(key);
+        }
+        true
+    }
 }
 
 impl View {
@@ -99,190 +90,86 @@ impl View {
         if !self.usable.load(Ordering::Acquire) {
             return false;
         }
-        let known = self.keys.read().unwrap_or_else(|e| e.into_inner());
-        keys.iter().all(|key| !known.contains(*key))
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        keys.iter().all(|key| !known.keys.contains(*key))
     }
 
-    /// Notes an override this process set or cleared, so that its own next admission sees it at once.
-    pub(super) fn note(&self, key: &str, has_override: bool) {
-        let mut known = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        if !has_override {
-            known.remove(key);
-        } else if known.len() < MAX_VIEW {
-            known.insert(key.into());
-        } else {
+    /// The last version applied.
+    pub(super) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Notes a change this process made: `key` was in the index (`present`) or not as of its `version`,
+    /// so that its own next admission sees it at once. A version the view already holds is no news (what
+    /// the view holds is that or newer); otherwise the note stands until the view reaches its version.
+    pub(super) fn note(&self, key: &str, present: bool, version: u64) {
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        if version <= self.version.load(Ordering::Acquire) {
+            return;
+        }
+        if !known.set(key, present) {
             self.usable.store(false, Ordering::Release);
+        }
+        let noted = known.ahead.entry(key.into()).or_insert((version, present));
+        if noted.0 <= version {
+            *noted = (version, present);
         }
     }
 
     /// Applies one announcement; false when it is not one, or shows that one before it was missed. One
-    /// no newer than what the view holds (read again after a resync) is skipped.
-    fn apply(&self, message: &str) -> bool {
+    /// no newer than what the view holds (read again after a resync) is skipped, and so is one of a key
+    /// this process changed later.
+    pub(super) fn apply(&self, message: &str) -> bool {
         let Some((version, change)) = message.split_once(' ') else {
             return false;
         };
         let Ok(version) = version.parse::<u64>() else {
             return false;
         };
+        let (present, key) = match change.split_at_checked(1) {
+            Some(("+", key)) => (true, key),
+            Some(("-", key)) => (false, key),
+            _ => return false,
+        };
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
         let seen = self.version.load(Ordering::Acquire);
         if version <= seen {
             return true;
         }
-        let mut known = self.keys.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(key) = change.strip_prefix('+') {
-            if known.len() < MAX_VIEW {
-                known.insert(key.into());
-            } else {
-                self.usable.store(false, Ordering::Release);
-            }
-        } else if let Some(key) = change.strip_prefix('-') {
-            known.remove(key);
-        } else {
-            return false;
+        let later = known
+            .ahead
+            .get(key)
+            .is_some_and(|(noted, _)| *noted > version);
+        if !later && !known.set(key, present) {
+            self.usable.store(false, Ordering::Release);
+        }
+        if !known.ahead.is_empty() {
+            known.ahead.retain(|_, (noted, _)| *noted > version);
         }
         self.version.store(version, Ordering::Release);
         version == seen + 1
     }
-}
 
-/// Marks the view unusable when the task that keeps it ends other than because the view went (a panic,
-/// its runtime shut down): admissions then ask Redis rather than trust a view no one updates.
-struct Keeper(Weak<View>);
-
-impl Drop for Keeper {
-    fn drop(&mut self) {
-        if let Some(view) = self.0.upgrade() {
-            view.usable.store(false, Ordering::Release);
+    /// Replaces the view with the index as read at `version` (its keys read after it), usable when it
+    /// fit. The notes of this process newer than `version` stand over it.
+    pub(super) fn replace(&self, keys: HashSet<Box<str>>, version: u64, fits: bool) {
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        known.keys = keys;
+        let mut ahead = std::mem::take(&mut known.ahead);
+        ahead.retain(|_, (noted, _)| *noted > version);
+        let mut fits = fits;
+        for (key, (_, present)) in &ahead {
+            fits &= known.set(key, *present);
         }
+        known.ahead = ahead;
+        self.version.store(version, Ordering::Release);
+        self.usable.store(fits, Ordering::Release);
     }
-}
-
-/// Starts the task that keeps `view` fresh; it ends soon after the last handle on the view goes.
-pub(super) fn start(conn: Conn, names: Names, view: &Arc<View>) {
-    tokio::spawn(keep(conn, names, Arc::downgrade(view)));
-}
-
-async fn keep(conn: Conn, names: Names, view: Weak<View>) {
-    let _keeper = Keeper(view.clone());
-    let mut warned = false;
-    // Which node (of a cluster's) the subscription goes through: the next one after each failure.
-    let mut attempt = 0;
-    while view.strong_count() > 0 {
-        attempt += 1;
-        let followed = match conn.pubsub_client(attempt - 1).await {
-            Ok(client) => follow(&client, conn.clone(), &names, &view).await,
-            Err(error) => Err(error),
-        };
-        match followed {
-            Ok(()) => return,
-            Err(error) => {
-                // Once, then quietly: an outage says so elsewhere. (A user whose ACL has no access to
-                // the channel would see it here.)
-                if !warned {
-                    let what = names.what;
-                    tracing::warn!(%error, "the view of {what} lost its subscription; remaking it");
-                    warned = true;
-                }
-                // Soon: the view is in force meanwhile, and only a subscription keeps it fresh.
-                tokio::time::sleep(POLL).await;
-            }
-        }
-    }
-}
-
-/// Subscribes, reads the index, then follows the announcements until the subscription breaks (an
-/// error) or the view is no longer used (`Ok`).
-async fn follow(
-    client: &redis::Client,
-    mut conn: Conn,
-    names: &Names,
-    view: &Weak<View>,
-) -> redis::RedisResult<()> {
-    let mut pubsub = within(client.get_async_pubsub()).await?;
-    within(pubsub.subscribe(&names.channel)).await?;
-    let mut messages = pubsub.into_on_message();
-    // Subscribed first: whatever changes while the index is read is announced after, and applied after.
-    resync(&mut conn, names, view).await?;
-    let mut poll = tokio::time::interval(POLL);
-    // The version one poll ago: every announcement up to it has had a whole poll to arrive.
-    let mut due = 0u64;
-    loop {
-        tokio::select! {
-            biased;
-            message = messages.next() => {
-                let Some(message) = message else {
-                    return Err(closed());
-                };
-                let Some(strong) = view.upgrade() else { return Ok(()) };
-                let payload: String = message.get_payload()?;
-                if !strong.apply(&payload) {
-                    drop(strong);
-                    resync(&mut conn, names, view).await?;
-                }
-            }
-            _ = poll.tick() => {
-                // What has been applied never passes Redis's version (each announcement follows its
-                // INCR), so read it first: a version below it means Redis lost its data (a restart
-                // without persistence, FLUSHALL). One still behind what was due means one was lost.
-                let Some(applied) = view.upgrade().map(|v| v.version.load(Ordering::Acquire)) else {
-                    return Ok(());
-                };
-                let version: Option<u64> = conn.get(&names.version).await?;
-                let version = version.unwrap_or(0);
-                if version < applied || applied < due {
-                    resync(&mut conn, names, view).await?;
-                }
-                due = version;
-            }
-        }
-    }
-}
-
-/// Reads the whole index into the view.
-async fn resync(conn: &mut Conn, names: &Names, view: &Weak<View>) -> redis::RedisResult<()> {
-    let Some(view) = view.upgrade() else {
-        return Ok(());
-    };
-    let version: Option<u64> = conn.get(&names.version).await?;
-    let mut keys = HashSet::new();
-    let mut cursor = 0u64;
-    let mut fits = true;
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("HSCAN")
-            .arg(&names.index)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        // HSCAN answers field, value, field, value...
-        for key in batch.into_iter().step_by(2) {
-            if keys.len() >= MAX_VIEW {
-                fits = false;
-                break;
-            }
-            keys.insert(key.into_boxed_str());
-        }
-        if next == 0 || !fits {
-            break;
-        }
-        cursor = next;
-    }
-    if !fits {
-        let what = names.what;
-        tracing::warn!(
-            max = MAX_VIEW,
-            "more keys are in the index of {what} than its view holds: every admission asks Redis"
-        );
-    }
-    *view.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
-    view.version.store(version.unwrap_or(0), Ordering::Release);
-    view.usable.store(fits, Ordering::Release);
-    Ok(())
 }
 
 /// Adds (`'+'`) `key` to the index `names`, with `value`, or removes it (`'-'`), announcing the change
-/// (`index.lua`); false when adding it would pass `max` keys (0: no bound).
+/// (`index.lua`); the index's version after it, or `None` when adding it would pass `max` keys (0: no
+/// bound).
 pub(super) async fn change(
     conn: &Conn,
     names: &Names,
@@ -290,7 +177,7 @@ pub(super) async fn change(
     op: char,
     key: &str,
     value: u32,
-) -> Result<bool, crate::error::StoreError> {
+) -> Result<Option<u64>, crate::error::StoreError> {
     let mut invocation = super::scripts::INDEX.prepare_invoke();
     invocation
         .key(&names.index)
@@ -301,36 +188,22 @@ pub(super) async fn change(
         .arg(&names.channel)
         .arg(max);
     let out: i64 = super::error::invoke(conn, &invocation).await?;
-    Ok(out != -1)
-}
-
-pub(super) async fn within<T>(
-    work: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> redis::RedisResult<T> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, work).await {
-        Ok(result) => result,
-        Err(_) => Err(redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "connecting the subscription timed out",
-        ))),
-    }
-}
-
-fn closed() -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionAborted,
-        "the subscription to an index's announcements ended",
-    ))
+    Ok(u64::try_from(out).ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn announcements_apply_in_order_and_a_gap_shows() {
+    fn usable() -> View {
         let view = View::default();
         view.usable.store(true, Ordering::Release);
+        view
+    }
+
+    #[test]
+    fn announcements_apply_in_order_and_a_gap_shows() {
+        let view = usable();
         assert!(view.apply("1 +app:a"));
         assert!(!view.none_of(&["x", "app:a"]));
         assert!(view.apply("2 -app:a"));
@@ -340,5 +213,35 @@ mod tests {
         assert!(!view.apply("5 +b"), "4 was missed");
         assert!(view.apply("2 -app:a"), "an old one read again is no gap");
         assert!(!view.apply("garbage"));
+        assert!(!view.apply("6 *k"));
+    }
+
+    #[test]
+    fn a_note_never_undoes_a_newer_announcement_nor_an_older_one_a_note() {
+        let view = usable();
+        // This process cleared k at version 2; k was set again elsewhere at 3, announced first.
+        assert!(view.apply("1 +k"));
+        assert!(view.apply("2 -k"));
+        assert!(view.apply("3 +k"));
+        view.note("k", false, 2);
+        assert!(!view.none_of(&["k"]), "the newer announcement stands");
+        // This process set j at 5; the announcement of an older clear (4) arrives after.
+        view.note("j", true, 5);
+        assert!(!view.none_of(&["j"]), "seen here at once");
+        assert!(view.apply("4 -j"));
+        assert!(!view.none_of(&["j"]), "the older announcement is skipped");
+        assert!(view.apply("5 +j"));
+        assert!(
+            view.apply("6 -j"),
+            "past the note, announcements apply again"
+        );
+        assert!(view.none_of(&["j"]));
+        assert_eq!(view.version(), 6);
+        // A read of the index at 6 keeps a note of 7, and drops it once read at 7.
+        view.note("n", true, 7);
+        view.replace(HashSet::new(), 6, true);
+        assert!(!view.none_of(&["n"]));
+        view.replace(HashSet::new(), 7, true);
+        assert!(view.none_of(&["n", "k"]));
     }
 }

@@ -95,10 +95,11 @@ impl QuotaStore for RedisStore {
             Fund::Add(n) => ("a", n),
         };
         let metered = &self.metered;
-        if !overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await? {
+        let added = overrides::change(&self.conn, &metered.names, MAX_QUOTAS, '+', key, 1).await?;
+        let Some(version) = added else {
             return Err(StoreError::TooManyQuotas { max: MAX_QUOTAS });
-        }
-        metered.view.note(key, true);
+        };
+        metered.view.note(key, true, version);
         let once: [&dyn ToArg; 6] = [
             &mode,
             &n,

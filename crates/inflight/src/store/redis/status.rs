@@ -10,13 +10,14 @@ use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, OverrideChange};
 
 impl RedisStore {
-    /// `status.lua`, with the index of overrides on one server, without it on a cluster.
+    /// `status.lua`, with the index of overrides on one server, without it on a cluster; and the index's
+    /// version after a change (0: on a cluster, or no change).
     pub(super) async fn status_in_slot(
         &self,
         key: &str,
         limits: ClassLimits,
         change: OverrideChange,
-    ) -> Result<KeyStatus, StoreError> {
+    ) -> Result<(KeyStatus, u64), StoreError> {
         let mut invocation = scripts::STATUS.prepare_invoke();
         KeyNames::new(&self.prefix, key, self.conn.is_cluster()).declare(&mut invocation);
         if !self.conn.is_cluster() {
@@ -32,7 +33,10 @@ impl RedisStore {
             .arg(key)
             .arg(&self.overrides.channel)
             .arg(self.max_overrides);
-        status_of(&invoke::<Vec<i64>>(&self.conn, &invocation).await?)
+        let out = invoke::<Vec<i64>>(&self.conn, &invocation).await?;
+        let [limit, override_limit, in_flight, version] = fields(&out)?;
+        let status = status_of(&[limit, override_limit, in_flight])?;
+        Ok((status, number(version)?))
     }
 }
 
@@ -45,7 +49,7 @@ pub(super) fn change_arg(change: OverrideChange) -> String {
     }
 }
 
-/// `status.lua`'s (or `dify.lua`'s) answer.
+/// `status.lua`'s first three numbers, or `dify.lua`'s answer.
 pub(super) fn status_of(out: &[i64]) -> Result<KeyStatus, StoreError> {
     let [limit, override_limit, in_flight] = fields(out)?;
     if limit == -1 {

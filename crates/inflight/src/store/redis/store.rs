@@ -7,8 +7,9 @@ use std::sync::Arc;
 use super::batch::{Batcher, Op, Reply};
 use super::connect::Conn;
 use super::error::{invoke, retried};
+use super::keeper::Metered;
 use super::naming::{KeyNames, Member};
-use super::overrides::{Metered, Names, View};
+use super::overrides::{Names, View};
 use super::scripts;
 use crate::error::StoreError;
 use crate::id::PermitId;
@@ -245,13 +246,15 @@ impl Store for RedisStore {
         limits: ClassLimits,
         change: OverrideChange,
     ) -> Result<KeyStatus, StoreError> {
-        let status = match self.conn.is_cluster() {
-            true => self.status_cluster(key, limits, change).await?,
-            false => self.status_in_slot(key, limits, change).await?,
-        };
-        // Heard here at once; other processes hear it through the index's channel.
+        if self.conn.is_cluster() {
+            return self.status_cluster(key, limits, change).await;
+        }
+        let (status, version) = self.status_in_slot(key, limits, change).await?;
+        // Heard here at once, as of the index's version it left (the view never goes back); other
+        // processes hear it through the index's channel.
         if change != OverrideChange::Keep {
-            self.view.note(key, status.override_limit.is_some());
+            self.view
+                .note(key, status.override_limit.is_some(), version);
         }
         Ok(status)
     }

@@ -11,7 +11,7 @@ use redis::Client;
 use tokio::sync::mpsc;
 
 use super::connect::Conn;
-use super::overrides::within;
+use super::keeper::within;
 use crate::store::wake::Wakes;
 
 /// How long to wait before subscribing again after the subscription broke.

@@ -17,6 +17,6 @@ for i = 1, #KEYS, 3 do
     end
   end
   out[#out + 1] = n
-  out[#out + 1] = n > 0 and (tonumber(redis.call('GET', key.limit) or '0') or 0) or 0
+  out[#out + 1] = n > 0 and override(key) or 0
 end
 return out

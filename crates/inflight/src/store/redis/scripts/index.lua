@@ -5,8 +5,8 @@
 -- KEYS[1] <prefix>{overrides} (hash: user key -> its override), KEYS[2] <prefix>{overrides}:version
 -- ARGV[1] '+' (add the key) or '-' (remove it), ARGV[2] the user key, ARGV[3] its override, ARGV[4] the
 -- channel that announces changes, ARGV[5] the most keys with an override (0: no bound).
--- Returns 1 when the index changed (and the change was announced as 'version +key' or '-key'), 0 when
--- it did not, -1 when adding the key would pass the bound.
+-- Returns the index's version after the call (a change is announced as 'version +key' or '-key'), or -1
+-- when adding the key would pass the bound.
 -- Atomic so that the index, its version and the announcement never disagree.
 local changed
 if ARGV[1] == '+' then
@@ -21,5 +21,6 @@ end
 if changed == 1 then
   local version = redis.call('INCR', KEYS[2])
   redis.call('PUBLISH', ARGV[4], version .. ' ' .. ARGV[1] .. ARGV[2])
+  return version
 end
-return changed
+return tonumber(redis.call('GET', KEYS[2]) or '0')
