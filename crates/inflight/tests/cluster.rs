@@ -377,3 +377,59 @@ async fn a_refused_re_entry_across_slots_leaves_the_held_lease_as_it_was() {
     assert_eq!(limiter.status(first).await.unwrap().in_flight, 0);
     assert_eq!(limiter.status(second).await.unwrap().in_flight, 1);
 }
+
+/// Found by the chaos runs (a slot moved under load): a permit on keys of two slots whose lease lapsed
+/// on one slot alone (out of reach for a whole lease) was renewed on the other and answered "renewed",
+/// uncounted where it lapsed, which then admitted past its limit. Now that renewal reports the permit
+/// lost; a key that never counted the permit (limited only since) still leaves it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_full() {
+    use inflight::store::{AcquireRequest, Admission, RenewRequest, Renewal};
+    use inflight::{ClassLimits, PermitId, Store};
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("lapsed");
+    let store = cluster.store_builder(&prefix).open().unwrap();
+    let mut pair = ["a", "b"];
+    pair.sort_by_key(|key| cluster.slot_of(key));
+    let [_, second] = pair;
+    let (id, limits) = (PermitId::from("job"), [ClassLimits::new(1, 0); 2]);
+    let admitted = store.acquire(AcquireRequest {
+        keys: &pair,
+        id: &id,
+        weight: 1,
+        lease_ms: 30_000,
+        limits: &limits,
+    });
+    let Admission::Admitted { grant, .. } = admitted.await.unwrap() else {
+        panic!("admitted")
+    };
+    assert_eq!(grant.counted, 0b11, "both keys recorded it");
+    // Its lease lapses on the second slot alone, and another permit takes that key's one slot.
+    let mut raw = cluster.raw();
+    let leases = format!("{prefix}{{{second}}}:leases");
+    let _: () = raw.zrem(&leases, "job").unwrap();
+    let (other, alone) = (PermitId::from("other"), [second]);
+    let taken = store.acquire(AcquireRequest {
+        keys: &alone,
+        id: &other,
+        weight: 1,
+        lease_ms: 30_000,
+        limits: &limits[..1],
+    });
+    assert!(matches!(taken.await.unwrap(), Admission::Admitted { .. }));
+    let keys: inflight::store::Keys = pair.iter().map(|key| Arc::from(*key)).collect();
+    let renew = |counted| RenewRequest {
+        keys: keys.clone(),
+        id: id.clone(),
+        lease_ms: None,
+        limits: limits.to_vec(),
+        readd_weight: Some(1),
+        token: grant.token,
+        counted,
+    };
+    let renewed = store.renew(&[renew(grant.counted)]).await.unwrap();
+    assert_eq!(renewed, vec![Renewal::Lost], "uncounted on {second}: lost");
+    // Not known to have counted there (a key limited only since): held, as before.
+    let renewed = store.renew(&[renew(0b01)]).await.unwrap();
+    assert!(matches!(renewed[0], Renewal::Renewed(_)), "{renewed:?}");
+}

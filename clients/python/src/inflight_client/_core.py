@@ -147,9 +147,9 @@ def ints(reply: object, n: int) -> list[int]:
 def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None, int]:
     """Reads ``batch.lua``'s answer (``dify.lua``'s: six numbers, no token): (limit, in_flight, expires_at_ms,
     token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the refusal."""
-    numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 10)
+    numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 11)
     decision, index, limit, in_flight, expires_at_ms = numbers[:5]
-    token = numbers[6] if len(numbers) == 10 else 0
+    token = numbers[6] if len(numbers) == 11 else 0
     if decision == 1:
         return limit or None, in_flight, expires_at_ms, token
     if decision == 2:

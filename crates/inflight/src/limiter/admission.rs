@@ -298,6 +298,7 @@ impl<S: Store> Limiter<S> {
                     holders: AtomicUsize::new(1),
                     expires_at_ms: AtomicU64::new(grant.expires_at_ms),
                     token: AtomicU64::new(grant.token),
+                    counted: grant.counted,
                     renew_at_ms: AtomicU64::new(self.core.registry.renew_at(lease_ms)),
                     lost: AtomicBool::new(false),
                     released: AtomicBool::new(false),

@@ -48,6 +48,7 @@ impl<S: Store> Limiter<S> {
             limits: self.core.limits_of(keys),
             readd_weight: None,
             token,
+            counted: 0,
         }];
         let outcome = self.core.store.renew(&request).await?.pop();
         let outcome =

@@ -58,6 +58,7 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
                 limits: core.limits_of(&p.keys),
                 readd_weight: Some(p.weight),
                 token: p.token.load(Ordering::Acquire),
+                counted: p.counted,
             })
             .collect();
         let outcomes = match core.store.renew(&batch).await {

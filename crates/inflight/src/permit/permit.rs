@@ -27,6 +27,8 @@ pub(crate) struct PermitState {
     /// The token of the admission that holds the lease now (a later admission of the id in this
     /// process takes it over with its own).
     pub(crate) token: AtomicU64,
+    /// Which keys recorded the lease at admission ([`crate::store::Grant::counted`]).
+    pub(crate) counted: u32,
     /// When the renewal task should next renew it, in ms of the limiter's monotonic clock.
     pub(crate) renew_at_ms: AtomicU64,
     pub(crate) lost: AtomicBool,

@@ -38,6 +38,10 @@ pub struct Grant {
     pub expires_at_ms: u64,
     /// The admission's fencing token (see [`Store::acquire`]); 0 when nothing was recorded.
     pub token: u64,
+    /// Which keys of the admission recorded its lease (bit `i`: key `i`; 0 after a renewal): a renewal
+    /// that finds the lease gone from one of these, and no room to take it back, reports the permit
+    /// lost, where a key that never counted it (limited only since) is left to take it when it fits.
+    pub counted: u32,
 }
 
 /// The store's decision on an [`AcquireRequest`].
@@ -90,6 +94,8 @@ pub struct RenewRequest {
     /// The token of the admission renewed (0: whichever the id holds). A lease a later admission of
     /// the id took is not this one's: [`Renewal::Lost`], and left as it is.
     pub token: u64,
+    /// The keys that recorded the lease at admission ([`Grant::counted`]; 0: not known).
+    pub counted: u32,
 }
 
 /// The outcome of one renewal.

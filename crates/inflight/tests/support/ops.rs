@@ -245,6 +245,7 @@ pub async fn apply_store<S: Store>(
                 limits: vec![class(policy, k)],
                 readd_weight: None,
                 token: 0,
+                counted: 0,
             };
             match store.renew(&[req]).await.unwrap().pop().unwrap() {
                 Renewal::Renewed(g) => Outcome::Renewed {

@@ -8,15 +8,16 @@
 -- keeps (0: the one it gets; across Cluster slots, the first slot's), for a release the token
 -- of the admission released (0: whichever the id holds), for an undo the token the admission got and
 -- what the id held before it, 'weight lease_ms token' ('0 0 0': nothing).
--- Returns the replies in one flat array: 10 numbers an admission, 1 a release or an undo.
+-- Returns the replies in one flat array: 11 numbers an admission, 1 a release or an undo.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
 -- call per operation.
 
 -- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
 -- 3 weight over the limit), the refusing key's index (0-based; -1), limit and in_flight (of that key,
--- or of the first), expires_at_ms, reclaimed, token, and what the id held before on the first limited
--- key (weight, 0 when nothing; lease_ms; token). Unlimited keys record nothing.
+-- or of the first), expires_at_ms, reclaimed, token, what the id held before on the first limited key
+-- (weight, 0 when nothing; lease_ms; token), and which keys recorded the lease (bit i - 1: key i).
+-- Unlimited keys record nothing.
 local limits = {} -- of the operation's keys, by place: reused, each operation writing its own
 local function acquire(keys, n, id, t, keep)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
@@ -27,25 +28,25 @@ local function acquire(keys, n, id, t, keep)
     limits[i] = limit
     if limit > 0 then
       any = true
-      if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0 end
+      if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0 end
       -- No room for a new lease: a retry of a held id never needs more than it has.
       if count + weight > limit then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0 end
+        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0 end
       end
     end
   end
-  if not any then return 2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0 end
-  local limited = {}
+  if not any then return 2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0 end
+  local limited, counted = {}, 0
   for i = 1, n do
-    if limits[i] > 0 then limited[#limited + 1] = keys[i] end
+    if limits[i] > 0 then limited[#limited + 1], counted = keys[i], counted + 2 ^ (i - 1) end
   end
   local token = next_token(limited, #limited)
   if keep ~= 0 then token = keep end
   local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token)
   for i = 2, #limited do put(limited[i], id, weight, lease_ms, token) end
   return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed, token,
-    held, old_ms, old_token
+    held, old_ms, old_token, counted
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
@@ -105,8 +106,8 @@ while a <= #ARGV do
       terms[ARGV[a + n + 2]] = t
     end
     local out = {acquire(keys, n, id, t, tonumber(ARGV[a + n + 3]))}
-    for j = 1, 10 do replies[r + j] = out[j] end
-    r, a = r + 10, a + n + 4
+    for j = 1, 11 do replies[r + j] = out[j] end
+    r, a = r + 11, a + n + 4
   elseif kind == 'r' or kind == 'R' then
     replies[r + 1] = release(keys, n, id, tonumber(ARGV[a + n + 2]))
     r, a = r + 1, a + n + 3

@@ -4,18 +4,21 @@
 -- KEYS: leases, permits, limit of each of the permit's keys (see common.lua)
 -- ARGV[1] permit id, ARGV[2] lease ms (0: the length it was acquired with), ARGV[3] weight to re-add
 -- with (0: do not re-add), ARGV[4] clock offset ms, ARGV[5] the token of the admission renewed (0: any),
--- ARGV[5 + i] 'default max' of key i's class
+-- ARGV[5 + i] 'default max' of key i's class, then (optional) which keys recorded the lease at admission
+-- (bit i - 1: key i; 0 or none: not known)
 -- Returns {outcome (1 renewed, 2 re-added, 0 lost), limit, in_flight, weight, expires_at_ms, held,
 -- token}, the figures of the first key, held 1 when a key of the call held the lease (on Redis Cluster a
 -- permit's keys of different slots are renewed by a call each, and renewed as one where any held it),
 -- and the lease's token. A lease that a later admission of the id took (another token) is not this
--- admission's: lost, and left as it is.
+-- admission's: lost, and left as it is. Held on some keys but gone from one that recorded it at admission
+-- (it lapsed there alone: its slot of a Cluster was out of reach) and without room there: lost too.
 -- An unlimited key records nothing, so it has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
 set_now(tonumber(ARGV[4]))
 local id, lease_ms, readd, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local keys, limits, has, missing, weight, own, kept = {}, {}, {}, false, nil, nil, nil
+local counted = tonumber(ARGV[6 + #KEYS / 3] or '0')
 for i = 1, #KEYS / 3 do
   keys[i] = view(KEYS[i * 3 - 2], KEYS[i * 3 - 1], KEYS[i * 3])
   local default_limit, max_limit = string.match(ARGV[5 + i], '^(%d+) (%d+)$')
@@ -40,6 +43,12 @@ if missing and not weight then
   outcome, weight = 2, readd
 end
 weight = weight or 1
+for i, key in ipairs(keys) do
+  local recorded = math.floor(counted / 2 ^ (i - 1)) % 2 == 1
+  if recorded and not has[i] and limits[i] > 0 and outcome == 1 and in_flight(key) + weight > limits[i] then
+    return {0, 0, 0, 0, 0, 0, 0}
+  end
+end
 -- Held, but not on a key that has become limited since (a new rule, a new override): taken there too
 -- where it fits, and left uncounted there otherwise: a held permit stays held.
 token = (kept and kept ~= 0) and kept or token

@@ -183,5 +183,6 @@ pub(super) fn grant<C>(
         weight,
         expires_at_ms,
         token,
+        counted: 0,
     }
 }

@@ -34,15 +34,16 @@ impl<C: Clock> MemoryStore<C> {
                 lease_ms: req.lease_ms,
                 token: self.inner.time.token(now),
             };
+            let mut counted = 0;
             for slot in slots.iter_mut() {
                 if slot.state.limit(req.limits[slot.index]) != Limit::Unlimited {
                     slot.state.add(req.id, lease);
+                    counted |= 1 << slot.index;
                 }
             }
-            Admission::Admitted {
-                grant: grant(slots, first, req.weight, (lease.expires_at_ms, lease.token)),
-                reclaimed,
-            }
+            let mut grant = grant(slots, first, req.weight, (lease.expires_at_ms, lease.token));
+            grant.counted = counted;
+            Admission::Admitted { grant, reclaimed }
         })
     }
 
@@ -68,6 +69,16 @@ impl<C: Clock> MemoryStore<C> {
                 .or(found.map(|lease| lease.lease_ms))
                 .unwrap_or(millis(DEFAULT_LEASE));
             let mut weight = found.map_or(1, |lease| lease.weight);
+            // Gone, with no room, from a key that recorded it at admission while held on others.
+            let lapsed = found.is_some()
+                && slots.iter().any(|slot| {
+                    req.counted >> slot.index & 1 == 1
+                        && slot.state.lease(&req.id).is_none()
+                        && slot.state.check(limits(slot), None, weight).is_err()
+                });
+            if lapsed {
+                return Renewal::Lost;
+            }
             // Held on no key: gone, unless asked to re-add it and every limited key has room. Held, but
             // not on a key that has become limited since: taken there where it fits (below).
             let readded = match (found.is_some(), missing, req.readd_weight) {

@@ -68,6 +68,7 @@ impl RedisStore {
         // Each group taken, with the token it gave and what the id held there before.
         let mut taken: Vec<Taken> = Vec::new();
         let (mut reclaimed, mut first, mut expires_at_ms, mut token) = (0, None, 0, 0);
+        let mut counted = 0i64; // bit i: key i recorded the lease
         for group in &groups {
             let op = Op::Acquire {
                 names: pick(&names, group),
@@ -89,7 +90,12 @@ impl RedisStore {
             reclaimed += group_reclaimed;
             match decision {
                 1 => {
-                    let [.., given, held, held_ms, held_token] = reply;
+                    let [.., given, held, held_ms, held_token, group_counted] = reply;
+                    for (j, &i) in group.iter().enumerate() {
+                        if group_counted >> j & 1 == 1 {
+                            counted |= 1 << i;
+                        }
+                    }
                     let before = [held, held_ms, held_token].map(|n| n.max(0).unsigned_abs());
                     taken.push((group, given.max(0).unsigned_abs(), before));
                     expires_at_ms = expires;
@@ -116,13 +122,14 @@ impl RedisStore {
                         0,
                         0,
                         0,
+                        0,
                     ]);
                 }
                 _ => return Ok(reply),
             }
         }
         if taken.is_empty() {
-            return Ok([2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0]);
+            return Ok([2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0]);
         }
         // The first key's figures; (0, 0) when its own group was unlimited.
         let (limit, in_flight) = first.unwrap_or((0, 0));
@@ -138,6 +145,7 @@ impl RedisStore {
             0,
             0,
             0,
+            counted,
         ])
     }
 
@@ -184,17 +192,24 @@ impl RedisStore {
 
     /// A renewal of keys of several slots: every group renewed in one call each. Held where any group
     /// held it (then taken again, where there is room, on the groups that lost it: a held permit stays
-    /// held); otherwise re-added when every group could re-add it, and lost (what was re-added given
-    /// back) when one could not, as one script decides on one server.
+    /// held), unless a group that recorded it at admission lost it and has no room (lost); otherwise
+    /// re-added when every group could re-add it, and lost (what was re-added given back) when one
+    /// could not, as one script decides on one server.
     pub(super) async fn renew_across(
         &self,
         req: &RenewRequest,
         groups: Vec<Vec<usize>>,
     ) -> Result<Renewal, StoreError> {
+        // Which keys of a group recorded the lease at admission, as the group's own bits.
+        let counted = |group: &[usize]| -> u32 {
+            let bits = group.iter().enumerate();
+            bits.map(|(j, &i)| (req.counted >> i & 1) << j).sum()
+        };
         let renew = |group: &Vec<usize>, readd: Option<u32>| {
             let keys: Vec<Arc<str>> = pick(&req.keys, group);
             let limits = pick(&req.limits, group);
-            async move { self.renew_keys(&keys, &limits, req, readd).await }
+            let terms = (readd, counted(group));
+            async move { self.renew_keys(&keys, &limits, req, terms).await }
         };
         let mut outcomes =
             futures_util::future::try_join_all(groups.iter().map(|g| renew(g, None))).await?;
@@ -225,8 +240,12 @@ impl RedisStore {
         let readded = outcomes
             .iter()
             .any(|(r, _)| matches!(r, Renewal::Readded(_)));
+        // Gone, with no room to take it back, from a group that recorded it at admission: it lapsed
+        // there alone (its slot out of reach for a lease), and the permit is no longer counted there.
+        let lapsed = (groups.iter().zip(&outcomes))
+            .any(|(group, (r, _))| *r == Renewal::Lost && counted(group) != 0);
         match chosen {
-            Some(grant) if held.is_some() => Ok(Renewal::Renewed(grant)),
+            Some(grant) if held.is_some() && !lapsed => Ok(Renewal::Renewed(grant)),
             Some(grant) if !lost && readded => Ok(Renewal::Readded(grant)),
             // Every group unlimited: nothing recorded, nothing to lose.
             Some(grant) if !lost => Ok(Renewal::Renewed(grant)),

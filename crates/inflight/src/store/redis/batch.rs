@@ -75,7 +75,7 @@ impl Op {
     /// How many numbers `batch.lua` answers it with.
     fn reply_len(&self) -> usize {
         match self {
-            Op::Acquire { .. } => 10,
+            Op::Acquire { .. } => 11,
             Op::Release { .. } | Op::Undo { .. } => 1,
         }
     }
@@ -104,7 +104,7 @@ impl redis::ToRedisArgs for Terms<'_> {
 }
 
 /// What `batch.lua` answered one operation (a release or an undo uses the first number only).
-pub(super) type Reply = [i64; 10];
+pub(super) type Reply = [i64; 11];
 
 struct Job {
     op: Op,

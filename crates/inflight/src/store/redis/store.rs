@@ -83,18 +83,22 @@ impl RedisStore {
     async fn renew_one(&self, req: &RenewRequest) -> Result<Renewal, StoreError> {
         match self.across(&self.names(&req.keys)) {
             Some(groups) => self.renew_across(req, groups).await,
-            None => Ok(self.renew_keys(&req.keys, &req.limits, req, None).await?.0),
+            None => {
+                let renewed = self.renew_keys(&req.keys, &req.limits, req, (None, req.counted));
+                Ok(renewed.await?.0)
+            }
         }
     }
 
     /// Renews `req`'s lease on `keys` (all of its keys, or those of one slot), of classes `limits`,
-    /// re-adding it with `readd` (else `req`'s) when it is gone; and whether one of `keys` held it.
+    /// re-adding it with `readd` (else `req`'s) when it is gone, `counted` saying which of `keys`
+    /// recorded it at admission; and whether one of `keys` held it.
     pub(super) async fn renew_keys(
         &self,
         keys: &[Arc<str>],
         limits: &[ClassLimits],
         req: &RenewRequest,
-        readd: Option<u32>,
+        (readd, counted): (Option<u32>, u32),
     ) -> Result<(Renewal, bool), StoreError> {
         let mut invocation = scripts::RENEW.prepare_invoke();
         for names in self.names(keys) {
@@ -109,6 +113,7 @@ impl RedisStore {
         for limits in limits {
             invocation.arg(format!("{} {}", limits.default_limit, limits.max_limit));
         }
+        invocation.arg(counted);
         let out: Vec<i64> = invoke(&self.conn, &invocation).await?;
         let [outcome, limit, in_flight, weight, expires_at_ms, held, token] = fields(&out)?;
         let renewal = renewal_of([outcome, limit, in_flight, weight, expires_at_ms, token])?;
@@ -127,6 +132,7 @@ pub(super) fn renewal_of(
         weight: number(weight)?,
         expires_at_ms: number(expires_at_ms)?,
         token: number(token)?,
+        counted: 0,
     };
     match outcome {
         1 => Ok(Renewal::Renewed(grant)),
@@ -161,7 +167,7 @@ pub(super) fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
 
 /// An admission's answer (`batch.lua`'s numbers, `dify.lua`'s), for a permit of `weight`.
 pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, StoreError> {
-    let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, ..] = reply;
+    let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, .., counted] = reply;
     let reclaimed = number(reclaimed)?;
     match decision {
         1 => Ok(Admission::Admitted {
@@ -171,6 +177,7 @@ pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, Store
                 weight,
                 expires_at_ms: number(expires_at_ms)?,
                 token: number(token)?,
+                counted: number(counted)?,
             },
             reclaimed,
         }),

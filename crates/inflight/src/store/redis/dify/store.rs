@@ -144,7 +144,7 @@ impl Store for DifyStore {
             .as_slice()
             .try_into()
             .map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
-        let mut padded = [0; 10];
+        let mut padded = [0; 11];
         padded[..6].copy_from_slice(&reply);
         admission_of(padded, req.weight)
     }
