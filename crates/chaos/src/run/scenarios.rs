@@ -94,8 +94,7 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("proxy-storm",          Standalone, false, ProxyStorm,         Bound::Zero,         true),
         s("sentinel-failover",    Sentinel,   false, SentinelFailover,   Bound::LostLeases,   true),
         s("cluster-primary-lost", Cluster,    false, ClusterPrimaryLost, Bound::LostLeases,   false),
-        // (Not quick: a permit across slots whose lease lapsed on one slot during the move is renewed on
-        // the other and left uncounted on the first, which may then be over by its weight; RELIABILITY.md.)
+        // (Not quick: the quick run stays on one server and Sentinel; RELIABILITY.md has what it found.)
         s("cluster-slot-moved",   Cluster,    false, SlotMove,           Bound::Zero,         false),
         s("control-loose-limit",  Standalone, false, ScriptFlush,        Bound::MustExceed,   true),
     ]
