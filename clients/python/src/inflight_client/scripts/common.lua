@@ -63,9 +63,10 @@ local function record(key, id, held, old_ms, weight, lease_ms, token)
   end
 end
 
-local function forget(key, id) -- after `id`'s lease left the set
+-- After `id`'s lease (of `weight`, when already read) left the set.
+local function forget(key, id, weight)
   if not key.hashed then return end
-  add_extra(key, 1 - meta(key, id))
+  add_extra(key, 1 - (weight or meta(key, id)))
   redis.call('HDEL', key.permits, id)
 end
 

@@ -59,10 +59,7 @@ local function release(keys, n, id, token)
     local weight, _, own = meta(key, id)
     if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1
-      if key.hashed then
-        add_extra(key, 1 - weight)
-        redis.call('HDEL', key.permits, id)
-      end
+      forget(key, id, weight)
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
       redis.call('PUBLISH', string.sub(key.leases, 1, -8) .. ':released', '')
     end
