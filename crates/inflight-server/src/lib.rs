@@ -100,6 +100,7 @@ pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<
             limiter.clone(),
             shared.metrics.clone(),
             tokens.clone(),
+            settings.connections.status_stream_lifetime,
         )),
         limiter,
         quota,

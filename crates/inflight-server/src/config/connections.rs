@@ -27,12 +27,30 @@ pub struct Connections {
     #[arg(default_value = "60s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub idle_timeout: Duration,
-    /// How long a request's body may stop arriving (no byte while the server waits for one) before the
-    /// request is answered 408 body_timeout and its connection closed.
+    /// How long the server may wait for a request's body in all (the clock stops while the reader is
+    /// busy elsewhere, e.g. held back by an upstream); past it the request is answered 408
+    /// body_timeout and its connection closed.
     #[arg(long, env = "INFLIGHT_BODY_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub body_timeout: Duration,
+    /// The slowest a request's body may arrive, in bytes a second, after its first 5 s of waiting
+    /// (a slower one is answered 408 body_timeout); 0: no minimum.
+    #[arg(long, env = "INFLIGHT_BODY_MIN_RATE", value_name = "BYTES")]
+    #[arg(default_value_t = 1024)]
+    pub body_min_rate: u64,
+    /// How long a write of an answer may wait for the client to make room (it reads nothing of it)
+    /// before the connection is closed; a proxied answer's permit is then released.
+    #[arg(long, env = "INFLIGHT_SEND_TIMEOUT", value_name = "DURATION")]
+    #[arg(default_value = "30s", value_parser = text::parse)]
+    #[serde(with = "text")]
+    pub send_timeout: Duration,
+    /// How long one `/status/events` stream lasts before the server ends it (the page reconnects at
+    /// once): a watcher that reads nothing holds one of the 32 places that long at most.
+    #[arg(long, env = "INFLIGHT_STATUS_STREAM_LIFETIME", value_name = "DURATION")]
+    #[arg(default_value = "60s", value_parser = text::parse)]
+    #[serde(with = "text")]
+    pub status_stream_lifetime: Duration,
     /// Open connections per process on the served port (all workers together); at the cap the server
     /// stops accepting and new connections wait in the listen queue. Lowered at start to what the
     /// file-descriptor limit leaves room for.
@@ -78,6 +96,8 @@ impl Connections {
             ("header_timeout", self.header_timeout),
             ("idle_timeout", self.idle_timeout),
             ("body_timeout", self.body_timeout),
+            ("send_timeout", self.send_timeout),
+            ("status_stream_lifetime", self.status_stream_lifetime),
         ] {
             if value < Duration::from_millis(10) || value > MAX_LEASE {
                 return Err(invalid(setting, "must be between 10ms and 24h"));
@@ -88,7 +108,8 @@ impl Connections {
             let reason = "must be 0s (no pings) or between 1s and 24h";
             return Err(invalid("http2_keep_alive_interval", reason));
         }
-        let ranges: [(&str, u64, u64, u64); 5] = [
+        let ranges: [(&str, u64, u64, u64); 6] = [
+            ("body_min_rate", self.body_min_rate, 0, 1 << 30),
             ("max_connections", self.max_connections as u64, 1, 1_000_000),
             (
                 "http2_max_concurrent_streams",

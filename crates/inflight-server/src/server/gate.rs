@@ -5,9 +5,12 @@
 //! `/healthz` keeps answering at the cap: `inflight proxy` answers it on its admin listener, which has a
 //! cap of its own ([`ADMIN_CONNECTIONS`]); `inflight serve`, with one port only, accepts up to
 //! [`HEALTH_RESERVE`] connections past the cap, which answer only `/healthz`, `/readyz` and `/metrics`
-//! (anything else: `503 too_many_connections`) and close after one answer.
+//! (anything else: `503 too_many_connections`) and close after one answer. A connection in the reserve
+//! has [`RESERVE_HEAD_TIMEOUT`] to send its request (TLS handshake included), so that connections that
+//! send nothing, however many wait in the listen queue, each hold a place there that long at most.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -16,6 +19,11 @@ pub const ADMIN_CONNECTIONS: usize = 64;
 
 /// `serve`'s connections past `--max-connections` for health checks and metrics.
 pub const HEALTH_RESERVE: usize = 16;
+
+/// How long a connection in `serve`'s reserve may take to send its request's head, from its opening.
+/// A health checker sends its request at once; 16 places at this bound let 80 idle connections a second
+/// through the reserve, so a health check queued behind hundreds of them is answered within seconds.
+pub(super) const RESERVE_HEAD_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// File descriptors kept for what is not a client connection: listeners, store connections, the log.
 const SPARE_FILES: usize = 64;

@@ -1,11 +1,14 @@
 //! A client connection as hyper reads and writes it: a read waits only until the connection's deadline
-//! ([`Exchanges::deadline`]; past it the read fails and hyper closes the connection), and an automatic
-//! refusal hyper writes is replaced by its JSON ([`super::refusal`]).
+//! ([`Exchanges::deadline`]; past it the read fails and hyper closes the connection); a write waits at
+//! most `--send-timeout` for the client to make room (a client that reads nothing of its answer is cut,
+//! and the answer's permit released); and an automatic refusal hyper writes is replaced by its JSON
+//! ([`super::refusal`]).
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
@@ -17,17 +20,48 @@ pub(super) struct Guarded<I> {
     io: I,
     exchanges: Exchanges,
     timer: Pin<Box<Sleep>>,
+    /// How long a write may wait for the client; the deadline of the one waiting now, if one is.
+    send_timeout: Duration,
+    send_timer: Pin<Box<Sleep>>,
+    sending: bool,
     /// Our refusal in place of hyper's, and how much of it is out; hyper writes nothing after it.
     refusal: Option<(Vec<u8>, usize)>,
 }
 
 impl<I> Guarded<I> {
-    pub(super) fn new(io: I, exchanges: Exchanges) -> Self {
+    pub(super) fn new(io: I, exchanges: Exchanges, send_timeout: Duration) -> Self {
         Self {
             io,
             exchanges,
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            send_timeout,
+            send_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            sending: false,
             refusal: None,
+        }
+    }
+
+    /// `written` (a write's outcome), or a timeout when writes have waited `send_timeout` in a row.
+    fn sent<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if written.is_ready() {
+            self.sending = false;
+            return written;
+        }
+        if !self.sending {
+            self.sending = true;
+            let deadline = Instant::now() + self.send_timeout;
+            self.send_timer.as_mut().reset(deadline);
+        }
+        match self.send_timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of its answer in time",
+            ))),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -105,7 +139,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
             // Taken: it goes out as our refusal, on the flush that hyper makes next.
             return Poll::Ready(Ok(buf.len()));
         }
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.sent(cx, written)
     }
 
     fn poll_write_vectored(
@@ -120,7 +155,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
         }) {
             return Poll::Ready(Ok(bufs.iter().map(|buf| buf.len()).sum()));
         }
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.sent(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -128,13 +164,17 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Guarded<I> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_refusal(cx))?;
+        let refused = self.poll_refusal(cx);
+        std::task::ready!(self.sent(cx, refused))?;
         self.exchanges.flushed();
-        Pin::new(&mut self.io).poll_flush(cx)
+        let flushed = Pin::new(&mut self.io).poll_flush(cx);
+        self.sent(cx, flushed)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(self.poll_refusal(cx))?;
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let refused = self.poll_refusal(cx);
+        std::task::ready!(self.sent(cx, refused))?;
+        let shut = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.sent(cx, shut)
     }
 }

@@ -16,12 +16,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::exchange::{Exchanges, ResponseBody};
-use super::gate::{Gate, Slot};
+use super::gate::{Gate, Slot, RESERVE_HEAD_TIMEOUT};
 use super::guarded::Guarded;
 use super::routes::Routes;
 use super::tls::Tls;
 use super::{Bounds, CUT_WAIT};
-use crate::incoming::RequestBody;
+use crate::incoming::{BodyLimits, RequestBody};
 use crate::proxy::Peer;
 
 /// A worker's listener: axum's accepting (which rides out errors such as too many open files), without
@@ -116,14 +116,17 @@ impl Connection {
             tls,
         } = self;
         let exchanges = Exchanges::new(limits.header_timeout, limits.idle_timeout);
-        let io = TokioIo::new(Guarded::new(io, exchanges.clone()));
-        let body_timeout = limits.body_timeout;
+        let io = TokioIo::new(Guarded::new(io, exchanges.clone(), limits.send_timeout));
+        let body_limits = BodyLimits {
+            timeout: limits.body_timeout,
+            min_rate: limits.body_min_rate,
+        };
         let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
             let ongoing = exchanges.begin(request.version());
             if tls {
                 request.extensions_mut().insert(http::uri::Scheme::HTTPS);
             }
-            let request = request.map(|body| RequestBody::new(body, body_timeout));
+            let request = request.map(|body| RequestBody::new(body, body_limits));
             routes.respond(request, &client).map(move |answered| {
                 answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
             })
@@ -172,15 +175,19 @@ pub(super) async fn serve(
             slot = gate.enter() => slot,
             _ = stopping.wait_for(|stop| *stop) => break,
         };
+        let mut limits = limits.clone();
         let (routes, builder) = match slot.reserve {
             false => (routes.clone(), open.clone()),
-            true => (health.clone(), reserve.clone()),
+            true => {
+                limits.header_timeout = limits.header_timeout.min(RESERVE_HEAD_TIMEOUT);
+                (health.clone(), reserve.clone())
+            }
         };
         let connection = Connection {
             routes,
             builder,
             client: Peer::new(addr),
-            limits: limits.clone(),
+            limits,
             watcher: connections.watcher(),
             slot,
             tls: tls.is_some(),

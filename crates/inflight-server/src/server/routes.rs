@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use futures_util::future::Either;
 use futures_util::FutureExt;
@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use crate::api;
 use crate::app::App;
+use crate::error::ApiError;
 use crate::incoming::RequestBody;
 use crate::proxy::{Peer, Proxy, Upstream};
 use crate::status;
@@ -64,18 +65,38 @@ impl Routes {
         request: http::Request<RequestBody>,
         client: &Peer,
     ) -> impl Future<Output = Result<Response, Infallible>> + Send + 'static {
-        match &self.proxy {
+        if let Some(refused) = unsupported_coding(request.headers()) {
+            return Either::Left(std::future::ready(Ok(refused.into_response())));
+        }
+        Either::Right(match &self.proxy {
             Some(proxy) if !is_api(request.uri().path()) => {
                 Either::Left(proxy.clone().forward(request, client.clone()).map(Ok))
             }
             _ => Either::Right(self.api.clone().call(request)),
-        }
+        })
     }
 }
 
+/// `501 unsupported_transfer_coding` for a request body sent with a transfer coding other than
+/// `chunked` (`Transfer-Encoding: gzip, chunked`): hyper reads the chunks and would pass the body on
+/// still gzipped, its coding lost (RFC 9112 6.1: a coding the server does not know is answered 501).
+fn unsupported_coding(headers: &http::HeaderMap) -> Option<ApiError> {
+    let codings = headers.get_all(http::header::TRANSFER_ENCODING).iter();
+    let codings = codings.flat_map(|value| value.as_bytes().split(|&b| b == b','));
+    let other = codings
+        .map(<[u8]>::trim_ascii)
+        .find(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case(b"chunked"))?;
+    let other = String::from_utf8_lossy(other);
+    Some(ApiError::new(
+        http::StatusCode::NOT_IMPLEMENTED,
+        "unsupported_transfer_coding",
+        format!("Transfer-Encoding {other:?} is not supported: send the body chunked only."),
+    ))
+}
+
 /// `/_inflight` on the proxied port, when the API answers on the admin listener only.
-async fn elsewhere() -> crate::error::ApiError {
-    crate::error::ApiError::new(
+async fn elsewhere() -> ApiError {
+    ApiError::new(
         http::StatusCode::NOT_FOUND,
         "not_found",
         "The API is not served on this port (see --admin-listen).",
@@ -92,7 +113,31 @@ fn is_api(path: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_api;
+    use super::{is_api, unsupported_coding};
+
+    #[test]
+    fn a_transfer_coding_other_than_chunked_is_refused() {
+        for (codings, refused) in [
+            (&["chunked"][..], false),
+            (&["Chunked"], false),
+            (&[], false),
+            (&["gzip, chunked"], true),
+            (&["gzip", "chunked"], true),
+            (&["chunked, identity"], true),
+            (&["chunked,"], false),
+        ] {
+            let mut headers = http::HeaderMap::new();
+            for coding in codings {
+                headers.append(http::header::TRANSFER_ENCODING, coding.parse().unwrap());
+            }
+            let answer = unsupported_coding(&headers).map(|e| e.status());
+            assert_eq!(
+                answer,
+                refused.then_some(http::StatusCode::NOT_IMPLEMENTED),
+                "{codings:?}"
+            );
+        }
+    }
 
     #[test]
     fn the_api_prefix_is_a_whole_path_segment() {

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use inflight::{AnyStore, Limiter};
 use tokio::sync::{watch, Notify, Semaphore};
@@ -21,6 +22,8 @@ pub struct Board {
     pub(super) metrics: Metrics,
     pub(super) tokens: Tokens,
     pub(super) clients: Arc<Semaphore>,
+    /// How long one watcher's stream lasts (`--status-stream-lifetime`).
+    pub(super) stream_lifetime: Duration,
     ring: Mutex<Ring>,
     /// The JSON the pages show now ("" before the first).
     pub(super) snapshot: watch::Sender<Arc<str>>,
@@ -30,13 +33,20 @@ pub struct Board {
 }
 
 impl Board {
-    /// The board of a worker with this limiter, the server's metrics, and these tokens.
-    pub fn new(limiter: Limiter<AnyStore>, metrics: Metrics, tokens: Tokens) -> Self {
+    /// The board of a worker with this limiter, the server's metrics, these tokens, and streams that
+    /// last `stream_lifetime` each.
+    pub fn new(
+        limiter: Limiter<AnyStore>,
+        metrics: Metrics,
+        tokens: Tokens,
+        stream_lifetime: Duration,
+    ) -> Self {
         Self {
             limiter,
             metrics,
             tokens,
             clients: Arc::new(Semaphore::new(MAX_CLIENTS)),
+            stream_lifetime,
             ring: Mutex::default(),
             snapshot: watch::Sender::new(Arc::from("")),
             wake: Arc::default(),

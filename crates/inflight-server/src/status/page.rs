@@ -71,6 +71,9 @@ async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Re
     private(response)
 }
 
+/// How long a page waits before it opens its next stream once one ends.
+const RECONNECT: std::time::Duration = std::time::Duration::from_millis(250);
+
 async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
     if let Err(refused) = allowed(&page.board.tokens, &headers, &uri) {
         return private(refused.into_response());
@@ -99,9 +102,16 @@ async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Respo
             Some((Ok::<_, Infallible>(event), (snapshots, watching)))
         },
     );
+    // The stream ends at its lifetime (the page's EventSource reconnects after the `retry` sent first),
+    // so that a watcher that reads nothing (TCP tells nothing of it until buffers fill) gives its place
+    // back; or when the server begins to shut down.
+    let retry = futures_util::stream::once(async {
+        Ok::<_, Infallible>(Event::default().retry(RECONNECT).comment("reconnect"))
+    });
     let mut stopping = page.stopping.clone();
-    let stream = stream.take_until(async move {
-        let _ = stopping.wait_for(|stop| *stop).await;
+    let lifetime = board.stream_lifetime;
+    let stream = retry.chain(stream).take_until(async move {
+        let _ = tokio::time::timeout(lifetime, stopping.wait_for(|stop| *stop)).await;
     });
     private(
         Sse::new(stream)

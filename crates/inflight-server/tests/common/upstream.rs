@@ -1,5 +1,5 @@
-//! An upstream API to proxy to: echoes, event streams (one gated, one endless), delays, errors; it
-//! counts the requests and the connections it has seen.
+//! An upstream API to proxy to: echoes, event streams (one gated, one endless), an endless flood of
+//! bytes, delays, errors; it counts the requests and the connections it has seen.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -97,6 +97,16 @@ impl Upstream {
                         [("content-type", "text/event-stream")],
                         Body::from_stream(ticks),
                     )
+                }),
+            )
+            .route(
+                "/flood",
+                get(|| async {
+                    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+                    let chunks = futures_util::stream::repeat_with(move || {
+                        Ok::<_, Infallible>(chunk.clone())
+                    });
+                    Body::from_stream(chunks)
                 }),
             )
             .route("/empty", get(|| async { StatusCode::NO_CONTENT }))
