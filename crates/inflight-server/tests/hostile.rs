@@ -22,11 +22,14 @@ fn bodies(timeout: Duration, min_rate: u64) -> Settings {
     settings
 }
 
-/// Sends `head`, then the body one byte every `every` until an answer arrives; that answer.
+/// Sends `head`, then the body one byte every `every` until an answer arrives (30 s at most); that
+/// answer.
 async fn trickle(stream: &mut TcpStream, head: &str, every: Duration) -> (String, String) {
     send(stream, head.as_bytes()).await;
     let mut peeked = [0u8; 1];
+    let started = Instant::now();
     loop {
+        assert!(started.elapsed() < Duration::from_secs(30), "never cut");
         match tokio::time::timeout(every, stream.peek(&mut peeked)).await {
             Ok(_) => return answer(stream).await,
             Err(_) => send(stream, b"x").await,
