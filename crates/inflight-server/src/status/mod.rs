@@ -5,7 +5,9 @@
 //! Served where the API is served plainly: `serve`'s listener, and the proxy's `--admin-listen` one.
 //! Each worker has its own board: admissions and refusals are the whole server's, reclaimed leases and
 //! waiters the worker's own limiter's. At most [`MAX_CLIENTS`] pages watch one worker at once (one
-//! more: 503); every stream ends when the server begins to shut down.
+//! more: 503); each stream ends after `--status-stream-lifetime` (the page reconnects), so that a
+//! watcher that reads nothing gives its place back; every stream ends when the server begins to shut
+//! down.
 //!
 //! Access: with an admin token set, both routes need it; else with an API token, that one; else they
 //! are open. An `EventSource` cannot send a header, so the token is also taken from `?token=` on these
