@@ -143,8 +143,8 @@ class HttpLimiter:
         raise self._refusal(status, answer, held.keys[0], held.weight)
 
     def _release_held(self, held: Held) -> None:
-        token = self._holders.token(held)
-        if not self._holders.last(held):
+        last, token = self._holders.count_out(held)
+        if not last:
             return  # another permit of this process holds the lease under the same id
         status, answer = self._request("DELETE", f"{held.extra}?token={token}")
         if status not in (200, 204):

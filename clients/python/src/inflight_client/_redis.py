@@ -121,8 +121,8 @@ class RedisLimiter:
         return _core.ints(reply, 1)[0] == 1
 
     def _release_held(self, held: Held) -> None:
-        token = self._holders.token(held)
-        if self._holders.last(held):
+        last, token = self._holders.count_out(held)
+        if last:
             self.release(held.keys, held.id, token)
 
     def _call_dify(
