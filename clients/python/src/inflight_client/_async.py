@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 import redis
 import redis.asyncio
 
-from . import _core
+from . import _core, _input
 from ._errors import StoreError
 from ._permit import Held, Holders, PermitBase
 from ._policy import ClassLimits, Policy, RuleLike
@@ -293,6 +293,7 @@ class AsyncRedisLimiter:
     ) -> AsyncPermit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
+        keys = _core.unique_keys(keys)
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
@@ -312,7 +313,7 @@ class AsyncRedisLimiter:
     async def release(self, keys: str | Sequence[str], id: str, token: int = 0) -> bool:
         """As :meth:`RedisLimiter.release`."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
-        args = _core.release_args(unique, _core.check_id(id), token)
+        args = _core.release_args(unique, _input.id(id), token)
         reply = await self._call(self._batch, _core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
@@ -343,6 +344,7 @@ class AsyncRedisLimiter:
         return await self._status_with(key, "0")
 
     async def _status_with(self, key: str, change: str) -> _core.KeyStatus:
+        key = _input.key(key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
         return _core.status(await self._call(self._status, keys, args), key, 4)
 
