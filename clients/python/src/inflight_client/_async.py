@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 import redis
 import redis.asyncio
 
-from . import _core
+from . import _core, _input
 from ._errors import StoreError
 from ._permit import Held, Holders, PermitBase
 from ._policy import ClassLimits, Policy, RuleLike
@@ -26,8 +26,10 @@ T = TypeVar("T")
 
 
 class AsyncRenewer:
-    """One task per limiter (on the loop of its first permit): renews each permit at a third of its lease
-    and performs the releases that finalizers hand it."""
+    """One task per limiter (on the loop of its first permit): renews each permit at a third of its lease.
+    Every release runs as a task of its own, kept here until it ends (``close()`` waits for them): a
+    caller cancelled while it awaits one (an ASGI server cancels the handler of a client that left)
+    leaves the release running, never abandoned halfway."""
 
     def __init__(
         self, renew: Callable[[Held], Awaitable[bool]], release: Callable[[Held], Awaitable[None]]
@@ -40,6 +42,7 @@ class AsyncRenewer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._releasing: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -82,10 +85,25 @@ class AsyncRenewer:
             self._wake.set()
 
     async def safe_release(self, held: Held) -> None:
+        if held.settled:
+            return
         try:
             await self._release(held)
         except Exception:
             log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
+        held.settled = True
+
+    def _spawn_release(self, held: Held) -> asyncio.Task[None]:
+        """The release as a task of its own, referenced until it ends (the loop keeps only weak ones)."""
+        task = asyncio.get_running_loop().create_task(self.safe_release(held))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
+
+    async def release_now(self, held: Held) -> None:
+        """Releases ``held`` (already taken) and waits for it; cancelled meanwhile, the caller gets its
+        ``CancelledError`` at once and the release goes on (``close()`` waits for it)."""
+        await asyncio.shield(self._spawn_release(held))
 
     async def close(self) -> None:
         self._closed = True
@@ -94,7 +112,10 @@ class AsyncRenewer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         while self._releases:
-            await self.safe_release(self._releases.popleft())
+            self._spawn_release(self._releases.popleft())
+        while self._releasing:
+            # asyncio.wait, not gather: cancelled, close() leaves the releases running.
+            await asyncio.wait(set(self._releasing))
 
     async def _run(self) -> None:
         assert self._wake is not None
@@ -109,7 +130,7 @@ class AsyncRenewer:
                     await asyncio.wait_for(self._wake.wait(), max(next_due - now, 0.001))
                 continue
             while self._releases:
-                await self.safe_release(self._releases.popleft())
+                self._spawn_release(self._releases.popleft())
             for held in due:
                 if held.done:
                     continue
@@ -145,11 +166,13 @@ class AsyncPermit(PermitBase):
         self._renewer = renewer
 
     async def release(self) -> bool:
-        """Releases the slot now; False when there was nothing (left) to release. Never raises."""
+        """Releases the slot now; False when there was nothing (left) to release. Never raises, but a
+        caller cancelled while it waits gets its ``CancelledError``: the release itself goes on in a task
+        of the limiter (``close()`` waits for those), so the slot is freed all the same."""
         held = self._take()
         if held is None or self._renewer is None:
             return False
-        await self._renewer.safe_release(held)
+        await self._renewer.release_now(held)
         return True
 
     async def close(self) -> None:
@@ -270,6 +293,7 @@ class AsyncRedisLimiter:
     ) -> AsyncPermit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
+        keys = _core.unique_keys(keys)
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
@@ -289,13 +313,13 @@ class AsyncRedisLimiter:
     async def release(self, keys: str | Sequence[str], id: str, token: int = 0) -> bool:
         """As :meth:`RedisLimiter.release`."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
-        args = _core.release_args(unique, _core.check_id(id), token)
+        args = _core.release_args(unique, _input.id(id), token)
         reply = await self._call(self._batch, _core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
     async def _release_held(self, held: Held) -> None:
-        token = self._holders.token(held)
-        if self._holders.last(held):
+        last, token = self._holders.count_out(held)
+        if last:
             await self.release(held.keys, held.id, token)
 
     async def _renew_held(self, held: Held) -> bool:
@@ -320,6 +344,7 @@ class AsyncRedisLimiter:
         return await self._status_with(key, "0")
 
     async def _status_with(self, key: str, change: str) -> _core.KeyStatus:
+        key = _input.key(key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
         return _core.status(await self._call(self._status, keys, args), key, 4)
 

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
-from . import _keys
-from ._errors import StoreError, TooManyRequests, WeightExceedsLimit
+from . import _input, _keys
+from ._errors import TooManyRequests, UnexpectedAnswer, WeightExceedsLimit
+from ._input import MAX_KEYS, MAX_LEASE_MS, MIN_LEASE_MS
+from ._input import MAX_LIMIT as MAX_OVERRIDE
 from ._policy import ClassLimits
 
-MAX_KEYS = 16
-MAX_LEASE_MS = 24 * 3600 * 1000
-# The shortest lease, as the Rust library's MIN_LEASE: renewed at a third, a shorter one lapses while held.
-MIN_LEASE_MS = 100
-# The largest override (2**32 - 1): what the Rust processes read; larger values read as none.
-MAX_OVERRIDE = 2**32 - 1
+__all__ = ["MAX_KEYS", "MAX_LEASE_MS", "MIN_LEASE_MS", "MAX_OVERRIDE"]
 
 Arg = str | bytes | int
 
@@ -36,51 +33,30 @@ class KeyStatus:
     in_flight: int
 
 
-def to_lease_ms(lease: float) -> int:
-    """A lease in ms: 100 ms (``MIN_LEASE_MS``: a shorter one lapses before its renewal comes) to 24 h."""
-    ms = round(lease * 1000)
-    if not MIN_LEASE_MS <= ms <= MAX_LEASE_MS:
-        raise ValueError(f"lease must be between 100 ms and 24 h, not {lease!r} s")
-    return ms
+def to_lease_ms(lease: object) -> int:
+    """A lease in seconds as whole ms (``_input.lease_ms``: 100 ms to 24 h, finite)."""
+    return _input.lease_ms(lease)
 
 
-def to_age_ms(age: float) -> int:
+def to_age_ms(age: object) -> int:
     """An age (``dify_stale_after``) in ms: 1 ms to 24 h."""
-    ms = round(age * 1000)
-    if not 1 <= ms <= MAX_LEASE_MS:
-        raise ValueError("an age must be between 1 ms and 24 h")
-    return ms
+    return _input.age_ms(age)
 
 
-def check_weight(weight: int) -> int:
-    if not isinstance(weight, int) or weight < 1:
-        raise ValueError("weight must be at least 1")
-    return weight
+def check_weight(weight: object) -> int:
+    return _input.weight(weight)
 
 
-def check_id(id: str | None) -> str:
+def check_id(id: object) -> str:
+    """A given id, checked; ``None``: a generated one."""
     if id is None:
         return _keys.new_id()
-    if not isinstance(id, str) or not id:
-        raise ValueError("id must be a non-empty string")
-    return id
+    return _input.id(id)
 
 
-def unique_keys(keys: Iterable[str]) -> tuple[str, ...]:
-    """The keys once each, in order; 1 to 16 of them."""
-    if isinstance(keys, str):
-        raise TypeError("keys must be a sequence of keys, not one string")
-    out: list[str] = []
-    for key in keys:
-        if not isinstance(key, str):
-            raise TypeError(f"a key must be a string, not {type(key).__name__}")
-        if key not in out:
-            out.append(key)
-        if len(out) > MAX_KEYS:
-            raise ValueError("at most 16 keys at once")
-    if not out:
-        raise ValueError("no keys")
-    return tuple(out)
+def unique_keys(keys: object) -> tuple[str, ...]:
+    """The keys once each, in order; 1 to 16 of them, each checked."""
+    return _input.keys(keys)
 
 
 def key_names(prefix: str, keys: Sequence[str]) -> list[str]:
@@ -124,11 +100,9 @@ def renew_args(
     return args
 
 
-def check_token(token: int) -> int:
+def check_token(token: object) -> int:
     """A token as the scripts take it: a whole number from 0 (0: any admission's lease)."""
-    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**63:
-        raise ValueError(f"token must be a whole number from 0 below 2**63, not {token!r}")
-    return token
+    return _input.token(token)
 
 
 def status_call(prefix: str, key: str, limits: ClassLimits, change: str) -> tuple[list[str], list[Arg]]:
@@ -139,8 +113,8 @@ def status_call(prefix: str, key: str, limits: ClassLimits, change: str) -> tupl
 
 
 def ints(reply: object, n: int) -> list[int]:
-    if not isinstance(reply, list) or len(reply) != n:
-        raise StoreError(f"expected {n} numbers from a script, got {reply!r}")
+    if not isinstance(reply, list) or len(reply) != n or not all(isinstance(x, int) for x in reply):
+        raise UnexpectedAnswer(f"expected {n} numbers from a script, got {reply!r}")
     return [int(x) for x in reply]
 
 
@@ -158,7 +132,7 @@ def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | No
         raise TooManyRequests(limit, in_flight, keys[index])
     if decision == 3:
         raise WeightExceedsLimit(limit, weight, keys[index])
-    raise StoreError(f"acquire answered decision {decision}")
+    raise UnexpectedAnswer(f"acquire answered decision {decision}")
 
 
 def status(reply: object, key: str, numbers: int = 3) -> KeyStatus:
@@ -168,10 +142,8 @@ def status(reply: object, key: str, numbers: int = 3) -> KeyStatus:
     return KeyStatus(key, limit or None, override or None, in_flight)
 
 
-def change_arg(limit: int | None) -> str:
+def change_arg(limit: object) -> str:
     """``limit`` as the scripts take it; refused unless every client can read it back (``common.lua``)."""
     if limit is None:
         return ""
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= MAX_OVERRIDE:
-        raise ValueError(f"a limit must be a whole number from 0 (clear) to {MAX_OVERRIDE}, not {limit!r}")
-    return str(limit)
+    return str(_input.limit(limit))

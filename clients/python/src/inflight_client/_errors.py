@@ -29,4 +29,17 @@ class WeightExceedsLimit(InflightError):
 
 
 class StoreError(InflightError):
-    """The store (Redis, or the HTTP server) failed or answered something unexpected."""
+    """The store (Redis, or the HTTP server) failed: unreachable, timed out, or reported itself unavailable
+    (an outage: retrying later may succeed). Never raised for an argument (those raise ``TypeError`` or
+    ``ValueError`` before the store is asked)."""
+
+
+class UnexpectedAnswer(InflightError):
+    """The store answered something this client cannot read: not JSON, JSON without the fields the API
+    documents or with values of the wrong type (HTTP), or a script's answer of the wrong shape (Redis).
+    A mismatch of versions, or something other than inflight answering (a proxy's error page): not an
+    outage, so not a :class:`StoreError`. ``status`` is the HTTP status (``None`` for Redis)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)

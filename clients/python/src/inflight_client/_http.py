@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -10,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _core
-from ._errors import InflightError, StoreError, TooManyRequests, WeightExceedsLimit
+from . import _core, _input
+from ._errors import InflightError, StoreError, TooManyRequests, UnexpectedAnswer, WeightExceedsLimit
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer
 
 T = TypeVar("T")
@@ -30,6 +31,52 @@ def _quote(part: str) -> str:
     return urllib.parse.quote(part, safe="")
 
 
+def _excerpt(raw: bytes) -> str:
+    text = raw[:200].decode("utf-8", errors="replace")
+    return text + ("..." if len(raw) > 200 else "")
+
+
+class _Answer:
+    """A JSON object the server answered, read field by field: a field missing or of the wrong type is
+    :class:`UnexpectedAnswer`, never a ``KeyError`` or ``TypeError`` from the reader."""
+
+    def __init__(self, status: int, value: object, what: str) -> None:
+        if not isinstance(value, dict):
+            raise UnexpectedAnswer(f"{what}: expected a JSON object, got {value!r:.200}", status)
+        self.status = status
+        self.value = value
+        self.what = what
+
+    def _wrong(self, field: str, expected: str) -> UnexpectedAnswer:
+        got = self.value.get(field, "nothing")
+        return UnexpectedAnswer(f"{self.what}: {field!r} must be {expected}, got {got!r:.100}", self.status)
+
+    def integer(self, field: str, default: int | None = None) -> int:
+        value = self.value.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self._wrong(field, "a whole number")
+        return value
+
+    def integer_or_none(self, field: str) -> int | None:
+        """A field that may be ``null`` (or absent)."""
+        value = self.value.get(field)
+        if value is None:
+            return None
+        return self.integer(field)
+
+    def text(self, field: str) -> str:
+        value = self.value.get(field)
+        if not isinstance(value, str):
+            raise self._wrong(field, "a string")
+        return value
+
+    def objects(self, field: str) -> list[_Answer]:
+        value = self.value.get(field)
+        if not isinstance(value, list) or not value:
+            raise self._wrong(field, "a non-empty list")
+        return [_Answer(self.status, item, f"{self.what}: {field}") for item in value]
+
+
 class HttpLimiter:
     """Permits from ``inflight serve`` at ``base_url`` (``http://host:port``), for processes that cannot
     reach Redis. ``token`` is the admin token that changing limits needs (when the server has one).
@@ -46,6 +93,9 @@ class HttpLimiter:
         self._holders = Holders()
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        """The status and the JSON answer (``None`` for an empty body). An error status comes back as
+        ``(status, {"code": ..., "message": ...})``; a body that is not JSON, or an error that is not the
+        API's error object, is :class:`UnexpectedAnswer`."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base_url + path, data=data, method=method)
         if data is not None:
@@ -54,17 +104,22 @@ class HttpLimiter:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-                return response.status, json.loads(raw) if raw else None
+                status, raw = response.status, response.read()
         except urllib.error.HTTPError as error:
-            raw = error.read()
-            try:
-                answer = json.loads(raw) if raw else {}
-            except ValueError:
-                answer = {"message": raw.decode(errors="replace")}
-            return error.code, answer
-        except (urllib.error.URLError, OSError) as error:
+            status, raw = error.code, error.read()
+        except (urllib.error.URLError, OSError, http.client.IncompleteRead) as error:
             raise StoreError(f"{method} {path}: {error}") from error
+        except http.client.HTTPException as error:  # not HTTP at all (BadStatusLine, ...)
+            raise UnexpectedAnswer(f"{method} {path}: not an HTTP answer: {error!r}") from error
+        try:
+            answer = json.loads(raw) if raw.strip() else None
+        except ValueError:  # JSONDecodeError, UnicodeDecodeError
+            raise UnexpectedAnswer(
+                f"{method} {path}: {status} with a body that is not JSON: {_excerpt(raw)!r}", status
+            ) from None
+        if status >= 400:
+            _Answer(status, answer, f"{method} {path}: the error {status}").text("code")
+        return status, answer
 
     @staticmethod
     def _refusal(status: int, answer: Any, key: str, weight: int) -> InflightError:
@@ -77,18 +132,23 @@ class HttpLimiter:
             return WeightExceedsLimit(None, weight, key)
         if code == "store_unavailable":
             return StoreError(message)
+        if status < 400:
+            return UnexpectedAnswer(f"status {status} where the API answers otherwise", status)
         return HttpError(status, code, message)
 
     def try_acquire(
         self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
     ) -> Permit:
         """``POST /v1/keys/{key}/permits``."""
+        key = _input.key(key)
         body = self._terms(id, weight, lease)
         status, answer = self._request("POST", f"/v1/keys/{_quote(key)}/permits", body)
         if status != 201:
             raise self._refusal(status, answer, key, weight)
-        path = f"/v1/keys/{_quote(key)}/permits/{_quote(answer['id'])}"
-        return self._permit((key,), answer, answer.get("limit"), answer.get("in_flight", 0), path, body)
+        permit = _Answer(status, answer, "POST .../permits")
+        path = f"/v1/keys/{_quote(key)}/permits/{_quote(permit.text('id'))}"
+        limit, in_flight = permit.integer_or_none("limit"), permit.integer("in_flight")
+        return self._permit((key,), permit, limit, in_flight, path, body)
 
     def try_acquire_all(
         self, keys: Sequence[str], id: str | None = None, weight: int = 1, lease: float | None = None
@@ -99,9 +159,11 @@ class HttpLimiter:
         status, answer = self._request("POST", "/v1/permits", {"keys": list(unique), **body})
         if status != 201:
             raise self._refusal(status, answer, unique[0], weight)
-        first = (answer.get("keys") or [{}])[0]
-        path = f"/v1/permits/{_quote(answer['id'])}"
-        return self._permit(unique, answer, first.get("limit"), first.get("in_flight", 0), path, body)
+        permit = _Answer(status, answer, "POST /v1/permits")
+        first = permit.objects("keys")[0]
+        path = f"/v1/permits/{_quote(permit.text('id'))}"
+        limit, in_flight = first.integer_or_none("limit"), first.integer("in_flight")
+        return self._permit(unique, permit, limit, in_flight, path, body)
 
     def _terms(self, id: str | None, weight: int, lease: float | None) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -115,36 +177,38 @@ class HttpLimiter:
     def _permit(
         self,
         keys: tuple[str, ...],
-        answer: dict[str, Any],
+        answer: _Answer,
         limit: int | None,
         in_flight: int,
         path: str,
         body: dict[str, Any],
     ) -> Permit:
-        expires = answer.get("lease_expires_at_ms")
-        id, weight = str(answer["id"]), int(answer.get("weight", body["weight"]))
+        expires = answer.integer_or_none("lease_expires_at_ms")
+        id, weight = answer.text("id"), answer.integer("weight", body["weight"])
+        token = answer.integer("token", 0)
         if expires is None:  # unlimited: nothing held
             return Permit(keys, id, weight, None, in_flight, None, None, None)
-        token = int(answer.get("token") or 0)
         lease_ms = int(body["lease_ms"])
-        held = Held(keys, id, weight, lease_ms, (), expires_at_ms=int(expires), token=token, extra=path)
+        held = Held(keys, id, weight, lease_ms, (), expires_at_ms=expires, token=token, extra=path)
         self._holders.add(held)
         self._renewer.add(held)
-        return Permit(keys, id, weight, limit, in_flight, int(expires), held, self._renewer)
+        return Permit(keys, id, weight, limit, in_flight, expires, held, self._renewer)
 
     def _renew_held(self, held: Held) -> bool:
         renewal = {"lease_ms": held.lease_ms, "token": self._holders.token(held)}
         status, answer = self._request("PUT", str(held.extra), renewal)
         if status == 200:
-            held.expires_at_ms = int(answer.get("lease_expires_at_ms") or 0)
+            held.expires_at_ms = (
+                _Answer(status, answer, "PUT .../permits/{id}").integer_or_none("lease_expires_at_ms") or 0
+            )
             return True
         if status == 404:
             return False
         raise self._refusal(status, answer, held.keys[0], held.weight)
 
     def _release_held(self, held: Held) -> None:
-        token = self._holders.token(held)
-        if not self._holders.last(held):
+        last, token = self._holders.count_out(held)
+        if not last:
             return  # another permit of this process holds the lease under the same id
         status, answer = self._request("DELETE", f"{held.extra}?token={token}")
         if status not in (200, 204):
@@ -153,7 +217,8 @@ class HttpLimiter:
     def release(self, key: str, id: str, token: int = 0) -> bool:
         """``DELETE /v1/keys/{key}/permits/{id}`` (released, or already gone); with a ``token``, only the
         lease of the admission that got it."""
-        path = f"/v1/keys/{_quote(key)}/permits/{_quote(id)}?token={_core.check_token(token)}"
+        key, id, token = _input.key(key), _input.id(id), _input.token(token)
+        path = f"/v1/keys/{_quote(key)}/permits/{_quote(id)}?token={token}"
         status, answer = self._request("DELETE", path)
         if status not in (200, 204):
             raise self._refusal(status, answer, key, 1)
@@ -161,18 +226,21 @@ class HttpLimiter:
 
     def status(self, key: str) -> _core.KeyStatus:
         """``GET /v1/keys/{key}`` (the HTTP API does not say the override: ``override`` is None)."""
+        key = _input.key(key)
         status, answer = self._request("GET", f"/v1/keys/{_quote(key)}")
         if status != 200:
             raise self._refusal(status, answer, key, 1)
-        return _core.KeyStatus(key, answer.get("limit"), None, int(answer.get("in_flight", 0)))
+        read = _Answer(status, answer, "GET /v1/keys/{key}")
+        return _core.KeyStatus(key, read.integer_or_none("limit"), None, read.integer("in_flight"))
 
     def set_limit(self, key: str, limit: int) -> _core.KeyStatus:
         """``PUT /v1/keys/{key}/limit``; 0 clears the override."""
-        _core.change_arg(limit)
+        key, limit = _input.key(key), _input.limit(limit)
         status, answer = self._request("PUT", f"/v1/keys/{_quote(key)}/limit", {"limit": limit})
         if status != 200:
             raise self._refusal(status, answer, key, 1)
-        return _core.KeyStatus(key, answer.get("limit"), limit or None, int(answer.get("in_flight", 0)))
+        read = _Answer(status, answer, "PUT /v1/keys/{key}/limit")
+        return _core.KeyStatus(key, read.integer_or_none("limit"), limit or None, read.integer("in_flight"))
 
     def clear_limit(self, key: str) -> _core.KeyStatus:
         return self.set_limit(key, 0)

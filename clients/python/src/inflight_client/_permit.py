@@ -35,24 +35,31 @@ class Held:
     expires_at_ms: int = 0
     token: int = 0  # the admission's fencing token
     extra: Any = field(default=None)  # backend data (the HTTP path)
+    # The release, done once whatever interrupts it: whether this was the process's last holder of its keys
+    # and id, and the token to release with (both set once, by ``Holders.count_out``); settled once the
+    # store answered the release (or failed it: the lease then ends on its own).
+    last: bool | None = None
+    release_token: int | None = None
+    settled: bool = False
 
     def schedule(self) -> None:
         self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
 
 
 class Holders:
-    """How many permits of this process hold each (keys, id): as in the Rust library, two permits under one
-    id hold the slot until the last of them is released."""
+    """Which permits of this process hold each (keys, id): as in the Rust library, two permits under one
+    id hold the slot until the last of them is released. A set of permits rather than a count, so that
+    counting one out twice (a release interrupted, then finished by the renewer) counts it out once."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._counts: dict[tuple[tuple[str, ...], str], int] = {}
+        self._members: dict[tuple[tuple[str, ...], str], set[Held]] = {}
         self._tokens: dict[tuple[tuple[str, ...], str], int] = {}
 
     def add(self, held: Held) -> None:
         with self._lock:
             key = (held.keys, held.id)
-            self._counts[key] = self._counts.get(key, 0) + 1
+            self._members.setdefault(key, set()).add(held)
             # The latest admission's (tokens grow): it took the lease over, so its token names it now.
             self._tokens[key] = max(self._tokens.get(key, 0), held.token)
 
@@ -65,13 +72,25 @@ class Holders:
         """Counts ``held`` out; True when it was the last holder (the store's lease must go)."""
         with self._lock:
             key = (held.keys, held.id)
-            left = self._counts.get(key, 1) - 1
-            if left > 0:
-                self._counts[key] = left
+            members = self._members.get(key)
+            if members is None:
+                return True
+            members.discard(held)
+            if members:
                 return False
-            self._counts.pop(key, None)
+            del self._members[key]
             self._tokens.pop(key, None)
             return True
+
+    def count_out(self, held: Held) -> tuple[bool, int]:
+        """Counts ``held`` out once (asked again, the same answer): whether the store's lease must go, and
+        the token to release it with. The token is read first: counting the last holder out forgets it."""
+        with self._lock:
+            if held.release_token is None:
+                held.release_token = self.token(held)
+            if held.last is None:
+                held.last = self.last(held)
+            return held.last, held.release_token
 
 
 class Renewer:
@@ -130,10 +149,22 @@ class Renewer:
         self._safe_release(held)
 
     def _safe_release(self, held: Held) -> None:
+        if held.settled:
+            return
         try:
             self._release(held)
         except Exception:  # the lease ends on its own
             log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
+        held.settled = True
+
+    def finish_interrupted(self, held: Held) -> None:
+        """A release of ``held`` was interrupted (KeyboardInterrupt, gevent's ``Timeout`` or ``GreenletExit``
+        killing the caller): the thread finishes it, whichever step the interruption stopped at."""
+        with self._cond:
+            held.done = True
+            self._held.discard(held)
+        if not held.settled:
+            self.queue_release(held)
 
     def close(self) -> None:
         with self._cond:
@@ -288,12 +319,20 @@ class Permit(PermitBase):
 
     def release(self) -> bool:
         """Releases the slot now; False when there was nothing (left) to release. Never raises: a release
-        that fails leaves a lease that ends on its own."""
-        held = self._take()
-        if held is None or self._renewer is None:
+        that fails leaves a lease that ends on its own. Interrupted (KeyboardInterrupt, a gevent
+        ``Timeout``, the greenlet killed), it re-raises once the limiter's thread has the release to
+        finish: the slot is freed all the same."""
+        held, renewer = self._held, self._renewer
+        if held is None or renewer is None:
             return False
-        self._renewer._safe_release(held)
-        return True
+        try:
+            if self._take() is None:
+                return False
+            renewer._safe_release(held)
+            return True
+        except BaseException:
+            renewer.finish_interrupted(held)
+            raise
 
     def close(self) -> None:
         """The same as :meth:`release`."""

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _input
+
 MAX_RULES = 1024
 
 
@@ -22,6 +24,10 @@ class ClassLimits:
 
     default: int = 0
     max: int = 0
+
+    def __post_init__(self) -> None:
+        _input.limit(self.default, "a default limit")
+        _input.limit(self.max, "a max limit")
 
     def resolve(self, override: int | None = None) -> int | None:
         """The effective limit (``None``: unlimited), as ``ClassLimits::resolve`` and ``common.lua``."""
@@ -44,10 +50,12 @@ class Rule:
     _parts: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.keys or len(self.keys.encode()) > 256:
+        if not isinstance(self.keys, str):
+            raise TypeError(f"a rule's pattern must be a str, not {type(self.keys).__name__}")
+        if not self.keys or len(self.keys.encode()) > _input.MAX_NAME_BYTES:
             raise ValueError(f"a rule's pattern must be 1 to 256 bytes, not {self.keys!r}")
-        if self.default < 0 or self.max < 0:
-            raise ValueError("limits must not be negative")
+        _input.limit(self.default, "a default limit")
+        _input.limit(self.max, "a max limit")
         object.__setattr__(self, "_parts", tuple(self.keys.split("*")))
 
     @property
@@ -91,8 +99,6 @@ class Policy:
     """The default limits and the rules of classes of keys."""
 
     def __init__(self, default_limit: int = 0, max_limit: int = 0, rules: Iterable[RuleLike] = ()) -> None:
-        if default_limit < 0 or max_limit < 0:
-            raise ValueError("limits must not be negative")
         self.default = ClassLimits(default_limit, max_limit)
         given = [_rule(rule) for rule in rules]
         if len(given) > MAX_RULES:

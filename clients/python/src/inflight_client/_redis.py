@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from . import _core, _dify_layout
+from . import _core, _dify_layout, _input
 from ._errors import StoreError
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer
 from ._policy import ClassLimits, Policy, RuleLike
@@ -88,6 +88,7 @@ class RedisLimiter:
     ) -> Permit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
+        keys = _core.unique_keys(keys)
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
@@ -115,14 +116,14 @@ class RedisLimiter:
         other than its own; 0: whichever lease the id holds); False when none held it."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
         if self.layout == "dify":
-            return _core.ints(self._call_dify("r", unique, _core.check_id(id), 0, "", []), 1)[0] == 1
-        args = _core.release_args(unique, _core.check_id(id), token)
+            return _core.ints(self._call_dify("r", unique, _input.id(id), 0, "", []), 1)[0] == 1
+        args = _core.release_args(unique, _input.id(id), token)
         reply = self._call(self._batch, _core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
     def _release_held(self, held: Held) -> None:
-        token = self._holders.token(held)
-        if self._holders.last(held):
+        last, token = self._holders.count_out(held)
+        if last:
             self.release(held.keys, held.id, token)
 
     def _call_dify(
@@ -163,6 +164,7 @@ class RedisLimiter:
         return self._status_with(key, "0")
 
     def _status_with(self, key: str, change: str) -> _core.KeyStatus:
+        key = _input.key(key)
         if self.layout == "dify":
             names = [*_dify_layout.key_names([key]), f"{self.prefix}overrides"]
             args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from . import _input
 from ._errors import TooManyRequests
 from ._permit import Permit
 from ._policy import ClassLimits
@@ -95,6 +96,7 @@ def configure(
     ``layout="dify"`` counts in Dify's own keys, shared with Dify workers not yet patched (a migration:
     docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``)."""
     global _config
+    _input.limit(max_limit, "max_limit")
     if key_format is None:
         key_format = "{}" if layout == "dify" else "app:{}"
     limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix, layout=layout)
