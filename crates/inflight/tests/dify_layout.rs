@@ -285,3 +285,40 @@ async fn an_unreadable_max_active_requests_is_read_as_none() {
     let _held = limiter.try_acquire("app-1").await.unwrap();
     assert!(limiter.try_acquire("app-1").await.unwrap_err().is_full());
 }
+
+/// A permit whose lease is longer than Dify's eviction age (a 30 min stream) is not evicted by Dify's
+/// flush at any time before its lease ends, renewed or not: its entry's start time is its lease's end
+/// less the stale age. (Before, the entry carried its admission's time, and a flush 11 minutes later,
+/// before the first renewal at a third of the lease, removed it: Dify then admitted past the limit.)
+#[tokio::test]
+async fn a_lease_longer_than_difys_eviction_age_is_never_evicted_before_it_ends() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let limiter = limiter(store(&redis), 4);
+    let now = redis_seconds(&mut conn);
+    let long = AcquireOptions::new().lease(Duration::from_secs(30 * 60));
+    let permit = limiter.try_acquire_with("app-1", long).await.unwrap();
+    for minutes in [1.0, 11.0, 20.0, 29.5] {
+        let evicted = dify_flush(&mut conn, now + minutes * 60.0);
+        assert!(evicted.is_empty(), "evicted at {minutes} min: {evicted:?}");
+    }
+    let evicted = dify_flush(&mut conn, now + 30.0 * 60.0 + 601.0);
+    assert_eq!(evicted, [permit.id().to_string()], "stale once the lease is long over");
+}
+
+/// An admission keeps Dify's limit key alive as Dify's workers do when they flush (a day), so the
+/// limit they wrote outlives the last of them; an override inflight set (no expiry) stays without one.
+#[tokio::test]
+async fn an_admission_keeps_difys_limit_key_alive() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let limiter = limiter(store(&redis), 4);
+    let _: () = conn.set_ex(MAX, "3", 86_400 - 3_600).unwrap();
+    let _permit = limiter.try_acquire("app-1").await.unwrap();
+    let ttl: i64 = conn.ttl(MAX).unwrap();
+    assert!(ttl > 86_400 - 60, "{ttl}");
+    let _: () = conn.set(MAX, "3").unwrap();
+    let _again = limiter.try_acquire("app-1").await.unwrap();
+    let ttl: i64 = conn.ttl(MAX).unwrap();
+    assert_eq!(ttl, -1, "inflight's own override keeps no expiry");
+}

@@ -12,11 +12,14 @@
 -- Returns as batch.lua's admission (6 numbers), {released}, renew.lua's 5 numbers, status.lua's 3
 -- ({-1, bound, 0} when a new override would pass the bound).
 -- Atomic for the reason Dify's HLEN-then-HSET is not: counting and adding must be one step.
--- Every entry counts one (weight 1). inflight's entries carry the Redis clock's seconds, refreshed by
--- every renewal, so Dify's workers (which evict entries older than 600 s) never evict a live one.
+-- Every entry counts one (weight 1). inflight's entries carry, as Dify's "start time", the later of the
+-- Redis clock and their lease's end less the stale age, rewritten by every renewal: Dify's workers (which
+-- evict entries older than the stale age, 600 s) never evict a live one, however long its lease.
+-- An admission keeps Dify's limit key alive as Dify's workers do (a day from their last flush), so the
+-- limit they wrote outlives them; an override inflight set (no expiry) is left as it is.
 local op, id, lease_ms, stale_ms = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
 set_now(tonumber(ARGV[3]))
-local seconds = string.format('%.3f', now / 1000)
+local DAY_MS, FLUSH_MS = 86400000, 300000 -- Dify's expiry of its limit key; how often its workers renew it
 
 local keys, reclaimed = {}, 0
 for i = 1, math.floor(#KEYS / 4) do
@@ -31,6 +34,10 @@ for i = 1, math.floor(#KEYS / 4) do
   redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
   key.n = redis.call('HLEN', key.hash)
   override(key) -- (a value no client reads, such as one past 2^32 - 1, reads as none)
+  if op == 'a' and key.override > 0 then
+    local ttl = redis.call('PTTL', key.limit)
+    if ttl >= 0 and ttl < DAY_MS - FLUSH_MS then redis.call('PEXPIRE', key.limit, DAY_MS) end
+  end
   local default_limit, max_limit = string.match(ARGV[6 + i] or '0 0', '^(%d+) (%d+)$') -- (a release: none)
   key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
   keys[i] = key
@@ -60,7 +67,8 @@ end
 local function own_length(key) return tonumber(redis.call('HGET', key.lengths, id) or DEFAULT_LEASE_MS) end
 
 local function put(key, ms) -- adds or refreshes id's entry and lease
-  if redis.call('HSET', key.hash, id, seconds) == 1 then key.n = key.n + 1 end
+  local stamp = string.format('%.3f', math.max(now, now + ms - stale_ms) / 1000)
+  if redis.call('HSET', key.hash, id, stamp) == 1 then key.n = key.n + 1 end
   redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
   if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
   -- The side keys outlive every lease (so a holder's crash is reclaimed); H is Dify's, left without expiry.
