@@ -11,7 +11,7 @@ use inflight::{ClassLimits, FailurePolicy, Policy};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    invalid, store, text, ConfigError, Connections, Layered, LimitRule, LoggingSettings,
+    invalid, store, text, ConfigError, Connections, Layered, Layout, LimitRule, LoggingSettings,
     QuotaSettings, RedisSettings, TlsSettings, MAX_LEASE, MIN_LEASE,
 };
 
@@ -197,6 +197,12 @@ impl Layered for Settings {
         }
         if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
+        }
+        if self.redis.layout == Layout::Dify && self.default_limit == 0 {
+            // Dify's limit key is absent until a Dify worker serves the app, and a day after the last
+            // one did: the default is then the only limit there is.
+            let reason = "--layout dify needs a default limit above 0 (Dify's APP_MAX_ACTIVE_REQUESTS):                           it applies to apps whose limit Dify has not written to Redis";
+            return Err(invalid("default_limit", reason));
         }
         self.connections.check()?;
         self.redis.check()?;

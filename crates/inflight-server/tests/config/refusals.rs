@@ -42,6 +42,11 @@ fn a_bad_value_names_its_setting_and_exits_non_zero() {
             "on_store_failure",
         ),
         (
+            vec!["--layout", "dify", "--store", "redis://127.0.0.1:9"],
+            vec![],
+            "default_limit",
+        ),
+        (
             vec!["--config", "/nonexistent/inflight.toml"],
             vec![],
             "config",
