@@ -32,7 +32,7 @@ import redis
 
 from . import _input
 from ._errors import TooManyRequests
-from ._permit import Permit
+from ._permit import Permit, PerProcess
 from ._policy import ClassLimits
 from ._redis import RedisLimiter
 
@@ -76,8 +76,10 @@ class _Holding:
 
 
 _config: _Config | None = None
-_holders: dict[tuple[str, str], _Holding] = {}
-_lock = threading.Lock()
+# Per process, made on first use (after a fork, after gevent's monkey-patching): configure() may run in
+# gunicorn's master before either (--preload).
+_holders: PerProcess[dict[tuple[str, str], _Holding]] = PerProcess(dict)
+_lock: PerProcess[threading.Lock] = PerProcess(threading.Lock)
 
 
 def configure(
@@ -100,12 +102,12 @@ def configure(
     if key_format is None:
         key_format = "{}" if layout == "dify" else "app:{}"
     limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix, layout=layout)
-    with _lock:
+    with _lock.get():
         previous, _config = (
             _config,
             _Config(limiter, key_format, max_limit, error or AppInvokeQuotaExceededError),
         )
-        _holders.clear()
+        _holders.get().clear()
     if previous is not None:
         previous.limiter.close()
     return limiter
@@ -125,13 +127,13 @@ class RateLimit:
 
     _UNLIMITED_REQUEST_ID = "unlimited_request_id"
     _instance_dict: dict[str, RateLimit] = {}
-    _instance_lock = threading.Lock()
+    _instance_lock: PerProcess[threading.Lock] = PerProcess(threading.Lock)
 
     client_id: str
     max_active_requests: int
 
     def __new__(cls, client_id: str, max_active_requests: int) -> RateLimit:
-        with cls._instance_lock:
+        with cls._instance_lock.get():
             if client_id not in cls._instance_dict:
                 cls._instance_dict[client_id] = super().__new__(cls)
             return cls._instance_dict[client_id]
@@ -163,8 +165,8 @@ class RateLimit:
             request_id = RateLimit.gen_request_key()
         config = _configured()
         key = config.key_format.format(self.client_id)
-        with _lock:
-            holding = _holders.get((key, request_id))
+        with _lock.get():
+            holding = _holders.get().get((key, request_id))
             if holding is not None and holding.permit.held:
                 holding.count += 1
                 return request_id
@@ -178,15 +180,22 @@ class RateLimit:
                 f"for {self.client_id} is {limit}."
             ) from None
         duplicate = False
-        with _lock:
-            holding = _holders.get((key, request_id))
-            if holding is not None and holding.permit.held:
-                # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit
-                # (releasing the other only counts it out of the limiter: the first still holds the id).
-                holding.count += 1
-                duplicate = True
-            elif permit.held:
-                _holders[(key, request_id)] = _Holding(permit, 1)
+        try:
+            holders = _holders.get()
+            with _lock.get():
+                holding = holders.get((key, request_id))
+                if holding is not None and holding.permit.held:
+                    # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit
+                    # (releasing the other only counts it out of the limiter: the first still holds the id).
+                    holding.count += 1
+                    duplicate = True
+                elif permit.held:
+                    holders[(key, request_id)] = _Holding(permit, 1)
+        except BaseException:
+            # Redis admitted: no error leaves the slot taken (Dify answers the request with an error, and
+            # nothing would ever exit this id).
+            permit.release()
+            raise
         if duplicate:
             permit.release()
         return request_id
@@ -201,13 +210,14 @@ class RateLimit:
             return
         config = _configured()
         key = config.key_format.format(self.client_id)
-        with _lock:
-            holding = _holders.get((key, request_id))
+        holders = _holders.get()
+        with _lock.get():
+            holding = holders.get((key, request_id))
             if holding is not None:
                 holding.count -= 1
                 if holding.count > 0:
                     return
-                del _holders[(key, request_id)]
+                del holders[(key, request_id)]
         if holding is None:
             if now:
                 config.limiter.release(key, request_id)
