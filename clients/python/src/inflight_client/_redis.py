@@ -29,7 +29,10 @@ class RedisLimiter:
     ``layout="dify"`` keeps Dify's own keys (as ``inflight --layout dify`` does): a key is an app id, its
     count is the length of ``dify:rate_limit:{app}:active_requests``, which unmodified Dify workers share,
     and ``dify:rate_limit:{app}:max_active_requests`` is its override; weights must be 1, and Dify's
-    entries older than ``dify_stale_after`` seconds give way when they stand in the way.
+    entries older than ``dify_stale_after`` seconds give way when they stand in the way. Permits are renewed
+    at least every third of ``dify_stale_after`` (and of the lease), so that no live entry is ever old enough
+    for Dify's workers to evict. ``dify_key_prefix`` is Dify's ``REDIS_KEY_PREFIX``: it prefixes the limit key
+    (``<prefix>:dify:rate_limit:{app}:max_active_requests``), not the hash, as Dify does (docs/dify.md).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class RedisLimiter:
         prefix: str = "inflight:",
         layout: str = "inflight",
         dify_stale_after: float = _dify_layout.STALE_AFTER,
+        dify_key_prefix: str = "",
     ) -> None:
         if layout not in ("inflight", "dify"):
             raise ValueError(f"layout must be 'inflight' or 'dify', not {layout!r}")
@@ -49,6 +53,7 @@ class RedisLimiter:
         self.prefix = prefix
         self.layout = layout
         self._stale_ms = _core.to_age_ms(dify_stale_after) if layout == "dify" else 0
+        self.dify_key_prefix = _dify_layout.normalize_key_prefix(dify_key_prefix)
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
@@ -167,7 +172,7 @@ class RedisLimiter:
     def _call_dify(
         self, op: str, keys: Sequence[str], id: str, lease_ms: int, extra: str, limits: Sequence[ClassLimits]
     ) -> Any:
-        names = _dify_layout.key_names(keys)
+        names = _dify_layout.key_names(keys, self.dify_key_prefix)
         return self._call(
             self._dify, names, _dify_layout.args(op, id, lease_ms, self._stale_ms, extra, limits)
         )
@@ -204,7 +209,7 @@ class RedisLimiter:
     def _status_with(self, key: str, change: str) -> _core.KeyStatus:
         key = _input.key(key)
         if self.layout == "dify":
-            names = [*_dify_layout.key_names([key]), f"{self.prefix}overrides"]
+            names = [*_dify_layout.key_names([key], self.dify_key_prefix), f"{self.prefix}overrides"]
             args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])
             return _core.status(self._call(self._dify, names, [*args, 0, key]), key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)

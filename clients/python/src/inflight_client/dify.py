@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from . import _input
+from . import _dify_layout, _input
 from ._errors import TooManyRequests
 from ._permit import Permit, PerProcess
 from ._policy import ClassLimits
@@ -91,17 +91,33 @@ def configure(
     max_limit: int = 0,
     error: Callable[[str], BaseException] | None = None,
     layout: str = "inflight",
+    dify_stale_after: float = _dify_layout.STALE_AFTER,
+    key_prefix: str | None = None,
 ) -> RedisLimiter:
     """Sets the Redis client and settings every :class:`RateLimit` uses; returns the limiter (for
-    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter).
+    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter). Safe before or
+    after gevent's monkey-patching and before a fork (gunicorn ``--preload``): locks and the renewal thread
+    are made in each process when first used.
 
     ``layout="dify"`` counts in Dify's own keys, shared with Dify workers not yet patched (a migration:
-    docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``)."""
+    docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``). There,
+    ``dify_stale_after`` is the age at which Dify's workers evict an entry (600 s in Dify; held entries are
+    refreshed within a third of it whatever the lease), and ``key_prefix`` is Dify's ``REDIS_KEY_PREFIX``
+    (``None``: read from the environment as Dify reads it), which Dify puts on the app's limit key."""
     global _config
     _input.limit(max_limit, "max_limit")
     if key_format is None:
         key_format = "{}" if layout == "dify" else "app:{}"
-    limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix, layout=layout)
+    if key_prefix is None:
+        key_prefix = _dify_layout.key_prefix_from_env()
+    limiter = RedisLimiter(
+        redis_client,
+        lease=lease,
+        prefix=prefix,
+        layout=layout,
+        dify_stale_after=dify_stale_after,
+        dify_key_prefix=key_prefix,
+    )
     with _lock.get():
         previous, _config = (
             _config,
@@ -139,13 +155,17 @@ class RateLimit:
             return cls._instance_dict[client_id]
 
     def __init__(self, client_id: str, max_active_requests: int) -> None:
+        changed = hasattr(self, "initialized") and self.max_active_requests != max_active_requests
         self.max_active_requests = max_active_requests
         self.client_id = client_id
+        if changed:  # the app's limit changed in Dify: as Dify's class, write it where every worker reads it
+            self.flush_cache(use_local_value=True)
         if self.disabled():
             return
         if hasattr(self, "initialized"):
             return
         self.initialized = True
+        self.flush_cache(use_local_value=True)
 
     @property
     def key(self) -> str:
@@ -153,8 +173,28 @@ class RateLimit:
         return _configured().key_format.format(self.client_id)
 
     def flush_cache(self, use_local_value: bool = False) -> None:
-        """Kept for compatibility: inflight reads the limit and the count in the same atomic step as the
-        admission, so there is no cache to flush."""
+        """In inflight's layout, nothing: the admission reads the limit and the count in one atomic step.
+
+        Under ``layout="dify"``, what Dify's own class does with the app's limit key
+        (``dify:rate_limit:{app}:max_active_requests``, with ``REDIS_KEY_PREFIX``), so that a limit changed
+        on a patched worker applies to every worker, patched or not, at its next admission:
+        ``use_local_value=True`` writes this instance's ``max_active_requests`` there for a day (SETEX);
+        otherwise the value there, if any, becomes this instance's (and its day starts again), else this
+        instance's is written. (The constructor does the first when an app is first seen or its limit
+        changes, as Dify's does.)"""
+        config = _config
+        if config is None or config.limiter.layout != "dify":
+            return
+        client = config.limiter._redis
+        key = config.key_format.format(self.client_id)
+        name = _dify_layout.limit_key(key, config.limiter.dify_key_prefix)
+        if not use_local_value:
+            value = client.get(name)
+            if value is not None:
+                self.max_active_requests = int(value)
+                client.expire(name, _dify_layout.LIMIT_TTL)
+                return
+        client.set(name, self.max_active_requests, ex=_dify_layout.LIMIT_TTL)  # Dify: SETEX
 
     def enter(self, request_id: str | None = None) -> str:
         """Takes a slot for ``request_id`` (a new UUID when none); raises the configured error at the
