@@ -7,6 +7,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -312,3 +313,38 @@ def test_racing_enters_of_one_id_count_once_and_release_at_the_last_exit(configu
     assert active(configured, "race_client") == 1
     rate_limit.exit("same")
     assert active(configured, "race_client") == 0
+
+
+def test_an_error_after_redis_admitted_gives_the_slot_back(
+    configured: RedisLimiter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As under gunicorn --preload with gevent: a lock made before the patching fails once Redis has admitted.
+    def broken(held: object) -> None:
+        raise RuntimeError("cannot release un-acquired lock")
+
+    monkeypatch.setattr(configured._renewer, "add", broken)
+    rate_limit = RateLimit("client-broken", 1)
+    with pytest.raises(RuntimeError, match="un-acquired"):
+        rate_limit.enter("request-1")
+    assert active(configured, "client-broken") == 0
+    monkeypatch.undo()
+    assert rate_limit.enter("request-2") == "request-2"  # the slot is free: not held for a lease
+    rate_limit.exit("request-2")
+
+
+def test_an_interrupt_while_waiting_for_the_admission_gives_the_slot_back(
+    configured: RedisLimiter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The script ran in Redis, but the caller was interrupted (a gevent Timeout, KeyboardInterrupt) before
+    # reading the answer.
+    call = configured._call
+
+    def interrupted(script: Any, keys: list[str], args: list[Any]) -> Any:
+        call(script, keys, args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(configured, "_call", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        RateLimit("client-interrupted", 1).enter("request-1")
+    monkeypatch.undo()
+    assert active(configured, "client-interrupted") == 0

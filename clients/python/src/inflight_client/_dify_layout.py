@@ -3,6 +3,7 @@ sends them from Rust (``crates/inflight/src/store/redis/dify/store.rs``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from ._core import Arg
@@ -11,9 +12,40 @@ from ._policy import ClassLimits
 #: Dify's own age of a stale entry, seconds.
 STALE_AFTER = 600.0
 
+#: How long Dify keeps an app's limit in Redis (its SETEX and EXPIRE), seconds.
+LIMIT_TTL = 86400
 
-def key_names(keys: Sequence[str]) -> list[str]:
-    """Four names a key: Dify's hash, inflight's leases and lease lengths beside it, Dify's limit key."""
+
+def key_prefix_from_env() -> str:
+    """``REDIS_KEY_PREFIX`` as Dify reads it (its settings' field of that name, default empty), normalized as
+    Dify normalizes it (surrounding whitespace stripped; empty: no prefix)."""
+    return normalize_key_prefix(os.environ.get("REDIS_KEY_PREFIX", ""))
+
+
+def normalize_key_prefix(prefix: str | None) -> str:
+    return (prefix or "").strip()
+
+
+def with_prefix(name: str, key_prefix: str) -> str:
+    """A name as Dify's ``RedisClientWrapper`` sends it from its named methods (``get``, ``setex``,
+    ``exists``, ``expire``, ``hlen``, ``hset``, ``hdel``, ...): ``<prefix>:<name>``, or the name itself
+    without a prefix. ``eval`` and ``register_script`` reach the raw client: their names are not prefixed."""
+    key_prefix = normalize_key_prefix(key_prefix)
+    return f"{key_prefix}:{name}" if key_prefix else name
+
+
+def limit_key(key: str, key_prefix: str = "") -> str:
+    """The app's limit, where Dify's workers read and write it: through the wrapper's named methods, so with
+    ``REDIS_KEY_PREFIX``."""
+    return with_prefix(f"dify:rate_limit:{key}:max_active_requests", key_prefix)
+
+
+def key_names(keys: Sequence[str], key_prefix: str = "") -> list[str]:
+    """Four names a key: Dify's hash, inflight's leases and lease lengths beside it, Dify's limit key.
+
+    The hash is never prefixed: Dify's newest admission (its Lua script, through ``register_script`` on the
+    raw client) counts in ``dify:rate_limit:{app}:active_requests`` whatever ``REDIS_KEY_PREFIX`` is; the
+    limit key is read and written through the wrapper's named methods, so it carries the prefix."""
     out: list[str] = []
     for key in keys:
         if "{" in key or "}" in key:
@@ -23,7 +55,7 @@ def key_names(keys: Sequence[str]) -> list[str]:
             hash_name,
             f"{{{hash_name}}}:leases",
             f"{{{hash_name}}}:lease_ms",
-            f"dify:rate_limit:{key}:max_active_requests",
+            limit_key(key, key_prefix),
         ]
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -17,6 +18,32 @@ from ._policy import ClassLimits
 log = logging.getLogger("inflight_client")
 
 T = TypeVar("T")
+
+
+def _epoch() -> tuple[int, object]:
+    """What a lock or a thread belongs to: this process (a fork makes another), and the ``threading`` in use
+    (gevent's monkey-patching replaces ``threading.Lock``)."""
+    return os.getpid(), threading.Lock
+
+
+class PerProcess(Generic[T]):
+    """An object made on first use in each process and under each ``threading`` (see :func:`_epoch`): locks,
+    conditions and threads made before a fork or before gevent's monkey-patching are never used after it.
+    (Under gunicorn ``--preload``, a limiter is configured in the master, before the fork and before each
+    gevent worker patches ``threading``: a lock made then fails in a worker's greenlets, and a thread made
+    then does not exist in the worker.)"""
+
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._made: dict[tuple[int, object], T] = {}
+
+    def get(self) -> T:
+        epoch = _epoch()
+        made = self._made.get(epoch)
+        if made is None:
+            # setdefault is atomic: two threads racing to make it both get the one kept.
+            made = self._made.setdefault(epoch, self._factory())
+        return made
 
 
 @dataclass(eq=False)
@@ -41,9 +68,22 @@ class Held:
     last: bool | None = None
     release_token: int | None = None
     settled: bool = False
+    # At most this many ms between renewals (0: none but the lease's third). The Dify layout's: a third of
+    # the age at which Dify's workers evict an entry, which every renewal refreshes.
+    renew_within_ms: int = 0
 
     def schedule(self) -> None:
-        self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
+        every = self.lease_ms / 3000.0
+        if self.renew_within_ms:
+            every = min(every, self.renew_within_ms / 3000.0)
+        self.due = time.monotonic() + max(every, 0.001)
+
+
+class _HoldersState:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.members: dict[tuple[tuple[str, ...], str], set[Held]] = {}
+        self.tokens: dict[tuple[tuple[str, ...], str], int] = {}
 
 
 class Holders:
@@ -52,9 +92,25 @@ class Holders:
     counting one out twice (a release interrupted, then finished by the renewer) counts it out once."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._members: dict[tuple[tuple[str, ...], str], set[Held]] = {}
-        self._tokens: dict[tuple[tuple[str, ...], str], int] = {}
+        # Per process: a child's permits are its own (its parent's are renewed and released by the parent).
+        self._state = PerProcess(_HoldersState)
+
+    @property
+    def _lock(self) -> threading.RLock:
+        return self._state.get().lock
+
+    @property
+    def _members(self) -> dict[tuple[tuple[str, ...], str], set[Held]]:
+        return self._state.get().members
+
+    @property
+    def _tokens(self) -> dict[tuple[tuple[str, ...], str], int]:
+        return self._state.get().tokens
+
+    def holds(self, keys: tuple[str, ...], id: str) -> bool:
+        """Whether a permit of this process holds ``keys`` under ``id``."""
+        with self._lock:
+            return bool(self._members.get((keys, id)))
 
     def add(self, held: Held) -> None:
         with self._lock:
@@ -93,6 +149,14 @@ class Holders:
             return held.last, held.release_token
 
 
+class _RenewerState:
+    def __init__(self) -> None:
+        self.cond = threading.Condition()  # an RLock: a finalizer may run while this thread holds it
+        self.held: set[Held] = set()
+        self.releases: deque[Held] = deque()
+        self.thread: threading.Thread | None = None
+
+
 class Renewer:
     """One daemon thread per limiter: renews each held permit a third of the way through its lease and
     performs the releases that finalizers hand it (a finalizer never calls Redis itself: it may run in
@@ -104,26 +168,38 @@ class Renewer:
         self._renew = renew
         self._release = release
         self._name = name
-        self._cond = threading.Condition()  # an RLock: a finalizer may run while this thread holds it
-        self._held: set[Held] = set()
-        self._releases: deque[Held] = deque()
-        self._thread: threading.Thread | None = None
+        # The condition, the permits to renew and the thread: made in each process on first use, after the
+        # fork and after gevent's patching (a fork's child renews none of its parent's permits).
+        self._state = PerProcess(_RenewerState)
         self._closed = False
+
+    @property
+    def _cond(self) -> threading.Condition:
+        return self._state.get().cond
+
+    @property
+    def _held(self) -> set[Held]:
+        return self._state.get().held
+
+    @property
+    def _releases(self) -> deque[Held]:
+        return self._state.get().releases
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def add(self, held: Held) -> None:
-        with self._cond:
+        state = self._state.get()
+        with state.cond:
             if self._closed:
                 raise RuntimeError("the limiter is closed")
             held.schedule()
-            self._held.add(held)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._cond.notify()
+            state.held.add(held)
+            if state.thread is None:
+                state.thread = threading.Thread(target=self._run, args=(state,), name=self._name, daemon=True)
+                state.thread.start()
+            state.cond.notify()
 
     def take(self, held: Held) -> bool:
         """Marks ``held`` released; False when it already was."""
@@ -141,10 +217,11 @@ class Renewer:
 
     def queue_release(self, held: Held) -> None:
         """Releases ``held``, already taken, from the thread (at once when the limiter is closed)."""
-        with self._cond:
-            if not self._closed and self._thread is not None:
-                self._releases.append(held)
-                self._cond.notify()
+        state = self._state.get()
+        with state.cond:
+            if not self._closed and state.thread is not None:
+                state.releases.append(held)
+                state.cond.notify()
                 return
         self._safe_release(held)
 
@@ -167,41 +244,43 @@ class Renewer:
             self.queue_release(held)
 
     def close(self) -> None:
-        with self._cond:
+        state = self._state.get()
+        with state.cond:
             self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
+            state.cond.notify_all()
+            thread = state.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
-        with self._cond:
-            pending = list(self._releases)
-            self._releases.clear()
+        with state.cond:
+            pending = list(state.releases)
+            state.releases.clear()
         for held in pending:
             self._safe_release(held)
 
-    def _run(self) -> None:
+    def _run(self, state: _RenewerState) -> None:
+        cond, held_set, queue = state.cond, state.held, state.releases
         while True:
-            with self._cond:
+            with cond:
                 while not self._closed:
-                    if self._releases:
+                    if queue:
                         break
                     now = time.monotonic()
-                    if any(h.due <= now for h in self._held):
+                    if any(h.due <= now for h in held_set):
                         break
-                    timeout = min((h.due for h in self._held), default=now + 60.0) - now
-                    self._cond.wait(timeout)
+                    timeout = min((h.due for h in held_set), default=now + 60.0) - now
+                    cond.wait(timeout)
                 if self._closed:
                     return
-                releases = list(self._releases)
-                self._releases.clear()
+                releases = list(queue)
+                queue.clear()
                 now = time.monotonic()
-                due = [h for h in self._held if h.due <= now]
+                due = [h for h in held_set if h.due <= now]
             for held in releases:
                 self._safe_release(held)
             for held in due:
-                self._renew_one(held)
+                self._renew_one(held, state)
 
-    def _renew_one(self, held: Held) -> None:
+    def _renew_one(self, held: Held, state: _RenewerState) -> None:
         if held.done:
             return
         try:
@@ -210,13 +289,13 @@ class Renewer:
             log.warning("inflight: renewing permit %s failed; retrying", held.id, exc_info=True)
             held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
             return
-        with self._cond:
+        with state.cond:
             if kept:
                 held.schedule()
             else:
                 log.warning("inflight: permit %s was lost (its lease ended in the store)", held.id)
                 held.lost = True
-                self._held.discard(held)
+                state.held.discard(held)
 
 
 class _Keeper(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -10,7 +11,7 @@ import redis
 
 from . import _core, _dify_layout, _input
 from ._errors import StoreError
-from ._permit import GuardedStream, Held, Holders, Permit, Renewer
+from ._permit import GuardedStream, Held, Holders, Permit, Renewer, log
 from ._policy import ClassLimits, Policy, RuleLike
 
 T = TypeVar("T")
@@ -28,7 +29,10 @@ class RedisLimiter:
     ``layout="dify"`` keeps Dify's own keys (as ``inflight --layout dify`` does): a key is an app id, its
     count is the length of ``dify:rate_limit:{app}:active_requests``, which unmodified Dify workers share,
     and ``dify:rate_limit:{app}:max_active_requests`` is its override; weights must be 1, and Dify's
-    entries older than ``dify_stale_after`` seconds give way when they stand in the way.
+    entries older than ``dify_stale_after`` seconds give way when they stand in the way. Permits are renewed
+    at least every third of ``dify_stale_after`` (and of the lease), so that no live entry is ever old enough
+    for Dify's workers to evict. ``dify_key_prefix`` is Dify's ``REDIS_KEY_PREFIX``: it prefixes the limit key
+    (``<prefix>:dify:rate_limit:{app}:max_active_requests``), not the hash, as Dify does (docs/dify.md).
     """
 
     def __init__(
@@ -41,6 +45,7 @@ class RedisLimiter:
         prefix: str = "inflight:",
         layout: str = "inflight",
         dify_stale_after: float = _dify_layout.STALE_AFTER,
+        dify_key_prefix: str = "",
     ) -> None:
         if layout not in ("inflight", "dify"):
             raise ValueError(f"layout must be 'inflight' or 'dify', not {layout!r}")
@@ -48,6 +53,7 @@ class RedisLimiter:
         self.prefix = prefix
         self.layout = layout
         self._stale_ms = _core.to_age_ms(dify_stale_after) if layout == "dify" else 0
+        self.dify_key_prefix = _dify_layout.normalize_key_prefix(dify_key_prefix)
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch.lua"))
@@ -92,23 +98,60 @@ class RedisLimiter:
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
-        if self.layout == "dify":
-            if weight != 1:
-                raise ValueError("the Dify layout counts every permit as one: weights must be 1")
-            reply = self._call_dify("a", keys, id, lease_ms, "", limits)
-        else:
-            reply = self._call(
-                self._batch,
-                _core.key_names(self.prefix, keys),
-                _core.acquire_args(keys, id, weight, lease_ms, limits),
-            )
+        if self.layout == "dify" and weight != 1:
+            raise ValueError("the Dify layout counts every permit as one: weights must be 1")
+        held_before = self._holders.holds(keys, id)
+        try:
+            if self.layout == "dify":
+                reply = self._call_dify("a", keys, id, lease_ms, "", limits)
+            else:
+                reply = self._call(
+                    self._batch,
+                    _core.key_names(self.prefix, keys),
+                    _core.acquire_args(keys, id, weight, lease_ms, limits),
+                )
+        except BaseException as error:
+            # Interrupted (KeyboardInterrupt, gevent's Timeout, the greenlet killed) or timed out waiting for
+            # the answer: Redis may have admitted. Give the slot back unless another permit here holds the id.
+            unanswered = not isinstance(error, Exception) or isinstance(error.__cause__, redis.TimeoutError)
+            if unanswered and not held_before:
+                self._give_back(keys, id, 0)
+            raise
         limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
         if expires_at_ms is None:
             return Permit(keys, id, weight, None, 0, None, None, None)
-        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
-        self._holders.add(held)
-        self._renewer.add(held)
-        return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
+        held = Held(
+            keys,
+            id,
+            weight,
+            lease_ms,
+            tuple(limits),
+            expires_at_ms=expires_at_ms,
+            token=token,
+            renew_within_ms=self._stale_ms,
+        )
+        try:
+            self._holders.add(held)
+            self._renewer.add(held)
+            return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
+        except BaseException:
+            # Redis admitted: whatever failed here, the slot goes back before the error goes on.
+            with contextlib.suppress(Exception):
+                self._renewer.take(held)
+            try:
+                last, token = self._holders.count_out(held)
+            except Exception:
+                last, token = True, held.token
+            if last:
+                self._give_back(keys, id, token)
+            raise
+
+    def _give_back(self, keys: tuple[str, ...], id: str, token: int) -> None:
+        """Releases an admission that no permit will hold; a failure leaves a lease that ends on its own."""
+        try:
+            self.release(keys, id, token)
+        except Exception:
+            log.warning("inflight: giving back the admission of %s failed", id, exc_info=True)
 
     def release(self, keys: str | Sequence[str], id: str, token: int = 0) -> bool:
         """Releases the permit ``id`` from ``keys`` (a key or its keys), wherever it was acquired (another
@@ -129,7 +172,7 @@ class RedisLimiter:
     def _call_dify(
         self, op: str, keys: Sequence[str], id: str, lease_ms: int, extra: str, limits: Sequence[ClassLimits]
     ) -> Any:
-        names = _dify_layout.key_names(keys)
+        names = _dify_layout.key_names(keys, self.dify_key_prefix)
         return self._call(
             self._dify, names, _dify_layout.args(op, id, lease_ms, self._stale_ms, extra, limits)
         )
@@ -166,7 +209,7 @@ class RedisLimiter:
     def _status_with(self, key: str, change: str) -> _core.KeyStatus:
         key = _input.key(key)
         if self.layout == "dify":
-            names = [*_dify_layout.key_names([key]), f"{self.prefix}overrides"]
+            names = [*_dify_layout.key_names([key], self.dify_key_prefix), f"{self.prefix}overrides"]
             args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])
             return _core.status(self._call(self._dify, names, [*args, 0, key]), key)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)

@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 
 import redis
 
-from . import _input
+from . import _dify_layout, _input
 from ._errors import TooManyRequests
-from ._permit import Permit
+from ._permit import Permit, PerProcess
 from ._policy import ClassLimits
 from ._redis import RedisLimiter
 
@@ -76,8 +76,10 @@ class _Holding:
 
 
 _config: _Config | None = None
-_holders: dict[tuple[str, str], _Holding] = {}
-_lock = threading.Lock()
+# Per process, made on first use (after a fork, after gevent's monkey-patching): configure() may run in
+# gunicorn's master before either (--preload).
+_holders: PerProcess[dict[tuple[str, str], _Holding]] = PerProcess(dict)
+_lock: PerProcess[threading.Lock] = PerProcess(threading.Lock)
 
 
 def configure(
@@ -89,23 +91,39 @@ def configure(
     max_limit: int = 0,
     error: Callable[[str], BaseException] | None = None,
     layout: str = "inflight",
+    dify_stale_after: float = _dify_layout.STALE_AFTER,
+    key_prefix: str | None = None,
 ) -> RedisLimiter:
     """Sets the Redis client and settings every :class:`RateLimit` uses; returns the limiter (for
-    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter).
+    ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter). Safe before or
+    after gevent's monkey-patching and before a fork (gunicorn ``--preload``): locks and the renewal thread
+    are made in each process when first used.
 
     ``layout="dify"`` counts in Dify's own keys, shared with Dify workers not yet patched (a migration:
-    docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``)."""
+    docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``). There,
+    ``dify_stale_after`` is the age at which Dify's workers evict an entry (600 s in Dify; held entries are
+    refreshed within a third of it whatever the lease), and ``key_prefix`` is Dify's ``REDIS_KEY_PREFIX``
+    (``None``: read from the environment as Dify reads it), which Dify puts on the app's limit key."""
     global _config
     _input.limit(max_limit, "max_limit")
     if key_format is None:
         key_format = "{}" if layout == "dify" else "app:{}"
-    limiter = RedisLimiter(redis_client, lease=lease, prefix=prefix, layout=layout)
-    with _lock:
+    if key_prefix is None:
+        key_prefix = _dify_layout.key_prefix_from_env()
+    limiter = RedisLimiter(
+        redis_client,
+        lease=lease,
+        prefix=prefix,
+        layout=layout,
+        dify_stale_after=dify_stale_after,
+        dify_key_prefix=key_prefix,
+    )
+    with _lock.get():
         previous, _config = (
             _config,
             _Config(limiter, key_format, max_limit, error or AppInvokeQuotaExceededError),
         )
-        _holders.clear()
+        _holders.get().clear()
     if previous is not None:
         previous.limiter.close()
     return limiter
@@ -125,25 +143,29 @@ class RateLimit:
 
     _UNLIMITED_REQUEST_ID = "unlimited_request_id"
     _instance_dict: dict[str, RateLimit] = {}
-    _instance_lock = threading.Lock()
+    _instance_lock: PerProcess[threading.Lock] = PerProcess(threading.Lock)
 
     client_id: str
     max_active_requests: int
 
     def __new__(cls, client_id: str, max_active_requests: int) -> RateLimit:
-        with cls._instance_lock:
+        with cls._instance_lock.get():
             if client_id not in cls._instance_dict:
                 cls._instance_dict[client_id] = super().__new__(cls)
             return cls._instance_dict[client_id]
 
     def __init__(self, client_id: str, max_active_requests: int) -> None:
+        changed = hasattr(self, "initialized") and self.max_active_requests != max_active_requests
         self.max_active_requests = max_active_requests
         self.client_id = client_id
+        if changed:  # the app's limit changed in Dify: as Dify's class, write it where every worker reads it
+            self.flush_cache(use_local_value=True)
         if self.disabled():
             return
         if hasattr(self, "initialized"):
             return
         self.initialized = True
+        self.flush_cache(use_local_value=True)
 
     @property
     def key(self) -> str:
@@ -151,8 +173,28 @@ class RateLimit:
         return _configured().key_format.format(self.client_id)
 
     def flush_cache(self, use_local_value: bool = False) -> None:
-        """Kept for compatibility: inflight reads the limit and the count in the same atomic step as the
-        admission, so there is no cache to flush."""
+        """In inflight's layout, nothing: the admission reads the limit and the count in one atomic step.
+
+        Under ``layout="dify"``, what Dify's own class does with the app's limit key
+        (``dify:rate_limit:{app}:max_active_requests``, with ``REDIS_KEY_PREFIX``), so that a limit changed
+        on a patched worker applies to every worker, patched or not, at its next admission:
+        ``use_local_value=True`` writes this instance's ``max_active_requests`` there for a day (SETEX);
+        otherwise the value there, if any, becomes this instance's (and its day starts again), else this
+        instance's is written. (The constructor does the first when an app is first seen or its limit
+        changes, as Dify's does.)"""
+        config = _config
+        if config is None or config.limiter.layout != "dify":
+            return
+        client = config.limiter._redis
+        key = config.key_format.format(self.client_id)
+        name = _dify_layout.limit_key(key, config.limiter.dify_key_prefix)
+        if not use_local_value:
+            value = client.get(name)
+            if value is not None:
+                self.max_active_requests = int(value)
+                client.expire(name, _dify_layout.LIMIT_TTL)
+                return
+        client.set(name, self.max_active_requests, ex=_dify_layout.LIMIT_TTL)  # Dify: SETEX
 
     def enter(self, request_id: str | None = None) -> str:
         """Takes a slot for ``request_id`` (a new UUID when none); raises the configured error at the
@@ -163,8 +205,8 @@ class RateLimit:
             request_id = RateLimit.gen_request_key()
         config = _configured()
         key = config.key_format.format(self.client_id)
-        with _lock:
-            holding = _holders.get((key, request_id))
+        with _lock.get():
+            holding = _holders.get().get((key, request_id))
             if holding is not None and holding.permit.held:
                 holding.count += 1
                 return request_id
@@ -178,15 +220,22 @@ class RateLimit:
                 f"for {self.client_id} is {limit}."
             ) from None
         duplicate = False
-        with _lock:
-            holding = _holders.get((key, request_id))
-            if holding is not None and holding.permit.held:
-                # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit
-                # (releasing the other only counts it out of the limiter: the first still holds the id).
-                holding.count += 1
-                duplicate = True
-            elif permit.held:
-                _holders[(key, request_id)] = _Holding(permit, 1)
+        try:
+            holders = _holders.get()
+            with _lock.get():
+                holding = holders.get((key, request_id))
+                if holding is not None and holding.permit.held:
+                    # Entered meanwhile by another thread: the same id, one slot in Redis; keep one permit
+                    # (releasing the other only counts it out of the limiter: the first still holds the id).
+                    holding.count += 1
+                    duplicate = True
+                elif permit.held:
+                    holders[(key, request_id)] = _Holding(permit, 1)
+        except BaseException:
+            # Redis admitted: no error leaves the slot taken (Dify answers the request with an error, and
+            # nothing would ever exit this id).
+            permit.release()
+            raise
         if duplicate:
             permit.release()
         return request_id
@@ -201,13 +250,14 @@ class RateLimit:
             return
         config = _configured()
         key = config.key_format.format(self.client_id)
-        with _lock:
-            holding = _holders.get((key, request_id))
+        holders = _holders.get()
+        with _lock.get():
+            holding = holders.get((key, request_id))
             if holding is not None:
                 holding.count -= 1
                 if holding.count > 0:
                     return
-                del _holders[(key, request_id)]
+                del holders[(key, request_id)]
         if holding is None:
             if now:
                 config.limiter.release(key, request_id)

@@ -1,0 +1,123 @@
+"""The drop-in under ``layout="dify"`` as Dify really runs: limits changed on a patched worker, long leases
+against Dify's eviction, and ``REDIS_KEY_PREFIX``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from inflight_client import RedisLimiter, dify
+from inflight_client.dify import AppInvokeQuotaExceededError, RateLimit
+
+APP = "9b2f4c1e-0d3a-4e5f-8a6b-7c8d9e0f1a2b"
+HASH = f"dify:rate_limit:{APP}:active_requests"
+LIMIT = f"dify:rate_limit:{APP}:max_active_requests"
+
+
+@pytest.fixture
+def limiter(r: redis.Redis) -> Iterator[RedisLimiter]:
+    yield dify.configure(r, layout="dify", key_prefix="")
+    dify.configure(r)  # closes it
+
+
+def admitted(rate_limit: RateLimit, at_most: int) -> list[str]:
+    ids: list[str] = []
+    for _ in range(at_most):
+        try:
+            ids.append(rate_limit.enter())
+        except AppInvokeQuotaExceededError:
+            break
+    return ids
+
+
+def test_a_limit_changed_on_a_patched_worker_applies(limiter: RedisLimiter, r: redis.Redis) -> None:
+    r.set(LIMIT, 8, ex=86400)  # written by unpatched workers
+    assert len(admitted(RateLimit(APP, 3), 10)) == 3  # down: the new limit, not the cached 8
+    assert r.get(LIMIT) == b"3"  # where Dify's workers read it, with Dify's day
+    assert 86000 < r.ttl(LIMIT) <= 86400
+    assert len(admitted(RateLimit(APP, 6), 10)) == 3  # up: 6 in all
+    assert r.get(LIMIT) == b"6"
+    assert r.hlen(HASH) == 6
+    rate_limit = RateLimit(APP, 6)
+    rate_limit.flush_cache(use_local_value=True)  # AppService.update_app's call
+    r.set(LIMIT, 7, ex=86400)  # and an unpatched worker's change applies to the patched ones
+    assert len(admitted(rate_limit, 10)) == 1
+
+
+def test_flush_cache_reads_the_limit_as_difys_does(limiter: RedisLimiter, r: redis.Redis) -> None:
+    rate_limit = RateLimit(APP, 2)
+    r.set(LIMIT, 5)
+    rate_limit.flush_cache()
+    assert rate_limit.max_active_requests == 5
+    assert 86000 < r.ttl(LIMIT) <= 86400
+
+
+def dify_flush(r: redis.Redis, hash_name: str, stale_after: float) -> None:
+    """Dify's eviction in its flush: entries older than the stale age go (the Redis clock here)."""
+    seconds, micros = r.time()
+    now = seconds + micros / 1e6
+    for request_id, at in r.hgetall(hash_name).items():
+        if now - float(at) > stale_after:
+            r.hdel(hash_name, request_id)
+
+
+def test_a_long_lease_keeps_its_entry_inside_difys_eviction_age(r: redis.Redis) -> None:
+    dify.configure(r, layout="dify", lease=1800.0, dify_stale_after=0.9, key_prefix="")
+    try:
+        rate_limit = RateLimit(APP, 2)
+        request_id = rate_limit.enter()
+        first = float(r.hget(HASH, request_id) or 0)
+        # Past the stale age: the renewals (every 0.3 s here, not every 600 s) have refreshed the entry.
+        while float(".".join(str(x) for x in r.time())) < first + 1.2:
+            time.sleep(0.05)
+        dify_flush(r, HASH, 0.9)
+        assert r.hexists(HASH, request_id)
+        rate_limit.exit(request_id)
+    finally:
+        dify.configure(r)
+
+
+class PrefixedDifyWorker:
+    """Dify's newest RateLimit with REDIS_KEY_PREFIX, as it reaches Redis: the limit key through the
+    wrapper's named methods (prefixed), the admitting script through register_script on the raw client
+    (its KEYS unprefixed), the exit's HDEL through the wrapper (prefixed)."""
+
+    SCRIPT = """
+    if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return nil end
+    return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    """
+
+    def __init__(self, r: redis.Redis, prefix: str, client_id: str, limit: int) -> None:
+        self.r, self.prefix, self.limit = r, prefix, limit
+        self.hash_name = f"dify:rate_limit:{client_id}:active_requests"
+        r.set(f"{prefix}:dify:rate_limit:{client_id}:max_active_requests", limit, ex=86400)
+        self.admit = r.register_script(self.SCRIPT)
+
+    def enter(self) -> str | None:
+        request_id = str(uuid.uuid4())
+        ok = self.admit(keys=[self.hash_name], args=[request_id, str(time.time()), self.limit])
+        return request_id if ok is not None else None
+
+
+def test_with_a_key_prefix_the_drop_in_and_difys_workers_count_in_one_hash(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_KEY_PREFIX", " tenant-a ")  # read and stripped as Dify does
+    limiter = dify.configure(r, layout="dify")
+    try:
+        worker = PrefixedDifyWorker(r, "tenant-a", APP, 4)
+        assert worker.enter() and worker.enter()
+        rate_limit = RateLimit(APP, 4)
+        assert r.get(f"tenant-a:{LIMIT}") == b"4" and r.get(LIMIT) is None
+        assert len(admitted(rate_limit, 10)) == 2  # Dify's two entries counted
+        assert worker.enter() is None  # and the drop-in's counted by Dify's script
+        assert r.hlen(HASH) == 4
+        assert limiter.status(APP).limit == 4
+        r.set(f"tenant-a:{LIMIT}", 5, ex=86400)  # a limit set by a prefixed Dify worker applies
+        assert len(admitted(rate_limit, 10)) == 1
+    finally:
+        dify.configure(r)
