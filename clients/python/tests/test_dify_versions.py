@@ -164,3 +164,17 @@ def test_processes_of_the_older_dify_go_past_the_limit_by_at_most_their_race(
     assert result["max_overlap"] <= LIMIT - 1 + len(kinds)
     assert min(result["admitted"].values()) > 0 and sum(result["refused"].values()) > 0
     assert r.hlen(active_key(APP)) == 0
+
+
+@pytest.mark.parametrize("version", [OlderDify, NewestDify])
+def test_difys_enter_refuses_a_held_id_again_when_the_app_is_full(
+    r: redis.Redis, version: type[OlderDify]
+) -> None:
+    # Dify's rate_limit_context enters the request's id a second time; both versions count before they
+    # write, so the request holding the last slot is refused its own second enter (the drop-in admits
+    # it: test_dify_suite.py::test_reentering_a_held_id_at_the_limit_is_admitted).
+    dify_worker = version(r, APP, 1)
+    request_id = dify_worker.enter()
+    with pytest.raises(Refused):
+        dify_worker.enter(request_id)
+    assert r.hlen(active_key(APP)) == 1
