@@ -1,11 +1,14 @@
 """Admission latency over HTTP while clients list the busy keys (issue 32), against a running `inflight serve`.
 
     python3 scripts/bench/listing.py URL [--busy 5000] [--admitters 8] [--listers 64] [--duration 5]
+                                         [--no-backoff]
 
 Holds one permit on each of --busy keys (a lease of ten minutes), then runs --admitters connections that
 acquire and release a permit on keys of their own as fast as they can, timing each acquire: once alone
 (idle), once beside --listers connections that ask `GET /v1/keys?limit=1000` as fast as they can, each
-answer read whole (a refusal too: `429 too_many_listings`, asked again at once). The listers run in a
+answer read whole; a lister refused (`429 too_many_listings`) waits the answer's `Retry-After`, as a client
+should, or with --no-backoff asks again at once (then 64 clients asking in a loop load the server whatever
+they ask, and that is measured too). The listers run in a
 process of their own, so that reading their answers does not delay this one's timing. One JSON line per
 phase on stdout. Plain HTTP/1.1 over kept-alive connections, standard library only.
 """
@@ -24,8 +27,8 @@ async def connect(url):
     return await asyncio.open_connection(u.hostname, u.port)
 
 
-async def call(conn, method, path, body=b""):
-    """One request on a kept-alive connection: (status, body)."""
+async def call(conn, method, path, body=b"", headers=None):
+    """One request on a kept-alive connection: (status, body); the answer's headers go in `headers`."""
     reader, writer = conn
     head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
     if body:
@@ -38,8 +41,11 @@ async def call(conn, method, path, body=b""):
         if line in (b"\r\n", b""):
             break
         name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value.strip())
+        name, value = name.strip().lower(), value.strip()
+        if name == "content-length":
+            length = int(value)
+        if headers is not None:
+            headers[name] = value
     data = await reader.readexactly(length) if length else b""
     return int(status_line.split()[1]), data
 
@@ -81,15 +87,17 @@ async def admit(url, admitters, duration):
     return latencies
 
 
-def list_forever(url, listers, counts):
+def list_forever(url, listers, counts, backoff):
     """The listers' process: `listers` connections listing until killed; counts[0] answers 200,
     counts[1] answers 429, counts[2] the listings' summed ms (200 only)."""
 
     async def one():
         conn = await connect(url)
         while True:
-            started = time.perf_counter()
-            status, _ = await call(conn, "GET", "/v1/keys?limit=1000")
+            started, headers = time.perf_counter(), {}
+            status, _ = await call(conn, "GET", "/v1/keys?limit=1000", headers=headers)
+            if status == 429 and backoff:
+                await asyncio.sleep(float(headers.get("retry-after", 1)))
             with counts.get_lock():
                 if status == 200:
                     counts[0] += 1
@@ -118,6 +126,7 @@ def main():
     ap.add_argument("--listers", type=int, default=64)
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--label", default="")
+    ap.add_argument("--no-backoff", action="store_true", help="listers refused ask again at once")
     args = ap.parse_args()
     asyncio.run(fill(args.url, args.busy))
 
@@ -129,7 +138,7 @@ def main():
 
     report("idle", asyncio.run(admit(args.url, args.admitters, args.duration)))
     counts = multiprocessing.Array("d", 3)
-    listers = multiprocessing.Process(target=list_forever, args=(args.url, args.listers, counts), daemon=True)
+    listers = multiprocessing.Process(target=list_forever, args=(args.url, args.listers, counts, not args.no_backoff), daemon=True)
     listers.start()
     time.sleep(1.0)  # every lister connected and asking
     with counts.get_lock():
@@ -140,7 +149,7 @@ def main():
     listers.terminate()
     listers.join()
     ok, refused = after[0] - before[0], after[1] - before[1]
-    report("listers", latencies, listers=args.listers,
+    report("listers", latencies, listers=args.listers, backoff=not args.no_backoff,
            listings_per_s=round(ok / args.duration, 1), refused_per_s=round(refused / args.duration, 1),
            listing_mean_ms=round((after[2] - before[2]) / ok, 2) if ok else None)
 

@@ -5,6 +5,7 @@
 #   scripts/bench/listing.sh                         # builds the release binary and uses it
 #   scripts/bench/listing.sh path/to/inflight        # another build (e.g. an older one, for before/after)
 #   BUSY=5000 LISTERS=64 ADMITTERS=8 DURATION=5 scripts/bench/listing.sh
+#   NO_BACKOFF=1 scripts/bench/listing.sh           # refused listers ask again at once (no Retry-After)
 #
 # The server has two workers (one per core here) and one permit held on each of $BUSY keys; see
 # scripts/bench/listing.py for the load. Everything listens on 127.0.0.1 only.
@@ -42,7 +43,7 @@ for store in memory:// "redis://127.0.0.1:$redis_port"; do
   pids+=($server)
   wait_port "$api"
   python3 scripts/bench/listing.py "http://127.0.0.1:$api" --label "${store%%:*}" \
-    --busy "${BUSY:-5000}" --listers "${LISTERS:-64}" --admitters "${ADMITTERS:-8}" --duration "${DURATION:-5}"
+    --busy "${BUSY:-5000}" --listers "${LISTERS:-64}" --admitters "${ADMITTERS:-8}" --duration "${DURATION:-5}" ${NO_BACKOFF:+--no-backoff}
   kill "$server"
   wait "$server" 2>/dev/null || true
 done
