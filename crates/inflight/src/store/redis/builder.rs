@@ -144,6 +144,7 @@ impl RedisStoreBuilder {
             target: Arc::from(target),
             wakes,
             clock_offset_ms,
+            listing_lane: Arc::default(),
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct RedisStore {
     pub(super) wakes: Arc<Wakes>,
     /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
     pub(super) clock_offset_ms: Arc<AtomicI64>,
+    /// Taken by a listing of busy keys for each page (`listing.rs`): one page out at a time on this
+    /// handle's connection, whatever the listings in progress.
+    pub(super) listing_lane: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl RedisStore {
