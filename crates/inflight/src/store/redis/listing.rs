@@ -2,8 +2,8 @@
 //! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`] in all.
 //! On a cluster, one scan per primary (found with `CLUSTER SLOTS`, each reached through a slot it
 //! serves), and each page's counts read slot by slot. Pages are small and go one at a time in a
-//! [`ListingLane`](super::ListingLane), however many listings are in progress: Redis runs one command at a time, and an
-//! admission behind a listing's page waits for it.
+//! [`ListingLane`](super::ListingLane), paced, however many listings are in progress: Redis runs one
+//! command at a time, and an admission behind a listing's page waits for it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,7 +39,7 @@ impl BusyKeys for RedisStore {
         for node in nodes {
             let mut cursor = 0u64;
             loop {
-                let lane = self.listing_lane.take_turn().await;
+                let turn = self.listing_lane.take_turn().await;
                 let (next, names) = self.scan_page(node, cursor, &pattern).await?;
                 // What Redis looked at: about COUNT names a call, whether they matched or not.
                 examined += SCAN_COUNT;
@@ -49,7 +49,7 @@ impl BusyKeys for RedisStore {
                     .filter(|key| key.starts_with(prefix))
                     .collect();
                 found.extend(self.counts(keys).await?);
-                drop(lane);
+                drop(turn);
                 cursor = next;
                 if cursor == 0 {
                     break;
