@@ -8,9 +8,9 @@ acquire and release a permit on keys of their own as fast as they can, timing ea
 (idle), once beside --listers connections that ask `GET /v1/keys?limit=1000` as fast as they can, each
 answer read whole; a lister refused (`429 too_many_listings`) waits the answer's `Retry-After`, as a client
 should, or with --no-backoff asks again at once (then 64 clients asking in a loop load the server whatever
-they ask, and that is measured too). The listers run in a
-process of their own, so that reading their answers does not delay this one's timing. One JSON line per
-phase on stdout. Plain HTTP/1.1 over kept-alive connections, standard library only.
+they ask, and that is measured too). The listers run in a process of their own, so that reading their
+answers does not delay this one's timing. One JSON line per phase on stdout (the idle one also has the
+median time of a listing alone). Plain HTTP/1.1 over kept-alive connections, standard library only.
 """
 
 import argparse
@@ -113,6 +113,19 @@ def list_forever(url, listers, counts, backoff):
     asyncio.run(all_of_them())
 
 
+async def list_alone(url, times=5):
+    """The median time of one listing with no other running, in ms."""
+    conn, took = await connect(url), []
+    for _ in range(times):
+        started = time.perf_counter()
+        status, _ = await call(conn, "GET", "/v1/keys?limit=1000")
+        took.append((time.perf_counter() - started) * 1000)
+        if status != 200:
+            raise SystemExit(f"listing: {status}")
+    conn[1].close()
+    return round(sorted(took)[len(took) // 2], 2)
+
+
 def pct(values, p):
     values = sorted(values)
     return round(values[min(int(len(values) * p), len(values) - 1)], 3) if values else None
@@ -136,7 +149,8 @@ def main():
         line.update(extra)
         print(json.dumps(line), flush=True)
 
-    report("idle", asyncio.run(admit(args.url, args.admitters, args.duration)))
+    alone = asyncio.run(list_alone(args.url))
+    report("idle", asyncio.run(admit(args.url, args.admitters, args.duration)), listing_alone_ms=alone)
     counts = multiprocessing.Array("d", 3)
     listers = multiprocessing.Process(target=list_forever, args=(args.url, args.listers, counts, not args.no_backoff), daemon=True)
     listers.start()
