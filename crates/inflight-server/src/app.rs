@@ -14,8 +14,10 @@ use inflight::{
 use crate::metrics::{AdmissionResult, Metrics};
 
 mod charge;
+mod listings;
 
 pub use charge::{quota_error, Charge};
+pub use listings::{ListingPlace, Listings, MAX_LISTINGS};
 
 /// The state of one worker of a server.
 pub struct App {
@@ -33,6 +35,8 @@ pub struct App {
     pub cut: tokio::sync::watch::Sender<bool>,
     /// The status page's board: its watchers, what it shows, the last minute of counts.
     pub status: Arc<crate::status::Board>,
+    /// The places of listings of busy keys in progress, shared by the process's workers.
+    pub listings: Listings,
 }
 
 impl App {

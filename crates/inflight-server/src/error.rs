@@ -19,6 +19,8 @@ pub struct ApiError {
     acquire: Option<AcquireError>,
     /// The key that refused the admission, when there was one to name.
     key: Option<String>,
+    /// Whole seconds for `Retry-After`, when the refusal says when to try again.
+    retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -30,6 +32,7 @@ impl ApiError {
             message: message.into(),
             acquire: None,
             key: None,
+            retry_after: None,
         }
     }
 
@@ -53,6 +56,18 @@ impl ApiError {
                 timeout.to_string(),
             ),
             None => Self::invalid_request(format!("Unreadable body: {error}")),
+        }
+    }
+
+    /// 429 `too_many_listings`, with `Retry-After: 1`: `max` listings of busy keys are in progress in
+    /// this process already.
+    pub fn too_many_listings(max: usize) -> Self {
+        let message = format!(
+            "{max} listings of busy keys are in progress on this server, the most at once: try again in a second."
+        );
+        Self {
+            retry_after: Some(1),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_listings", message)
         }
     }
 
@@ -87,6 +102,7 @@ impl From<AcquireError> for ApiError {
             message,
             acquire: Some(error),
             key: None,
+            retry_after: None,
         }
     }
 }
@@ -154,6 +170,11 @@ impl IntoResponse for ApiError {
                 "key": key,
             });
             *response.body_mut() = Full::new(Bytes::from(body.to_string()));
+        }
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, seconds.into());
         }
         response.map(Body::new)
     }

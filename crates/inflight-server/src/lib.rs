@@ -45,7 +45,8 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
 }
 
 /// What the apps of a server's workers share: the metrics, the limits (so that a reload reaches every
-/// worker), and where `fail_open_local` counts (one cap per process, not per worker).
+/// worker), where `fail_open_local` counts and the listings of busy keys in progress (one cap per process,
+/// not per worker).
 #[derive(Clone)]
 pub struct Shared {
     /// The server's metrics.
@@ -56,6 +57,8 @@ pub struct Shared {
     pub fallback: MemoryStore,
     /// How the workers' reservations have ended.
     pub quota_stats: Arc<QuotaStats>,
+    /// The places of listings of busy keys in progress ([`app::MAX_LISTINGS`]).
+    pub listings: app::Listings,
 }
 
 impl Shared {
@@ -69,6 +72,7 @@ impl Shared {
                 true => QuotaStats::with_balances(metrics::MAX_BALANCE_KEYS),
                 false => QuotaStats::default(),
             }),
+            listings: app::Listings::default(),
         })
     }
 }
@@ -108,5 +112,6 @@ pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<
         overrides_for_classes_only: settings.overrides_for_classes_only,
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
+        listings: shared.listings.clone(),
     }))
 }

@@ -1,6 +1,7 @@
 //! `inflight`: parses the settings, opens the store, and runs `serve` or `proxy`.
 
 use anyhow::Context;
+use inflight::store::ListingLane;
 use inflight::{AnyStore, MemoryStore, RedisStore, Store};
 use inflight_server::bench::BenchArgs;
 use inflight_server::config::{Cli, Command, Layered, Layout, LogFormat, ProxySettings};
@@ -176,22 +177,25 @@ fn reload_on_hangup(
 }
 
 /// What each worker opens its store with: a clone of the one embedded store (clones share it), or a
-/// Redis store of its own.
+/// Redis store of its own, its listings of busy keys taking turns with the other workers' (one page at
+/// a time in the process).
 fn stores(settings: &Settings) -> impl Fn() -> anyhow::Result<AnyStore> + Send + Sync + 'static {
     let memory = settings
         .store
         .starts_with("memory://")
         .then(|| MemoryStore::new().max_overrides(settings.max_overrides));
     let settings = settings.clone();
+    let lane = ListingLane::default();
     move || match &memory {
         Some(store) => Ok(AnyStore::from(store.clone())),
-        None => redis_store(&settings),
+        None => redis_store(&settings, lane.clone()),
     }
 }
 
 /// A worker's own Redis store (on the worker's runtime), in the key layout `--layout` names.
-fn redis_store(settings: &Settings) -> anyhow::Result<AnyStore> {
+fn redis_store(settings: &Settings, lane: ListingLane) -> anyhow::Result<AnyStore> {
     let builder = RedisStore::builder(settings.store.clone())
+        .listing_lane(lane)
         .prefix(settings.redis.redis_prefix.clone())
         .pipeline(settings.redis.redis_pipeline)
         .max_overrides(settings.max_overrides)

@@ -5,6 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
+use axum::Router;
 use common::{limits, start_api, Make};
 use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
@@ -163,6 +165,60 @@ async fn bad_listings_are_400_and_the_api_token_is_needed<M: Make>() {
         .await
         .unwrap();
     assert_eq!(fine.status(), StatusCode::OK);
+}
+
+/// `GET path` on `router` (a worker's routes, without a server): status, `Retry-After`, JSON body.
+async fn routed(router: &Router, path: &str) -> (u16, Option<String>, Value) {
+    let request = http::Request::get(path).body(Body::empty()).unwrap();
+    let response = tower_service::Service::call(&mut router.clone(), request)
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry = response.headers().get("retry-after");
+    let retry = retry.map(|value| value.to_str().unwrap().to_owned());
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (status, retry, serde_json::from_slice(&body).unwrap())
+}
+
+/// The cap on listings in progress is the process's, every worker's together: with its places held (as
+/// listings in progress hold them), a listing on any worker is `429 too_many_listings`; a place given
+/// back is the next listing's, which gives it back once answered.
+#[tokio::test]
+async fn listings_past_the_processs_cap_are_refused_until_a_place_is_given_back() {
+    let settings = limits(4, 0);
+    let shared = inflight_server::Shared::new(&settings).unwrap();
+    let store = inflight::MemoryStore::new();
+    // Two workers' routes over one store, sharing what a process's workers share.
+    let workers: Vec<Router> = (0..2)
+        .map(|_| {
+            let app = inflight_server::app(&settings, &shared, store.clone().into()).unwrap();
+            inflight_server::api::router(app)
+        })
+        .collect();
+    let max = inflight_server::app::MAX_LISTINGS;
+    let mut held: Vec<_> = (0..max)
+        .map(|_| shared.listings.try_enter().expect("a free place"))
+        .collect();
+    for worker in &workers {
+        let (status, retry, body) = routed(worker, "/v1/keys?limit=1000").await;
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(retry.as_deref(), Some("1"));
+        assert_eq!(body["code"], "too_many_listings");
+        assert_eq!(body["status"], 429);
+    }
+    let (status, _, _) = routed(&workers[0], "/v1/keys/app").await;
+    assert_eq!(status, 200, "other routes are not capped");
+
+    drop(held.pop());
+    for worker in &workers {
+        let (status, _, body) = routed(worker, "/v1/keys").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(shared.listings.free(), 1, "the listing gave its place back");
+    }
+    drop(held);
+    assert_eq!(shared.listings.free(), max);
 }
 
 per_store!(

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use inflight::{
@@ -247,4 +248,29 @@ async fn redis_stops_at_the_cap_on_names_examined() {
     let busy = limiter.busy("app:", 10).await.unwrap();
     assert!(busy.truncated, "the scan stopped before the end");
     assert!(busy.keys.len() <= 1);
+}
+
+/// A listing of many keys gives the runtime back between turns of cells, so that a single-threaded
+/// server's admissions go on meanwhile: polled by hand, it is pending several times before it answers.
+#[tokio::test]
+async fn memory_listing_yields_to_the_runtime_between_turns() {
+    let limiter = Limiter::builder(MemoryStore::new())
+        .policy(policy())
+        .build();
+    let mut held = Vec::new();
+    for n in 0..2_000 {
+        held.push(limiter.try_acquire(&format!("k{n}")).await.unwrap());
+    }
+    let mut listing = std::pin::pin!(limiter.busy("", 1000));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut pending = 0;
+    let busy = loop {
+        match listing.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(busy) => break busy.unwrap(),
+            std::task::Poll::Pending => pending += 1,
+        }
+    };
+    assert!(pending >= 4, "pending {pending} times");
+    assert_eq!(busy.keys.len(), 1000);
+    assert!(busy.truncated);
 }

@@ -1,10 +1,12 @@
 //! `GET /v1/keys?prefix=&limit=100`: the keys with permits in flight, busiest first (bounded work: see
-//! [`inflight::BusyKeys`]).
+//! [`inflight::BusyKeys`]), at most [`crate::app::MAX_LISTINGS`] at once in a process (one more is
+//! `429 too_many_listings`).
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inflight::Busiest;
 use serde::Serialize;
@@ -52,13 +54,17 @@ impl From<Busiest> for BusyJson {
     }
 }
 
-pub(super) async fn list(
-    State(app): State<Arc<App>>,
-    uri: Uri,
-) -> Result<Json<BusyJson>, ApiError> {
+/// Lists under a place of the process's cap, kept until the answer is written out.
+pub(super) async fn list(State(app): State<Arc<App>>, uri: Uri) -> Result<Response, ApiError> {
     let (prefix, limit) = listing(&uri)?;
+    let place = app
+        .listings
+        .try_enter()
+        .ok_or_else(|| ApiError::too_many_listings(app.listings.max()))?;
     let busy = app.limiter.busy(&prefix, limit).await?;
-    Ok(Json(busy.into()))
+    let answer = Json(BusyJson::from(busy)).into_response();
+    drop(place);
+    Ok(answer)
 }
 
 /// The `prefix` (default empty: every key) and `limit` (1 to [`inflight::store::MAX_BUSY`]) of a listing.

@@ -55,9 +55,14 @@ pub trait BusyKeys: Store {
 /// stopped early or more were found.
 pub(crate) fn busiest(mut found: Vec<BusyKey>, limit: usize, truncated: bool) -> BusyList {
     let limit = limit.min(MAX_BUSY);
-    found.sort_unstable_by(|a, b| b.in_flight.cmp(&a.in_flight).then(a.key.cmp(&b.key)));
+    let order = |a: &BusyKey, b: &BusyKey| b.in_flight.cmp(&a.in_flight).then(a.key.cmp(&b.key));
     let more = found.len() > limit;
+    // The first `limit` picked out in linear time: only they are sorted, not all that was found.
+    if more && limit > 0 {
+        found.select_nth_unstable_by(limit - 1, order);
+    }
     found.truncate(limit);
+    found.sort_unstable_by(order);
     BusyList {
         keys: found,
         truncated: truncated || more,
@@ -87,5 +92,19 @@ mod tests {
         assert_eq!(all.keys.len(), 4);
         assert!(!all.truncated);
         assert!(busiest(Vec::new(), 10, true).truncated);
+    }
+
+    #[test]
+    fn the_first_ones_picked_out_are_those_a_full_sort_puts_first() {
+        let found: Vec<BusyKey> = (0..200u32)
+            .map(|n| busy(&format!("k{}", n * 7919 % 200), n * 31 % 13 + 1))
+            .collect();
+        let mut sorted = found.clone();
+        sorted.sort_by(|a, b| b.in_flight.cmp(&a.in_flight).then(a.key.cmp(&b.key)));
+        for limit in [0, 1, 2, 13, 199, 200, 500] {
+            let list = busiest(found.clone(), limit, false);
+            assert_eq!(list.keys[..], sorted[..limit.min(200)], "limit {limit}");
+            assert_eq!(list.truncated, limit < 200, "limit {limit}");
+        }
     }
 }

@@ -14,7 +14,9 @@ mod redis;
 pub(crate) mod wake;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{DifyStore, DifyStoreBuilder, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX};
+pub use self::redis::{
+    DifyStore, DifyStoreBuilder, ListingLane, RedisStore, RedisStoreBuilder, DEFAULT_PREFIX,
+};
 pub use any::AnyStore;
 pub use busy::{BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_BUSY, MAX_EXAMINED};
 pub use contract::{

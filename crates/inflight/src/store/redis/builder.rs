@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::batch::{Batcher, Durability};
 use super::connect::{Conn, ConnOptions};
 use super::keeper::{self, Metered};
+use super::lane::ListingLane;
 use super::naming::KeyNames;
 use super::overrides::{Names, View};
 use super::store::RedisStore;
@@ -26,6 +27,7 @@ pub struct RedisStoreBuilder {
     pipeline: usize,
     max_overrides: usize,
     wait: Option<Durability>,
+    listing_lane: ListingLane,
 }
 
 impl RedisStore {
@@ -37,6 +39,7 @@ impl RedisStore {
             pipeline: 3,
             max_overrides: 0,
             wait: None,
+            listing_lane: ListingLane::default(),
         }
     }
 
@@ -50,6 +53,15 @@ impl RedisStoreBuilder {
     /// The prefix of every Redis key (default `inflight:`): stores with different prefixes share nothing.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// The lane where this store's listings of busy keys take turns (default: a lane of its own): stores
+    /// built with clones of one lane send one page of a listing at a time among them, so that Redis,
+    /// which runs one command at a time, keeps their admissions waiting behind one short page at most
+    /// (a server gives its workers' stores one lane).
+    pub fn listing_lane(mut self, lane: ListingLane) -> Self {
+        self.listing_lane = lane;
         self
     }
 
@@ -144,6 +156,7 @@ impl RedisStoreBuilder {
             target: Arc::from(target),
             wakes,
             clock_offset_ms,
+            listing_lane: self.listing_lane,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! [`BusyKeys`] on Redis: `SCAN` over the lease sets under the prefix (`MATCH`, `COUNT` per call), each
 //! page's counts read by `busy.lua`, capped at [`MAX_EXAMINED`] names and [`BUSY_TIME_BUDGET`] in all.
 //! On a cluster, one scan per primary (found with `CLUSTER SLOTS`, each reached through a slot it
-//! serves), and each page's counts read slot by slot.
+//! serves), and each page's counts read slot by slot. Pages are small and go one at a time in a
+//! [`ListingLane`](super::ListingLane), paced, however many listings are in progress: Redis runs one
+//! command at a time, and an admission behind a listing's page waits for it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,8 +16,9 @@ use super::store::{number, RedisStore};
 use crate::error::StoreError;
 use crate::store::busy::{busiest, BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_EXAMINED};
 
-/// The `COUNT` of each `SCAN` call: names examined per round trip.
-const SCAN_COUNT: usize = 500;
+/// The `COUNT` of each `SCAN` call: names examined per round trip. Small, so that neither the `SCAN` nor
+/// the `busy.lua` call on its page (a few microseconds a key) keeps Redis from admissions for long.
+const SCAN_COUNT: usize = 100;
 
 impl BusyKeys for RedisStore {
     /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary).
@@ -36,6 +39,7 @@ impl BusyKeys for RedisStore {
         for node in nodes {
             let mut cursor = 0u64;
             loop {
+                let turn = self.listing_lane.take_turn().await;
                 let (next, names) = self.scan_page(node, cursor, &pattern).await?;
                 // What Redis looked at: about COUNT names a call, whether they matched or not.
                 examined += SCAN_COUNT;
@@ -45,6 +49,7 @@ impl BusyKeys for RedisStore {
                     .filter(|key| key.starts_with(prefix))
                     .collect();
                 found.extend(self.counts(keys).await?);
+                drop(turn);
                 cursor = next;
                 if cursor == 0 {
                     break;

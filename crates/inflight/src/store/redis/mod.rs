@@ -13,6 +13,7 @@ mod dify;
 mod error;
 mod index;
 mod keeper;
+mod lane;
 mod listing;
 mod naming;
 mod overrides;
@@ -24,4 +25,5 @@ mod wakeups;
 
 pub use self::builder::{RedisStoreBuilder, DEFAULT_PREFIX};
 pub use self::dify::{DifyStore, DifyStoreBuilder};
+pub use self::lane::ListingLane;
 pub use self::store::RedisStore;

@@ -8,6 +8,7 @@ use super::batch::{Batcher, Op, Reply};
 use super::connect::Conn;
 use super::error::{invoke, retried};
 use super::keeper::Metered;
+use super::lane::ListingLane;
 use super::naming::{KeyNames, Member};
 use super::overrides::{Names, View};
 use super::scripts;
@@ -54,6 +55,8 @@ pub struct RedisStore {
     pub(super) wakes: Arc<Wakes>,
     /// Added to Redis `TIME` by every script; moved only by tests (`advance_clock`).
     pub(super) clock_offset_ms: Arc<AtomicI64>,
+    /// Taken by a listing of busy keys for each page (`listing.rs`).
+    pub(super) listing_lane: ListingLane,
 }
 
 impl RedisStore {
