@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -125,5 +126,37 @@ def test_with_a_key_prefix_the_drop_in_and_difys_workers_count_in_one_hash(
         assert limiter.status(APP).limit == 4
         r.set(f"tenant-a:{LIMIT}", 5, ex=86400)  # a limit set by a prefixed Dify worker applies
         assert len(admitted(rate_limit, 10)) == 1
+    finally:
+        dify.configure(r)
+
+
+class PrefixingClient:
+    """Dify's ``redis_client`` with ``REDIS_KEY_PREFIX`` set, in its behaviour: the names given to its named
+    methods get ``<prefix>:`` before them; everything else (``eval``, ``evalsha``, ``register_script``,
+    ``pipeline``) reaches the client as it is."""
+
+    NAMED = ("get", "set", "setex", "exists", "expire", "delete", "hset", "hgetall", "hdel", "hlen", "ttl")
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self._client, self._prefix = client, prefix
+
+    def __getattr__(self, item: str) -> Any:
+        method = getattr(self._client, item)
+        if item not in self.NAMED:
+            return method
+        return lambda name, *args, **kwargs: method(f"{self._prefix}:{name}", *args, **kwargs)
+
+
+def test_through_difys_prefixing_client_the_limit_key_is_prefixed_once(r: redis.Redis) -> None:
+    client = PrefixingClient(r, "tenant-a")
+    dify.configure(client, layout="dify", key_prefix="tenant-a")  # type: ignore[arg-type]
+    try:
+        rate_limit = RateLimit(APP, 4)
+        assert r.get(f"tenant-a:{LIMIT}") == b"4"
+        assert r.keys("tenant-a:tenant-a:*") == []
+        r.set(f"tenant-a:{LIMIT}", 2, ex=100)
+        rate_limit.flush_cache()  # reads it, and gives it back its day
+        assert rate_limit.max_active_requests == 2 and r.ttl(f"tenant-a:{LIMIT}") > 86000
+        assert len(admitted(rate_limit, 5)) == 2
     finally:
         dify.configure(r)

@@ -12,7 +12,7 @@ same_instance_for_same_client_id, different_instances_...,  test_dify.py::TestRa
 initialize_with_valid_parameters, skip_initialization_if_
 disabled, disabled_when_max_requests_is_zero_or_negative
 skip_reinitialization_of_existing_instance                 test_constructing_again_keeps_what_is_held
-set_redis_keys_on_first_flush                              test_constructing_writes_nothing (see below)
+set_redis_keys_on_first_flush                              test_constructing_writes_the_limit_only_in_difys_layout
 sync_max_requests_from_redis_on_subsequent_flush           test_a_limit_stored_in_redis_applies
 clean_timeout_requests_from_active_list                    test_stale_entries_stop_counting
 flush_cache_when_interval_exceeded,                        test_a_changed_limit_applies_at_the_next_enter
@@ -35,9 +35,9 @@ TestRateLimitConcurrency (3 tests)                         test_dify.py::TestRat
 Left out, as they check how Dify talks to Redis rather than what it does: which call was made and with
 which arguments (``setex``/``hset``/``hdel`` ``assert_called_*``, the request id among the script's
 ``args``, ``flush_cache`` called by ``enter`` after 5 minutes). The drop-in makes none of these calls: it
-runs inflight's scripts, reads the limit in the same step as each admission, and has no interval. Its
-``flush_cache`` is a no-op, kept for Dify's callers. So ``set_redis_keys_on_first_flush`` becomes its
-opposite: the drop-in writes no limit key (on Dify's layout the app's limit key stays Dify's to write).
+runs inflight's scripts, reads the limit in the same step as each admission, and has no interval. In its
+own layout ``flush_cache`` does nothing and no limit key is written; on Dify's layout, constructing and
+``flush_cache`` write and read Dify's limit key as Dify's class does (``set_redis_keys_on_first_flush``).
 """
 
 from __future__ import annotations
@@ -112,18 +112,24 @@ def test_constructing_again_keeps_what_is_held(configured: RedisLimiter) -> None
     assert held(configured) == 0
 
 
-def test_constructing_writes_nothing(configured: RedisLimiter, r: redis.Redis) -> None:
+def test_constructing_writes_the_limit_only_in_difys_layout(
+    configured: RedisLimiter, r: redis.Redis, layout: str
+) -> None:
     RateLimit(APP, 5)
-    RateLimit(APP, 0)
-    assert r.dbsize() == 0
+    if layout == "dify":  # where Dify's workers read it, for a day, as Dify's constructor writes it
+        assert r.keys("*") == [f"dify:rate_limit:{APP}:max_active_requests".encode()]
+        assert r.get(f"dify:rate_limit:{APP}:max_active_requests") == b"5"
+    else:
+        RateLimit(APP, 0)
+        assert r.dbsize() == 0
 
 
 def test_a_limit_stored_in_redis_applies(configured: RedisLimiter, r: redis.Redis, layout: str) -> None:
-    if layout == "dify":
-        r.set(f"dify:rate_limit:{APP}:max_active_requests", 1, ex=86400)  # as a Dify worker writes it
-    else:
-        configured.set_limit(RateLimit(APP, 1).key, 1)  # an override set through inflight
     rate_limit = RateLimit(APP, 5)
+    if layout == "dify":
+        r.set(f"dify:rate_limit:{APP}:max_active_requests", 1, ex=86400)  # as another Dify worker writes it
+    else:
+        configured.set_limit(rate_limit.key, 1)  # an override set through inflight
     request_id = rate_limit.enter()
     with pytest.raises(AppInvokeQuotaExceededError, match="is 1"):
         rate_limit.enter()

@@ -86,8 +86,8 @@ def test_the_newest_dify_rereads_the_limit_only_every_five_minutes(
     now = [time.time()]
     newest = NewestDify(r, APP, 3, clock=lambda: now[0])
     assert int(r.get(limit_key(APP)) or 0) == 3
+    patched = dify.RateLimit(APP, 3)  # (its construction writes 3, as Dify's does)
     drop_in.set_limit(APP, 1)  # a limit set through inflight: Dify's limit key
-    patched = dify.RateLimit(APP, 3)
     patched_id = patched.enter()
     with pytest.raises(dify.AppInvokeQuotaExceededError, match="is 1"):
         patched.enter()  # the drop-in applies it at once

@@ -135,6 +135,21 @@ def _configured() -> _Config:
     return _config
 
 
+# Dify's flush of an app's limit key (KEYS[1]): 'read' takes the value found there and gives it another
+# day, or, as 'write' does, writes ARGV[1] for a day (ARGV[3] s); answers the value in force.
+_FLUSH = """
+if ARGV[2] == 'read' then
+  local found = redis.call('GET', KEYS[1])
+  if found then
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    return found
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return ARGV[1]
+"""
+
+
 class RateLimit:
     """Dify's per-app limit of active requests: ``enter`` takes a slot, ``exit`` gives it back, ``generate``
     wraps a streamed answer so that its end gives it back. One instance per ``client_id`` (as Dify's); the
@@ -185,16 +200,14 @@ class RateLimit:
         config = _config
         if config is None or config.limiter.layout != "dify":
             return
-        client = config.limiter._redis
         key = config.key_format.format(self.client_id)
         name = _dify_layout.limit_key(key, config.limiter.dify_key_prefix)
-        if not use_local_value:
-            value = client.get(name)
-            if value is not None:
-                self.max_active_requests = int(value)
-                client.expire(name, _dify_layout.LIMIT_TTL)
-                return
-        client.set(name, self.max_active_requests, ex=_dify_layout.LIMIT_TTL)  # Dify: SETEX
+        # A script, not GET/SET: Dify's client would put its prefix before a name given to those a second
+        # time, but leaves a script's keys as they are (as it does the admissions').
+        mode = "write" if use_local_value else "read"
+        ttl = _dify_layout.LIMIT_TTL
+        value = config.limiter._redis.eval(_FLUSH, 1, name, self.max_active_requests, mode, ttl)
+        self.max_active_requests = int(value)
 
     def enter(self, request_id: str | None = None) -> str:
         """Takes a slot for ``request_id`` (a new UUID when none); raises the configured error at the
