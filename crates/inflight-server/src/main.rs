@@ -213,6 +213,7 @@ fn redis_store(settings: &Settings, lane: ListingLane) -> anyhow::Result<AnyStor
         Layout::Dify => builder
             .dify()
             .stale_after(settings.redis.dify_stale_after)
+            .key_prefix(settings.redis.redis_key_prefix.clone())
             .open()
             .map(AnyStore::from),
     };

@@ -136,3 +136,58 @@ async fn layout_dify_shares_one_cap_with_difys_workers_over_http() {
         .unwrap();
     assert!(heavy.status().is_client_error(), "{}", heavy.status());
 }
+
+/// With Dify's `REDIS_KEY_PREFIX` (read from Dify's variable, surrounding spaces dropped), `--layout dify`
+/// reads and writes the app's limit where Dify's `redis_client` puts it, `<prefix>:dify:...`, and counts
+/// in the hash Dify's admission script names, which has no prefix.
+#[tokio::test]
+async fn layout_dify_applies_difys_key_prefix_as_dify_does() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let (_server, started) = Running::start_with_env(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            &url,
+            "--layout",
+            "dify",
+            "--default-limit",
+            "3",
+        ],
+        &[("REDIS_KEY_PREFIX", " tenant-a ")],
+    );
+    let base = format!("http://{}", listen_of(&started));
+    let client = reqwest::Client::new();
+    let mut conn = redis.client();
+    let limit_key = "tenant-a:dify:rate_limit:app-1:max_active_requests";
+    let _: () = conn.set_ex(limit_key, "1", 86_400).unwrap();
+    let acquire = || {
+        client
+            .post(format!("{base}/v1/keys/app-1/permits"))
+            .json(&json!({}))
+            .send()
+    };
+    let first: serde_json::Value = acquire().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        first["limit"], 1,
+        "the prefixed limit key is the app's: {first}"
+    );
+    assert_eq!(acquire().await.unwrap().status(), 429);
+    let len: usize = conn.hlen(HASH).unwrap();
+    assert_eq!(len, 1, "counted in the unprefixed hash");
+    let set = client
+        .put(format!("{base}/v1/keys/app-1/limit"))
+        .json(&json!({"limit": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    let written: String = conn.get(limit_key).unwrap();
+    assert_eq!(written, "4");
+    let unprefixed: Option<String> = conn
+        .get("dify:rate_limit:app-1:max_active_requests")
+        .unwrap();
+    assert_eq!(unprefixed, None);
+}

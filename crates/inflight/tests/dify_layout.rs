@@ -303,7 +303,11 @@ async fn a_lease_longer_than_difys_eviction_age_is_never_evicted_before_it_ends(
         assert!(evicted.is_empty(), "evicted at {minutes} min: {evicted:?}");
     }
     let evicted = dify_flush(&mut conn, now + 30.0 * 60.0 + 601.0);
-    assert_eq!(evicted, [permit.id().to_string()], "stale once the lease is long over");
+    assert_eq!(
+        evicted,
+        [permit.id().to_string()],
+        "stale once the lease is long over"
+    );
 }
 
 /// An admission keeps Dify's limit key alive as Dify's workers do when they flush (a day), so the

@@ -45,6 +45,15 @@ pub(super) fn layer<A: Serialize + DeserializeOwned>(
             }
         }
     }
+    // And Dify's REDIS_KEY_PREFIX for an unset --redis-key-prefix.
+    if !explicit.contains_key("redis_key_prefix") {
+        if let Ok(prefix) = std::env::var("REDIS_KEY_PREFIX") {
+            explicit.insert(
+                "redis_key_prefix".to_owned(),
+                prefix.trim().to_owned().into(),
+            );
+        }
+    }
     // So do Dify's REDIS_* variables for an unset store, below the file.
     let mut parsed = parsed;
     if !explicit.contains_key("store") {

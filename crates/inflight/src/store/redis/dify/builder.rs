@@ -15,6 +15,7 @@ use crate::store::redis::wakeups;
 pub struct DifyStoreBuilder {
     plain: RedisStoreBuilder,
     stale_after: Duration,
+    key_prefix: String,
 }
 
 impl RedisStoreBuilder {
@@ -24,6 +25,7 @@ impl RedisStoreBuilder {
         DifyStoreBuilder {
             plain: self,
             stale_after: Duration::from_secs(600),
+            key_prefix: String::new(),
         }
     }
 }
@@ -42,6 +44,15 @@ impl DifyStoreBuilder {
         self
     }
 
+    /// Dify's `REDIS_KEY_PREFIX` (none by default), applied as Dify's `redis_client` applies it: before
+    /// the names its named methods take (`<prefix>:<name>`), so the app's limit key is
+    /// `<prefix>:dify:rate_limit:K:max_active_requests`; not before a script's keys, so the hash its
+    /// admission script counts in keeps its name. Surrounding whitespace is dropped; empty: none.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into().trim().to_owned();
+        self
+    }
+
     /// Checks the URL and prepares the connection, as [`RedisStoreBuilder::open`] does; a Redis Cluster
     /// is refused (`store.rs` says why).
     pub fn open(self) -> Result<DifyStore, StoreError> {
@@ -57,6 +68,11 @@ impl DifyStoreBuilder {
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
             stale_ms: millis(self.stale_after),
+            limit_prefix: match self.key_prefix.as_str() {
+                "" => String::new(),
+                prefix => format!("{prefix}:"),
+            }
+            .into(),
         })
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Per app key `K` it shares Dify's hash `dify:rate_limit:K:active_requests` (request id -> epoch
 //! seconds; its length is the count, Dify's entries and inflight's together) and the string
-//! `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override); beside them,
+//! `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override; with Dify's
+//! `REDIS_KEY_PREFIX`, [`DifyStoreBuilder::key_prefix`](crate::DifyStoreBuilder::key_prefix), `<prefix>:dify:...`); beside them,
 //! inflight's leases of its own entries (`scripts/dify.lua` names every key). Against [`RedisStore`]:
 //!
 //! - Every permit weighs 1; a heavier one is [`StoreError::Unsupported`], and so is a key with `{` or `}`.
@@ -60,6 +61,8 @@ pub struct DifyStore {
     pub(crate) plain: RedisStore,
     /// How old a Dify worker's entry must be to be stale, ms.
     pub(super) stale_ms: u64,
+    /// Dify's `REDIS_KEY_PREFIX` and its colon, before the limit key's name ("" without one).
+    pub(super) limit_prefix: Arc<str>,
 }
 
 /// The channel a release on `key` is announced on (`dify.lua`).
@@ -97,7 +100,10 @@ impl DifyStore {
                 .key(&hash)
                 .key(format!("{{{hash}}}:leases"))
                 .key(format!("{{{hash}}}:lease_ms"))
-                .key(format!("dify:rate_limit:{key}:max_active_requests"));
+                .key(format!(
+                    "{}dify:rate_limit:{key}:max_active_requests",
+                    self.limit_prefix
+                ));
         }
         invocation
             .arg(op)
