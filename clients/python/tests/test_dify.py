@@ -93,6 +93,9 @@ class TestRateLimitEnterExit:
         assert "Too many requests" in str(exc_info.value)
         assert "test_client" in str(exc_info.value)
         assert "is 5." in str(exc_info.value)
+        # Without error=, the drop-in's own class: a TooManyRequests with the key's figures.
+        refused = exc_info.value
+        assert (refused.limit, refused.in_flight, refused.key) == (5, 5, "app:test_client")
 
     def test_should_allow_request_after_previous_exit(self, configured: RedisLimiter) -> None:
         rate_limit = RateLimit("test_client", 1)

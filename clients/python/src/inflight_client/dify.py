@@ -228,10 +228,13 @@ class RateLimit:
             permit = config.limiter._acquire((key,), request_id, 1, None, [limits])
         except TooManyRequests as refused:
             limit = refused.limit if refused.limit is not None else self.max_active_requests
-            raise config.error(
+            message = (
                 "Too many requests. Please try again later. The current maximum concurrent requests allowed "
                 f"for {self.client_id} is {limit}."
-            ) from None
+            )
+            if config.error is AppInvokeQuotaExceededError:  # ours carries the figures too
+                raise AppInvokeQuotaExceededError(message, limit, refused.in_flight, key) from None
+            raise config.error(message) from None
         duplicate = False
         try:
             holders = _holders.get()
