@@ -4,6 +4,7 @@ rate_limiting/test_rate_limit.py), ported from a mocked Redis to a real one and 
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from inflight_client import RedisLimiter, dify
+from inflight_client import RedisLimiter, StoreError, dify
 from inflight_client.dify import AppInvokeQuotaExceededError, RateLimit, RateLimitGenerator
 
 
@@ -351,3 +354,23 @@ def test_an_interrupt_while_waiting_for_the_admission_gives_the_slot_back(
         RateLimit("client-interrupted", 1).enter("request-1")
     monkeypatch.undo()
     assert active(configured, "client-interrupted") == 0
+
+
+def test_a_redis_outage_fails_closed_or_open_as_configured() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    no_retry = Retry(NoBackoff(), 0)
+    down = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2, retry=no_retry)
+    try:
+        dify.configure(down)
+        with pytest.raises(StoreError):
+            RateLimit("outage", 2).enter()
+        dify.configure(down, on_store_failure="fail_open")
+        request_id = RateLimit("outage", 2).enter()
+        assert request_id == RateLimit._UNLIMITED_REQUEST_ID
+        RateLimit("outage", 2).exit(request_id)  # nothing to give back, and no error
+        with pytest.raises(ValueError):
+            dify.configure(down, on_store_failure="shrug")
+    finally:
+        dify.configure(down).close()

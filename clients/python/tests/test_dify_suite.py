@@ -12,7 +12,7 @@ same_instance_for_same_client_id, different_instances_...,  test_dify.py::TestRa
 initialize_with_valid_parameters, skip_initialization_if_
 disabled, disabled_when_max_requests_is_zero_or_negative
 skip_reinitialization_of_existing_instance                 test_constructing_again_keeps_what_is_held
-set_redis_keys_on_first_flush                              test_constructing_writes_the_limit_only_in_difys_layout
+set_redis_keys_on_first_flush                              test_constructing_writes_only_difys_limit_key
 sync_max_requests_from_redis_on_subsequent_flush           test_a_limit_stored_in_redis_applies
 clean_timeout_requests_from_active_list                    test_stale_entries_stop_counting
 flush_cache_when_interval_exceeded,                        test_a_changed_limit_applies_at_the_next_enter
@@ -112,7 +112,7 @@ def test_constructing_again_keeps_what_is_held(configured: RedisLimiter) -> None
     assert held(configured) == 0
 
 
-def test_constructing_writes_the_limit_only_in_difys_layout(
+def test_constructing_writes_only_difys_limit_key(
     configured: RedisLimiter, r: redis.Redis, layout: str
 ) -> None:
     RateLimit(APP, 5)

@@ -22,6 +22,7 @@ default it is this module's :class:`AppInvokeQuotaExceededError`, a :class:`~inf
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 import redis
 
 from . import _dify_layout, _input
-from ._errors import TooManyRequests
+from ._errors import StoreError, TooManyRequests
 from ._permit import Permit, PerProcess
 from ._policy import ClassLimits
 from ._redis import RedisLimiter
@@ -67,6 +68,7 @@ class _Config:
     key_format: str
     max_limit: int
     error: Callable[[str], BaseException]
+    fail_open: bool
 
 
 @dataclass
@@ -93,6 +95,7 @@ def configure(
     layout: str = "inflight",
     dify_stale_after: float = _dify_layout.STALE_AFTER,
     key_prefix: str | None = None,
+    on_store_failure: str = "fail_closed",
 ) -> RedisLimiter:
     """Sets the Redis client and settings every :class:`RateLimit` uses; returns the limiter (for
     ``status``/``set_limit``). Called again, it replaces them (closing the previous limiter). Safe before or
@@ -103,9 +106,16 @@ def configure(
     docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``). There,
     ``dify_stale_after`` is the age at which Dify's workers evict an entry (600 s in Dify; held entries are
     refreshed within a third of it whatever the lease), and ``key_prefix`` is Dify's ``REDIS_KEY_PREFIX``
-    (``None``: read from the environment as Dify reads it), which Dify puts on the app's limit key."""
+    (``None``: read from the environment as Dify reads it), which Dify puts on the app's limit key.
+
+    ``on_store_failure`` is what ``enter`` does when Redis cannot be reached: ``"fail_closed"`` raises the
+    :class:`~inflight_client.StoreError` (Dify answers 500, as its own class does), ``"fail_open"`` admits
+    without a limit (``enter`` returns Dify's unlimited id, logged as a warning), as the server's
+    ``--on-store-failure`` does."""
     global _config
     _input.limit(max_limit, "max_limit")
+    if on_store_failure not in ("fail_closed", "fail_open"):
+        raise ValueError(f"on_store_failure must be 'fail_closed' or 'fail_open', not {on_store_failure!r}")
     if key_format is None:
         key_format = "{}" if layout == "dify" else "app:{}"
     if key_prefix is None:
@@ -121,7 +131,13 @@ def configure(
     with _lock.get():
         previous, _config = (
             _config,
-            _Config(limiter, key_format, max_limit, error or AppInvokeQuotaExceededError),
+            _Config(
+                limiter,
+                key_format,
+                max_limit,
+                error or AppInvokeQuotaExceededError,
+                on_store_failure == "fail_open",
+            ),
         )
         _holders.get().clear()
     if previous is not None:
@@ -148,6 +164,9 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 return ARGV[1]
 """
+
+
+_log = logging.getLogger("inflight_client.dify")
 
 
 class RateLimit:
@@ -235,6 +254,11 @@ class RateLimit:
             if config.error is AppInvokeQuotaExceededError:  # ours carries the figures too
                 raise AppInvokeQuotaExceededError(message, limit, refused.in_flight, key) from None
             raise config.error(message) from None
+        except StoreError as error:
+            if not config.fail_open:
+                raise
+            _log.warning("Redis cannot be reached (%s): %s admitted without a limit", error, key)
+            return RateLimit._UNLIMITED_REQUEST_ID
         duplicate = False
         try:
             holders = _holders.get()
