@@ -70,8 +70,9 @@ async fn live_permits_are_re_registered_after_redis_restarts_empty() {
         {
             break;
         }
+        // (A bound on waiting, not a figure: renewals come every 300 ms; a busy machine may delay some.)
         assert!(
-            back.elapsed() < Duration::from_secs(2),
+            back.elapsed() < Duration::from_secs(5),
             "the renewal did not re-add the lease"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
