@@ -86,6 +86,10 @@ pub struct Report {
     pub redis_pipeline: usize,
     /// Replicas each batch waited for (Redis stores only).
     pub redis_wait_replicas: u32,
+    /// Redis's own CPU time per pair, µs (`INFO cpu`: system + user, before and after the load, over
+    /// every primary of a Cluster); refused admissions' share included. Redis stores only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_cpu_us_per_pair: Option<f64>,
 }
 
 /// How many pairs a task completes between two updates of the progress count.
@@ -116,6 +120,7 @@ async fn progress(
 
 /// Runs the load on `store`.
 pub async fn run(args: &BenchArgs, store: AnyStore) -> Result<Report, AcquireError> {
+    let redis_cpu = store.clone();
     let limiter = Limiter::builder(store)
         .policy(Policy::new(args.limit, 0))
         .build();
@@ -134,6 +139,7 @@ pub async fn run(args: &BenchArgs, store: AnyStore) -> Result<Report, AcquireErr
     let max_seen = Arc::new(AtomicU32::new(0));
     let rejected = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
+    let cpu_before = redis_cpu.redis_cpu_time().await.transpose()?;
     let started = Instant::now();
     let deadline = started + args.duration;
     let progress = tokio::spawn(progress(
@@ -188,6 +194,7 @@ pub async fn run(args: &BenchArgs, store: AnyStore) -> Result<Report, AcquireErr
         all.extend(task.await.expect("bench task")?);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = redis_cpu.redis_cpu_time().await.transpose()?;
     progress.abort();
     drop(background);
     all.sort_unstable();
@@ -211,5 +218,8 @@ pub async fn run(args: &BenchArgs, store: AnyStore) -> Result<Report, AcquireErr
         held: args.held,
         redis_pipeline: args.redis_pipeline,
         redis_wait_replicas: args.redis_wait_replicas,
+        redis_cpu_us_per_pair: cpu_before.zip(cpu_after).map(|(before, after)| {
+            after.saturating_sub(before).as_secs_f64() * 1e6 / (all.len().max(1) as f64)
+        }),
     })
 }

@@ -104,7 +104,11 @@ fn bench_on_redis_prints_one_json_line_and_never_passes_the_limit() {
     let url = redis.url();
     let mut args = vec!["--store", url.as_str(), "--threads", "2"];
     args.extend(LIMITED);
-    assert_limited(&bench(&args), &url, 2, false);
+    let report = bench(&args);
+    assert_limited(&report, &url, 2, false);
+    // What the load cost Redis itself: some CPU time, shared over the pairs (none on memory).
+    let cpu = report["redis_cpu_us_per_pair"].as_f64();
+    assert!(cpu.is_some_and(|us| us > 0.0), "{report}");
 }
 
 #[test]

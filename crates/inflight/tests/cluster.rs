@@ -433,3 +433,36 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
     let renewed = store.renew(&[renew(0b01)]).await.unwrap();
     assert!(matches!(renewed[0], Renewal::Renewed(_)), "{renewed:?}");
 }
+
+/// `INFO cpu` seconds (system + user) of one node.
+fn cpu_of(node: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(node).unwrap();
+    info.lines()
+        .filter_map(|line| line.trim().split_once(':'))
+        .filter(|(name, _)| matches!(*name, "used_cpu_sys" | "used_cpu_user"))
+        .map(|(_, value)| value.parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Redis's CPU time, as a benchmark reads it, is every primary's summed: it lies between the sum read
+/// from each primary just before and the sum read just after (the counters only grow).
+#[tokio::test]
+async fn redis_cpu_time_sums_every_primary() {
+    let cluster = TestCluster::shared();
+    let store = cluster.store_builder(&unique_prefix("cpu")).open().unwrap();
+    let sum = || -> f64 {
+        let primaries = cluster.primaries();
+        assert_eq!(primaries.len(), 3);
+        primaries
+            .into_iter()
+            .map(|port| cpu_of(&mut cluster.node(port)))
+            .sum()
+    };
+    let before = sum();
+    let read = store.redis_cpu_time().await.unwrap().as_secs_f64();
+    let after = sum();
+    assert!(
+        before <= read + 1e-6 && read <= after + 1e-6,
+        "{before} {read} {after}"
+    );
+}

@@ -64,6 +64,20 @@ impl From<super::DifyStore> for AnyStore {
     }
 }
 
+impl AnyStore {
+    /// Redis's own CPU time so far, summed over every primary
+    /// ([`RedisStore::redis_cpu_time`](super::RedisStore::redis_cpu_time)); `None` for the memory store.
+    pub async fn redis_cpu_time(&self) -> Option<Result<std::time::Duration, StoreError>> {
+        match self {
+            AnyStore::Memory(_) => None,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(store) => Some(store.redis_cpu_time().await),
+            #[cfg(feature = "redis")]
+            AnyStore::Dify(store) => Some(store.redis_cpu_time().await),
+        }
+    }
+}
+
 /// Calls `$call` on whichever store `$any` is, as `$store`.
 macro_rules! each {
     ($any:expr, $store:ident => $call:expr) => {

@@ -9,6 +9,7 @@ mod across;
 mod batch;
 mod builder;
 mod connect;
+mod cpu;
 mod dify;
 mod error;
 mod index;

@@ -83,6 +83,33 @@ impl Conn {
         }
     }
 
+    /// `INFO section` of every primary (of the one server, or the one Sentinel names): each one's text.
+    pub(crate) async fn info_of_primaries(&self, section: &str) -> RedisResult<Vec<String>> {
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg(section);
+        let value = match self {
+            Conn::Cluster { conn, .. } => {
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                conn.clone().route_command(cmd, all).await?
+            }
+            other => cmd.query_async(&mut other.clone()).await?,
+        };
+        // One reply, or one per primary keyed by its address.
+        fn texts(value: Value, out: &mut Vec<String>) {
+            match value {
+                Value::BulkString(bytes) => out.push(String::from_utf8_lossy(&bytes).into_owned()),
+                Value::VerbatimString { text, .. } => out.push(text),
+                Value::Map(pairs) => pairs.into_iter().for_each(|(_, v)| texts(v, out)),
+                Value::Array(values) => values.into_iter().for_each(|v| texts(v, out)),
+                _ => {}
+            }
+        }
+        let mut out = Vec::new();
+        texts(value, &mut out);
+        Ok(out)
+    }
+
     /// A client to subscribe with, for the `attempt`th try: PUBLISH reaches every node of a cluster,
     /// so any node will do, and a node that fails makes the next attempt use the next one.
     pub(crate) async fn pubsub_client(&self, attempt: usize) -> RedisResult<Client> {
