@@ -31,6 +31,8 @@ pub(super) struct Access {
 impl Access {
     /// The record of `request`, arrived now.
     pub(super) fn new<B>(request: &Request<B>, metrics: &Metrics, log: bool) -> Self {
+        // No line either when the log's level leaves access lines out.
+        let log = log && tracing::enabled!(target: "inflight::access", tracing::Level::INFO);
         // What only the line shows is kept only when there is a line.
         let mut path = match log {
             true => request.uri().path().to_owned(),
@@ -127,9 +129,37 @@ impl Drop for Line {
     }
 }
 
+/// How many keys' hashes each worker thread keeps.
+const HASHES_KEPT: usize = 256;
+
 /// The key as `{bearer_hash}` would hash it, so that lines can be followed by key without showing it.
+/// A tenant's requests repeat its key, and SHA-256 is most of what an access line costs, so each
+/// worker thread keeps the hashes it made last, one per place of a small table (a key's place is its
+/// std hash's; a key met there again is not hashed again).
 fn hash(key: &str) -> String {
-    String::from_utf8_lossy(&super::templates::short_hash(key)).into_owned()
+    type Kept = Vec<Option<(Box<str>, [u8; 16])>>;
+    thread_local! {
+        static KEPT: std::cell::RefCell<Kept> = std::cell::RefCell::new(vec![None; HASHES_KEPT]);
+    }
+    KEPT.with_borrow_mut(|kept| {
+        let place = &mut kept[slot_of(key)];
+        let hex = match place {
+            Some((kept_key, hex)) if **kept_key == *key => *hex,
+            _ => {
+                let hex = super::templates::short_hash(key);
+                *place = Some((key.into(), hex));
+                hex
+            }
+        };
+        String::from_utf8_lossy(&hex).into_owned()
+    })
+}
+
+/// The place of `key` in a thread's table of hashes.
+fn slot_of(key: &str) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let hashed = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+    (hashed % HASHES_KEPT as u64) as usize
 }
 
 #[cfg(test)]
@@ -142,5 +172,20 @@ mod tests {
         assert_eq!(hash("app:1"), "d2bb92ca7c6d792d");
         assert_ne!(hash("app:1"), hash("app:2"));
         assert!(hash("app:1").bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn a_kept_hash_is_the_keys_own_whatever_shares_its_place() {
+        let keys: Vec<String> = (0..2 * super::HASHES_KEPT)
+            .map(|n| format!("app:{n}"))
+            .collect();
+        for _ in 0..2 {
+            for key in &keys {
+                let made =
+                    String::from_utf8_lossy(&crate::proxy::templates::short_hash(key)).into_owned();
+                assert_eq!(hash(key), made, "{key}");
+            }
+        }
+        assert_eq!(hash("app:1"), "d2bb92ca7c6d792d");
     }
 }
