@@ -8,7 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -134,3 +134,79 @@ def serve_factory(inflight: Path) -> Iterator[object]:
     for serve in started:
         serve.proc.kill()
         serve.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """A real Redis Cluster of three primaries (no replicas) on free ports; yields their ports."""
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        pytest.skip("redis-server or redis-cli is not installed")
+    workdir = tmp_path_factory.mktemp("cluster")
+    ports = [free_port() for _ in range(3)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for port in ports:
+            node_dir = workdir / str(port)
+            node_dir.mkdir()
+            procs.append(
+                subprocess.Popen(
+                    [
+                        server,
+                        "--port",
+                        str(port),
+                        "--cluster-port",
+                        str(free_port()),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(node_dir / "nodes.conf"),
+                        "--dir",
+                        str(node_dir),
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        clients = [redis.Redis(port=port) for port in ports]
+        _wait_until(lambda: all(_pings(c) for c in clients), 10, "the cluster's nodes did not start")
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
+        def ok() -> bool:
+            return all(c.cluster("INFO").get("cluster_state") == "ok" for c in clients)
+
+        _wait_until(ok, 20, "the cluster did not reach cluster_state:ok")
+        for c in clients:
+            c.close()
+        yield ports
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float, message: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(message)
+        time.sleep(0.05)

@@ -160,3 +160,24 @@ def test_through_difys_prefixing_client_the_limit_key_is_prefixed_once(r: redis.
         assert len(admitted(rate_limit, 5)) == 2
     finally:
         dify.configure(r)
+
+
+def test_in_inflights_layout_a_prefixing_client_changes_no_key(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``REDIS_KEY_PREFIX``, inflight's layout keeps its own names (its scripts reach Redis unprefixed),
+    so every patched worker and ``inflight serve`` with the default prefix count in the same keys."""
+    monkeypatch.setenv("REDIS_KEY_PREFIX", "tenant-a")
+    dify.configure(PrefixingClient(r, "tenant-a"))  # type: ignore[arg-type]
+    try:
+        rate_limit = RateLimit(APP, 2)
+        ids = admitted(rate_limit, 4)
+        assert len(ids) == 2
+        assert r.keys("tenant-a:*") == []
+        with RedisLimiter(r) as plain:  # a process on the same Redis, without the prefix
+            assert plain.status(f"app:{APP}").in_flight == 2
+            for request_id in ids:
+                rate_limit.exit(request_id)
+            assert plain.status(f"app:{APP}").in_flight == 0
+    finally:
+        dify.configure(r)

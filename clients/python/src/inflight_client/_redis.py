@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
+from redis.cluster import NodesManager, RedisCluster
 
 from . import _core, _dify_layout, _input
 from ._errors import StoreError
@@ -15,6 +16,17 @@ from ._permit import GuardedStream, Held, Holders, Permit, Renewer, log
 from ._policy import ClassLimits, Policy, RuleLike
 
 T = TypeVar("T")
+
+
+def is_cluster(redis_client: object) -> bool:
+    """A Redis Cluster client: redis-py's ``RedisCluster``, or a wrapper that hands its attributes on to one
+    (Dify's ``RedisClientWrapper`` under ``REDIS_USE_CLUSTERS``)."""
+    if isinstance(redis_client, RedisCluster):
+        return True
+    try:
+        return isinstance(getattr(redis_client, "nodes_manager", None), NodesManager)
+    except Exception:
+        return False
 
 
 class RedisLimiter:
@@ -37,7 +49,7 @@ class RedisLimiter:
 
     def __init__(
         self,
-        redis_client: redis.Redis,
+        redis_client: redis.Redis | RedisCluster,
         default_limit: int = 0,
         max_limit: int = 0,
         limits: Iterable[RuleLike] = (),
@@ -49,6 +61,14 @@ class RedisLimiter:
     ) -> None:
         if layout not in ("inflight", "dify"):
             raise ValueError(f"layout must be 'inflight' or 'dify', not {layout!r}")
+        self.cluster = is_cluster(redis_client)
+        if self.cluster and layout == "dify":
+            # As `inflight --layout dify` refuses a cluster: one admission reads the app's hash and its limit
+            # key, which Dify names without a shared hash tag, so they are in different slots.
+            raise ValueError(
+                "the Dify layout cannot run on Redis Cluster: Dify's keys of an app (its hash and its limit "
+                "key) are in different slots, which one atomic script cannot read; use layout='inflight'"
+            )
         self.policy = Policy(default_limit, max_limit, limits)
         self.prefix = prefix
         self.layout = layout
@@ -60,13 +80,14 @@ class RedisLimiter:
         self._renew = redis_client.register_script(_core.script_text("renew.lua"))
         self._status = redis_client.register_script(_core.script_text("status.lua"))
         self._dify = redis_client.register_script(_core.script_text("dify.lua"))
+        self._index = redis_client.register_script(_core.script_text("index.lua"))
         self._holders = Holders()
         self._renewer = Renewer(self._renew_held, self._release_held)
 
     def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
         try:
             return script(keys=keys, args=args)
-        except redis.RedisError as error:
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as error:
             raise StoreError(str(error)) from error
 
     def try_acquire(
@@ -212,8 +233,38 @@ class RedisLimiter:
             names = [*_dify_layout.key_names([key], self.dify_key_prefix), f"{self.prefix}overrides"]
             args = _dify_layout.args("s", "", 0, self._stale_ms, change, [self.policy.limits(key)])
             return _core.status(self._call(self._dify, names, [*args, 0, key]), key)
+        if self.cluster:
+            return self._status_cluster(key, change)
         keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
         return _core.status(self._call(self._status, keys, args), key, 4)
+
+    def _status_in_slot(self, key: str, change: str) -> _core.KeyStatus:
+        """``status.lua`` without the index of overrides (in a slot of its own on a cluster)."""
+        keys, args = _core.status_call(self.prefix, key, self.policy.limits(key), change)
+        return _core.status(self._call(self._status, keys[:3], args), key, 4)
+
+    def _index_change(self, op: str, key: str, value: _core.Arg) -> None:
+        """``index.lua``: the Rust processes' index of overrides on a cluster, ``<prefix>{overrides}``."""
+        index = f"{self.prefix}{{overrides}}"
+        args: list[_core.Arg] = [op, key, value, f"{self.prefix}overrides", 0]
+        self._call(self._index, [index, f"{index}:version"], args)
+
+    def _status_cluster(self, key: str, change: str) -> _core.KeyStatus:
+        """As the Rust store's ``status_cluster``: the override in the key's slot, the index in its own, in
+        the order that keeps the index a superset of the keys with an override."""
+        if change == "":
+            return self._status_in_slot(key, change)
+        if change != "0":
+            self._index_change("+", key, change)
+            status = self._status_in_slot(key, change)
+            self._index_change("+", key, change)  # a concurrent clear may have removed it meanwhile
+            return status
+        status = self._status_in_slot(key, change)
+        self._index_change("-", key, 0)
+        now = self._status_in_slot(key, "")
+        if now.override is not None:  # a concurrent set after its own index step: add it back
+            self._index_change("+", key, now.override)
+        return status
 
     def guard_stream(self, permit: Permit, iterable: Iterable[T]) -> GuardedStream[T]:
         """Yields every item of ``iterable``; releases ``permit`` when it ends, raises or is closed."""

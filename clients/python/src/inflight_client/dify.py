@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 
 from . import _dify_layout, _input
 from ._errors import StoreError, TooManyRequests
@@ -85,7 +86,7 @@ _lock: PerProcess[threading.Lock] = PerProcess(threading.Lock)
 
 
 def configure(
-    redis_client: redis.Redis,
+    redis_client: redis.Redis | RedisCluster,
     *,
     key_format: str | None = None,
     prefix: str = "inflight:",
