@@ -28,7 +28,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
   fi
 fi
-"$venv/bin/pip" install -q --disable-pip-version-check ./clients/python pytest ruff gevent
+"$venv/bin/pip" install -q --disable-pip-version-check ./clients/python pytest ruff gevent gunicorn
 rm -rf clients/python/build
 "$venv/bin/ruff" check clients/python || status=$?
 "$venv/bin/ruff" format --check clients/python || status=$?
