@@ -64,24 +64,27 @@ async fn difys_redis_variables_name_the_store_and_the_password_stays_out_of_the_
     );
 }
 
+/// `inflight serve --layout dify` on `url`, default limit 3, with these variables.
+fn serve_dify(url: &str, env: &[(&str, &str)]) -> (Running, String) {
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        url,
+        "--layout",
+        "dify",
+        "--default-limit",
+        "3",
+    ];
+    Running::start_with_env(&args, env)
+}
+
 #[tokio::test]
 async fn layout_dify_shares_one_cap_with_difys_workers_over_http() {
     let redis = TestRedis::start();
     let url = redis.url();
-    let (_server, started) = Running::start_with_env(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            &url,
-            "--layout",
-            "dify",
-            "--default-limit",
-            "3",
-        ],
-        &[],
-    );
+    let (_server, started) = serve_dify(&url, &[]);
     assert!(started.contains("layout=Dify"), "{started}");
     let base = format!("http://{}", listen_of(&started));
     let client = reqwest::Client::new();
@@ -144,20 +147,7 @@ async fn layout_dify_shares_one_cap_with_difys_workers_over_http() {
 async fn layout_dify_applies_difys_key_prefix_as_dify_does() {
     let redis = TestRedis::start();
     let url = redis.url();
-    let (_server, started) = Running::start_with_env(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--store",
-            &url,
-            "--layout",
-            "dify",
-            "--default-limit",
-            "3",
-        ],
-        &[("REDIS_KEY_PREFIX", " tenant-a ")],
-    );
+    let (_server, started) = serve_dify(&url, &[("REDIS_KEY_PREFIX", " tenant-a ")]);
     let base = format!("http://{}", listen_of(&started));
     let client = reqwest::Client::new();
     let mut conn = redis.client();

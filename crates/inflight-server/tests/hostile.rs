@@ -37,26 +37,46 @@ async fn trickle(stream: &mut TcpStream, head: &str, every: Duration) -> (String
     }
 }
 
+/// An API server and a proxy (to a test upstream) with these settings, and the start of a POST to each,
+/// the proxy's under key `k`.
+struct Both {
+    api: common::Server<inflight::MemoryStore>,
+    proxy: common::Server<inflight::MemoryStore>,
+    upstream: common::Upstream,
+}
+
+impl Both {
+    async fn start(settings: Settings) -> Self {
+        let api = start_api(&settings, Memory::stores(&None)).await;
+        let upstream = common::Upstream::start().await;
+        let proxied = common::proxy_settings(&upstream.base, settings);
+        let proxy = start_proxy(&proxied, Memory::stores(&None)).await;
+        Self {
+            api,
+            proxy,
+            upstream,
+        }
+    }
+
+    /// Each server's base URL and the first lines of a POST to it.
+    fn posts(&self) -> [(&str, &str); 2] {
+        [
+            (&self.api.base, "POST /v1/keys/k/permits HTTP/1.1\r\n"),
+            (
+                &self.proxy.base,
+                "POST /echo/x HTTP/1.1\r\nX-Inflight-Key: k\r\n",
+            ),
+        ]
+    }
+}
+
 /// A body trickled in one byte at a time, each byte well within any wait between reads, is cut at
 /// `--body-timeout` in all (before, the timeout counted each wait alone and such a body was never cut):
 /// `408 body_timeout`, by the API and through the proxy, which releases the request's permit.
 #[tokio::test]
 async fn a_trickled_body_is_cut_at_the_body_timeout_in_all() {
-    let settings = bodies(Duration::from_millis(800), 0);
-    let api = start_api(&settings, Memory::stores(&None)).await;
-    let upstream = common::Upstream::start().await;
-    let proxy = start_proxy(
-        &common::proxy_settings(&upstream.base, settings),
-        Memory::stores(&None),
-    )
-    .await;
-    for (base, request) in [
-        (&api.base, "POST /v1/keys/k/permits HTTP/1.1\r\n"),
-        (
-            &proxy.base,
-            "POST /echo/x HTTP/1.1\r\nX-Inflight-Key: k\r\n",
-        ),
-    ] {
+    let both = Both::start(bodies(Duration::from_millis(800), 0)).await;
+    for (base, request) in both.posts() {
         let mut slow = connect(base).await;
         // 200 bytes at one every 50 ms would take 10 s.
         let head = format!("{request}Host: x\r\nContent-Length: 200\r\n\r\n");
@@ -75,8 +95,12 @@ async fn a_trickled_body_is_cut_at_the_body_timeout_in_all() {
         );
         assert!(closed_within(&mut slow, Duration::from_secs(3)).await);
     }
-    common::wait_in_flight(&proxy.url("/_inflight"), "k", 0).await;
-    assert_eq!(upstream.hits(), 1, "the proxy forwarded the one request");
+    common::wait_in_flight(&both.proxy.url("/_inflight"), "k", 0).await;
+    assert_eq!(
+        both.upstream.hits(),
+        1,
+        "the proxy forwarded the one request"
+    );
 }
 
 /// A body slower than `--body-min-rate` (here 10 bytes a second against a minimum of 100) is cut once
@@ -206,20 +230,8 @@ async fn status_watchers_that_read_nothing_give_their_places_back() {
 /// proxy, nothing forwarded (before, the body was passed on as plain chunks, its coding lost).
 #[tokio::test]
 async fn a_transfer_coding_other_than_chunked_is_answered_501() {
-    let upstream = common::Upstream::start().await;
-    let api = start_api(&limits(5, 0), Memory::stores(&None)).await;
-    let proxy = start_proxy(
-        &common::proxy_settings(&upstream.base, limits(5, 0)),
-        Memory::stores(&None),
-    )
-    .await;
-    for (base, request) in [
-        (&api.base, "POST /v1/keys/k/permits HTTP/1.1\r\n"),
-        (
-            &proxy.base,
-            "POST /echo/x HTTP/1.1\r\nX-Inflight-Key: k\r\n",
-        ),
-    ] {
+    let both = Both::start(limits(5, 0)).await;
+    for (base, request) in both.posts() {
         let mut client = connect(base).await;
         let head = format!(
             "{request}Host: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n"
@@ -230,6 +242,6 @@ async fn a_transfer_coding_other_than_chunked_is_answered_501() {
         let body = json(&body);
         assert_eq!(body["code"], "unsupported_transfer_coding", "{body}");
     }
-    assert_eq!(upstream.hits(), 0, "nothing forwarded");
-    common::wait_in_flight(&proxy.url("/_inflight"), "k", 0).await;
+    assert_eq!(both.upstream.hits(), 0, "nothing forwarded");
+    common::wait_in_flight(&both.proxy.url("/_inflight"), "k", 0).await;
 }
