@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import types
 from collections import Counter
 from typing import Any
@@ -206,3 +207,67 @@ def test_a_killed_greenlet_release_still_frees_the_slot(redis_url: str) -> None:
         assert outcomes.get((cold, "killed in the release"), 0) > 0, outcomes
     print(dict(outcomes))
     assert not [o for o in outcomes if o[1].endswith("leaked")], outcomes
+
+
+def test_a_release_while_its_renewal_is_on_its_way_leaves_no_lease(r: redis.Redis) -> None:
+    # The renewal thread picks the permit as due, then the permit is released before the renewal reaches
+    # Redis: the renewal finds the lease gone and puts it back. The renewer must release it again (else
+    # the slot stays taken for a whole lease, 30 s here, longer than this test waits).
+    limiter = RedisLimiter(r, default_limit=1)
+    try:
+        permit = limiter.try_acquire("k")
+        renewer = limiter._renewer
+        renew = renewer._renew
+        raced: list[Any] = []
+
+        def released_first(held: Any) -> bool:
+            if not raced:
+                raced.append(held)
+                permit.release()  # as the caller's thread would, just before the renewal lands
+            return renew(held)
+
+        renewer._renew = released_first  # type: ignore[method-assign]
+        with renewer._cond:  # due now rather than at a third of the lease
+            for held in renewer._held:
+                held.due = 0.0
+            renewer._cond.notify()
+        deadline = time.monotonic() + 5
+        while not raced or limiter.status("k").in_flight != 0:
+            assert time.monotonic() < deadline, f"in_flight {limiter.status('k').in_flight}, raced {raced}"
+            time.sleep(0.02)
+    finally:
+        limiter.close()
+
+
+def test_an_async_release_while_its_renewal_is_on_its_way_leaves_no_lease(redis_url: str) -> None:
+    async def main() -> int:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        limiter = AsyncRedisLimiter(client, default_limit=1)
+        try:
+            permit = await limiter.try_acquire("k")
+            renewer = limiter._renewer
+            renew = renewer._renew
+            raced: list[Any] = []
+
+            async def released_first(held: Any) -> bool:
+                if not raced:
+                    raced.append(held)
+                    await permit.release()  # just before the renewal lands
+                return bool(await renew(held))
+
+            renewer._renew = released_first  # type: ignore[method-assign]
+            with renewer._lock:  # due now rather than at a third of the lease (30 s)
+                for held in renewer._held:
+                    held.due = 0.0
+            assert renewer._wake is not None
+            renewer._wake.set()
+            deadline = time.monotonic() + 5
+            while not raced or (await limiter.status("k")).in_flight != 0:
+                assert time.monotonic() < deadline, "the renewal left the lease behind"
+                await asyncio.sleep(0.02)
+            return (await limiter.status("k")).in_flight
+        finally:
+            await limiter.close()
+            await client.aclose()
+
+    assert asyncio.run(main()) == 0

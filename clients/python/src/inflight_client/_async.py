@@ -100,6 +100,17 @@ class AsyncRenewer:
         task.add_done_callback(self._releasing.discard)
         return task
 
+    def _spawn_release_again(self, held: Held) -> None:
+        task = asyncio.get_running_loop().create_task(self._release_again(held))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_again(self, held: Held) -> None:
+        try:
+            await self._release(held)
+        except Exception:  # the lease ends on its own
+            log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
+
     async def release_now(self, held: Held) -> None:
         """Releases ``held`` (already taken) and waits for it; cancelled meanwhile, the caller gets its
         ``CancelledError`` at once and the release goes on (``close()`` waits for it)."""
@@ -141,11 +152,16 @@ class AsyncRenewer:
                     held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
                     continue
                 with self._lock:
-                    if kept:
+                    released_meanwhile = held.done
+                    if kept and not released_meanwhile:
                         held.schedule()
-                    else:
+                    elif not kept:
                         held.lost = True
                         self._held.discard(held)
+                if kept and released_meanwhile:
+                    # Released while the renewal was on its way, which may have put the lease back: again
+                    # (counted out once, with the same token).
+                    self._spawn_release_again(held)
 
 
 class AsyncPermit(PermitBase):

@@ -290,12 +290,23 @@ class Renewer:
             held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
             return
         with state.cond:
-            if kept:
+            released_meanwhile = held.done
+            if kept and not released_meanwhile:
                 held.schedule()
-            else:
+            elif not kept:
                 log.warning("inflight: permit %s was lost (its lease ended in the store)", held.id)
                 held.lost = True
                 state.held.discard(held)
+        if kept and released_meanwhile:
+            self.release_again(held)
+
+    def release_again(self, held: Held) -> None:
+        """``held`` was released while its renewal was on its way, which may have put its lease back:
+        released again (the release is counted out once, and names the same token)."""
+        try:
+            self._release(held)
+        except Exception:  # the lease ends on its own
+            log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
 
 
 class _Keeper(Protocol):
