@@ -78,7 +78,7 @@ def test_a_long_lease_keeps_its_entry_inside_difys_eviction_age(r: redis.Redis) 
         started = redis_now(r)
         request_id = rate_limit.enter()
         # Past the stale age (on the Redis clock, 1.2 s at most): the entry's start time is its lease's
-        # end less the stale age, and the renewals (every 0.3 s here) rewrite it.
+        # end less the stale age.
         while redis_now(r) < started + 1.2:
             time.sleep(0.05)
         dify_flush(r, HASH, 0.9)

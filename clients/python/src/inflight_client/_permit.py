@@ -68,15 +68,9 @@ class Held:
     last: bool | None = None
     release_token: int | None = None
     settled: bool = False
-    # At most this many ms between renewals (0: none but the lease's third). The Dify layout's: a third of
-    # the age at which Dify's workers evict an entry, which every renewal refreshes.
-    renew_within_ms: int = 0
 
     def schedule(self) -> None:
-        every = self.lease_ms / 3000.0
-        if self.renew_within_ms:
-            every = min(every, self.renew_within_ms / 3000.0)
-        self.due = time.monotonic() + max(every, 0.001)
+        self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
 
 
 class _HoldersState:

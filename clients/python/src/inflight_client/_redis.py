@@ -41,10 +41,11 @@ class RedisLimiter:
     ``layout="dify"`` keeps Dify's own keys (as ``inflight --layout dify`` does): a key is an app id, its
     count is the length of ``dify:rate_limit:{app}:active_requests``, which unmodified Dify workers share,
     and ``dify:rate_limit:{app}:max_active_requests`` is its override; weights must be 1, and Dify's
-    entries older than ``dify_stale_after`` seconds give way when they stand in the way. Permits are renewed
-    at least every third of ``dify_stale_after`` (and of the lease), so that no live entry is ever old enough
-    for Dify's workers to evict. ``dify_key_prefix`` is Dify's ``REDIS_KEY_PREFIX``: it prefixes the limit key
-    (``<prefix>:dify:rate_limit:{app}:max_active_requests``), not the hash, as Dify does (docs/dify.md).
+    entries older than ``dify_stale_after`` seconds give way when they stand in the way. An entry's start
+    time is its lease's end less ``dify_stale_after`` (dify.lua), so that no live entry is ever old enough
+    for Dify's workers to evict, whatever the lease. ``dify_key_prefix`` is Dify's ``REDIS_KEY_PREFIX``: it
+    prefixes the limit key (``<prefix>:dify:rate_limit:{app}:max_active_requests``), not the hash, as Dify
+    does (docs/dify.md).
     """
 
     def __init__(
@@ -149,7 +150,6 @@ class RedisLimiter:
             tuple(limits),
             expires_at_ms=expires_at_ms,
             token=token,
-            renew_within_ms=self._stale_ms,
         )
         try:
             self._holders.add(held)

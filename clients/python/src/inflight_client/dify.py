@@ -105,9 +105,10 @@ def configure(
 
     ``layout="dify"`` counts in Dify's own keys, shared with Dify workers not yet patched (a migration:
     docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``). There,
-    ``dify_stale_after`` is the age at which Dify's workers evict an entry (600 s in Dify; held entries are
-    refreshed within a third of it whatever the lease), and ``key_prefix`` is Dify's ``REDIS_KEY_PREFIX``
-    (``None``: read from the environment as Dify reads it), which Dify puts on the app's limit key.
+    ``dify_stale_after`` is the age at which Dify's workers evict an entry (600 s in Dify; an entry's start
+    time is its lease's end less it, so that Dify never evicts a live one), and ``key_prefix`` is Dify's
+    ``REDIS_KEY_PREFIX`` (``None``: read from the environment as Dify reads it), which Dify puts on the app's
+    limit key.
 
     ``on_store_failure`` is what ``enter`` does when Redis cannot be reached: ``"fail_closed"`` raises the
     :class:`~inflight_client.StoreError` (Dify answers 500, as its own class does), ``"fail_open"`` admits
