@@ -84,8 +84,10 @@ class AsyncRenewer:
         if self._wake is not None:
             self._wake.set()
 
-    async def safe_release(self, held: Held) -> None:
-        if held.settled:
+    async def safe_release(self, held: Held, again: bool = False) -> None:
+        """Releases ``held`` once (``again``: also when it was, since a renewal on its way when it was
+        released may have put its lease back; the release is counted out once and names the same token)."""
+        if held.settled and not again:
             return
         try:
             await self._release(held)
@@ -93,23 +95,12 @@ class AsyncRenewer:
             log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
         held.settled = True
 
-    def _spawn_release(self, held: Held) -> asyncio.Task[None]:
+    def _spawn_release(self, held: Held, again: bool = False) -> asyncio.Task[None]:
         """The release as a task of its own, referenced until it ends (the loop keeps only weak ones)."""
-        task = asyncio.get_running_loop().create_task(self.safe_release(held))
+        task = asyncio.get_running_loop().create_task(self.safe_release(held, again))
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
         return task
-
-    def _spawn_release_again(self, held: Held) -> None:
-        task = asyncio.get_running_loop().create_task(self._release_again(held))
-        self._releasing.add(task)
-        task.add_done_callback(self._releasing.discard)
-
-    async def _release_again(self, held: Held) -> None:
-        try:
-            await self._release(held)
-        except Exception:  # the lease ends on its own
-            log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
 
     async def release_now(self, held: Held) -> None:
         """Releases ``held`` (already taken) and waits for it; cancelled meanwhile, the caller gets its
@@ -159,9 +150,7 @@ class AsyncRenewer:
                         held.lost = True
                         self._held.discard(held)
                 if kept and released_meanwhile:
-                    # Released while the renewal was on its way, which may have put the lease back: again
-                    # (counted out once, with the same token).
-                    self._spawn_release_again(held)
+                    self._spawn_release(held, again=True)
 
 
 class AsyncPermit(PermitBase):

@@ -219,8 +219,10 @@ class Renewer:
                 return
         self._safe_release(held)
 
-    def _safe_release(self, held: Held) -> None:
-        if held.settled:
+    def _safe_release(self, held: Held, again: bool = False) -> None:
+        """Releases ``held`` once (``again``: also when it was, since a renewal on its way when it was
+        released may have put its lease back; the release is counted out once and names the same token)."""
+        if held.settled and not again:
             return
         try:
             self._release(held)
@@ -292,15 +294,7 @@ class Renewer:
                 held.lost = True
                 state.held.discard(held)
         if kept and released_meanwhile:
-            self.release_again(held)
-
-    def release_again(self, held: Held) -> None:
-        """``held`` was released while its renewal was on its way, which may have put its lease back:
-        released again (the release is counted out once, and names the same token)."""
-        try:
-            self._release(held)
-        except Exception:  # the lease ends on its own
-            log.warning("inflight: releasing permit %s failed", held.id, exc_info=True)
+            self._safe_release(held, again=True)
 
 
 class _Keeper(Protocol):
