@@ -91,6 +91,17 @@ class Upstream:
         self.server.shutdown()
 
 
+def serve_and_proxy(binary: str) -> tuple[Upstream, Server, Server]:
+    """An upstream, a `serve`, and a proxy to the upstream keyed by `X-Tenant` (limit 1,000 a key)."""
+    upstream = Upstream()
+    serve = Server(binary, ["serve"])
+    proxy = Server(
+        binary,
+        ["proxy", "--upstream", upstream.base, "--key", "{header:x-tenant}", "--default-limit", "1000"],
+    )
+    return upstream, serve, proxy
+
+
 async def exchange(port: int, request: bytes, wait: float = 5.0) -> str | None:
     """The status line of the answer to `request`, or None when none came within `wait`."""
     try:
@@ -149,12 +160,7 @@ async def every(period: float, until: float, probe: Callable[[], Awaitable[bool]
 
 
 async def slow_bodies(binary: str) -> dict[str, object]:
-    upstream = Upstream()
-    serve = Server(binary, ["serve"])
-    proxy = Server(
-        binary,
-        ["proxy", "--upstream", upstream.base, "--key", "{header:x-tenant}", "--default-limit", "1000"],
-    )
+    upstream, serve, proxy = serve_and_proxy(binary)
     try:
         until = time.monotonic() + 45
         body = b'{"lease_ms": 5000}'
@@ -249,12 +255,7 @@ async def status_watchers(binary: str) -> dict[str, object]:
 
 
 async def transfer_coding(binary: str) -> dict[str, object]:
-    upstream = Upstream()
-    serve = Server(binary, ["serve"])
-    proxy = Server(
-        binary,
-        ["proxy", "--upstream", upstream.base, "--key", "{header:x-tenant}", "--default-limit", "1000"],
-    )
+    upstream, serve, proxy = serve_and_proxy(binary)
     try:
         chunked = b"Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
         api = await exchange(serve.port, b"POST /v1/keys/k/permits HTTP/1.1\r\nHost: x\r\n" + chunked)

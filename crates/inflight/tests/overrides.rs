@@ -262,6 +262,23 @@ async fn a_clears_answer_never_undoes_a_newer_override_in_the_view() {
     assert!(here.try_acquire("k").await.unwrap_err().is_full());
 }
 
+/// Changes the rules of the ACL user `viewer`.
+fn set_viewer(c: &mut redis::Connection, rules: &[&str]) {
+    redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("viewer")
+        .arg(rules)
+        .query::<()>(c)
+        .unwrap();
+}
+
+/// A store that connects as the ACL user `viewer`, allowed everything until a test says otherwise.
+fn viewer_store(redis: &TestRedis, c: &mut redis::Connection) -> RedisStore {
+    set_viewer(c, &["on", ">secret", "~*", "&*", "+@all"]);
+    let url = format!("redis://viewer:secret@127.0.0.1:{}", redis.port());
+    test_support::store_builder(url).open().unwrap()
+}
+
 /// Issue 28, item 6: the view's subscription is lost and cannot be remade (here its user loses the
 /// channel, as an ACL change does; `maxclients` reached does the same) while Redis answers everything
 /// else: an override set elsewhere must still reach this process, through the version poll.
@@ -269,22 +286,11 @@ async fn a_clears_answer_never_undoes_a_newer_override_in_the_view() {
 async fn an_override_reaches_a_view_that_cannot_subscribe() {
     let redis = TestRedis::start();
     let mut c = redis.client();
-    let acl = |rules: &[&str]| {
-        redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("viewer")
-            .arg(rules)
-            .clone()
-    };
-    acl(&["on", ">secret", "~*", "&*", "+@all"])
-        .query::<()>(&mut c)
-        .unwrap();
-    let url = format!("redis://viewer:secret@127.0.0.1:{}", redis.port());
-    let store = test_support::store_builder(url).open().unwrap();
+    let store = viewer_store(&redis, &mut c);
     let here = limiter(store.clone());
     until("the view is read", || unasked(&store, "probe")).await;
     // Without the channel: its subscription is dropped, and every new one refused (NOPERM).
-    acl(&["resetchannels"]).query::<()>(&mut c).unwrap();
+    set_viewer(&mut c, &["resetchannels"]);
     redis::cmd("CLIENT")
         .arg(&["KILL", "TYPE", "pubsub", "USER", "viewer"])
         .query::<u64>(&mut c)
@@ -323,24 +329,11 @@ async fn an_override_reaches_a_view_that_cannot_subscribe() {
 async fn a_view_whose_reads_are_refused_is_not_trusted() {
     let redis = TestRedis::start();
     let mut c = redis.client();
-    let acl = |rules: &[&str]| {
-        redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("viewer")
-            .arg(rules)
-            .clone()
-    };
-    acl(&["on", ">secret", "~*", "&*", "+@all"])
-        .query::<()>(&mut c)
-        .unwrap();
-    let url = format!("redis://viewer:secret@127.0.0.1:{}", redis.port());
-    let store = test_support::store_builder(url).open().unwrap();
+    let store = viewer_store(&redis, &mut c);
     let here = limiter(store.clone());
     until("the view is read", || unasked(&store, "probe")).await;
     // The user keeps its keys' names (`inflight:{key}:...`) only.
-    acl(&["resetchannels", "resetkeys", "~inflight:{*"])
-        .query::<()>(&mut c)
-        .unwrap();
+    set_viewer(&mut c, &["resetchannels", "resetkeys", "~inflight:{*"]);
     redis::cmd("CLIENT")
         .arg(&["KILL", "TYPE", "pubsub", "USER", "viewer"])
         .query::<u64>(&mut c)

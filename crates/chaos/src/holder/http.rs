@@ -8,8 +8,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{mix, pick_id, Rng, Task};
-use crate::history::PermitInfo;
+use super::{Rng, Task};
 
 /// The answer to one request: its status, and its body.
 #[derive(Debug)]
@@ -89,15 +88,7 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
 }
 
 async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
-    let jobs = mix(&task.args.mix);
-    let j = rng.below(jobs.len() as u64) as usize;
-    let job = &jobs[j];
-    let info = PermitInfo {
-        keys: job.keys.clone(),
-        id: pick_id(&task.args.process, n, j, rng),
-        weight: job.weight,
-        lease_ms: task.args.lease_ms,
-    };
+    let info = task.next_permit(rng, n);
     let addr = authority(&task.args.target);
     let body =
         json!({"keys": info.keys, "id": info.id, "weight": info.weight, "lease_ms": info.lease_ms});

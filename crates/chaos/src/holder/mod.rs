@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::history::History;
+use crate::history::{History, PermitInfo};
 
 /// The client a holder uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -164,6 +164,19 @@ pub(crate) struct Task {
 }
 
 impl Task {
+    /// The permit task `n` asks for next: a job of the mix, under a new id or the one it used last.
+    pub(crate) fn next_permit(&self, rng: &mut Rng, n: usize) -> PermitInfo {
+        let jobs = mix(&self.args.mix);
+        let j = rng.below(jobs.len() as u64) as usize;
+        let job = &jobs[j];
+        PermitInfo {
+            keys: job.keys.clone(),
+            id: pick_id(&self.args.process, n, j, rng),
+            weight: job.weight,
+            lease_ms: self.args.lease_ms,
+        }
+    }
+
     /// A random hold, at least 5 ms; one in eight longer than the lease (1 to 2.5 leases), so that it
     /// lasts only through renewals.
     pub(crate) fn hold(&self, rng: &mut Rng) -> Duration {

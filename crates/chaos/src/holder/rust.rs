@@ -8,7 +8,7 @@ use inflight::{
     AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, Permit, Policy, RedisStore,
 };
 
-use super::{mix, pick_id, Rng, Task};
+use super::{Rng, Task};
 use crate::history::{limit_of, PermitInfo};
 
 /// The policy of every run: keys `l1:*`, `l4:*`, `l64:*` have limits 1, 4 and 64; `loose` enforces 2
@@ -58,20 +58,12 @@ pub(super) async fn run(task: Arc<Task>) -> crate::Result {
 
 /// One acquire, hold and release.
 async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usize) {
-    let jobs = mix(&task.args.mix);
-    let j = rng.below(jobs.len() as u64) as usize;
-    let job = &jobs[j];
-    let info = PermitInfo {
-        keys: job.keys.clone(),
-        id: pick_id(&task.args.process, n, j, rng),
-        weight: job.weight,
-        lease_ms: task.args.lease_ms,
-    };
+    let info = task.next_permit(rng, n);
     let options = AcquireOptions::new()
         .id(info.id.clone())
-        .weight(job.weight)
+        .weight(info.weight)
         .lease(Duration::from_millis(task.args.lease_ms));
-    let keys: Vec<&str> = job.keys.iter().map(String::as_str).collect();
+    let keys: Vec<&str> = info.keys.iter().map(String::as_str).collect();
     let history = &task.history;
     let invoke = history.now();
     let acquired = limiter.try_acquire_all(&keys, options).await;
@@ -79,7 +71,7 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
     let permit = match acquired {
         Ok(permit) => {
             // Admitted on a limited key, counted or not (under fail_open the store did not count it).
-            let limited = job.keys.iter().any(|key| limit_of(key) > 0);
+            let limited = info.keys.iter().any(|key| limit_of(key) > 0);
             let result = if limited { "admitted" } else { "unlimited" };
             history.permit_op(
                 "acquire",

@@ -48,10 +48,8 @@ pub(super) fn layer<A: Serialize + DeserializeOwned>(
     // And Dify's REDIS_KEY_PREFIX for an unset --redis-key-prefix.
     if !explicit.contains_key("redis_key_prefix") {
         if let Ok(prefix) = std::env::var("REDIS_KEY_PREFIX") {
-            explicit.insert(
-                "redis_key_prefix".to_owned(),
-                prefix.trim().to_owned().into(),
-            );
+            // (Trimmed as Dify trims it by the store's builder, as a flag's value is.)
+            explicit.insert("redis_key_prefix".to_owned(), prefix.into());
         }
     }
     // So do Dify's REDIS_* variables for an unset store, below the file.
