@@ -399,6 +399,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         weight: 1,
         lease_ms: 30_000,
         limits: &limits,
+        generated: false,
     });
     let Admission::Admitted { grant, .. } = admitted.await.unwrap() else {
         panic!("admitted")
@@ -415,6 +416,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         weight: 1,
         lease_ms: 30_000,
         limits: &limits[..1],
+        generated: false,
     });
     assert!(matches!(taken.await.unwrap(), Admission::Admitted { .. }));
     let keys: inflight::store::Keys = pair.iter().map(|key| Arc::from(*key)).collect();

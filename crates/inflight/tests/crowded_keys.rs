@@ -29,6 +29,7 @@ async fn acquire(
         weight,
         lease_ms,
         limits: &[POLICY],
+        generated: false,
     };
     store.acquire(req).await.unwrap()
 }

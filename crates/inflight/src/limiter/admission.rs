@@ -214,6 +214,7 @@ impl<S: Store> Limiter<S> {
             weight,
             lease_ms,
             limits: &limits[..keys.len()],
+            generated,
         };
         // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
         // admission may still have been made: its lease is then released in the background instead of

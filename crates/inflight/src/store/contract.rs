@@ -23,6 +23,9 @@ pub struct AcquireRequest<'a> {
     pub lease_ms: u64,
     /// The limits of each key's class, in the order of `keys` (the store applies each key's override).
     pub limits: &'a [ClassLimits],
+    /// `id` was generated for this admission: no earlier admission used it, so no release of another
+    /// admission can name it, and a store may keep less for its lease (Redis keeps no token for it).
+    pub generated: bool,
 }
 
 /// A lease as the store sees it after an admission or a renewal (of its first key).

@@ -62,6 +62,7 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
             weight: 1,
             lease_ms: 30_000,
             limits: &limits,
+            generated: false,
         })
     };
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.

@@ -6,6 +6,7 @@
 mod batches;
 mod connections;
 mod data;
+mod fresh;
 mod outages;
 mod processes;
 #[path = "../support/mod.rs"]

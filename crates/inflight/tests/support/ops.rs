@@ -209,6 +209,7 @@ pub async fn apply_store<S: Store>(
                 weight,
                 lease_ms,
                 limits: &limits,
+                generated: false,
             };
             match store.acquire(req).await.unwrap() {
                 Admission::Admitted { grant, .. } => Outcome::Admitted {

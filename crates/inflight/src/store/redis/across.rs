@@ -63,6 +63,7 @@ impl RedisStore {
         groups: Vec<Vec<usize>>,
         id: &PermitId,
         terms: (u32, u64, Vec<ClassLimits>),
+        generated: bool,
     ) -> Result<Reply, StoreError> {
         let (weight, lease_ms, limits) = terms;
         // Each group taken, with the token it gave and what the id held there before.
@@ -75,6 +76,7 @@ impl RedisStore {
                 id: id.clone(),
                 terms: (weight, lease_ms, pick(&limits, group)),
                 keep: token,
+                generated,
             };
             let reply = match self.batcher.run(op).await {
                 Ok(reply) => reply,

@@ -46,6 +46,8 @@ pub(super) enum Op {
         /// The token the lease keeps: 0, the one the admission gets (across Cluster slots, the first
         /// slot's, so that one token names the permit's lease on every slot).
         keep: u64,
+        /// The id was generated for this admission (`AcquireRequest::generated`).
+        generated: bool,
     },
     /// A release of the lease the admission that got `token` (0: any) holds.
     Release {
@@ -202,7 +204,12 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     for job in &jobs {
         let (names, id) = job.op.parts();
         let kind = match job.op {
-            Op::Acquire { .. } => ["a", "A"],
+            Op::Acquire {
+                generated: false, ..
+            } => ["a", "A"],
+            Op::Acquire {
+                generated: true, ..
+            } => ["g", "G"],
             Op::Release { .. } => ["r", "R"],
             Op::Undo { .. } => ["u", "U"],
         };

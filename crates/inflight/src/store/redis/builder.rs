@@ -125,8 +125,10 @@ impl RedisStoreBuilder {
     pub fn open(self) -> Result<RedisStore, StoreError> {
         let (conn, target) = Conn::open(&self.conn)?;
         let (prefix, cluster) = (self.prefix.clone(), conn.is_cluster());
+        let marker_prefix = prefix.clone();
         let released = move |key: &str| KeyNames::new(&prefix, key, cluster).released();
-        let wakes = wakeups::start(conn.clone(), released);
+        let waiting = move |key: &str| KeyNames::new(&marker_prefix, key, cluster).waiting();
+        let wakes = wakeups::start(conn.clone(), released, Some(Box::new(waiting)));
         let store = self.assemble(conn, target, wakes);
         keeper::start(
             store.conn.clone(),

@@ -207,15 +207,18 @@ impl Store for RedisStore {
         let terms = (req.weight, req.lease_ms, req.limits.to_vec());
         let id = req.id.clone();
         let reply = match self.across(&names) {
-            Some(groups) => self.acquire_across(names, groups, &id, terms).await?,
+            Some(groups) => {
+                self.acquire_across(names, groups, &id, terms, req.generated)
+                    .await?
+            }
             None => {
-                let keep = 0;
                 self.batcher
                     .run(Op::Acquire {
                         names,
                         id,
                         terms,
-                        keep,
+                        keep: 0,
+                        generated: req.generated,
                     })
                     .await?
             }

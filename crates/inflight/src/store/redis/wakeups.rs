@@ -1,6 +1,9 @@
-//! Wake-ups for waiters on Redis: every release publishes on its key's channel (named by the store:
+//! Wake-ups for waiters on Redis: a release publishes on its key's channel (named by the store:
 //! `batch.lua`, `dify.lua`), and each store handle subscribes to the channels of the keys its waiters
-//! wait on, over a connection of its own, opened at the first interest.
+//! wait on, over a connection of its own, opened at the first interest. Where the store names a marker
+//! (`batch.lua`'s `{E}:waiting`), a release is announced only while a marker says someone listens: each
+//! store handle sets its keys' markers once subscribed, before their waiters ask again, and keeps them
+//! alive while it waits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -17,25 +20,44 @@ use crate::store::wake::Wakes;
 /// How long to wait before subscribing again after the subscription broke.
 const RETRY: Duration = Duration::from_millis(100);
 
+/// How long a marker lives unless kept alive, and how often it is: a process gone leaves releases
+/// announced to no one for at most `MARK_MS`.
+const MARK_MS: u64 = 3_000;
+const MARK_EVERY: Duration = Duration::from_millis(1_000);
+
+/// The name of a key's marker, for stores whose releases are announced only while it is there.
+pub(super) type Marker = Box<dyn Fn(&str) -> String + Send + Sync>;
+
 /// The wake-ups of a store whose releases on a key are announced on `channel_of(key)`, and the task
 /// that keeps its subscriptions; it ends with the store.
 pub(super) fn start(
     conn: Conn,
     channel_of: impl Fn(&str) -> String + Send + Sync + 'static,
+    marker_of: Option<Marker>,
 ) -> Arc<Wakes> {
     let (changes, wanted) = mpsc::unbounded_channel();
     let wakes = Arc::new(Wakes::with_hook(Box::new(move |key, on| {
         let _ = changes.send((key.clone(), on));
     })));
-    tokio::spawn(follow(conn, channel_of, Arc::downgrade(&wakes), wanted));
+    let names = Names {
+        channel_of,
+        marker_of,
+    };
+    tokio::spawn(follow(conn, names, Arc::downgrade(&wakes), wanted));
     wakes
 }
 
 type Changes = mpsc::UnboundedReceiver<(Arc<str>, bool)>;
 
-async fn follow(
+/// A key's channel, and its marker if the store has them.
+struct Names<F> {
+    channel_of: F,
+    marker_of: Option<Marker>,
+}
+
+async fn follow<F: Fn(&str) -> String>(
     conn: Conn,
-    channel_of: impl Fn(&str) -> String,
+    names: Names<F>,
     wakes: Weak<Wakes>,
     mut changes: Changes,
 ) {
@@ -50,13 +72,16 @@ async fn follow(
                 return;
             };
             if on {
-                channels.insert(channel_of(&key), key);
+                channels.insert((names.channel_of)(&key), key);
             }
             continue;
         }
         attempt += 1;
         let listened = match conn.pubsub_client(attempt - 1).await {
-            Ok(client) => listen(&client, &channel_of, &mut channels, &wakes, &mut changes).await,
+            Ok(client) => {
+                let to = (&conn, &client);
+                listen(to, &names, &mut channels, &wakes, &mut changes).await
+            }
             Err(error) => Err(error),
         };
         match listened {
@@ -72,19 +97,42 @@ async fn follow(
     }
 }
 
+/// Sets (or keeps alive) the markers of `keys`, where the store has them.
+async fn mark<'a>(
+    conn: &Conn,
+    marker_of: Option<&Marker>,
+    keys: impl Iterator<Item = &'a Arc<str>>,
+) -> redis::RedisResult<()> {
+    let Some(marker_of) = marker_of else {
+        return Ok(());
+    };
+    let sets = keys.map(|key| {
+        let (mut conn, mut set) = (conn.clone(), redis::cmd("SET"));
+        set.arg(marker_of(key)).arg(1).arg("PX").arg(MARK_MS);
+        async move { set.query_async::<()>(&mut conn).await }
+    });
+    let all = futures_util::future::join_all(sets);
+    within(async { all.await.into_iter().collect::<redis::RedisResult<()>>() }).await
+}
+
 /// Subscribes to `channels` and wakes their keys' waiters, until the subscription breaks (an error) or
 /// the store goes (`Ok`).
-async fn listen(
-    client: &Client,
-    channel_of: &impl Fn(&str) -> String,
+async fn listen<F: Fn(&str) -> String>(
+    (conn, client): (&Conn, &Client),
+    names: &Names<F>,
     channels: &mut HashMap<String, Arc<str>>,
     wakes: &Weak<Wakes>,
     changes: &mut Changes,
 ) -> redis::RedisResult<()> {
+    let marker_of = names.marker_of.as_ref();
     let (mut sink, mut messages) = within(client.get_async_pubsub()).await?.split();
     for channel in channels.keys() {
         within(sink.subscribe(channel)).await?;
     }
+    mark(conn, marker_of, channels.values()).await?;
+    let mut keep_marks =
+        tokio::time::interval_at(tokio::time::Instant::now() + MARK_EVERY, MARK_EVERY);
+    keep_marks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Releases made while no subscription was listening went unheard: every waiter checks again.
     match wakes.upgrade() {
         Some(wakes) => {
@@ -107,13 +155,18 @@ async fn listen(
                 };
                 wakes.wake(key);
             }
+            _ = keep_marks.tick(), if marker_of.is_some() => {
+                mark(conn, marker_of, channels.values()).await?;
+            }
             change = changes.recv() => {
                 let Some((key, on)) = change else { return Ok(()) };
-                let channel = channel_of(&key);
+                let channel = (names.channel_of)(&key);
                 if on {
                     // Kept first: a subscription that fails here is made when it is remade.
                     channels.insert(channel.clone(), key.clone());
                     within(sink.subscribe(&channel)).await?;
+                    // Marked before the waiters hear that releases are heard: they ask again after.
+                    mark(conn, marker_of, std::iter::once(&key)).await?;
                     if let Some(wakes) = wakes.upgrade() {
                         wakes.heard(Some(&key), true);
                     }

@@ -64,7 +64,8 @@ impl DifyStoreBuilder {
                     .into(),
             ));
         }
-        let wakes = wakeups::start(conn.clone(), released);
+        // dify.lua announces every release: no markers.
+        let wakes = wakeups::start(conn.clone(), released, None);
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
             stale_ms: millis(self.stale_after),

@@ -1,8 +1,9 @@
 -- batch.lua: the admissions and releases waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'r' (a
--- release from one key) or 'u' (an undo: a refused admission across Cluster slots gives back what it
--- took on one), or 'A', 'R' or 'U' and n (on n keys); the places of its keys among the KEYS (1 for the
+-- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'g' (one under
+-- an id generated for it: no earlier admission used the id), 'r' (a release from one key) or 'u' (an
+-- undo: a refused admission across Cluster slots gives back what it took on one), or 'A', 'G', 'R' or
+-- 'U' and n (on n keys); the places of its keys among the KEYS (1 for the
 -- first three, ...); the permit id; then for an admission its terms 'weight lease_ms d1 m1 d2 m2 ...'
 -- (the default and max limits of each key's class, in the operation's order) and the token its lease
 -- keeps (0: the one it gets; across Cluster slots, the first slot's), for a release the token
@@ -18,8 +19,15 @@
 -- or of the first), expires_at_ms, reclaimed, token, what the id held before on the first limited key
 -- (weight, 0 when nothing; lease_ms; token), and which keys recorded the lease (bit i - 1: key i).
 -- Unlimited keys record nothing.
-local limits = {} -- of the operation's keys, by place: reused, each operation writing its own
-local function acquire(keys, n, id, t, keep)
+local limits, limited = {}, {} -- of the operation's keys, by place: reused, each operation writing its own
+local replies, r = {}, 0 -- every operation's numbers, in order; r: how many so far
+local function reply(...) -- an admission's 11
+  local out = {...}
+  for j = 1, 11 do replies[r + j] = out[j] end
+  r = r + 11
+end
+
+local function acquire(keys, n, id, t, keep, generated)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
   for i = 1, n do
     local key = keys[i]
@@ -28,40 +36,54 @@ local function acquire(keys, n, id, t, keep)
     limits[i] = limit
     if limit > 0 then
       any = true
-      if weight > limit then return 3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0 end
+      if weight > limit then return reply(3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
       -- No room for a new lease: a retry of a held id never needs more than it has.
       if count + weight > limit then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and count - held + weight > limit then return 0, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0 end
+        if weight > held and count - held + weight > limit then
+          return reply(0, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
+        end
       end
     end
   end
-  if not any then return 2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0 end
-  local limited, counted = {}, 0
+  if not any then return reply(2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
+  local m, counted = 0, 0
   for i = 1, n do
-    if limits[i] > 0 then limited[#limited + 1], counted = keys[i], counted + 2 ^ (i - 1) end
+    if limits[i] > 0 then m, counted = m + 1, counted + 2 ^ (i - 1); limited[m] = keys[i] end
   end
-  local token = next_token(limited, #limited)
+  local token = next_token(limited, m)
   if keep ~= 0 then token = keep end
-  local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token)
-  for i = 2, #limited do put(limited[i], id, weight, lease_ms, token) end
-  return 1, -1, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, now + lease_ms, reclaimed, token,
-    held, old_ms, old_token, counted
+  local plain = generated and weight == 1 and lease_ms == DEFAULT_LEASE_MS
+  local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token, plain)
+  for i = 2, m do put(limited[i], id, weight, lease_ms, token, plain) end
+  local first = keys[1]
+  replies[r + 1], replies[r + 2], replies[r + 3] = 1, -1, limits[1]
+  replies[r + 4], replies[r + 5], replies[r + 6] = limits[1] > 0 and first.n + first.extra or 0, now + lease_ms, reclaimed
+  replies[r + 7], replies[r + 8], replies[r + 9], replies[r + 10], replies[r + 11] = token, held, old_ms, old_token, counted
+  r = r + 11
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
--- went is announced on '<prefix>{E}:released', which processes with waiters on the key subscribe to.
--- A lease a later admission of the id took (another token) stays.
+-- went is announced on '<prefix>{E}:released' while '<prefix>{E}:waiting' says that some process has
+-- waiters on the key (they subscribe to it). A lease a later admission of the id took (another token)
+-- stays.
 local function release(keys, n, id, token)
   local released = 0
   for i = 1, n do
     local key = keys[i]
-    local weight, _, own = meta(key, id)
+    local weight, _, own, found = meta(key, id)
     if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1
-      forget(key, id, weight)
+      if found then
+        add_extra(key, 1 - weight)
+        redis.call('HDEL', key.permits, id)
+      end
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
-      redis.call('PUBLISH', string.sub(key.leases, 1, -8) .. ':released', '')
+      if key.waiting == nil then
+        key.tag = string.sub(key.leases, 1, -8)
+        key.waiting = redis.call('EXISTS', key.tag .. ':waiting') == 1
+      end
+      if key.waiting then redis.call('PUBLISH', key.tag .. ':released', '') end
     end
   end
   return released
@@ -86,25 +108,25 @@ local function undo(keys, n, id, token, before)
 end
 
 set_now(tonumber(ARGV[1]))
-local replies, r, a, terms, keys = {}, 0, 2, {}, {}
+local a, terms, keys = 2, {}, {}
 while a <= #ARGV do
   local kind, n = ARGV[a], 1
-  if kind == 'A' or kind == 'R' or kind == 'U' then a, n = a + 1, tonumber(ARGV[a + 1]) end
+  if kind == 'A' or kind == 'G' or kind == 'R' or kind == 'U' then a, n = a + 1, tonumber(ARGV[a + 1]) end
   for j = 1, n do
     local k = tonumber(ARGV[a + j]) * 3
     keys[j] = view(KEYS[k - 2], KEYS[k - 1], KEYS[k])
   end
   local id = ARGV[a + n + 1]
-  if kind == 'a' or kind == 'A' then
+  if kind == 'a' or kind == 'A' or kind == 'g' or kind == 'G' then
     local t = terms[ARGV[a + n + 2]] -- the operations of a batch mostly share their terms: read once
     if not t then
       t = {}
       for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
       terms[ARGV[a + n + 2]] = t
     end
-    local out = {acquire(keys, n, id, t, tonumber(ARGV[a + n + 3]))}
-    for j = 1, 11 do replies[r + j] = out[j] end
-    r, a = r + 11, a + n + 4
+    local keep = ARGV[a + n + 3]
+    acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), kind == 'g' or kind == 'G')
+    a = a + n + 4
   elseif kind == 'r' or kind == 'R' then
     replies[r + 1] = release(keys, n, id, tonumber(ARGV[a + n + 2]))
     r, a = r + 1, a + n + 3
@@ -113,4 +135,5 @@ while a <= #ARGV do
     r, a = r + 1, a + n + 4
   end
 end
+settle()
 return replies

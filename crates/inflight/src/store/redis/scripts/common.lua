@@ -4,7 +4,12 @@
 --   <prefix>{E}:leases   sorted set: permit id -> lease deadline (ms, Redis clock). A generated (UUID)
 --                        id is the byte 0xFF and its 16 bytes; a given id is its text.
 --   <prefix>{E}:permits  hash: permit id -> 'weight lease_ms token'; '' -> the sum of (weight - 1)
---                        over the leases (always there); '#' -> the key's last token.
+--                        over the leases (always there); '#' -> the key's last token. A fresh lease (the
+--                        first admission of an id generated for it, weight 1, the default lease) has no
+--                        entry: its id was never used before, so no other admission's release can name
+--                        it, and any later admission of the id (a re-sent one) writes its entry.
+--   <prefix>{E}:waiting  string, while some process has waiters on the key (it keeps it alive): only
+--                        then is a release announced on <prefix>{E}:released.
 -- Tokens (fencing): each admission gets one, larger than every token its keys gave before: the Redis
 -- clock in microseconds, or the keys' last token + 1 when that is larger. A lease keeps its admission's
 -- token; a later admission of the same id takes it over with its own, and a release or renewal naming
@@ -28,11 +33,11 @@ local function resolve(override, default_limit, max_limit)
   return own
 end
 
-local function meta(key, id) -- a lease's weight, length and token (0: none kept)
+local function meta(key, id) -- a lease's weight, length and token (0: none kept); whether it has an entry
   local m = key.hashed and redis.call('HGET', key.permits, id)
-  if not m then return 1, DEFAULT_LEASE_MS, 0 end
+  if not m then return 1, DEFAULT_LEASE_MS, 0, false end
   local weight, lease_ms, token = string.match(m, '^(%d+) (%d+) ?(%d*)$')
-  return tonumber(weight), tonumber(lease_ms), tonumber(token) or 0
+  return tonumber(weight), tonumber(lease_ms), tonumber(token) or 0, true
 end
 
 local function hashed(key) -- the hash is written: made anew, keep() gives it its expiry
@@ -51,7 +56,7 @@ local function record(key, id, held, old_ms, weight, lease_ms, token)
   add_extra(key, (weight - 1) - math.max(held - 1, 0))
   if token ~= 0 then
     local entry = weight .. ' ' .. lease_ms .. ' ' .. string.format('%.0f', token)
-    redis.call('HSET', key.permits, id, entry, '', key.extra, '#', string.format('%.0f', key.last))
+    redis.call('HSET', key.permits, id, entry, '', key.extra)
     hashed(key)
   elseif weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
     if held ~= weight or old_ms ~= lease_ms then
@@ -63,10 +68,11 @@ local function record(key, id, held, old_ms, weight, lease_ms, token)
   end
 end
 
--- After `id`'s lease (of `weight`, when already read) left the set.
-local function forget(key, id, weight)
-  if not key.hashed then return end
-  add_extra(key, 1 - (weight or meta(key, id)))
+-- After `id`'s lease left the set: its entry, if it has one, goes.
+local function forget(key, id)
+  local weight, _, _, found = meta(key, id)
+  if not found then return end
+  add_extra(key, 1 - weight)
   redis.call('HDEL', key.permits, id)
 end
 
@@ -79,12 +85,17 @@ local function view(leases, permits, limit)
   seen[leases] = key
   local fields = redis.call('HMGET', permits, '', '#')
   key.hashed, key.extra, key.last = fields[1] ~= false, tonumber(fields[1] or '0'), tonumber(fields[2] or '0')
-  local upto = string.format('%.0f', now)
-  if key.hashed then
-    local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', upto)
-    for _, id in ipairs(expired) do forget(key, id) end
+  -- Ranges over the expired only when the earliest deadline has passed (mostly none has).
+  local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
+  key.reclaimed = 0
+  if first[2] and tonumber(first[2]) <= now then
+    local upto = string.format('%.0f', now)
+    if key.hashed then
+      local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', upto)
+      for _, id in ipairs(expired) do forget(key, id) end
+    end
+    key.reclaimed = redis.call('ZREMRANGEBYSCORE', leases, '-inf', upto)
   end
-  key.reclaimed = redis.call('ZREMRANGEBYSCORE', leases, '-inf', upto)
   key.n = redis.call('ZCARD', leases)
   if key.n == 0 and key.extra ~= 0 then -- (the hash stays: it keeps the key's last token)
     redis.call('HSET', permits, '', 0)
@@ -129,26 +140,43 @@ local function keep(key, lease_ms, fresh)
     redis.call('PEXPIREAT', key.leases, clock_ms + ttl)
   end
   if key.hashed then redis.call('PEXPIREAT', key.permits, clock_ms + ttl) end
-  key.kept = lease_ms
+  key.kept, key.longest = lease_ms, math.max(key.longest or 0, lease_ms)
 end
 
--- The next token of an admission on `keys` (the first n): each key's last from now on (written with the
--- lease, by record()).
+-- The next token of an admission on `keys` (the first n): each key's last from now on (written once a
+-- script, by settle()).
 local function next_token(keys, n)
   local token = now_us
   for i = 1, n do token = math.max(token, keys[i].last + 1) end
-  for i = 1, n do keys[i].last = token end
+  for i = 1, n do keys[i].last, keys[i].dirty = token, true end
   return token
 end
 
+-- At the script's end: each key's last token written where it moved (with the extra weight, so that the
+-- hash keeps both fields), and a hash made just now given the expiry of the key's leases.
+local function settle()
+  for _, key in pairs(seen) do
+    if key.dirty then
+      local made = not key.hashed
+      redis.call('HSET', key.permits, '#', string.format('%.0f', key.last), '', key.extra)
+      if made then
+        hashed(key)
+        keep(key, key.longest or DEFAULT_LEASE_MS, false)
+      end
+    end
+  end
+end
+
 local deadlines = {} -- as ZADD takes them, by lease length: formatted once a script
--- Adds (or refreshes) `id`'s lease, keeping `token` (0: the one it has); returns
--- what it was before: weight (0: not held), length and token.
-local function put(key, id, weight, lease_ms, token)
+-- Adds (or refreshes) `id`'s lease, keeping `token` (0: the one it has); an id `plain` (generated for
+-- this admission, weight 1, the default lease) keeps no entry when new. Returns what it was before:
+-- weight (0: not held), length and token.
+local function put(key, id, weight, lease_ms, token, plain)
   deadlines[lease_ms] = deadlines[lease_ms] or string.format('%.0f', now + lease_ms)
-  local held, old_ms, old_token, fresh = 0, DEFAULT_LEASE_MS, 0, key.n == 0
+  local held, old_ms, old_token, empty = 0, DEFAULT_LEASE_MS, 0, key.n == 0
   if redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1 then
     key.n = key.n + 1
+    if plain then token = 0 end
   else
     held, old_ms, old_token = meta(key, id)
   end
@@ -156,6 +184,6 @@ local function put(key, id, weight, lease_ms, token)
   if held > 0 or weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS or token ~= 0 then
     record(key, id, held, old_ms, weight, lease_ms, token)
   end
-  if lease_ms > key.kept then keep(key, lease_ms, fresh) end
+  if lease_ms > key.kept then keep(key, lease_ms, empty) end
   return held, old_ms, old_token
 end

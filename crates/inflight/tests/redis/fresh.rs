@@ -1,0 +1,155 @@
+//! What an admission writes to Redis at least: a lease under an id generated for it keeps no entry in the
+//! key's hash (its fencing holds all the same), and a release is announced only while some process has
+//! waiters on the key.
+
+use std::time::Duration;
+
+use inflight::store::{AcquireRequest, Admission, OverrideChange};
+use inflight::{AcquireOptions, ClassLimits, Limiter, PermitId, Policy, Store};
+
+use crate::support::TestRedis;
+
+/// The bytes Redis stores for a generated id: 0xFF, then the UUID's 16 bytes.
+fn member(id: &PermitId) -> Vec<u8> {
+    let uuid = uuid::Uuid::parse_str(&id.to_string()).unwrap();
+    std::iter::once(0xFF).chain(*uuid.as_bytes()).collect()
+}
+
+/// A first admission under a generated id writes only its lease (and the key's last token); the same
+/// admission sent again (a re-sent script) takes the lease over with a new token and records it, so
+/// that a release naming the first token leaves it alone, as for any id.
+#[tokio::test]
+async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
+    let redis = TestRedis::start();
+    let store = redis.store();
+    let limits = [ClassLimits::new(4, 0)];
+    let id = PermitId::generate();
+    let acquire = || {
+        store.acquire(AcquireRequest {
+            keys: &["k"],
+            id: &id,
+            weight: 1,
+            lease_ms: 30_000,
+            limits: &limits,
+            generated: true,
+        })
+    };
+    let token_of = |admission| match admission {
+        Admission::Admitted { grant, .. } => grant.token,
+        other => panic!("{other:?}"),
+    };
+    let first = token_of(acquire().await.unwrap());
+    let mut c = redis.client();
+    let entry = |c: &mut redis::Connection| -> Option<String> {
+        redis::cmd("HGET")
+            .arg("inflight:{k}:permits")
+            .arg(member(&id))
+            .query(c)
+            .unwrap()
+    };
+    assert_eq!(entry(&mut c), None, "a fresh lease has no entry");
+    let last: String = redis::cmd("HGET")
+        .arg("inflight:{k}:permits")
+        .arg("#")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(last, first.to_string(), "the key's last token is written");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("inflight:{k}:permits")
+        .query(&mut c)
+        .unwrap();
+    assert!(ttl > 30_000, "the hash expires with the leases, PTTL {ttl}");
+
+    let again = token_of(acquire().await.unwrap());
+    assert!(again > first);
+    let recorded = entry(&mut c).expect("an id admitted again records its token");
+    assert!(recorded.ends_with(&format!(" {again}")), "{recorded}");
+    assert_eq!(
+        store
+            .status("k", limits[0], OverrideChange::Keep)
+            .await
+            .unwrap()
+            .in_flight,
+        1
+    );
+    let keys = [std::sync::Arc::from("k")];
+    assert!(!store.release(&keys, &id, first).await.unwrap());
+    assert!(store.release(&keys, &id, again).await.unwrap());
+    assert_eq!(entry(&mut c), None, "the entry goes with its lease");
+    assert_eq!(
+        store
+            .status("k", limits[0], OverrideChange::Keep)
+            .await
+            .unwrap()
+            .in_flight,
+        0
+    );
+}
+
+/// Waits (bounded) for `check` to hold.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Nothing waits: a release publishes nothing. A waiter in another store handle (another process's)
+/// marks the key before it asks again, so the release that frees its slot is announced and wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_announced_only_while_someone_waits() {
+    let redis = TestRedis::start();
+    let holder = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let mut listener = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut subscription = listener.as_pubsub();
+    subscription.subscribe("inflight:{k}:released").unwrap();
+    subscription
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // A marker of this test's own, published after the release: the first message heard tells whether
+    // the release published (Redis runs the two in order).
+    let mut c = redis.client();
+    let publish_marker = |c: &mut redis::Connection| {
+        redis::cmd("PUBLISH")
+            .arg("inflight:{k}:released")
+            .arg("after")
+            .query::<i64>(c)
+            .unwrap();
+    };
+    let first = holder.try_acquire("k").await.unwrap();
+    first.release().await.unwrap();
+    publish_marker(&mut c);
+    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(heard, "after", "no waiter: the release was not announced");
+
+    let held = holder.try_acquire("k").await.unwrap();
+    let waiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { waiter.acquire("k", wait).await.map(|_| ()) });
+    let mut m = redis.client();
+    until("the waiter's process marks the key", || {
+        redis::cmd("EXISTS")
+            .arg("inflight:{k}:waiting")
+            .query::<i64>(&mut m)
+            .unwrap()
+            == 1
+    })
+    .await;
+    held.release().await.unwrap();
+    publish_marker(&mut c);
+    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(heard, "", "a waiter: the release was announced");
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was admitted")
+        .unwrap()
+        .unwrap();
+}
