@@ -58,6 +58,18 @@ for store in memory:// "$redis"; do
     if [ -n "$stats" ]; then redis-cli -p "$redis_port" INFO commandstats >"$out/commandstats-64.txt"; fi
   done
 done
+say "Redis CPU per pair, beside the reference system's traffic"
+# Redis's own CPU (INFO cpu) around each run, per acquire+release pair; two rounds, the loads in turn.
+for round in 1 2; do
+  for load in "64 1" "64 64" "1 1"; do
+    set -- $load
+    "$bin" bench --store "$redis" --tasks "$1" --keys "$2" --limit 1000000 --duration 4s \
+      --redis-prefix "cpu$round-$1-$2:" >>"$out/redis_cpu.jsonl"
+  done
+  for procs in 4 1; do python3 scripts/bench/reference.py "$redis_port" 4 "$procs" >>"$out/redis_cpu.jsonl"; done
+  # What one round trip (a PING) costs Redis from one client: the floor under one task's two.
+  python3 scripts/bench/reference.py "$redis_port" 2 1 ping >>"$out/redis_cpu.jsonl"
+done
 # The same load at 64 tasks on a runtime of two threads (the default is one), each store in turn.
 for store in memory:// "$redis"; do
   "$bin" bench --store "$store" --tasks 64 --threads 2 --duration 2s --redis-prefix "t2:" >>"$out/concurrency.jsonl"

@@ -83,6 +83,7 @@ w("Every figure here was produced by one run of `scripts/bench.sh` (it also wrot
 w(f"2-core machine, on {today}. Each alternative ran beside inflight in the same run; the machines are noisy, so")
 w("compare ratios within a table rather than absolute numbers across runs. Client, servers and load generator")
 w("share the same 2 cores. The last section reads the tables; where it says why, it names how that was seen.")
+w("The sections after it, each on one issue, were measured by the commands they name and are kept as they are.")
 w("")
 
 # 1. memory vs semaphore
@@ -177,6 +178,41 @@ for r in sorted(conc, key=lambda r: (store_name(r["store"]) != "memory", r["task
 w("")
 w("![acquire latency vs concurrent tasks](docs/latency.svg)")
 w("")
+
+# 3b. Redis's own CPU per pair, beside the reference system's traffic (issue 30's goals)
+cpu_runs = jsonl("redis_cpu.jsonl")
+
+
+def between(values, digits):
+    lo, hi = min(values), max(values)
+    return f"{lo:,.{digits}f}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:,.{digits}f}-{hi:,.{digits}f}"
+
+
+if cpu_runs:
+    w("## Redis CPU per admission")
+    w("")
+    w("Redis's own CPU time (`INFO cpu`, user + system, read before and after the run) per acquire+release")
+    w("pair: a primary is one core, so this decides how far a deployment scales. `inflight bench --store")
+    w("redis://... --tasks T --keys K --limit 1000000 --duration 4s` (`redis_cpu_us_per_pair` in its JSON line),")
+    w("and beside it the reference system's traffic (`scripts/bench/reference.py PORT 4 4`: HLEN, HSET, HDEL, one")
+    w("command at a time, from 4 processes); two rounds, the loads in turn, the range over the rounds.")
+    w("")
+    w("| load | pairs/s | p99 µs | Redis CPU per pair, µs | goal |")
+    w("|---|---|---|---|---|")
+    goals = {(64, 1): "≤ 2.5, ≥ 150,000 pairs/s, p99 ≤ 1 ms", (64, 64): "≤ 4", (1, 1): "≤ 25 and < half the reference's"}
+    loads = [(64, 1), (64, 64), (1, 1)]
+    others = [("the reference, 4 processes", ("reference", 4)), ("the reference, 1 process", ("reference", 1)),
+              ("one PING at a time (a round trip's floor)", ("ping", 1))]
+    for label, pick in [(f"{t} task{'s' if t > 1 else ''}, {k} key{'s' if k > 1 else ''}", (t, k)) for t, k in loads] + others:
+        runs = [r for r in cpu_runs if (r.get("store"), r["tasks"]) == pick
+                or (r.get("store") not in ("reference", "ping") and (r["tasks"], r["keys"]) == pick)]
+        if not runs:
+            continue
+        pairs = between([r["pairs_per_sec"] for r in runs], 0)
+        p99 = between([r["p99_us"] for r in runs], 0) if "p99_us" in runs[0] else "-"
+        cpu = between([r["redis_cpu_us_per_pair"] for r in runs], 1)
+        w(f"| {label} | {pairs} | {p99} | {cpu} | {goals.get(pick, '-')} |")
+    w("")
 
 # 4. scaling
 for title, name, field, label in [
@@ -498,6 +534,13 @@ w("scripts/bench/topologies.sh DIR   # the topologies table alone (DIR/topologie
 w("scripts/instructions.sh           # instructions per proxied request (callgrind), inflight and the floor")
 w("inflight bench --store redis://127.0.0.1:6379 --tasks 64 --duration 5s   # one JSON line")
 w("```")
+# Sections this script does not render (measured by the commands they name, for one issue) are kept as
+# they were, before "Reproduce".
+old = (root / "BENCHMARKS.md").read_text() if (root / "BENCHMARKS.md").exists() else ""
+rendered = {line for line in lines if line.startswith("## ")}
+kept = [part for part in re.split(r"(?m)^(?=## )", old)[1:] if part.splitlines()[0] not in rendered]
+at = lines.index("## Reproduce")
+lines[at:at] = [line for part in kept for line in part.rstrip("\n").split("\n") + [""]]
 (root / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
 
 # The plot: p50 and p99 vs tasks, per store, log scale.

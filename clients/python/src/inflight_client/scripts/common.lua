@@ -125,7 +125,8 @@ local function override_arg(text)
   if not n or n > MAX_OVERRIDE then return nil end
   return string.format('%.0f', n)
 end
-local OVERRIDE_RANGE = 'ERR an override is a whole number from 0 (clear) to ' .. MAX_OVERRIDE
+local OVERRIDE_RANGE = 'ERR an override is a whole number from 0 (clear) to 4294967295' -- (MAX_OVERRIDE: a literal, since
+-- a concatenation would format the number on every call of every script)
 
 local function in_flight(key) return key.n + key.extra end
 
