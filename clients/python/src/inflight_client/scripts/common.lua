@@ -19,11 +19,13 @@
 -- the latest deadline, so that idle keys leave nothing behind.
 local DEFAULT_LEASE_MS = 30000
 local clock_ms, now, now_us = 0, 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
-local function set_now(offset_ms)
+local function set_now(offset) -- (ARGV's text; tonumber costs Redis about as much as a TIME call)
+  local offset_ms = offset == '0' and 0 or tonumber(offset)
   local t = redis.call('TIME')
-  clock_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  clock_ms = s * 1000 + math.floor(us / 1000)
   now = clock_ms + offset_ms
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + offset_ms * 1000
+  now_us = s * 1000000 + us + offset_ms * 1000
 end
 
 -- The effective limit: the override if > 0, else the default; capped by the ceiling if > 0; 0: unlimited.
@@ -76,33 +78,56 @@ local function forget(key, id)
   redis.call('HDEL', key.permits, id)
 end
 
--- The script's view of a key, made once: its expired leases reclaimed (a hash left without leases, its
--- set evicted alone, counts no extra weight), its number of leases n, its extra weight and last token read.
+-- A number from Redis's text ('0' without tonumber, which costs Redis about as much as a command).
+local function num(text)
+  if not text or text == '0' then return 0 end
+  return tonumber(text)
+end
+
+-- The script's keys, each made once: glance() names it and reads nothing; reclaim() removes its expired
+-- leases (once); load() reads its number of leases n, its extra weight and last token (a hash left
+-- without leases, its set evicted alone, counts no extra weight). Until loaded, a key is taken to have
+-- its hash (meta() asks it) and its counts are not kept.
 local seen = {}
-local function view(leases, permits, limit)
-  if seen[leases] then return seen[leases] end
-  local key = {leases = leases, permits = permits, limit = limit, kept = 0}
+local function glance(leases, permits, limit)
+  local key = seen[leases]
+  if key then return key end
+  key = {leases = leases, permits = permits, limit = limit, kept = 0, hashed = true, extra = 0, last = 0,
+    reclaimed = 0, n = 0, override = false, longest = 0, dirty = false, loaded = false, checked = false}
   seen[leases] = key
-  local fields = redis.call('HMGET', permits, '', '#')
-  key.hashed, key.extra, key.last = fields[1] ~= false, tonumber(fields[1] or '0'), tonumber(fields[2] or '0')
+  return key
+end
+
+local function reclaim(key)
+  if key.checked then return end
+  key.checked = true
   -- Ranges over the expired only when the earliest deadline has passed (mostly none has).
-  local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')
-  key.reclaimed = 0
-  if first[2] and tonumber(first[2]) <= now then
-    local upto = string.format('%.0f', now)
-    if key.hashed then
-      local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', upto)
-      for _, id in ipairs(expired) do forget(key, id) end
-    end
-    key.reclaimed = redis.call('ZREMRANGEBYSCORE', leases, '-inf', upto)
+  local first = redis.call('ZRANGE', key.leases, 0, 0, 'WITHSCORES')
+  if not (first[2] and tonumber(first[2]) <= now) then return end
+  local upto = string.format('%.0f', now)
+  if key.hashed then
+    local expired = redis.call('ZRANGEBYSCORE', key.leases, '-inf', upto)
+    for _, id in ipairs(expired) do forget(key, id) end
   end
-  key.n = redis.call('ZCARD', leases)
+  local removed = redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
+  key.reclaimed, key.n = key.reclaimed + removed, key.n - removed
+end
+
+local function load(key)
+  if key.loaded then return key end
+  key.loaded = true
+  local fields = redis.call('HMGET', key.permits, '', '#')
+  key.hashed, key.extra, key.last = fields[1] ~= false, num(fields[1]), num(fields[2])
+  key.n = redis.call('ZCARD', key.leases)
+  if key.n == 0 then key.checked = true else reclaim(key) end
   if key.n == 0 and key.extra ~= 0 then -- (the hash stays: it keeps the key's last token)
-    redis.call('HSET', permits, '', 0)
+    redis.call('HSET', key.permits, '', 0)
     key.extra = 0
   end
   return key
 end
+
+local function view(leases, permits, limit) return load(glance(leases, permits, limit)) end
 
 -- An override counts when it is a whole number from 1 to MAX_OVERRIDE (2^32 - 1, what every client reads);
 -- anything else a writer left (larger, smaller, a fraction, text) reads as none: the key's class limits

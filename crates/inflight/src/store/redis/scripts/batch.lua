@@ -30,7 +30,7 @@ end
 local function acquire(keys, n, id, t, keep, generated)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
   for i = 1, n do
-    local key = keys[i]
+    local key = load(keys[i])
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
     local limit, count = resolve(override(key), t[2 * i + 1], t[2 * i + 2]), key.n + key.extra
     limits[i] = limit
@@ -71,9 +71,10 @@ local function release(keys, n, id, token)
   local released = 0
   for i = 1, n do
     local key = keys[i]
+    reclaim(key) -- (an expired lease is not released: it was lost)
     local weight, _, own, found = meta(key, id)
     if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
-      released, key.n = 1, key.n - 1
+      released, key.n = 1, key.n - 1 -- (n: read again when the key is loaded)
       if found then
         add_extra(key, 1 - weight)
         redis.call('HDEL', key.permits, id)
@@ -98,6 +99,7 @@ local function undo(keys, n, id, token, before)
   if weight == 0 then return release(keys, n, id, token) end
   local changed = 0
   for i = 1, n do
+    load(keys[i])
     local _, _, own = meta(keys[i], id)
     if own == token and redis.call('ZSCORE', keys[i].leases, id) then
       put(keys[i], id, weight, lease_ms, old_token)
@@ -107,14 +109,15 @@ local function undo(keys, n, id, token, before)
   return changed
 end
 
-set_now(tonumber(ARGV[1]))
+set_now(ARGV[1])
 local a, terms, keys = 2, {}, {}
 while a <= #ARGV do
   local kind, n = ARGV[a], 1
   if kind == 'A' or kind == 'G' or kind == 'R' or kind == 'U' then a, n = a + 1, tonumber(ARGV[a + 1]) end
   for j = 1, n do
-    local k = tonumber(ARGV[a + j]) * 3
-    keys[j] = view(KEYS[k - 2], KEYS[k - 1], KEYS[k])
+    local place = ARGV[a + j]
+    local k = (place == '1' and 1 or tonumber(place)) * 3
+    keys[j] = glance(KEYS[k - 2], KEYS[k - 1], KEYS[k])
   end
   local id = ARGV[a + n + 1]
   if kind == 'a' or kind == 'A' or kind == 'g' or kind == 'G' then
@@ -128,7 +131,8 @@ while a <= #ARGV do
     acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), kind == 'g' or kind == 'G')
     a = a + n + 4
   elseif kind == 'r' or kind == 'R' then
-    replies[r + 1] = release(keys, n, id, tonumber(ARGV[a + n + 2]))
+    local token = ARGV[a + n + 2]
+    replies[r + 1] = release(keys, n, id, token == '0' and 0 or tonumber(token))
     r, a = r + 1, a + n + 3
   else
     replies[r + 1] = undo(keys, n, id, tonumber(ARGV[a + n + 2]), ARGV[a + n + 3])

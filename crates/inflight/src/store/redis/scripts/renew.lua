@@ -15,7 +15,7 @@
 -- An unlimited key records nothing, so it has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
-set_now(tonumber(ARGV[4]))
+set_now(ARGV[4])
 local id, lease_ms, readd, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local keys, limits, has, missing, weight, own, kept = {}, {}, {}, false, nil, nil, nil
 local counted = tonumber(ARGV[6 + #KEYS / 3] or '0')
