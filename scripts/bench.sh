@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 . scripts/bench/lib.sh
-install_missing redis-server=redis-server,redis-tools nginx=nginx wrk=wrk
+install_missing redis-server=redis-server,redis-tools nginx=nginx wrk=wrk valgrind=valgrind
 
 out=$(mktemp -d)
 chmod 755 "$out" # nginx's workers read the event-stream file from here
@@ -70,6 +70,8 @@ for round in 1 2; do
   # What one round trip (a PING) costs Redis from one client: the floor under one task's two.
   python3 scripts/bench/reference.py "$redis_port" 2 1 ping >>"$out/redis_cpu.jsonl"
 done
+# And what the scripts cost Redis in instructions (callgrind; steady where CPU time is not).
+python3 scripts/bench/redis_instructions.py 100 >"$out/redis_instructions.md"
 # The same load at 64 tasks on a runtime of two threads (the default is one), each store in turn.
 for store in memory:// "$redis"; do
   "$bin" bench --store "$store" --tasks 64 --threads 2 --duration 2s --redis-prefix "t2:" >>"$out/concurrency.jsonl"

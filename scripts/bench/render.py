@@ -213,6 +213,14 @@ if cpu_runs:
         cpu = between([r["redis_cpu_us_per_pair"] for r in runs], 1)
         w(f"| {label} | {pairs} | {p99} | {cpu} | {goals.get(pick, '-')} |")
     w("")
+instructions = raw / "redis_instructions.md"
+if instructions.exists():
+    w("Where that CPU goes, counted rather than timed: instructions inside `redis-server` per pair (callgrind,")
+    w("user space only; `python3 scripts/bench/redis_instructions.py 100`), for the shapes of the loads above and")
+    w("beside what any script call costs and the reference's three commands:")
+    w("")
+    lines.extend(instructions.read_text().rstrip("\n").split("\n"))
+    w("")
 
 # 4. scaling
 for title, name, field, label in [

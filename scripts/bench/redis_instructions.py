@@ -1,0 +1,150 @@
+"""Instructions Redis executes per acquire+release pair, counted by valgrind's callgrind inside a
+redis-server it starts (on a free 127.0.0.1 port, stopped at the end). Unlike CPU time on a shared machine,
+the count moves by well under 1 % between runs, so a change to the scripts of a few percent shows.
+
+    python3 scripts/bench/redis_instructions.py [BATCHES]      # default 100
+
+Each shape sends BATCHES pairs of calls of `batch.lua` (as the library sends them: generated ids, weight 1,
+the default lease): one call of N admissions, then one of their N releases. Shapes: one key with a standing
+lease (a busy key), a key per operation emptied between batches (many quiet keys), one pair per call (one
+task); beside them the same calls to a script that only returns (what any script call costs Redis), and
+the reference system's HLEN, HSET, HDEL (three commands per pair). Counts user space only (the kernel's
+share is not counted). Standard library only; needs valgrind and redis-server.
+"""
+
+import glob
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "crates/inflight/src/store/redis/scripts")
+
+
+class Redis:
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.reader = self.sock.makefile("rb")
+
+    def call(self, *args) -> object:
+        out = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            data = arg if isinstance(arg, bytes) else str(arg).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        self.sock.sendall(b"".join(out))
+        return self.read()
+
+    def read(self) -> object:
+        line = self.reader.readline()
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"$":
+            size = int(rest)
+            return None if size < 0 else self.reader.read(size + 2)[:-2]
+        if kind == b"*":
+            return [self.read() for _ in range(int(rest))]
+        if kind == b":":
+            return int(rest)
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        return rest
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def main() -> None:
+    batches = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    out = tempfile.mkdtemp()
+    port = free_port()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.%p", "redis-server",
+         "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                r = Redis(port)
+                r.call("PING")
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise SystemExit("redis-server under valgrind did not start")
+        source = open(f"{SCRIPTS}/common.lua").read() + open(f"{SCRIPTS}/batch.lua").read()
+        batch = r.call("SCRIPT", "LOAD", source).decode()
+        nothing = r.call("SCRIPT", "LOAD", "return 1").decode()
+
+        def counted(work) -> int:
+            """Instructions redis-server ran for work()."""
+            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
+            work()
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
+            newest = max(glob.glob(f"{out}/cg.*"), key=os.path.getmtime)
+            return int(re.search(r"^summary: (\d+)", open(newest).read(), re.M).group(1))
+
+        def shape(label: str, n: int, spread: bool, standing: bool, sha: str) -> None:
+            r.call("FLUSHALL")
+            keys = []
+            for i in range(n if spread else 1):
+                keys += [f"inflight:{{k{i}}}:leases", f"inflight:{{k{i}}}:permits", f"inflight:{{k{i}}}:limit"]
+
+            def calls():
+                ids = [b"\xff" + uuid.uuid4().bytes for _ in range(n)]
+                admit, release = [0], [0]
+                for i, id in enumerate(ids):
+                    place = i + 1 if spread else 1
+                    admit += ["g", place, id, "1 30000 1000000 0", 0]
+                    release += ["r", place, id, 0]
+                return admit, release
+
+            if standing:
+                r.call("EVALSHA", batch, len(keys), *keys, *calls()[0])
+            work = [calls() for _ in range(batches)]
+
+            def run():
+                for admit, release in work:
+                    r.call("EVALSHA", sha, len(keys), *keys, *admit)
+                    r.call("EVALSHA", sha, len(keys), *keys, *release)
+
+            print(f"| {label} | {counted(run) / (batches * n):,.0f} |")
+
+        def reference() -> None:
+            r.call("FLUSHALL")
+
+            def run():
+                for _ in range(batches * 16):
+                    request = str(uuid.uuid4())
+                    r.call("HLEN", "active_requests")
+                    r.call("HSET", "active_requests", request, "1")
+                    r.call("HDEL", "active_requests", request)
+
+            print(f"| the reference's HLEN, HSET, HDEL | {counted(run) / (batches * 16):,.0f} |")
+
+        print("| per acquire+release pair | instructions in redis-server |")
+        print("|---|---|")
+        shape("one key, 16 pairs per call (a busy key)", 16, False, True, batch)
+        shape("a key per operation, 16 pairs per call (many quiet keys)", 16, True, False, batch)
+        shape("one pair per call (one task)", 1, False, False, batch)
+        shape("16 pairs per call to a script that only returns", 16, False, False, nothing)
+        shape("one pair per call to a script that only returns", 1, False, False, nothing)
+        reference()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for f in glob.glob(f"{out}/cg.*"):
+            os.remove(f)
+        os.rmdir(out)
+
+
+if __name__ == "__main__":
+    main()
