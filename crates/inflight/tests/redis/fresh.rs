@@ -1,6 +1,6 @@
 //! What an admission writes to Redis at least: a lease under an id generated for it keeps no entry in the
-//! key's hash (its fencing holds all the same), and a release is announced only while some process has
-//! waiters on the key.
+//! key's hash (its fencing holds all the same), and a release (or a new limit) is announced only while
+//! some process has waiters on the key.
 
 use std::time::Duration;
 
@@ -147,6 +147,55 @@ async fn a_release_is_announced_only_while_someone_waits() {
     publish_marker(&mut c);
     let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
     assert_eq!(heard, "", "a waiter: the release was announced");
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was admitted")
+        .unwrap()
+        .unwrap();
+}
+
+/// A key's limit raised while a process waits on it: announced as a release is, so that the waiter is
+/// admitted at once rather than at its next re-check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_limit_is_announced_to_the_waiters() {
+    let redis = TestRedis::start();
+    let holder = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let mut listener = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut subscription = listener.as_pubsub();
+    subscription.subscribe("inflight:{k}:released").unwrap();
+    subscription
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _held = holder.try_acquire("k").await.unwrap();
+    let waiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { waiter.acquire("k", wait).await.map(|_| ()) });
+    let mut m = redis.client();
+    until("the waiter's process marks the key", || {
+        redis::cmd("EXISTS")
+            .arg("inflight:{k}:waiting")
+            .query::<i64>(&mut m)
+            .unwrap()
+            == 1
+    })
+    .await;
+    let raised = holder.set_limit("k", 2).await.unwrap();
+    assert_eq!(raised.limit, inflight::Limit::Limited(2));
+    let mut c = redis.client();
+    redis::cmd("PUBLISH")
+        .arg("inflight:{k}:released")
+        .arg("after")
+        .query::<i64>(&mut c)
+        .unwrap();
+    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(heard, "", "the new limit was announced");
     tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the waiter was admitted")
