@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio
 
-from inflight_client import AsyncRedisLimiter, HttpLimiter, RedisLimiter, TooManyRequests
+from inflight_client import AsyncRedisLimiter, HttpLimiter, RedisLimiter, TooManyRequests, _keys
 
 
 def test_tokens_grow_and_a_late_release_leaves_the_later_admission(limiter: RedisLimiter) -> None:
@@ -26,6 +27,22 @@ def test_tokens_grow_and_a_late_release_leaves_the_later_admission(limiter: Redi
     assert limiter.status("job-key").in_flight == 1
     assert limiter.release("job-key", "job-7", token=second.token) is True
     assert limiter.status("job-key").in_flight == 0
+
+
+def test_a_generated_ids_lease_records_no_token_a_given_ones_does(
+    limiter: RedisLimiter, r: redis.Redis
+) -> None:
+    _, permits, _ = _keys.names(limiter.prefix, "fresh")
+    generated = limiter.try_acquire("fresh")
+    assert r.hget(permits, _keys.member(generated.id)) is None  # no other admission used the id
+    assert r.hget(permits, "#") == str(generated.token).encode()  # the key's last token is kept
+    given = limiter.try_acquire("fresh", id="job-1")
+    entry = r.hget(permits, _keys.member(given.id))
+    assert entry is not None and entry.endswith(b" %d" % given.token)
+    generated.release()
+    given.release()
+    assert limiter.status("fresh").in_flight == 0
+    assert r.hget(permits, _keys.member(given.id)) is None
 
 
 def test_permits_of_one_id_in_a_process_release_with_the_latest_token(limiter: RedisLimiter) -> None:

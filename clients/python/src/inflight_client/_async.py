@@ -299,13 +299,14 @@ class AsyncRedisLimiter:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
         keys = _core.unique_keys(keys)
+        generated = id is None
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
         reply = await self._call(
             self._batch,
             _core.key_names(self.prefix, keys),
-            _core.acquire_args(keys, id, weight, lease_ms, limits),
+            _core.acquire_args(keys, id, weight, lease_ms, limits, generated),
         )
         limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
         if expires_at_ms is None:

@@ -67,12 +67,19 @@ def key_names(prefix: str, keys: Sequence[str]) -> list[str]:
 
 
 def acquire_args(
-    keys: Sequence[str], id: str, weight: int, lease_ms: int, limits: Sequence[ClassLimits]
+    keys: Sequence[str],
+    id: str,
+    weight: int,
+    lease_ms: int,
+    limits: Sequence[ClassLimits],
+    generated: bool = False,
 ) -> list[Arg]:
-    """``batch.lua``'s ARGV for one admission: clock offset, ``a`` (or ``A n``), key places, member, terms,
+    """``batch.lua``'s ARGV for one admission: clock offset, ``a`` (or ``A n``; ``g``/``G`` when the id was
+    generated for this admission, whose lease then need not record its token), key places, member, terms,
     and 0 (the lease keeps the token it gets)."""
     args: list[Arg] = [0]
-    args.extend(["a"] if len(keys) == 1 else ["A", len(keys)])
+    kind = "g" if generated else "a"
+    args.extend([kind] if len(keys) == 1 else [kind.upper(), len(keys)])
     args.extend(range(1, len(keys) + 1))
     args.append(_keys.member(id))
     args.append(" ".join([str(weight), str(lease_ms)] + [f"{c.default} {c.max}" for c in limits]))

@@ -117,6 +117,7 @@ class RedisLimiter:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
         keys = _core.unique_keys(keys)
+        generated = id is None
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
@@ -130,7 +131,7 @@ class RedisLimiter:
                 reply = self._call(
                     self._batch,
                     _core.key_names(self.prefix, keys),
-                    _core.acquire_args(keys, id, weight, lease_ms, limits),
+                    _core.acquire_args(keys, id, weight, lease_ms, limits, generated),
                 )
         except BaseException as error:
             # Interrupted (KeyboardInterrupt, gevent's Timeout, the greenlet killed) or timed out waiting for
