@@ -2,7 +2,11 @@
 redis-server it starts (on a free 127.0.0.1 port, stopped at the end). Unlike CPU time on a shared machine,
 the count moves by well under 1 % between runs, so a change to the scripts of a few percent shows.
 
-    python3 scripts/bench/redis_instructions.py [BATCHES]      # default 100
+    python3 scripts/bench/redis_instructions.py [BATCHES [SCRIPTS_DIR [OP]]]   # default 100, this tree's, g
+
+SCRIPTS_DIR and OP compare another version's scripts (`git worktree add /tmp/old COMMIT`, then
+`.../redis_instructions.py 100 /tmp/old/crates/inflight/src/store/redis/scripts a`: before 'g' existed,
+every admission was 'a').
 
 Each shape sends BATCHES pairs of calls of `batch.lua` (as the library sends them: generated ids, weight 1,
 the default lease): one call of N admissions, then one of their N releases. Shapes: one key with a standing
@@ -64,6 +68,8 @@ def free_port() -> int:
 
 def main() -> None:
     batches = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    scripts = sys.argv[2] if len(sys.argv) > 2 else SCRIPTS
+    op = sys.argv[3] if len(sys.argv) > 3 else "g"
     out = tempfile.mkdtemp()
     port = free_port()
     server = subprocess.Popen(
@@ -80,7 +86,7 @@ def main() -> None:
                 time.sleep(0.1)
         else:
             raise SystemExit("redis-server under valgrind did not start")
-        source = open(f"{SCRIPTS}/common.lua").read() + open(f"{SCRIPTS}/batch.lua").read()
+        source = open(f"{scripts}/common.lua").read() + open(f"{scripts}/batch.lua").read()
         batch = r.call("SCRIPT", "LOAD", source).decode()
         nothing = r.call("SCRIPT", "LOAD", "return 1").decode()
 
@@ -103,7 +109,7 @@ def main() -> None:
                 admit, release = [0], [0]
                 for i, id in enumerate(ids):
                     place = i + 1 if spread else 1
-                    admit += ["g", place, id, "1 30000 1000000 0", 0]
+                    admit += [op, place, id, "1 30000 1000000 0", 0]
                     release += ["r", place, id, 0]
                 return admit, release
 
