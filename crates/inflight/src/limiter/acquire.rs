@@ -20,8 +20,9 @@ use crate::store::Store;
 pub struct TryAcquire<'a, S: Store> {
     limiter: &'a Limiter<S>,
     key: &'a str,
-    /// What was asked, until the first poll takes it.
-    options: Option<AcquireOptions>,
+    options: AcquireOptions,
+    /// Polled once: the decision that needs no waiting is made.
+    started: bool,
     /// The store is deciding (boxed: it is a network round trip, and this keeps the common future small).
     store: Option<BoxFuture<'a, Result<Permit, AcquireError>>>,
 }
@@ -48,7 +49,8 @@ impl<S: Store> Limiter<S> {
         TryAcquire {
             limiter: self,
             key,
-            options: Some(options),
+            options,
+            started: false,
             store: None,
         }
     }
@@ -60,9 +62,10 @@ impl<S: Store> Future for TryAcquire<'_, S> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let Some(mut options) = this.options.take() {
+        if !this.started {
+            this.started = true;
             let (limiter, key) = (this.limiter, this.key);
-            match limiter.acquire_now(&[key], &mut options) {
+            match limiter.acquire_now(&[key], &mut this.options) {
                 Now::Local {
                     slots,
                     grant,
@@ -89,10 +92,10 @@ impl<S: Store> Future for TryAcquire<'_, S> {
 
 impl<S: Store> fmt::Debug for TryAcquire<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match (&self.options, &self.store) {
-            (Some(_), _) => "start",
-            (None, Some(_)) => "store",
-            (None, None) => "done",
+        let state = match (self.started, &self.store) {
+            (false, _) => "start",
+            (true, Some(_)) => "store",
+            (true, None) => "done",
         };
         f.debug_struct("TryAcquire").field("state", &state).finish()
     }
