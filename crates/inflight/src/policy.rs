@@ -2,6 +2,7 @@
 //! it, else the defaults), its override in place of the class's default, capped by the class's ceiling;
 //! 0 means unlimited.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 pub use crate::limit::{ClassLimits, Limit};
@@ -175,33 +176,118 @@ impl Policy {
 /// A [`Policy`] that can be replaced while limiters use it (a reload), shared by its clones. A permit
 /// already held stays held; the new policy applies from the next admission on.
 #[derive(Clone, Debug, Default)]
-pub struct SharedPolicy(Arc<RwLock<Arc<Policy>>>);
+pub struct SharedPolicy(Arc<Shared>);
+
+/// The policy, and what an admission needs of a policy without rules, read without its lock.
+#[derive(Debug, Default)]
+struct Shared {
+    policy: RwLock<Arc<Policy>>,
+    /// True while the policy has rules: a key's limits are then looked up under the lock.
+    ruled: AtomicBool,
+    /// The limits of every key while the policy has no rules ([`pack`]).
+    plain: AtomicU64,
+}
+
+/// A class's limits in one word, so that a reader sees both of the same policy.
+fn pack(limits: ClassLimits) -> u64 {
+    u64::from(limits.default_limit) | u64::from(limits.max_limit) << 32
+}
+
+fn unpack(packed: u64) -> ClassLimits {
+    ClassLimits::new(packed as u32, (packed >> 32) as u32)
+}
 
 impl SharedPolicy {
     /// A shared policy, `policy` for now.
     pub fn new(policy: Policy) -> Self {
-        Self(Arc::new(RwLock::new(Arc::new(policy))))
+        let shared = Self::default();
+        shared.set(policy);
+        shared
     }
 
     /// The policy now.
     pub fn get(&self) -> Arc<Policy> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.read().clone()
     }
 
     /// Replaces the policy for every limiter that shares it.
     pub fn set(&self, policy: Policy) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+        let shared = &self.0;
+        let mut current = shared.policy.write().unwrap_or_else(|e| e.into_inner());
+        // Under the lock, so that concurrent replacements leave these as the last one's. A reader that
+        // finds no rules sees the defaults stored before `ruled` was cleared.
+        if policy.rules.is_empty() {
+            shared.plain.store(pack(policy.default), Ordering::Relaxed);
+            shared.ruled.store(false, Ordering::Release);
+        } else {
+            shared.ruled.store(true, Ordering::Release);
+        }
+        *current = Arc::new(policy);
     }
 
-    /// Runs `f` on the policy now, without taking a reference to it.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Arc<Policy>> {
+        self.0.policy.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The limits of each key of `keys` under the policy now, in order, into `out`: a policy without
+    /// rules (every key has its defaults) is read without taking its lock.
     #[inline]
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&Policy) -> R) -> R {
-        f(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    pub(crate) fn limits_into<K: AsRef<str>>(&self, keys: &[K], out: &mut [ClassLimits]) {
+        if !self.0.ruled.load(Ordering::Acquire) {
+            let plain = unpack(self.0.plain.load(Ordering::Relaxed));
+            out.iter_mut()
+                .zip(keys)
+                .for_each(|(limits, _)| *limits = plain);
+            return;
+        }
+        let policy = self.read();
+        for (limits, key) in out.iter_mut().zip(keys) {
+            *limits = policy.limits(key.as_ref());
+        }
+    }
+
+    /// The limits of `key`'s class under the policy now.
+    #[inline]
+    pub(crate) fn limits(&self, key: &str) -> ClassLimits {
+        let mut limits = [ClassLimits::default()];
+        self.limits_into(&[key], &mut limits);
+        limits[0]
     }
 }
 
 impl From<Policy> for SharedPolicy {
     fn from(policy: Policy) -> Self {
         Self::new(policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_policy_gives_its_own_limits_with_rules_or_without() {
+        let shared = SharedPolicy::default();
+        assert_eq!(shared.limits("a:1"), ClassLimits::new(0, 0));
+        shared.set(Policy::new(u32::MAX, 7));
+        assert_eq!(shared.limits("a:1"), ClassLimits::new(u32::MAX, 7));
+        let ruled = Policy::new(3, 0)
+            .rule("a:*", ClassLimits::new(5, 9))
+            .expect("a rule");
+        shared.set(ruled);
+        let mut limits = [ClassLimits::default(); 2];
+        shared.limits_into(&["a:1", "b:1"], &mut limits);
+        assert_eq!(limits, [ClassLimits::new(5, 9), ClassLimits::new(3, 0)]);
+        shared.set(Policy::new(4, 0));
+        shared.limits_into(&["a:1", "b:1"], &mut limits);
+        assert_eq!(
+            limits,
+            [ClassLimits::new(4, 0); 2],
+            "the rules went with their policy"
+        );
+        assert_eq!(
+            SharedPolicy::new(Policy::new(2, 6)).limits("x"),
+            ClassLimits::new(2, 6)
+        );
     }
 }

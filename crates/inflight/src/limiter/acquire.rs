@@ -18,18 +18,13 @@ use crate::store::Store;
 /// completes at once; otherwise it asks the store. It never waits for room.
 #[must_use = "futures do nothing unless awaited"]
 pub struct TryAcquire<'a, S: Store> {
-    state: State<'a, S>,
-}
-
-enum State<'a, S: Store> {
-    Start {
-        limiter: &'a Limiter<S>,
-        key: &'a str,
-        options: AcquireOptions,
-    },
+    limiter: &'a Limiter<S>,
+    key: &'a str,
+    options: AcquireOptions,
+    /// Polled once: the decision that needs no waiting is made.
+    started: bool,
     /// The store is deciding (boxed: it is a network round trip, and this keeps the common future small).
-    Store(BoxFuture<'a, Result<Permit, AcquireError>>),
-    Done,
+    store: Option<BoxFuture<'a, Result<Permit, AcquireError>>>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -52,11 +47,11 @@ impl<S: Store> Limiter<S> {
         options: AcquireOptions,
     ) -> TryAcquire<'a, S> {
         TryAcquire {
-            state: State::Start {
-                limiter: self,
-                key,
-                options,
-            },
+            limiter: self,
+            key,
+            options,
+            started: false,
+            store: None,
         }
     }
 }
@@ -67,28 +62,18 @@ impl<S: Store> Future for TryAcquire<'_, S> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let State::Start {
-            limiter,
-            key,
-            options,
-        } = &mut this.state
-        {
-            let (limiter, key) = (*limiter, *key);
-            match limiter.acquire_now(&[key], options) {
+        if !this.started {
+            this.started = true;
+            let (limiter, key) = (this.limiter, this.key);
+            match limiter.acquire_now(&[key], &mut this.options) {
                 Now::Local {
                     slots,
                     grant,
                     lease_ms,
-                } => {
-                    this.state = State::Done;
-                    return Poll::Ready(Ok(Permit::local(slots, None, grant, lease_ms)));
-                }
-                Now::Decided(decided) => {
-                    this.state = State::Done;
-                    return Poll::Ready(decided.map_err(|(_, error)| error));
-                }
+                } => return Poll::Ready(Ok(Permit::local(slots, None, grant, lease_ms))),
+                Now::Decided(decided) => return Poll::Ready(decided.map_err(|(_, error)| error)),
                 Now::Store(prepared) => {
-                    this.state = State::Store(Box::pin(async move {
+                    this.store = Some(Box::pin(async move {
                         let keys = [key];
                         let decided = limiter.acquire_in_store(&keys, prepared).await;
                         decided.map_err(|(_, error)| error)
@@ -96,23 +81,21 @@ impl<S: Store> Future for TryAcquire<'_, S> {
                 }
             }
         }
-        match &mut this.state {
-            State::Store(future) => {
-                let out = std::task::ready!(future.as_mut().poll(cx));
-                this.state = State::Done;
-                Poll::Ready(out)
-            }
-            _ => panic!("TryAcquire polled after completion"),
-        }
+        let Some(future) = &mut this.store else {
+            panic!("TryAcquire polled after completion");
+        };
+        let out = std::task::ready!(future.as_mut().poll(cx));
+        this.store = None;
+        Poll::Ready(out)
     }
 }
 
 impl<S: Store> fmt::Debug for TryAcquire<'_, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match self.state {
-            State::Start { .. } => "start",
-            State::Store(_) => "store",
-            State::Done => "done",
+        let state = match (self.started, &self.store) {
+            (false, _) => "start",
+            (true, Some(_)) => "store",
+            (true, None) => "done",
         };
         f.debug_struct("TryAcquire").field("state", &state).finish()
     }

@@ -131,11 +131,7 @@ impl<S: Store> Limiter<S> {
         }
         let core = &self.core;
         let mut limits = [ClassLimits::default(); MAX_KEYS];
-        core.policy.with(|policy| {
-            for (limits, key) in limits.iter_mut().zip(keys) {
-                *limits = policy.limits(key);
-            }
-        });
+        core.policy.limits_into(keys, &mut limits[..keys.len()]);
         let given_id = options.id.is_some();
         match core
             .store

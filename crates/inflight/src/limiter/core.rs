@@ -48,13 +48,14 @@ pub(super) struct Core<S> {
 impl<S> Core<S> {
     #[inline]
     pub(super) fn limits(&self, key: &str) -> ClassLimits {
-        self.policy.with(|policy| policy.limits(key))
+        self.policy.limits(key)
     }
 
     /// The limits of each key's class, in order.
     pub(super) fn limits_of<K: AsRef<str>>(&self, keys: &[K]) -> Vec<ClassLimits> {
-        self.policy
-            .with(|policy| keys.iter().map(|key| policy.limits(key.as_ref())).collect())
+        let mut limits = vec![ClassLimits::default(); keys.len()];
+        self.policy.limits_into(keys, &mut limits);
+        limits
     }
 }
 

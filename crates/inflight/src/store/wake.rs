@@ -109,9 +109,15 @@ impl Wakes {
     /// Wakes every waiter on `key` (those that have enabled their wait; see [`Interest::notified`]).
     #[inline]
     pub(crate) fn wake(&self, key: &str) {
-        if self.watched.load(Ordering::Relaxed) == 0 {
-            return;
+        if self.watched.load(Ordering::Relaxed) != 0 {
+            self.wake_watched(key);
         }
+    }
+
+    /// [`Wakes::wake`] once some key has an interest: out of line, so that a release with no waiter
+    /// anywhere costs one load and no call.
+    #[inline(never)]
+    fn wake_watched(&self, key: &str) {
         if let Some((watch, _)) = self.lock().get(key) {
             watch.released.notify_waiters();
         }

@@ -60,14 +60,15 @@ async fn live_permits_are_re_registered_after_redis_restarts_empty() {
     let permit = limiter.try_acquire("app").await.unwrap();
     redis.restart(); // empty
     let back = Instant::now();
+    // The renewer counts the re-addition once Redis has answered it: the status may see it first.
+    let readded = || limiter.stats().readded.load(Ordering::Relaxed) >= 1;
     loop {
-        if limiter
+        let in_flight = limiter
             .status("app")
             .await
             .map(|s| s.in_flight)
-            .unwrap_or(0)
-            == 1
-        {
+            .unwrap_or(0);
+        if in_flight == 1 && readded() {
             break;
         }
         // (A bound on waiting, not a figure: renewals come every 300 ms; a busy machine may delay some.)
@@ -82,7 +83,6 @@ async fn live_permits_are_re_registered_after_redis_restarts_empty() {
         back.elapsed()
     );
     assert!(!permit.is_lost());
-    assert!(limiter.stats().readded.load(Ordering::Relaxed) >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -138,10 +138,15 @@ pub(super) fn admit<C>(
     weight: u32,
     reclaimed: u32,
 ) -> Result<Limit, Admission> {
-    let mut limited = false;
-    for slot in slots {
+    let (mut limited, mut first) = (false, Limit::Unlimited);
+    for (n, slot) in slots.iter().enumerate() {
         match slot.state.check(limits[slot.index], id, weight) {
-            Ok(limit) => limited |= limit != Limit::Unlimited,
+            Ok(limit) => {
+                limited |= limit != Limit::Unlimited;
+                if n == 0 {
+                    first = limit;
+                }
+            }
             Err(Refusal::Full { limit, in_flight }) => {
                 return Err(Admission::Full {
                     index: slot.index,
@@ -161,7 +166,7 @@ pub(super) fn admit<C>(
     if !limited {
         return Err(Admission::Unlimited);
     }
-    Ok(slots[0].state.limit(limits[slots[0].index]))
+    Ok(first)
 }
 
 /// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).

@@ -224,26 +224,51 @@ impl<C: Clock> Store for MemoryStore<C> {
         if given_id {
             return None;
         }
+        if let [key] = keys {
+            // One key (limited, or `admit` says unlimited): the permit holds the very reference to its
+            // cell found here, not one more.
+            let cell = self.made_cell(key);
+            let decided = {
+                let mut state = cell.lock();
+                let mut slots = [Slot {
+                    index: 0,
+                    cell: &cell,
+                    state: &mut state,
+                }];
+                let (now, reclaimed) = self.prepare(&mut slots, false);
+                admit(&slots, limits, None, weight, reclaimed).map(|first| {
+                    slots[0].state.in_flight += weight;
+                    let token = self.inner.time.token(now);
+                    (grant(&slots, first, weight, (0, token)), reclaimed)
+                })
+            };
+            return Some(match decided {
+                Ok((grant, reclaimed)) => LocalAdmission::Taken {
+                    slots: cell,
+                    grant,
+                    reclaimed,
+                },
+                Err(refused) => LocalAdmission::Decided(refused),
+            });
+        }
         Some(self.locked(keys, true, false, |slots, now, reclaimed| {
             let first = match admit(slots, limits, None, weight, reclaimed) {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };
-            let taken: Arc<dyn LocalSlots> = if let [slot] = slots {
-                // One key (limited, or `admit` would have said unlimited): the permit holds its cell.
-                slot.state.in_flight += weight;
-                slot.cell.clone()
-            } else {
-                let mut cells = Vec::with_capacity(slots.len());
-                for slot in slots.iter_mut() {
-                    if slot.state.limit(limits[slot.index]) != Limit::Unlimited {
-                        slot.state.in_flight += weight;
-                        cells.push(slot.cell.clone());
-                    }
+            let mut cells = Vec::with_capacity(slots.len());
+            for slot in slots.iter_mut() {
+                if slot.state.limit(limits[slot.index]) != Limit::Unlimited {
+                    slot.state.in_flight += weight;
+                    cells.push(slot.cell.clone());
                 }
-                let (first, time) = (slots[0].cell.key.clone(), self.inner.time.clone());
-                Arc::new(Cells { first, cells, time })
-            };
+            }
+            let (first_key, time) = (slots[0].cell.key.clone(), self.inner.time.clone());
+            let taken: Arc<dyn LocalSlots> = Arc::new(Cells {
+                first: first_key,
+                cells,
+                time,
+            });
             LocalAdmission::Taken {
                 slots: taken,
                 grant: grant(slots, first, weight, (0, self.inner.time.token(now))),

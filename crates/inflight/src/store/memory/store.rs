@@ -135,11 +135,17 @@ impl<C: Clock> MemoryStore<C> {
 
     #[inline]
     pub(super) fn cell(&self, key: &str, create: bool) -> Option<Arc<Cell<C>>> {
-        if let Some(cell) = self.inner.keys.get(key) {
-            return Some(cell.clone());
+        match create {
+            true => Some(self.made_cell(key)),
+            false => self.inner.keys.get(key).map(|cell| cell.clone()),
         }
-        if !create {
-            return None;
+    }
+
+    /// The cell of `key`, made if it has none.
+    #[inline]
+    pub(super) fn made_cell(&self, key: &str) -> Arc<Cell<C>> {
+        if let Some(cell) = self.inner.keys.get(key) {
+            return cell.clone();
         }
         let key: Arc<str> = Arc::from(key);
         let cell = self.inner.keys.entry(key.clone()).or_insert_with(|| {
@@ -150,7 +156,7 @@ impl<C: Clock> MemoryStore<C> {
                 wakes: self.inner.wakes.clone(),
             })
         });
-        Some(cell.clone())
+        cell.clone()
     }
 
     /// Locks the cells of `keys` (created when `create`; missing ones are left out), reclaims their
@@ -165,19 +171,7 @@ impl<C: Clock> MemoryStore<C> {
         f: impl FnOnce(&mut [Slot<'_, C>], u64, u32) -> R,
     ) -> R {
         let time = &self.inner.time;
-        let prepare = |slots: &mut [Slot<'_, C>]| {
-            let now = if precise || slots.iter().any(|slot| slot.state.has_leases()) {
-                time.now_ms()
-            } else {
-                time.coarse_ms()
-            };
-            let mut reclaimed = 0;
-            for slot in slots.iter_mut() {
-                reclaimed += slot.state.reclaim(now);
-                slot.state.last_used_ms = now;
-            }
-            (now, reclaimed)
-        };
+        let prepare = |slots: &mut [Slot<'_, C>]| self.prepare(slots, precise);
         if let [key] = keys {
             let Some(cell) = self.cell(key.as_ref(), create) else {
                 return f(&mut [], time.now_ms(), 0);
@@ -211,6 +205,24 @@ impl<C: Clock> MemoryStore<C> {
         slots.sort_by_key(|slot| slot.index);
         let (now, reclaimed) = prepare(&mut slots);
         f(&mut slots, now, reclaimed)
+    }
+
+    /// Reclaims the expired leases of the locked `slots` and marks them used: the time (read again when
+    /// `precise` or when a key has leases, else the last time read) and how many leases were reclaimed.
+    #[inline]
+    pub(super) fn prepare(&self, slots: &mut [Slot<'_, C>], precise: bool) -> (u64, u32) {
+        let time = &self.inner.time;
+        let now = if precise || slots.iter().any(|slot| slot.state.has_leases()) {
+            time.now_ms()
+        } else {
+            time.coarse_ms()
+        };
+        let mut reclaimed = 0;
+        for slot in slots.iter_mut() {
+            reclaimed += slot.state.reclaim(now);
+            slot.state.last_used_ms = now;
+        }
+        (now, reclaimed)
     }
 
     /// True when none of the keys can be limited: their classes limit nothing and no key has an override.
