@@ -186,6 +186,8 @@ struct Shared {
     ruled: AtomicBool,
     /// The limits of every key while the policy has no rules ([`pack`]).
     plain: AtomicU64,
+    /// Told of every replacement: waiters ask again at once, since a new limit may admit them.
+    replaced: tokio::sync::Notify,
 }
 
 /// A class's limits in one word, so that a reader sees both of the same policy.
@@ -223,6 +225,13 @@ impl SharedPolicy {
             shared.ruled.store(true, Ordering::Release);
         }
         *current = Arc::new(policy);
+        drop(current);
+        shared.replaced.notify_waiters();
+    }
+
+    /// Completes at the next replacement of the policy after it is enabled or first polled.
+    pub(crate) fn replaced(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.replaced.notified()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Arc<Policy>> {

@@ -271,3 +271,41 @@ async fn a_waiter_whose_subscription_was_killed_is_admitted_by_the_recheck() {
     assert_eq!(one.status("model").await.unwrap().in_flight, 1);
     drop(permit);
 }
+
+/// A limit raised while an admission waits admits it at once, not at its next re-check: an override
+/// (the store tells its waiters, on Redis every process's) or a new policy (a reload). On a paused
+/// clock, which moves only when every task waits: a waiter that is not woken waits until RECHECK.
+async fn a_raised_limit_admits_a_waiter_at_once(raise: impl AsyncFnOnce(&Limiter<MemoryStore>)) {
+    let limiter = limiter(MemoryStore::new(), 1);
+    let held = limiter.try_acquire("model").await.unwrap();
+    let started = tokio::time::Instant::now();
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.acquire("model", wait(30_000)).await })
+    };
+    waiting(&limiter, 1).await;
+    raise(&limiter).await;
+    let permit = waiter.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() < RECHECK,
+        "admitted after {:?}, at a re-check",
+        started.elapsed()
+    );
+    drop((held, permit));
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_raised_override_admits_a_waiter_at_once() {
+    a_raised_limit_admits_a_waiter_at_once(async |limiter: &Limiter<MemoryStore>| {
+        limiter.set_limit("model", 2).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_a_new_policy_admits_a_waiter_at_once() {
+    a_raised_limit_admits_a_waiter_at_once(async |limiter: &Limiter<MemoryStore>| {
+        limiter.set_policy(Policy::new(2, 0));
+    })
+    .await;
+}

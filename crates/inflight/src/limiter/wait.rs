@@ -120,9 +120,12 @@ impl<S: Wakeups> Limiter<S> {
                 let heard_by = (Instant::now() + RECHECK).min(deadline);
                 let _ = tokio::time::timeout_at(heard_by, interest.heard()).await;
                 let notified = interest.notified();
-                tokio::pin!(notified);
-                // Enabled before asking: a release while the store decides wakes this waiter all the same.
+                let replaced = self.core.policy.replaced();
+                tokio::pin!(notified, replaced);
+                // Enabled before asking: a release (or a new policy) while the store decides wakes this
+                // waiter all the same.
                 notified.as_mut().enable();
+                replaced.as_mut().enable();
                 let refused = match self.try_acquire_all(keys, options.clone()).await {
                     Err(full) if is_full(&full) => full,
                     decided => return decided,
@@ -134,6 +137,7 @@ impl<S: Wakeups> Limiter<S> {
                 let recheck = (Instant::now() + RECHECK).min(deadline);
                 tokio::select! {
                     () = &mut notified => {}
+                    () = &mut replaced => {}
                     () = tokio::time::sleep_until(recheck) => {}
                 }
                 refused

@@ -135,7 +135,7 @@ impl<C: Clock> MemoryStore<C> {
             OverrideChange::Clear => Some(None),
         };
         let create = matches!(limit, Some(Some(1..)));
-        self.locked(&[key], create, false, |slots, _, _| {
+        let status = self.locked(&[key], create, false, |slots, _, _| {
             let Some(slot) = slots.first_mut() else {
                 return Ok(KeyStatus {
                     limit: limits.resolve(None),
@@ -163,7 +163,12 @@ impl<C: Clock> MemoryStore<C> {
                 slot.state.override_limit = limit;
             }
             Ok(slot.state.status(limits))
-        })
+        });
+        // A new limit may admit waiters at once: they ask again, as after a release.
+        if limit.is_some() && status.is_ok() {
+            self.inner.wakes.wake(key);
+        }
+        status
     }
 }
 
