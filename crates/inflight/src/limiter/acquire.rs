@@ -40,7 +40,9 @@ impl<S: Store> Limiter<S> {
     /// # Cancel safety
     ///
     /// Cancelling the future while the store decides releases, in the background, whatever lease the
-    /// store may have granted under a generated id; a lease under a given id ends with its lease.
+    /// store grants: under a generated id by the id, under a given id once the store has answered, by the
+    /// admission's own token (so that another admission of the id keeps its lease). A store that cannot
+    /// answer (it timed out) leaves a lease under a given id to its deadline.
     pub fn try_acquire_with<'a>(
         &'a self,
         key: &'a str,

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::abandon::Deciding;
 use super::settler::Unsettled;
 use super::Limiter;
 use crate::clock::millis;
@@ -204,23 +205,35 @@ impl<S: Store> Limiter<S> {
                 return Err((0, AcquireError::Invalid(why)));
             }
         }
-        let request = AcquireRequest {
-            keys,
-            id: &id,
-            weight,
-            lease_ms,
-            limits: &limits[..keys.len()],
-            generated,
+        let answer = if generated || joined.is_some() {
+            let request = AcquireRequest {
+                keys,
+                id: &id,
+                weight,
+                lease_ms,
+                limits: &limits[..keys.len()],
+                generated,
+            };
+            // Dropped before the store answers (the caller went away), or failed on the way (a timeout),
+            // this admission may still have been made: its lease is then released in the background
+            // instead of holding a slot until it expires. By id alone: the admission's token is not
+            // known, and a generated id names no other admission. (Under an id a permit here holds, that
+            // permit's release gives the lease back.)
+            let release =
+                generated.then(|| core.release_of(shared.clone(), id.clone(), lease_ms, 0));
+            let mut unanswered = Unsettled::new(&core.settler, release);
+            let answer = core.store.acquire(request).await;
+            unanswered.disarm_unless(matches!(&answer, Err(error) if error.is_transient()));
+            answer
+        } else {
+            // Under a given id: dropped before the store answers, the decision is finished in the
+            // background and a lease it made released by its own token.
+            let limits = &limits[..keys.len()];
+            let lease = (shared.clone(), id.clone());
+            Deciding::start(&self.core, lease, weight, lease_ms, limits)
+                .answer()
+                .await
         };
-        // Dropped before the store answers (the caller went away), or failed on the way (a timeout), this
-        // admission may still have been made: its lease is then released in the background instead of
-        // holding a slot until it expires. Only for a generated id, which no other permit can hold.
-        // By id alone: the admission's token is not known, and a generated id names no other admission.
-        let release = generated.then(|| core.release_of(shared.clone(), id.clone(), lease_ms, 0));
-        let mut unanswered = Unsettled::new(&core.settler, release);
-        let answer = core.store.acquire(request).await;
-        unanswered.disarm_unless(matches!(&answer, Err(error) if error.is_transient()));
-        drop(unanswered);
         match answer {
             Ok(admission) => {
                 core.breaker.reset();

@@ -1,6 +1,7 @@
 //! [`Limiter`]: admits requests per key under the policy, hands out [`Permit`](crate::Permit)s, renews
 //! their leases and releases them.
 
+mod abandon;
 mod acquire;
 mod admission;
 mod builder;

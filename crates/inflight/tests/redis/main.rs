@@ -3,6 +3,7 @@
 //! (batches.rs), and what the store leaves in Redis and for how long (data.rs).
 #![allow(missing_docs)]
 
+mod abandoned;
 mod batches;
 mod connections;
 mod data;
