@@ -44,7 +44,8 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         headers.remove(header::CONTENT_LENGTH);
     }
-    // The names present, looked up once each: most messages have none or one.
+    // The names present, looked up once each: most messages have none or one (`Connection`). An option
+    // that names no header of the message, as `close` and `keep-alive` mostly do not, needs no name made.
     let mut gone: Vec<HeaderName> = Vec::new();
     for name in headers.keys() {
         if HOP_BY_HOP.contains(name) {
@@ -52,10 +53,12 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     for value in headers.get_all(header::CONNECTION) {
-        let options = value.to_str().unwrap_or_default().split(',');
-        gone.extend(
-            options.filter_map(|option| HeaderName::from_bytes(option.trim().as_bytes()).ok()),
-        );
+        for option in value.to_str().unwrap_or_default().split(',') {
+            let option = option.trim();
+            if !option.is_empty() && headers.contains_key(option) {
+                gone.extend(HeaderName::from_bytes(option.as_bytes()).ok());
+            }
+        }
     }
     for name in &gone {
         headers.remove(name);
