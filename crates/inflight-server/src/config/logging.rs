@@ -84,7 +84,11 @@ pub fn plain_fields(
     use tracing_subscriber::field::MakeExt;
     tracing_subscriber::fmt::format::debug_fn(|w, field, value| match field.name() {
         "message" => write!(w, "{value:?}"),
-        name => write!(w, "{}={value:?}", name.strip_prefix("r#").unwrap_or(name)),
+        name => {
+            w.write_str(name.strip_prefix("r#").unwrap_or(name))?;
+            w.write_char('=')?;
+            write!(w, "{value:?}")
+        }
     })
     .delimited(" ")
 }

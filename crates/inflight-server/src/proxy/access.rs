@@ -70,11 +70,18 @@ impl Access {
         if !self.log {
             return;
         }
-        let shown: Vec<String> = keys
-            .iter()
-            .map(|key| if per_key { key.clone() } else { hash(key) })
-            .collect();
-        self.keys = Some(shown.join(","));
+        // One string, each key (or its hash) written into it once.
+        let mut shown = String::with_capacity(keys.len() * 17);
+        for key in keys {
+            if !shown.is_empty() {
+                shown.push(',');
+            }
+            match per_key {
+                true => shown.push_str(key),
+                false => push_hash(&mut shown, key),
+            }
+        }
+        self.keys = Some(shown);
     }
 
     /// Counts the request, answered `status` with `result`; its access line is written when the
@@ -137,7 +144,7 @@ const HASHES_KEPT: usize = 256;
 /// A tenant's requests repeat its key, and SHA-256 is most of what an access line costs, so each
 /// worker thread keeps the hashes it made last, one per place of a small table (a key's place is its
 /// std hash's; a key met there again is not hashed again).
-fn hash(key: &str) -> String {
+fn push_hash(shown: &mut String, key: &str) {
     type Kept = Vec<Option<(Box<str>, [u8; 16])>>;
     thread_local! {
         static KEPT: std::cell::RefCell<Kept> = std::cell::RefCell::new(vec![None; HASHES_KEPT]);
@@ -152,8 +159,15 @@ fn hash(key: &str) -> String {
                 hex
             }
         };
-        String::from_utf8_lossy(&hex).into_owned()
+        shown.extend(hex.iter().map(|&digit| char::from(digit)));
     })
+}
+
+#[cfg(test)]
+fn hash(key: &str) -> String {
+    let mut shown = String::new();
+    push_hash(&mut shown, key);
+    shown
 }
 
 /// The place of `key` in a thread's table of hashes.
