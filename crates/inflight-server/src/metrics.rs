@@ -6,7 +6,7 @@ mod proxied;
 mod record;
 mod scrape;
 
-pub use proxied::ProxyResult;
+pub use proxied::{ProxiedClass, ProxyResult};
 pub use record::{Proxying, Waiting};
 
 use std::sync::atomic::AtomicU64;
@@ -55,6 +55,8 @@ pub struct Metrics {
     wait_duration: metrics::Histogram,
     wait_timeouts: metrics::Counter,
     in_flight: Arc<InFlight>,
+    /// The series of `inflight_proxy_requests_total` of each class met.
+    proxied: Arc<proxied::ProxiedClasses>,
     /// Admissions admitted and refused so far, for the status page's figures per minute.
     tally: Arc<[AtomicU64; 2]>,
 }
@@ -119,6 +121,7 @@ impl Metrics {
             errors: metrics::counter!("inflight_admissions_total", "result" => "error"),
             releases: metrics::counter!("inflight_releases_total"),
             in_flight: Arc::default(),
+            proxied: Arc::default(),
             upstream: metrics::histogram!("inflight_upstream_duration_seconds"),
             wait_duration: metrics::histogram!("inflight_wait_duration_seconds"),
             wait_timeouts: metrics::counter!("inflight_wait_timeouts_total"),

@@ -50,3 +50,60 @@ impl LoggingSettings {
         self.filter().map(drop)
     }
 }
+
+/// The time of a log line as tracing-subscriber's `SystemTime` writes it (RFC 3339 in UTC, to the
+/// microsecond), formatted by humantime: a fifth of the instructions, which counts in an access line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LineTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for LineTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write_time(std::time::SystemTime::now(), w)
+    }
+}
+
+fn write_time(
+    time: std::time::SystemTime,
+    w: &mut tracing_subscriber::fmt::format::Writer<'_>,
+) -> std::fmt::Result {
+    use tracing_subscriber::fmt::time::FormatTime;
+    // humantime writes the years 1970 to 9999; tracing-subscriber any other.
+    match time.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) if since.as_secs() < 253_402_300_800 => {
+            write!(w, "{}", humantime::format_rfc3339_micros(time))
+        }
+        _ => tracing_subscriber::fmt::time::SystemTime.format_time(w),
+    }
+}
+
+/// The fields of a text line without colours, as tracing-subscriber's default writes them then
+/// (`message name=value ...`, values as `Debug`), at half its instructions: it styles every name and `=`
+/// even when styles are off.
+pub fn plain_fields(
+) -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| match field.name() {
+        "message" => write!(w, "{value:?}"),
+        name => {
+            w.write_str(name.strip_prefix("r#").unwrap_or(name))?;
+            w.write_char('=')?;
+            write!(w, "{value:?}")
+        }
+    })
+    .delimited(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use tracing_subscriber::fmt::format::Writer;
+
+    #[test]
+    fn a_line_time_is_rfc3339_in_utc_to_the_microsecond() {
+        let mut text = String::new();
+        let time = UNIX_EPOCH + Duration::new(1_518_568_087, 123_456_789);
+        super::write_time(time, &mut Writer::new(&mut text)).unwrap();
+        assert_eq!(text, "2018-02-14T00:28:07.123456Z");
+    }
+}

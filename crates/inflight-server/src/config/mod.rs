@@ -14,7 +14,7 @@ use serde::Serialize;
 pub use check::{check, CheckArgs};
 pub use connections::Connections;
 pub use inflight::{MAX_LEASE, MIN_LEASE};
-pub use logging::{LogFormat, LoggingSettings};
+pub use logging::{plain_fields, LineTime, LogFormat, LoggingSettings};
 pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};
 pub use rules::LimitRule;

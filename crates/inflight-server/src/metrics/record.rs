@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::StatusCode;
 use inflight::{Clock, SystemClock};
 
-use super::{proxied, AdmissionResult, Metrics, ProxyResult};
+use super::{proxied, AdmissionResult, Metrics, ProxiedClass, ProxyResult};
 
 /// Leases handed out over HTTP that `inflight_in_flight` counts, at most (past this, new ones go uncounted).
 const MAX_LENT: usize = 100_000;
@@ -54,24 +54,32 @@ impl Metrics {
         self.per_key
     }
 
-    /// Counts a request the proxy answered with `status`, under `class` (`none`: no key) and, per key, `key`.
-    pub fn proxied(&self, status: StatusCode, class: &str, key: Option<&str>, result: ProxyResult) {
-        let (status_class, result, class) = (
-            proxied::status_class(status),
-            result.as_str(),
-            class.to_owned(),
-        );
+    /// The series of proxied requests of `class` (a `[[limits]]` pattern, or `default`).
+    pub fn proxied_class(&self, class: &str) -> Arc<ProxiedClass> {
+        self.proxied.get(class)
+    }
+
+    /// The series of proxied requests under no key (class `none`).
+    pub fn no_class(&self) -> Arc<ProxiedClass> {
+        self.proxied.none.clone()
+    }
+
+    /// Counts a request the proxy answered with `status`, under `class` and, per key, `key`.
+    pub fn proxied(
+        &self,
+        status: StatusCode,
+        class: &ProxiedClass,
+        key: Option<&str>,
+        result: ProxyResult,
+    ) {
         match key.filter(|_| self.per_key) {
             Some(key) => metrics::counter!(
                 "inflight_proxy_requests_total",
-                "status_class" => status_class, "class" => class, "result" => result, "key" => key.to_owned()
+                "status_class" => proxied::status_class(status), "class" => class.name().to_owned(),
+                "result" => result.as_str(), "key" => key.to_owned()
             )
             .increment(1),
-            None => metrics::counter!(
-                "inflight_proxy_requests_total",
-                "status_class" => status_class, "class" => class, "result" => result
-            )
-            .increment(1),
+            None => class.counter(status, result).increment(1),
         }
     }
 

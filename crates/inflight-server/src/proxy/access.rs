@@ -4,11 +4,12 @@
 //! result, class, the key's hash (its raw value only with `--metrics-per-key`), duration and, for the
 //! proxy's own answers, the error code. Headers are never logged.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Method, Request, StatusCode};
 
-use crate::metrics::{class_of, Metrics, ProxyResult};
+use crate::metrics::{class_of, Metrics, ProxiedClass, ProxyResult};
 
 /// The longest path an access line shows, in bytes.
 const MAX_PATH: usize = 512;
@@ -18,13 +19,14 @@ pub(super) struct Access {
     method: Method,
     path: String,
     started: Instant,
-    /// The class of its (first) key; `none` until keys are formed.
-    class: String,
+    /// The class of its (first) key, with its counters; `none` until keys are formed.
+    class: Arc<ProxiedClass>,
     /// Its first key, for per-key metrics only.
     first_key: Option<String>,
     /// Its keys as logged: hashes, or the keys themselves with per-key metrics.
     keys: Option<String>,
-    metrics: Metrics,
+    /// Whether metrics (and so the line) may name keys.
+    per_key: bool,
     log: bool,
 }
 
@@ -49,42 +51,49 @@ impl Access {
             method: request.method().clone(),
             path,
             started: Instant::now(),
-            class: "none".to_owned(),
+            class: metrics.no_class(),
             first_key: None,
             keys: None,
-            metrics: metrics.clone(),
+            per_key: metrics.per_key(),
             log,
         }
     }
 
     /// The keys the request is admitted under.
-    pub(super) fn keys(&mut self, keys: &[String], policy: &inflight::Policy) {
+    pub(super) fn keys(&mut self, keys: &[String], policy: &inflight::Policy, metrics: &Metrics) {
         let Some(first) = keys.first() else {
             return;
         };
-        self.class = class_of(policy, first).to_owned();
-        let per_key = self.metrics.per_key();
+        self.class = metrics.proxied_class(class_of(policy, first));
+        let per_key = self.per_key;
         self.first_key = per_key.then(|| first.clone());
         if !self.log {
             return;
         }
-        let shown: Vec<String> = keys
-            .iter()
-            .map(|key| if per_key { key.clone() } else { hash(key) })
-            .collect();
-        self.keys = Some(shown.join(","));
+        // One string, each key (or its hash) written into it once.
+        let mut shown = String::with_capacity(keys.len() * 17);
+        for key in keys {
+            if !shown.is_empty() {
+                shown.push(',');
+            }
+            match per_key {
+                true => shown.push_str(key),
+                false => push_hash(&mut shown, key),
+            }
+        }
+        self.keys = Some(shown);
     }
 
     /// Counts the request, answered `status` with `result`; its access line is written when the
     /// returned [`Line`] is dropped (when the response has ended).
     pub(super) fn answered(
         self,
+        metrics: &Metrics,
         status: StatusCode,
         result: ProxyResult,
         code: Option<&'static str>,
     ) -> Option<Line> {
-        self.metrics
-            .proxied(status, &self.class, self.first_key.as_deref(), result);
+        metrics.proxied(status, &self.class, self.first_key.as_deref(), result);
         // Made only when logged: a line logs when dropped.
         self.log.then(|| Line {
             access: self,
@@ -107,9 +116,8 @@ impl Drop for Line {
     fn drop(&mut self) {
         let access = &self.access;
         let duration_ms = u64::try_from(access.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let per_key = access.metrics.per_key();
         let (key, key_hash) = match &access.keys {
-            Some(keys) if per_key => (Some(keys.as_str()), None),
+            Some(keys) if access.per_key => (Some(keys.as_str()), None),
             Some(keys) => (None, Some(keys.as_str())),
             None => (None, None),
         };
@@ -119,7 +127,7 @@ impl Drop for Line {
             path = %access.path,
             status = self.status.as_u16(),
             result = self.result.as_str(),
-            class = %access.class,
+            class = %access.class.name(),
             key,
             key_hash,
             code = self.code,
@@ -136,7 +144,7 @@ const HASHES_KEPT: usize = 256;
 /// A tenant's requests repeat its key, and SHA-256 is most of what an access line costs, so each
 /// worker thread keeps the hashes it made last, one per place of a small table (a key's place is its
 /// std hash's; a key met there again is not hashed again).
-fn hash(key: &str) -> String {
+fn push_hash(shown: &mut String, key: &str) {
     type Kept = Vec<Option<(Box<str>, [u8; 16])>>;
     thread_local! {
         static KEPT: std::cell::RefCell<Kept> = std::cell::RefCell::new(vec![None; HASHES_KEPT]);
@@ -151,8 +159,15 @@ fn hash(key: &str) -> String {
                 hex
             }
         };
-        String::from_utf8_lossy(&hex).into_owned()
+        shown.extend(hex.iter().map(|&digit| char::from(digit)));
     })
+}
+
+#[cfg(test)]
+fn hash(key: &str) -> String {
+    let mut shown = String::new();
+    push_hash(&mut shown, key);
+    shown
 }
 
 /// The place of `key` in a thread's table of hashes.

@@ -52,7 +52,7 @@ impl Proxy {
                 body,
                 result,
             }) => {
-                let line = access.answered(parts.status, result, None);
+                let line = access.answered(&self.app.metrics, parts.status, result, None);
                 Response::from_parts(parts, Body::new(body.logged(line)))
             }
             Err(error) => {
@@ -60,7 +60,8 @@ impl Proxy {
                     StatusCode::TOO_MANY_REQUESTS => ProxyResult::Refused,
                     _ => ProxyResult::Error,
                 };
-                drop(access.answered(error.status(), result, Some(error.code())));
+                let metrics = &self.app.metrics;
+                drop(access.answered(metrics, error.status(), result, Some(error.code())));
                 error.into_response()
             }
         }
@@ -191,7 +192,7 @@ async fn admit(
         }
         Err(Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
     };
-    access.keys(&keys, &proxy.app.limiter.policy());
+    access.keys(&keys, &proxy.app.limiter.policy(), &proxy.app.metrics);
     // The keys as the limiter takes them, without a second allocation (there are at most MAX_KEYS).
     let mut names = [""; MAX_KEYS];
     for (name, key) in names.iter_mut().zip(&keys) {

@@ -44,7 +44,8 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         headers.remove(header::CONTENT_LENGTH);
     }
-    // The names present, looked up once each: most messages have none or one.
+    // The names present, looked up once each: most messages have none or one (`Connection`). An option
+    // that names no header of the message, as `close` and `keep-alive` mostly do not, needs no name made.
     let mut gone: Vec<HeaderName> = Vec::new();
     for name in headers.keys() {
         if HOP_BY_HOP.contains(name) {
@@ -52,10 +53,12 @@ pub(super) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     for value in headers.get_all(header::CONNECTION) {
-        let options = value.to_str().unwrap_or_default().split(',');
-        gone.extend(
-            options.filter_map(|option| HeaderName::from_bytes(option.trim().as_bytes()).ok()),
-        );
+        for option in value.to_str().unwrap_or_default().split(',') {
+            let option = option.trim();
+            if !option.is_empty() && headers.contains_key(option) {
+                gone.extend(HeaderName::from_bytes(option.as_bytes()).ok());
+            }
+        }
     }
     for name in &gone {
         headers.remove(name);
@@ -119,24 +122,27 @@ impl Target {
         if let Some(host) = original_host {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
-        if !self.trust_forwarded {
+        let forwarded_for = match self.trust_forwarded {
+            true => match parts
+                .headers
+                .get(X_FORWARDED_FOR)
+                .and_then(|v| v.to_str().ok())
+            {
+                // The string's buffer becomes the value's, without a copy.
+                Some(earlier) => {
+                    let ip = client.ip.to_str().unwrap_or_default();
+                    HeaderValue::from_maybe_shared(Bytes::from(format!("{earlier}, {ip}"))).ok()
+                }
+                None => Some(client.ip.clone()),
+            },
             // A client on the public edge says what it likes about where it comes from: none of it goes
-            // on, so that the upstream's logs and limits by address see the address this proxy saw.
-            for name in [&X_FORWARDED_FOR, &X_REAL_IP, &header::FORWARDED] {
-                parts.headers.remove(name);
+            // on, so that the upstream's logs and limits by address see the address this proxy saw
+            // (inserting X-Forwarded-For below replaces every value the client sent).
+            false => {
+                parts.headers.remove(X_REAL_IP);
+                parts.headers.remove(header::FORWARDED);
+                Some(client.ip.clone())
             }
-        }
-        let forwarded_for = match parts
-            .headers
-            .get(X_FORWARDED_FOR)
-            .and_then(|v| v.to_str().ok())
-        {
-            // The string's buffer becomes the value's, without a copy.
-            Some(earlier) => {
-                let ip = client.ip.to_str().unwrap_or_default();
-                HeaderValue::from_maybe_shared(Bytes::from(format!("{earlier}, {ip}"))).ok()
-            }
-            None => Some(client.ip.clone()),
         };
         if let Some(value) = forwarded_for {
             parts.headers.insert(X_FORWARDED_FOR, value);
