@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::routing::get;
 use axum::Router;
-use common::{get_json, limits, proxy_settings, start_proxy, Make};
+use common::{get_json, limits, proxy_settings, start_proxy, Make, Refusing};
 use http::StatusCode;
 use inflight_server::config::QuotaCommit;
 use inflight_server::{ProxySettings, Settings};
@@ -204,10 +204,9 @@ async fn a_charge_is_committed_only_when_the_answer_reached_its_end<M: Make>() {
 
 async fn an_unreachable_upstream_is_not_charged<M: Make>() {
     let redis = M::redis();
-    // Nothing listens on this port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let base = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    // Nothing listens on this port (and no other test is given it while this one runs).
+    let refusing = Refusing::new();
+    let base = refusing.base.clone();
     let server = start_proxy(&charging(&base, limits(1, 0)), M::stores(&redis)).await;
     let (http, api) = (Client::new(), server.url("/_inflight"));
     fund(&http, &api, 3).await;

@@ -9,7 +9,7 @@ mod upstream;
 
 // Not every test binary proxies to an upstream.
 #[allow(unused_imports)]
-pub use upstream::Upstream;
+pub use upstream::{Refusing, Upstream};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

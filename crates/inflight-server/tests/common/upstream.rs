@@ -187,3 +187,24 @@ async fn echo(request: Request) -> axum::Json<serde_json::Value> {
         "body": String::from_utf8_lossy(&body),
     }))
 }
+
+/// An upstream that refuses every connection: a port bound but not listening, kept for as long as the
+/// value lives, so that no other test's server can be given the port meanwhile (a port bound, then
+/// let go, can be).
+pub struct Refusing {
+    _socket: tokio::net::TcpSocket,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+}
+
+impl Refusing {
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let base = format!("http://{}", socket.local_addr().unwrap());
+        Self {
+            _socket: socket,
+            base,
+        }
+    }
+}

@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use crate::common;
 use crate::common::{
-    get_json, get_text, limits, metric, proxy_settings, start_proxy, wait_in_flight, Make, Upstream,
+    get_json, get_text, limits, metric, proxy_settings, start_proxy, wait_in_flight, Make,
+    Refusing, Upstream,
 };
 use crate::per_store;
 use crate::{keyed, proxied, KEY};
@@ -115,10 +116,9 @@ async fn a_client_that_goes_away_frees_the_slot_within_a_second<M: Make>() {
 
 async fn upstream_failures_are_502_or_504_and_release_the_slot<M: Make>() {
     let redis = M::redis();
-    // Nothing listens on this port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    // Nothing listens on this port (and no other test is given it while this one runs).
+    let refusing = Refusing::new();
+    let dead = refusing.base.clone();
     let server = start_proxy(&proxy_settings(&dead, limits(1, 0)), M::stores(&redis)).await;
     let http = Client::new();
     let response = keyed(&http, server.url("/x"), "k").await;
