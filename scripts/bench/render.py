@@ -540,6 +540,8 @@ w("cargo run --release -p inflight --example memory_ratio   # the same, interlea
 w("scripts/bench-redis.sh 3          # the Redis table alone")
 w("scripts/bench/topologies.sh DIR   # the topologies table alone (DIR/topologies.jsonl)")
 w("scripts/instructions.sh           # instructions per proxied request (callgrind), inflight and the floor")
+w("python3 scripts/bench/redis_instructions.py 100   # instructions inside redis-server per pair (callgrind)")
+w("python3 scripts/bench/reference.py PORT 4 4       # the reference's HLEN, HSET, HDEL from 4 processes")
 w("inflight bench --store redis://127.0.0.1:6379 --tasks 64 --duration 5s   # one JSON line")
 w("```")
 # Sections this script does not render (measured by the commands they name, for one issue) are kept as
