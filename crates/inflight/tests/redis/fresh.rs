@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use inflight::store::{AcquireRequest, Admission, OverrideChange};
 use inflight::{AcquireOptions, ClassLimits, Limiter, PermitId, Policy, Store};
 
@@ -86,72 +88,85 @@ async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
     );
 }
 
-/// Waits (bounded) for `check` to hold.
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// The channel a release on key `k` is announced on.
+const RELEASED: &str = "inflight:{k}:released";
+
+/// Whether `act` is announced on `k`'s channel: subscribed before it, then a message of this test's own
+/// published after it; the first one heard tells (Redis runs the two in order).
+async fn announced(redis: &TestRedis, act: impl AsyncFnOnce()) -> bool {
+    let mut listener = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut subscription = listener.as_pubsub();
+    subscription.subscribe(RELEASED).unwrap();
+    subscription
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    act().await;
+    redis::cmd("PUBLISH")
+        .arg(RELEASED)
+        .arg("after")
+        .query::<i64>(&mut redis.client())
+        .unwrap();
+    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
+    heard.is_empty()
 }
 
-/// Nothing waits: a release publishes nothing. A waiter in another store handle (another process's)
-/// marks the key before it asks again, so the release that frees its slot is announced and wakes it.
+/// A waiter on `k` (limit 1) in another store handle (another process's), once its process has marked
+/// the key as waited on.
+async fn waiting_elsewhere(redis: &TestRedis) -> tokio::task::JoinHandle<()> {
+    let waiter = Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build();
+    let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move {
+        drop(waiter.acquire("k", wait).await.unwrap());
+    });
+    let (mut c, deadline) = (redis.client(), Instant::now() + Duration::from_secs(10));
+    let marked = |c: &mut redis::Connection| {
+        redis::cmd("EXISTS")
+            .arg("inflight:{k}:waiting")
+            .query::<i64>(c)
+            .unwrap()
+            == 1
+    };
+    while !marked(&mut c) {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's process marks the key"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    waiting
+}
+
+async fn admitted(waiting: tokio::task::JoinHandle<()>) {
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was admitted")
+        .unwrap();
+}
+
+/// Nothing waits: a release publishes nothing. A waiter in another process marks the key before it asks
+/// again, so the release that frees its slot is announced and wakes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_announced_only_while_someone_waits() {
     let redis = TestRedis::start();
     let holder = Limiter::builder(redis.store())
         .policy(Policy::new(1, 0))
         .build();
-    let mut listener = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let mut subscription = listener.as_pubsub();
-    subscription.subscribe("inflight:{k}:released").unwrap();
-    subscription
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    // A marker of this test's own, published after the release: the first message heard tells whether
-    // the release published (Redis runs the two in order).
-    let mut c = redis.client();
-    let publish_marker = |c: &mut redis::Connection| {
-        redis::cmd("PUBLISH")
-            .arg("inflight:{k}:released")
-            .arg("after")
-            .query::<i64>(c)
-            .unwrap();
-    };
     let first = holder.try_acquire("k").await.unwrap();
-    first.release().await.unwrap();
-    publish_marker(&mut c);
-    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
-    assert_eq!(heard, "after", "no waiter: the release was not announced");
-
+    let release = async || first.release().await.unwrap();
+    assert!(
+        !announced(&redis, release).await,
+        "no waiter: not announced"
+    );
     let held = holder.try_acquire("k").await.unwrap();
-    let waiter = Limiter::builder(redis.store())
-        .policy(Policy::new(1, 0))
-        .build();
-    let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
-    let waiting = tokio::spawn(async move { waiter.acquire("k", wait).await.map(|_| ()) });
-    let mut m = redis.client();
-    until("the waiter's process marks the key", || {
-        redis::cmd("EXISTS")
-            .arg("inflight:{k}:waiting")
-            .query::<i64>(&mut m)
-            .unwrap()
-            == 1
-    })
-    .await;
-    held.release().await.unwrap();
-    publish_marker(&mut c);
-    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
-    assert_eq!(heard, "", "a waiter: the release was announced");
-    tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was admitted")
-        .unwrap()
-        .unwrap();
+    let waiting = waiting_elsewhere(&redis).await;
+    let release = async || held.release().await.unwrap();
+    assert!(announced(&redis, release).await, "a waiter: announced");
+    admitted(waiting).await;
 }
 
 /// A key's limit raised while a process waits on it: announced as a release is, so that the waiter is
@@ -162,43 +177,15 @@ async fn a_raised_limit_is_announced_to_the_waiters() {
     let holder = Limiter::builder(redis.store())
         .policy(Policy::new(1, 0))
         .build();
-    let mut listener = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let mut subscription = listener.as_pubsub();
-    subscription.subscribe("inflight:{k}:released").unwrap();
-    subscription
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
     let _held = holder.try_acquire("k").await.unwrap();
-    let waiter = Limiter::builder(redis.store())
-        .policy(Policy::new(1, 0))
-        .build();
-    let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
-    let waiting = tokio::spawn(async move { waiter.acquire("k", wait).await.map(|_| ()) });
-    let mut m = redis.client();
-    until("the waiter's process marks the key", || {
-        redis::cmd("EXISTS")
-            .arg("inflight:{k}:waiting")
-            .query::<i64>(&mut m)
-            .unwrap()
-            == 1
-    })
-    .await;
-    let raised = holder.set_limit("k", 2).await.unwrap();
-    assert_eq!(raised.limit, inflight::Limit::Limited(2));
-    let mut c = redis.client();
-    redis::cmd("PUBLISH")
-        .arg("inflight:{k}:released")
-        .arg("after")
-        .query::<i64>(&mut c)
-        .unwrap();
-    let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
-    assert_eq!(heard, "", "the new limit was announced");
-    tokio::time::timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter was admitted")
-        .unwrap()
-        .unwrap();
+    let waiting = waiting_elsewhere(&redis).await;
+    let raise = async || {
+        let raised = holder.set_limit("k", 2).await.unwrap();
+        assert_eq!(raised.limit, inflight::Limit::Limited(2));
+    };
+    assert!(
+        announced(&redis, raise).await,
+        "the new limit was announced"
+    );
+    admitted(waiting).await;
 }
