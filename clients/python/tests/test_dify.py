@@ -357,9 +357,11 @@ def test_an_interrupt_while_waiting_for_the_admission_gives_the_slot_back(
 
 
 def test_a_redis_outage_fails_closed_or_open_as_configured() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens there once closed
+    # Bound but not listening, kept for the test: connections are refused, and no server of another test
+    # is given the port meanwhile.
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    port = refusing.getsockname()[1]
     no_retry = Retry(NoBackoff(), 0)
     down = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2, retry=no_retry)
     try:
@@ -374,3 +376,4 @@ def test_a_redis_outage_fails_closed_or_open_as_configured() -> None:
             dify.configure(down, on_store_failure="shrug")
     finally:
         dify.configure(down).close()
+        refusing.close()
