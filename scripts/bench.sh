@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 . scripts/bench/lib.sh
-install_missing redis-server=redis-server,redis-tools nginx=nginx wrk=wrk valgrind=valgrind
+install_missing redis-server=redis-server,redis-tools nginx=nginx wrk=wrk valgrind=valgrind curl=curl
 
 out=$(mktemp -d)
 chmod 755 "$out" # nginx's workers read the event-stream file from here
@@ -178,6 +178,9 @@ for path in / /sse; do
     done
   done
 done
+
+say "instructions per proxied request (callgrind)"
+scripts/instructions.sh >"$out/instructions.txt" 2>/dev/null
 
 say "rendering BENCHMARKS.md and docs/latency.svg"
 python3 scripts/bench/render.py "$out" "$root"

@@ -365,6 +365,30 @@ for path, label in [("_", "small"), ("_sse", "SSE, 20 events")]:
                 cpu_text += f" (Redis {cpu['redis'][0]:.1f} + {cpu['redis'][1]:.1f})"
         w(f"| {label} | {name} | {fmt(median['rps'])} | {spread} | {fmt(median['p50_us'])} | {fmt(median['p99_us'])} | {cpu_text} | {sum(r['non_2xx'] for r in runs.values())} |")
 w("")
+# 5b. instructions per proxied request (scripts/instructions.sh)
+counted = {}
+if (raw / "instructions.txt").exists():
+    for line in (raw / "instructions.txt").read_text().splitlines():
+        m = re.match(r"(\S+) \S+: (\d+) requests, (\d+) instructions per request", line)
+        if m:
+            counted[m.group(1)] = int(m.group(3))
+if counted:
+    w("## Instructions per proxied request")
+    w("")
+    w("User-space instructions per proxied request, counted by callgrind with one worker (`scripts/instructions.sh`;")
+    w("steady to under 1 % between runs where requests/s is not): inflight's memory proxy with its access line")
+    w("written (the default) and without it (`--access-log false`), on a Redis store (the proxy alone), hyper")
+    w("forwarding and nothing else (the floor), and nginx with `limit_conn`.")
+    w("")
+    w("| proxy | instructions per request | over the floor | goal |")
+    w("|---|---|---|---|")
+    floor = counted.get("hyper-floor")
+    goals = {"inflight-memory": "within 5,000 of the floor", "inflight-memory-no-access-log": "within 3,000"}
+    for name in ["inflight-memory", "inflight-memory-no-access-log", "inflight-redis", "hyper-floor", "nginx"]:
+        if name in counted:
+            over = f"{counted[name] - floor:+,}" if floor and name != "hyper-floor" else "-"
+            w(f"| {name} | {counted[name]:,} | {over} | {goals.get(name, '-')} |")
+    w("")
 w("## What the figures say")
 w("")
 
