@@ -3,6 +3,7 @@ redis-server it starts (on a free 127.0.0.1 port, stopped at the end). Unlike CP
 the count moves by well under 1 % between runs, so a change to the scripts of a few percent shows.
 
     python3 scripts/bench/redis_instructions.py [BATCHES [SCRIPTS_DIR [OP]]]   # default 100, this tree's, g
+    python3 scripts/bench/redis_instructions.py parts   # where a busy key's pair goes (below)
 
 SCRIPTS_DIR and OP compare another version's scripts (`git worktree add /tmp/old COMMIT`, then
 `.../redis_instructions.py 100 /tmp/old/crates/inflight/src/store/redis/scripts a`: before 'g' existed,
@@ -14,6 +15,11 @@ lease (a busy key), a key per operation emptied between batches (many quiet keys
 task); beside them the same calls to a script that only returns (what any script call costs Redis), and
 the reference system's HLEN, HSET, HDEL (three commands per pair). Counts user space only (the kernel's
 share is not counted). Standard library only; needs valgrind and redis-server.
+
+`parts` counts the busy key again with one part left out at a time (the scripts edited for the count only:
+without the admission's ZADD, without the release's HGET and ZREM), with the server's sorted sets kept as
+skiplists (`zset-max-listpack-entries 0`) instead of listpacks, and one pair per call to the scripts' top
+level alone (every function defined, nothing run), beside a script that only returns.
 """
 
 import glob
@@ -67,7 +73,8 @@ def free_port() -> int:
 
 
 def main() -> None:
-    batches = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    parts = sys.argv[1:2] == ["parts"]
+    batches = 100 if parts or len(sys.argv) < 2 else int(sys.argv[1])
     scripts = sys.argv[2] if len(sys.argv) > 2 else SCRIPTS
     op = sys.argv[3] if len(sys.argv) > 3 else "g"
     out = tempfile.mkdtemp()
@@ -86,8 +93,8 @@ def main() -> None:
                 time.sleep(0.1)
         else:
             raise SystemExit("redis-server under valgrind did not start")
-        source = open(f"{scripts}/common.lua").read() + open(f"{scripts}/batch.lua").read()
-        batch = r.call("SCRIPT", "LOAD", source).decode()
+        common, batch_lua = open(f"{scripts}/common.lua").read(), open(f"{scripts}/batch.lua").read()
+        batch = r.call("SCRIPT", "LOAD", common + batch_lua).decode()
         nothing = r.call("SCRIPT", "LOAD", "return 1").decode()
 
         def counted(work) -> int:
@@ -136,8 +143,30 @@ def main() -> None:
 
             print(f"| the reference's HLEN, HSET, HDEL | {counted(run) / (batches * 16):,.0f} |")
 
+        def edited(text: str, old: str, new: str) -> str:
+            assert old in text, old
+            return text.replace(old, new)
+
         print("| per acquire+release pair | instructions in redis-server |")
         print("|---|---|")
+        if parts:
+            zadd = "redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1"
+            no_zadd = edited(common, zadd, "true") + batch_lua
+            no_release = common + edited(
+                edited(batch_lua, "local weight, _, own, found = meta(key, id)", "local weight, own, found = 1, 0, false"),
+                "and redis.call('ZREM', key.leases, id) == 1 then", "then")
+            top = batch_lua[: batch_lua.index("set_now(ARGV[1])")] + "return 1"
+            shape("one key, 16 pairs per call (a busy key)", 16, False, True, batch)
+            shape("the same without the admission's ZADD", 16, False, True, r.call("SCRIPT", "LOAD", no_zadd).decode())
+            shape("the same without the release's HGET and ZREM", 16, False, True,
+                  r.call("SCRIPT", "LOAD", no_release).decode())
+            r.call("CONFIG", "SET", "zset-max-listpack-entries", 0)
+            shape("the busy key, its sorted set a skiplist", 16, False, True, batch)
+            r.call("CONFIG", "SET", "zset-max-listpack-entries", 128)
+            shape("one pair per call to the scripts' top level alone", 1, False, False,
+                  r.call("SCRIPT", "LOAD", common + top).decode())
+            shape("one pair per call to a script that only returns", 1, False, False, nothing)
+            return
         shape("one key, 16 pairs per call (a busy key)", 16, False, True, batch)
         shape("a key per operation, 16 pairs per call (many quiet keys)", 16, True, False, batch)
         shape("one pair per call (one task)", 1, False, False, batch)

@@ -88,6 +88,13 @@ async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
     );
 }
 
+/// A limiter of its own (another process's) on `redis`, every key's limit 1.
+fn limit_one(redis: &TestRedis) -> Limiter<inflight::RedisStore> {
+    Limiter::builder(redis.store())
+        .policy(Policy::new(1, 0))
+        .build()
+}
+
 /// The channel a release on key `k` is announced on.
 const RELEASED: &str = "inflight:{k}:released";
 
@@ -116,9 +123,7 @@ async fn announced(redis: &TestRedis, act: impl AsyncFnOnce()) -> bool {
 /// A waiter on `k` (limit 1) in another store handle (another process's), once its process has marked
 /// the key as waited on.
 async fn waiting_elsewhere(redis: &TestRedis) -> tokio::task::JoinHandle<()> {
-    let waiter = Limiter::builder(redis.store())
-        .policy(Policy::new(1, 0))
-        .build();
+    let waiter = limit_one(redis);
     let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
     let waiting = tokio::spawn(async move {
         drop(waiter.acquire("k", wait).await.unwrap());
@@ -153,9 +158,7 @@ async fn admitted(waiting: tokio::task::JoinHandle<()>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_announced_only_while_someone_waits() {
     let redis = TestRedis::start();
-    let holder = Limiter::builder(redis.store())
-        .policy(Policy::new(1, 0))
-        .build();
+    let holder = limit_one(&redis);
     let first = holder.try_acquire("k").await.unwrap();
     let release = async || first.release().await.unwrap();
     assert!(
@@ -174,9 +177,7 @@ async fn a_release_is_announced_only_while_someone_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raised_limit_is_announced_to_the_waiters() {
     let redis = TestRedis::start();
-    let holder = Limiter::builder(redis.store())
-        .policy(Policy::new(1, 0))
-        .build();
+    let holder = limit_one(&redis);
     let _held = holder.try_acquire("k").await.unwrap();
     let waiting = waiting_elsewhere(&redis).await;
     let raise = async || {
