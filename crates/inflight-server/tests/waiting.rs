@@ -75,7 +75,89 @@ async fn wait_ms_waits_for_a_release_and_times_out<M: Make>() {
     assert_eq!(too_long.status(), StatusCode::BAD_REQUEST);
 }
 
-per_store!(wait_ms_waits_for_a_release_and_times_out);
+/// `"priority"` and `"flow"` beside `wait_ms`: checked (a level is 0 to 255, a flow at most 256 bytes)
+/// and taken.
+async fn priority_and_flow_are_checked_and_taken<M: Make>() {
+    let redis = M::redis();
+    let server = start_api(&limits(1, 0), M::stores(&redis)).await;
+    let http = Client::new();
+    let permits = server.url("/v1/keys/model/permits");
+    for bad in [
+        json!({"wait_ms": 100, "priority": 256}),
+        json!({"wait_ms": 100, "priority": -1}),
+        json!({"wait_ms": 100, "flow": "f".repeat(257)}),
+        json!({"keys": ["model"], "flow": "f".repeat(257)}),
+    ] {
+        let url = match bad.get("keys") {
+            Some(_) => server.url("/v1/permits"),
+            None => permits.clone(),
+        };
+        let refused = http.post(&url).json(&bad).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let taken = json!({"wait_ms": 100, "priority": 3, "flow": "acme"});
+    let admitted = http.post(&permits).json(&taken).send().await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::CREATED);
+}
+
+per_store!(
+    wait_ms_waits_for_a_release_and_times_out,
+    priority_and_flow_are_checked_and_taken
+);
+
+/// Over HTTP, across the server's two workers (each its own store handle, as processes are): a waiter
+/// of a higher `"priority"` passes those queued before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_passes_the_queue_on_redis() {
+    let redis = common::Redis::redis();
+    let server = start_api(&limits(1, 0), common::Redis::stores(&redis)).await;
+    let http = Client::new();
+    let permits = server.url("/v1/keys/model/permits");
+    let held: Value = http
+        .post(&permits)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let queued = || {
+        let mut c = redis.as_ref().unwrap().client();
+        ::redis::cmd("ZCARD")
+            .arg("inflight:{model}:queue")
+            .query::<usize>(&mut c)
+            .unwrap()
+    };
+    let mut waiters = Vec::new();
+    for (n, priority) in [0, 0, 7].into_iter().enumerate() {
+        let (http, permits) = (http.clone(), permits.clone());
+        let body = json!({"wait_ms": 30_000, "priority": priority, "id": format!("w{n}"), "lease_ms": 100});
+        waiters.push(tokio::spawn(async move {
+            let answer = http.post(&permits).json(&body).send().await.unwrap();
+            assert_eq!(answer.status(), StatusCode::CREATED);
+            let permit: Value = answer.json().await.unwrap();
+            let id = permit["id"].as_str().unwrap().to_owned();
+            let released = http.delete(format!("{permits}/{id}")).send().await.unwrap();
+            assert_eq!(released.status(), StatusCode::NO_CONTENT);
+            (std::time::Instant::now(), id)
+        }));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while queued() != n + 1 {
+            assert!(std::time::Instant::now() < deadline, "ticket {n} queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let id = held["id"].as_str().unwrap();
+    http.delete(format!("{permits}/{id}")).send().await.unwrap();
+    let mut admitted = Vec::new();
+    for waiter in waiters {
+        admitted.push(waiter.await.unwrap());
+    }
+    admitted.sort();
+    let order: Vec<&str> = admitted.iter().map(|(_, id)| id.as_str()).collect();
+    assert_eq!(order, ["w2", "w0", "w1"]);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_waits_up_to_max_wait_and_a_client_that_leaves_leaves_the_queue() {

@@ -29,6 +29,11 @@ pub fn describe(error: &AcquireError) -> (StatusCode, &'static str, String) {
             "unsupported",
             format!("The store cannot do this: {why}."),
         ),
+        AcquireError::Store(StoreError::TooManyWaiters { max }) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_waiters",
+            format!("The key's queue is at its bound ({max} waiters); please try again later."),
+        ),
         AcquireError::Store(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",

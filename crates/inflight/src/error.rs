@@ -71,6 +71,12 @@ pub enum StoreError {
         /// The bound.
         max: u32,
     },
+    /// A waiter's ticket would pass the store's bound on a key's queue: tickets, or flows waiting.
+    #[error("too many waiters queue on this key (at most {max} tickets and 1000 flows)")]
+    TooManyWaiters {
+        /// The bound on tickets.
+        max: u32,
+    },
     /// A new balance would pass the store's bound on keys with a balance.
     #[error("too many keys have a balance (at most {max})")]
     TooManyQuotas {

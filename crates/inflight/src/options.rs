@@ -1,5 +1,7 @@
 //! [`AcquireOptions`]: what a caller may ask of one admission.
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::id::PermitId;
@@ -36,7 +38,22 @@ pub struct AcquireOptions {
     pub(crate) weight: Option<u32>,
     pub(crate) lease: Option<Duration>,
     pub(crate) max_wait: Option<Duration>,
+    pub(crate) priority: u8,
+    pub(crate) flow: Option<Arc<str>>,
+    /// Set by [`crate::Limiter::acquire`] while it waits with a ticket.
+    pub(crate) ticket: Option<Arc<TicketSlot>>,
 }
+
+/// A waiter's ticket as its admissions carry it: its name, and whether the store's last answer kept it
+/// in a queue ([`crate::store::Admission::Queued`]).
+#[derive(Debug)]
+pub(crate) struct TicketSlot {
+    pub(crate) name: String,
+    pub(crate) queued: AtomicBool,
+}
+
+/// The longest flow name, in bytes.
+pub const MAX_FLOW_LEN: usize = 256;
 
 impl AcquireOptions {
     /// The defaults: a generated id, weight 1, the limiter's lease.
@@ -67,6 +84,21 @@ impl AcquireOptions {
     /// How long [`crate::Limiter::acquire`] may wait for a slot (default: not at all).
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.max_wait = Some(wait);
+        self
+    }
+
+    /// The waiter's priority level (default 0): where a key's waiters queue, higher levels are admitted
+    /// first, and a request without a wait does not pass waiters of any level.
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The waiter's flow (the tenant, say; default: the flow of waiters that name none): within a
+    /// priority level, waiting flows are served in turn, so a flow with one waiter is not kept behind
+    /// another's hundred. At most [`MAX_FLOW_LEN`] bytes, else [`crate::AcquireError::Invalid`].
+    pub fn flow(mut self, flow: impl Into<Arc<str>>) -> Self {
+        self.flow = Some(flow.into());
         self
     }
 }

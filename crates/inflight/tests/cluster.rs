@@ -400,6 +400,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         lease_ms: 30_000,
         limits: &limits,
         generated: false,
+        ticket: None,
     });
     let Admission::Admitted { grant, .. } = admitted.await.unwrap() else {
         panic!("admitted")
@@ -417,6 +418,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         lease_ms: 30_000,
         limits: &limits[..1],
         generated: false,
+        ticket: None,
     });
     assert!(matches!(taken.await.unwrap(), Admission::Admitted { .. }));
     let keys: inflight::store::Keys = pair.iter().map(|key| Arc::from(*key)).collect();

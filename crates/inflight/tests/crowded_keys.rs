@@ -30,6 +30,7 @@ async fn acquire(
         lease_ms,
         limits: &[POLICY],
         generated: false,
+        ticket: None,
     };
     store.acquire(req).await.unwrap()
 }

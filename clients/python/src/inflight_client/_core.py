@@ -17,10 +17,16 @@ __all__ = ["MAX_KEYS", "MAX_LEASE_MS", "MIN_LEASE_MS", "MAX_OVERRIDE"]
 Arg = str | bytes | int
 
 
+# The scripts that also read a key's queue of waiters (``scripts.rs``).
+_QUEUED = ("batch.lua", "status.lua")
+
+
 def script_text(name: str) -> str:
-    """The script as inflight runs it: ``common.lua`` followed by its own file (``scripts.rs``)."""
+    """The script as inflight runs it: ``common.lua`` (and ``queue.lua`` where ``scripts.rs`` adds it)
+    followed by its own file."""
     folder = resources.files("inflight_client") / "scripts"
-    return (folder / "common.lua").read_text("utf-8") + (folder / name).read_text("utf-8")
+    parts = ["common.lua", "queue.lua", name] if name in _QUEUED else ["common.lua", name]
+    return "".join((folder / part).read_text("utf-8") for part in parts)
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,22 @@ pub(super) fn options(
     Ok(options)
 }
 
+/// A waiter's place in a key's queue (`"priority"`, `"flow"`), beside `wait_ms`.
+pub(super) fn queue(
+    options: AcquireOptions,
+    priority: Option<u8>,
+    flow: Option<String>,
+) -> Result<AcquireOptions, ApiError> {
+    let mut options = options.priority(priority.unwrap_or(0));
+    if let Some(flow) = flow {
+        if flow.len() > inflight::MAX_FLOW_LEN {
+            return Err(ApiError::invalid_request("flow must be at most 256 bytes."));
+        }
+        options = options.flow(flow);
+    }
+    Ok(options)
+}
+
 /// The request's `Idempotency-Key` header (IETF draft "The Idempotency-Key HTTP Header Field"): a
 /// Structured Field string (`"..."`, with `\"` and `\\` escapes) as the draft has it, or the bare
 /// value (visible ASCII) as many clients send it; 1 to 256 bytes. `None` when absent.

@@ -14,7 +14,9 @@ use inflight::store::IndexOp;
 use inflight::{Lease, Limit, PermitId, Renewal, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
-use super::input::{body, check_name, checked_key, checked_key_and_id, lease, options, wait};
+use super::input::{
+    body, check_name, checked_key, checked_key_and_id, lease, options, queue, wait,
+};
 use super::limits::KeyJson;
 use super::quotas::{self, release_query, QuotaBody, ReservationJson};
 use crate::app::{App, Charge};
@@ -27,6 +29,9 @@ pub(super) struct AcquireBody {
     pub(super) weight: Option<u32>,
     pub(super) lease_ms: Option<u64>,
     pub(super) wait_ms: Option<u64>,
+    /// While waiting: the priority level (higher first) and the flow (served in turn with others).
+    pub(super) priority: Option<u8>,
+    pub(super) flow: Option<String>,
     pub(super) quota: Option<QuotaBody>,
 }
 
@@ -76,6 +81,7 @@ pub(super) async fn acquire(
     let mut request: AcquireBody = body(bytes)?;
     let Some(charge) = quotas::charge(request.quota.take())? else {
         let options = options(request.id, request.weight, request.lease_ms)?;
+        let options = queue(options, request.priority, request.flow)?;
         let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
         // The caller holds the lease from here: it renews or releases it over HTTP.
         return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
@@ -95,6 +101,7 @@ async fn acquire_charged(
         .id
         .unwrap_or_else(|| PermitId::generate().to_string());
     let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
+    let options = queue(options, request.priority, request.flow)?;
     let id = PermitId::from(id);
     let reservation = app.reserve(&charge, Some(id.clone())).await?;
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
@@ -197,6 +204,8 @@ struct AcquireAllBody {
     weight: Option<u32>,
     lease_ms: Option<u64>,
     wait_ms: Option<u64>,
+    priority: Option<u8>,
+    flow: Option<String>,
     quota: Option<QuotaBody>,
 }
 
@@ -249,6 +258,7 @@ pub(super) async fn acquire_all(
         .id
         .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
     let options = options(id.clone(), request.weight, request.lease_ms)?;
+    let options = queue(options, request.priority, request.flow)?;
     let reservation = match &charge {
         Some(charge) => Some(app.reserve(charge, id.map(PermitId::from)).await?),
         None => None,

@@ -8,10 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::core::Core;
+use super::wait::TICKET_LEASE_MS;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
-use crate::store::{AcquireRequest, Admission, Keys, Store};
+use crate::store::{AcquireRequest, Admission, Keys, Store, Ticket};
 
 type Decision = Pin<Box<dyn Future<Output = Result<Admission, StoreError>> + Send>>;
 
@@ -29,14 +30,20 @@ impl<S: Store> Deciding<S> {
     pub(super) fn start(
         core: &Arc<Core<S>>,
         (keys, id): (Keys, PermitId),
-        weight: u32,
-        lease_ms: u64,
+        (weight, lease_ms): (u32, u64),
         limits: &[ClassLimits],
+        ticket: Option<(String, u8, String)>,
     ) -> Self {
         let store = core.store.clone();
         let (asked, named, limits) = (keys.clone(), id.clone(), limits.to_vec());
         let decision: Decision = Box::pin(async move {
             let keys: Vec<&str> = asked.iter().map(|key| &**key).collect();
+            let ticket = ticket.as_ref().map(|(name, priority, flow)| Ticket {
+                name,
+                priority: *priority,
+                flow,
+                lease_ms: TICKET_LEASE_MS,
+            });
             let request = AcquireRequest {
                 keys: &keys,
                 id: &named,
@@ -44,6 +51,7 @@ impl<S: Store> Deciding<S> {
                 lease_ms,
                 limits: &limits,
                 generated: false,
+                ticket,
             };
             store.acquire(request).await
         });

@@ -6,15 +6,18 @@ use std::sync::Arc;
 
 use super::abandon::Deciding;
 use super::settler::Unsettled;
+use super::wait::TICKET_LEASE_MS;
 use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
 use crate::id::PermitId;
-use crate::options::{AcquireOptions, MAX_LEASE, MIN_LEASE};
+use crate::options::{AcquireOptions, TicketSlot, MAX_FLOW_LEN, MAX_LEASE, MIN_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
-use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
+use crate::store::{
+    AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store, Ticket,
+};
 
 const MAX_KEYS: usize = 16;
 
@@ -45,6 +48,26 @@ pub(super) struct Prepared {
     generated: bool,
     weight: u32,
     lease_ms: u64,
+    /// A waiter's ticket, priority and flow.
+    ticket: Option<Waiting>,
+}
+
+/// A waiter's ticket as an admission carries it.
+pub(super) struct Waiting {
+    slot: Arc<TicketSlot>,
+    priority: u8,
+    flow: Option<Arc<str>>,
+}
+
+impl Waiting {
+    fn ticket(&self) -> Ticket<'_> {
+        Ticket {
+            name: &self.slot.name,
+            priority: self.priority,
+            flow: self.flow.as_deref().unwrap_or(""),
+            lease_ms: TICKET_LEASE_MS,
+        }
+    }
 }
 
 impl<S: Store> Limiter<S> {
@@ -130,6 +153,13 @@ impl<S: Store> Limiter<S> {
         if options.id.as_ref().is_some_and(PermitId::is_empty) {
             return invalid("id must not be empty");
         }
+        if options
+            .flow
+            .as_ref()
+            .is_some_and(|flow| flow.len() > MAX_FLOW_LEN)
+        {
+            return invalid("flow must be at most 256 bytes");
+        }
         let core = &self.core;
         let mut limits = [ClassLimits::default(); MAX_KEYS];
         core.policy.limits_into(keys, &mut limits[..keys.len()]);
@@ -166,12 +196,18 @@ impl<S: Store> Limiter<S> {
             return Now::Decided(self.store_failed(keys, id, weight, lease_ms, error));
         }
         let given = options.id.take();
+        let ticket = options.ticket.clone().map(|slot| Waiting {
+            slot,
+            priority: options.priority,
+            flow: options.flow.clone(),
+        });
         Now::Store(Prepared {
             limits,
             generated: given.is_none(),
             id: given.unwrap_or_else(PermitId::generate),
             weight,
             lease_ms,
+            ticket,
         })
     }
 
@@ -187,6 +223,7 @@ impl<S: Store> Limiter<S> {
             generated,
             weight,
             lease_ms,
+            ticket,
         } = prepared;
         let core = &self.core;
         let shared: Keys = keys.iter().map(|key| Arc::from(*key)).collect();
@@ -213,6 +250,7 @@ impl<S: Store> Limiter<S> {
                 lease_ms,
                 limits: &limits[..keys.len()],
                 generated,
+                ticket: ticket.as_ref().map(Waiting::ticket),
             };
             // Dropped before the store answers (the caller went away), or failed on the way (a timeout),
             // this admission may still have been made: its lease is then released in the background
@@ -230,10 +268,22 @@ impl<S: Store> Limiter<S> {
             // background and a lease it made released by its own token.
             let limits = &limits[..keys.len()];
             let lease = (shared.clone(), id.clone());
-            Deciding::start(&self.core, lease, weight, lease_ms, limits)
+            let ticket = ticket.as_ref().map(|waiting| {
+                let ticket = waiting.ticket();
+                (
+                    ticket.name.to_owned(),
+                    ticket.priority,
+                    ticket.flow.to_owned(),
+                )
+            });
+            Deciding::start(&self.core, lease, (weight, lease_ms), limits, ticket)
                 .answer()
                 .await
         };
+        if let Some(waiting) = &ticket {
+            let queued = matches!(answer, Ok(Admission::Queued { .. }));
+            waiting.slot.queued.store(queued, Ordering::Relaxed);
+        }
         match answer {
             Ok(admission) => {
                 core.breaker.reset();
@@ -320,6 +370,12 @@ impl<S: Store> Limiter<S> {
                 Ok(joined.unwrap_or_else(|| free_permit(keys, id, weight)))
             }
             Admission::Full {
+                index,
+                limit,
+                in_flight,
+                reclaimed,
+            }
+            | Admission::Queued {
                 index,
                 limit,
                 in_flight,

@@ -23,4 +23,4 @@ pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub use queue::DEFAULT_MAX_WAITERS;
 pub(crate) use registry::Extend;
 pub(crate) use settler::{Attempt, Deferred, Unsettled};
-pub use wait::RECHECK;
+pub use wait::{RECHECK, TICKET_LEASE_MS};

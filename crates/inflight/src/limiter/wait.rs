@@ -3,7 +3,8 @@
 //! (from this process or, through the store, any other) or, in case a wake-up was lost, after
 //! [`RECHECK`].
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -11,13 +12,17 @@ use tokio::time::Instant;
 use super::queue::Place;
 use super::Limiter;
 use crate::error::{AcquireError, KeyRefused};
-use crate::options::AcquireOptions;
+use crate::options::{AcquireOptions, TicketSlot};
 use crate::permit::Permit;
-use crate::store::Wakeups;
+use crate::store::{Turn, Wakeups};
 
 /// How long the head of a queue waits at most before asking the store again, in case the wake-up of a
 /// release was lost (a subscription that broke) or a lease expired (which no one announces).
 pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a waiter's place in a store's queue lasts unless it asks again (it does every [`RECHECK`]):
+/// a waiter in a process that is killed stops holding its place within this, in milliseconds.
+pub const TICKET_LEASE_MS: u64 = 3_000;
 
 impl<S: Wakeups> Limiter<S> {
     /// Admits one request under `key`, waiting up to the options' [`AcquireOptions::max_wait`] for a
@@ -67,6 +72,12 @@ impl<S: Wakeups> Limiter<S> {
             return self.try_acquire_all(keys, options).await;
         }
         let deadline = Instant::now() + max_wait;
+        // A store with one queue per key for every process: the waiter takes a ticket there.
+        if let Some(turn) = self.core.store.ticket() {
+            if let Some(decided) = self.wait_ticketed(keys, &options, turn, deadline).await {
+                return decided;
+            }
+        }
         let waiters = &self.core.waiters;
         // Nobody of this process waits here: try at once; else queue behind those who do.
         let mut refused = None;
@@ -147,6 +158,106 @@ impl<S: Wakeups> Limiter<S> {
                 interest = self.core.store.interest(&watched);
             }
         }
+    }
+}
+
+impl<S: Wakeups> Limiter<S> {
+    /// Waits with a ticket in the store's queue of the key that refuses, asking again when its turn is
+    /// called, when the policy changes, or every [`RECHECK`] (which keeps the ticket). `None`: the
+    /// store took no ticket (keys in several Cluster slots): the caller waits as without queues.
+    async fn wait_ticketed(
+        &self,
+        keys: &[&str],
+        options: &AcquireOptions,
+        turn: Turn,
+        deadline: Instant,
+    ) -> Option<Result<Permit, KeyRefused>> {
+        let slot = Arc::new(TicketSlot {
+            name: turn.name().to_owned(),
+            queued: AtomicBool::new(false),
+        });
+        let mut options = options.clone();
+        options.ticket = Some(slot.clone());
+        // Given up in the store when this wait ends unadmitted or is dropped.
+        let mut leaving = Leaving {
+            store: Some(self.core.store.clone()),
+            keys: keys.iter().map(|key| Arc::from(*key)).collect(),
+            ticket: slot.name.clone(),
+        };
+        let mut place = None;
+        let mut heard = false;
+        loop {
+            let replaced = self.core.policy.replaced();
+            tokio::pin!(replaced);
+            replaced.as_mut().enable();
+            let refused = match self.try_acquire_all(keys, options.clone()).await {
+                Err(full) if is_full(&full) => full,
+                Ok(permit) => {
+                    leaving.store = None; // (the admission took the ticket out)
+                    return Some(Ok(permit));
+                }
+                decided => return Some(decided),
+            };
+            if !slot.queued.load(Ordering::Relaxed) {
+                leaving.store = None;
+                return None;
+            }
+            if place.is_none() {
+                let waiters = &self.core.waiters;
+                match waiters.join(&refused.key, &self.core.stats.waiting) {
+                    Some(joined) => place = Some(joined),
+                    None => return Some(Err(refused)),
+                }
+            }
+            if Instant::now() >= deadline {
+                self.core
+                    .stats
+                    .wait_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+                return Some(Err(refused));
+            }
+            if !heard {
+                // A turn called before the subscription was in force went unheard: asked again after.
+                heard = true;
+                let heard_by = (Instant::now() + RECHECK).min(deadline);
+                let _ = tokio::time::timeout_at(heard_by, turn.heard()).await;
+                continue;
+            }
+            let recheck = (Instant::now() + RECHECK).min(deadline);
+            tokio::select! {
+                () = turn.called() => {}
+                () = &mut replaced => {}
+                () = tokio::time::sleep_until(recheck) => {}
+            }
+        }
+    }
+}
+
+/// A ticket to give up in the store unless the wait was admitted (`store` taken).
+struct Leaving<S: Wakeups> {
+    store: Option<S>,
+    keys: Vec<Arc<str>>,
+    ticket: String,
+}
+
+impl<S: Wakeups> Drop for Leaving<S> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        // Off every runtime nothing can send it: the ticket ends with its lease.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (keys, ticket) = (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.ticket),
+        );
+        runtime.spawn(async move {
+            if let Err(error) = store.leave(&keys, &ticket).await {
+                tracing::debug!(%error, "a ticket was not given up; it ends with its lease");
+            }
+        });
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::busy::{BusyKeys, BusyList};
-use super::wake::{Interest, Wakeups};
+use super::wake::{Interest, Turn, Wakeups};
 use super::{
     AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, MemoryStore, OverrideChange,
     Recorded, RenewRequest, Renewal, Store,
@@ -133,6 +133,14 @@ impl Store for AnyStore {
 impl Wakeups for AnyStore {
     fn interest(&self, key: &str) -> Interest {
         each!(self, s => s.interest(key))
+    }
+
+    fn ticket(&self) -> Option<Turn> {
+        each!(self, s => s.ticket())
+    }
+
+    forward! { d => d;
+        async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError>;
     }
 }
 

@@ -26,6 +26,23 @@ pub struct AcquireRequest<'a> {
     /// `id` was generated for this admission: no earlier admission used it, so no release of another
     /// admission can name it, and a store may keep less for its lease (Redis keeps no token for it).
     pub generated: bool,
+    /// A waiter's ticket ([`crate::store::Wakeups::ticket`]): refused as full, the admission takes (or
+    /// keeps) a place in the refusing key's queue; admitted, it leaves. Stores without queues ignore it.
+    pub ticket: Option<Ticket<'a>>,
+}
+
+/// A waiter's place in a key's queue, shared by every process: ordered by `priority` (higher first),
+/// then by its flow's turn (flows of one priority are served in turn), then by arrival.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket<'a> {
+    /// Its name ([`crate::store::Turn::name`]).
+    pub name: &'a str,
+    /// Its priority level.
+    pub priority: u8,
+    /// Its flow: the tenant, say ("": the flow of waiters that name none).
+    pub flow: &'a str,
+    /// How long the place is kept unless its waiter asks again, in milliseconds.
+    pub lease_ms: u64,
 }
 
 /// A lease as the store sees it after an admission or a renewal (of its first key).
@@ -61,6 +78,17 @@ pub enum Admission {
     Unlimited,
     /// The key at `index` of the request's keys is at its limit; nothing was recorded.
     Full {
+        /// Which key refused.
+        index: usize,
+        /// Its effective limit.
+        limit: u32,
+        /// Its in-flight count (by weight).
+        in_flight: u32,
+        /// Expired leases reclaimed on the way.
+        reclaimed: u32,
+    },
+    /// As [`Admission::Full`], and the request's ticket holds a place in the queue of the key at `index`.
+    Queued {
         /// Which key refused.
         index: usize,
         /// Its effective limit.

@@ -21,7 +21,7 @@ pub use any::AnyStore;
 pub use busy::{BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_BUSY, MAX_EXAMINED};
 pub use contract::{
     AcquireRequest, Admission, Grant, IndexOp, KeyStatus, Keys, LocalAdmission, LocalSlots,
-    OverrideChange, Recorded, RenewRequest, Renewal, Store,
+    OverrideChange, Recorded, RenewRequest, Renewal, Store, Ticket,
 };
 pub use memory::MemoryStore;
-pub use wake::{Interest, Wakeups};
+pub use wake::{Interest, Turn, Wakeups};

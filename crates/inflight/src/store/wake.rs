@@ -2,7 +2,7 @@
 //! process or, on Redis, in any other) lets a waiter try again at once instead of polling.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::futures::Notified;
@@ -16,11 +16,37 @@ pub trait Wakeups: Store {
     /// Hears of releases on `key` for as long as the returned interest lives. A wake-up may be lost (a
     /// dropped subscription), so a waiter also checks again now and then.
     fn interest(&self, key: &str) -> Interest;
+
+    /// A ticket for one waiter, where the store keeps one queue per key for every process sharing it
+    /// (Redis): its name goes in [`AcquireRequest::ticket`](crate::store::AcquireRequest::ticket), and
+    /// the store wakes it when its turn comes. `None`: the store has no such queues.
+    fn ticket(&self) -> Option<Turn> {
+        None
+    }
+
+    /// Gives up `ticket`'s place in the queues of `keys` (a waiter that stops waiting unadmitted);
+    /// whether it held one.
+    fn leave(
+        &self,
+        keys: &[Arc<str>],
+        ticket: &str,
+    ) -> impl std::future::Future<Output = Result<bool, crate::error::StoreError>> + Send {
+        let _ = (keys, ticket);
+        std::future::ready(Ok(false))
+    }
 }
 
-/// Subscribes to or unsubscribes from a key's releases (Redis): called with `true` for the first
-/// interest in a key, `false` when its last interest goes.
-pub(crate) type Hook = Box<dyn Fn(&Arc<str>, bool) + Send + Sync>;
+/// What a [`Hook`] is told of.
+pub(crate) enum Topic<'a> {
+    /// A key's releases.
+    Key(&'a Arc<str>),
+    /// The turns of this store's tickets.
+    Turns,
+}
+
+/// Subscribes to or unsubscribes from a key's releases, or the store's turns (Redis): called with
+/// `true` for the first interest in one, `false` when its last interest goes.
+pub(crate) type Hook = Box<dyn Fn(Topic<'_>, bool) + Send + Sync>;
 
 /// A key's wake-ups: of releases, and of its subscription being in force (Redis).
 pub(crate) struct Watch {
@@ -33,13 +59,21 @@ pub(crate) struct Watch {
 /// A key's wake-ups, and how many interests it has.
 type Watched = (Arc<Watch>, usize);
 
-/// The interests of one store in the keys that waiters wait on: a wake-up per key, counted.
+/// The interests of one store in the keys that waiters wait on: a wake-up per key, counted; and the
+/// wake-ups of its tickets.
 #[derive(Default)]
 pub(crate) struct Wakes {
     keys: Mutex<HashMap<Arc<str>, Watched>>,
     /// How many keys have an interest: a release checks this before taking the lock.
     watched: AtomicUsize,
     hook: Option<Hook>,
+    /// The tickets' channel (`None`: no tickets); a ticket is named `<channel>#<n>`.
+    channel: Option<String>,
+    turns: Mutex<HashMap<u64, Arc<Notify>>>,
+    next_turn: AtomicU64,
+    /// Whether turns are heard now (the channel's subscription is in force).
+    turns_heard: AtomicBool,
+    turns_subscribed: Notify,
 }
 
 impl Wakes {
@@ -50,6 +84,56 @@ impl Wakes {
             hook: Some(hook),
             ..Self::default()
         }
+    }
+
+    /// Wakes that also give tickets, named after `channel`, where their turns are heard.
+    pub(crate) fn with_tickets(hook: Hook, channel: String) -> Self {
+        Self {
+            hook: Some(hook),
+            channel: Some(channel),
+            ..Self::default()
+        }
+    }
+
+    fn turns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Notify>>> {
+        self.turns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A ticket, if these wakes give them.
+    pub(crate) fn ticket(self: &Arc<Self>) -> Option<Turn> {
+        let channel = self.channel.as_ref()?;
+        let n = self.next_turn.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        let mut turns = self.turns();
+        turns.insert(n, notify.clone());
+        if turns.len() == 1 {
+            self.turns_heard.store(false, Ordering::Release);
+            if let Some(hook) = &self.hook {
+                hook(Topic::Turns, true);
+            }
+        }
+        Some(Turn {
+            wakes: self.clone(),
+            n,
+            name: format!("{channel}#{n}"),
+            notify,
+        })
+    }
+
+    /// Wakes the tickets a message on the channel names (`<n> <n2> ...`).
+    pub(crate) fn wake_turns(&self, message: &str) {
+        let turns = self.turns();
+        for n in message.split(' ').filter_map(|n| n.parse::<u64>().ok()) {
+            if let Some(turn) = turns.get(&n) {
+                turn.notify_one();
+            }
+        }
+    }
+
+    /// Turns are heard from now on (the channel's subscription is in force).
+    pub(crate) fn turns_heard(&self) {
+        self.turns_heard.store(true, Ordering::Release);
+        self.turns_subscribed.notify_waiters();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Watched>> {
@@ -78,7 +162,7 @@ impl Wakes {
                 keys.insert(key.clone(), (watch.clone(), 1));
                 self.watched.fetch_add(1, Ordering::Relaxed);
                 if let Some(hook) = &self.hook {
-                    hook(&key, true);
+                    hook(Topic::Key(&key), true);
                 }
                 (key, watch)
             }
@@ -93,6 +177,12 @@ impl Wakes {
     /// Releases on `key` are heard from now on (its subscription is in force), or are not (`false`:
     /// every key, its subscription broke).
     pub(crate) fn heard(&self, key: Option<&str>, heard: bool) {
+        if key.is_none() && !heard {
+            self.turns_heard.store(false, Ordering::Release);
+        }
+        if key.is_none() && heard && !self.turns().is_empty() {
+            self.turns_heard();
+        }
         let keys = self.lock();
         let watches = match key {
             Some(key) => keys.get(key).into_iter().collect::<Vec<_>>(),
@@ -128,6 +218,18 @@ impl Wakes {
         for (watch, _) in self.lock().values() {
             watch.released.notify_waiters();
         }
+        for turn in self.turns().values() {
+            turn.notify_one();
+        }
+    }
+
+    fn drop_turn(&self, n: u64) {
+        let mut turns = self.turns();
+        if turns.remove(&n).is_some() && turns.is_empty() {
+            if let Some(hook) = &self.hook {
+                hook(Topic::Turns, false);
+            }
+        }
     }
 
     fn drop_interest(&self, key: &Arc<str>) {
@@ -138,7 +240,7 @@ impl Wakes {
                 keys.remove(key);
                 self.watched.fetch_sub(1, Ordering::Relaxed);
                 if let Some(hook) = &self.hook {
-                    hook(key, false);
+                    hook(Topic::Key(key), false);
                 }
             }
         }
@@ -190,5 +292,51 @@ impl Drop for Interest {
 impl std::fmt::Debug for Interest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Interest").field("key", &self.key).finish()
+    }
+}
+
+/// One waiter's ticket: its name, and its wake-up when its turn comes; dropping it ends the wake-up (the
+/// waiter gives up its place in the store with [`Wakeups::leave`]).
+pub struct Turn {
+    wakes: Arc<Wakes>,
+    n: u64,
+    name: String,
+    notify: Arc<Notify>,
+}
+
+impl Turn {
+    /// The ticket's name, unique among the store's waiters.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Completes at the ticket's next turn, or at once if one came since the last (a wake-up is kept).
+    pub async fn called(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Completes once turns are heard (the store's subscription is in force). Bound it with a timeout.
+    pub async fn heard(&self) {
+        loop {
+            let subscribed = self.wakes.turns_subscribed.notified();
+            tokio::pin!(subscribed);
+            subscribed.as_mut().enable();
+            if self.wakes.turns_heard.load(Ordering::Acquire) {
+                return;
+            }
+            subscribed.await;
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.wakes.drop_turn(self.n);
+    }
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn").field("name", &self.name).finish()
     }
 }

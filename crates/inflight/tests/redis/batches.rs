@@ -63,6 +63,7 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
             lease_ms: 30_000,
             limits: &limits,
             generated: false,
+            ticket: None,
         })
     };
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.

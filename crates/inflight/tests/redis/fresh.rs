@@ -34,6 +34,7 @@ async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
             lease_ms: 30_000,
             limits: &limits,
             generated: true,
+            ticket: None,
         })
     };
     let token_of = |admission| match admission {
@@ -95,33 +96,33 @@ fn limit_one(redis: &TestRedis) -> Limiter<inflight::RedisStore> {
         .build()
 }
 
-/// The channel a release on key `k` is announced on.
-const RELEASED: &str = "inflight:{k}:released";
+/// The channels on which waiters hear their turn: one per store handle (`<prefix>turns:<id>`).
+const TURNS: &str = "inflight:turns:*";
 
-/// Whether `act` is announced on `k`'s channel: subscribed before it, then a message of this test's own
-/// published after it; the first one heard tells (Redis runs the two in order).
+/// Whether `act` is announced to a waiting store handle: subscribed before it, then a message of this
+/// test's own published after it; the first one heard tells (Redis runs the two in order).
 async fn announced(redis: &TestRedis, act: impl AsyncFnOnce()) -> bool {
     let mut listener = redis::Client::open(redis.url())
         .unwrap()
         .get_connection()
         .unwrap();
     let mut subscription = listener.as_pubsub();
-    subscription.subscribe(RELEASED).unwrap();
+    subscription.psubscribe(TURNS).unwrap();
     subscription
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     act().await;
     redis::cmd("PUBLISH")
-        .arg(RELEASED)
+        .arg("inflight:turns:after")
         .arg("after")
         .query::<i64>(&mut redis.client())
         .unwrap();
     let heard: String = subscription.get_message().unwrap().get_payload().unwrap();
-    heard.is_empty()
+    heard != "after"
 }
 
-/// A waiter on `k` (limit 1) in another store handle (another process's), once its process has marked
-/// the key as waited on.
+/// A waiter on `k` (limit 1) in another store handle (another process's), once its ticket is in the
+/// key's queue.
 async fn waiting_elsewhere(redis: &TestRedis) -> tokio::task::JoinHandle<()> {
     let waiter = limit_one(redis);
     let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
@@ -129,17 +130,17 @@ async fn waiting_elsewhere(redis: &TestRedis) -> tokio::task::JoinHandle<()> {
         drop(waiter.acquire("k", wait).await.unwrap());
     });
     let (mut c, deadline) = (redis.client(), Instant::now() + Duration::from_secs(10));
-    let marked = |c: &mut redis::Connection| {
-        redis::cmd("EXISTS")
-            .arg("inflight:{k}:waiting")
+    let queued = |c: &mut redis::Connection| {
+        redis::cmd("ZCARD")
+            .arg("inflight:{k}:queue")
             .query::<i64>(c)
             .unwrap()
             == 1
     };
-    while !marked(&mut c) {
+    while !queued(&mut c) {
         assert!(
             Instant::now() < deadline,
-            "the waiter's process marks the key"
+            "the waiter's ticket is in the queue"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -153,8 +154,8 @@ async fn admitted(waiting: tokio::task::JoinHandle<()>) {
         .unwrap();
 }
 
-/// Nothing waits: a release publishes nothing. A waiter in another process marks the key before it asks
-/// again, so the release that frees its slot is announced and wakes it.
+/// Nothing waits: a release publishes nothing. A waiter in another process holds a ticket in the key's
+/// queue, so the release that frees its slot calls its turn on its process's channel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_is_announced_only_while_someone_waits() {
     let redis = TestRedis::start();
@@ -172,8 +173,8 @@ async fn a_release_is_announced_only_while_someone_waits() {
     admitted(waiting).await;
 }
 
-/// A key's limit raised while a process waits on it: announced as a release is, so that the waiter is
-/// admitted at once rather than at its next re-check.
+/// A key's limit raised while a process waits on it: the head of the queue hears its turn, as after a
+/// release, and is admitted at once rather than at its next re-check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raised_limit_is_announced_to_the_waiters() {
     let redis = TestRedis::start();

@@ -7,12 +7,14 @@ mod abandoned;
 mod batches;
 mod connections;
 mod data;
+mod fair;
 mod fresh;
 mod outages;
 mod processes;
 #[path = "../support/mod.rs"]
 mod support;
 
+use fair::wait_in_child;
 use processes::{hammer, hold};
 
 /// The load tests take the machine (4 busy child processes); the tests that time a recovery or a reclaim
@@ -43,6 +45,7 @@ fn child_process() {
         match role.as_str() {
             "hammer" => hammer().await,
             "hold" => hold().await,
+            "wait" => wait_in_child().await,
             other => panic!("unknown child role {other}"),
         }
     });

@@ -210,6 +210,7 @@ pub async fn apply_store<S: Store>(
                 lease_ms,
                 limits: &limits,
                 generated: false,
+                ticket: None,
             };
             match store.acquire(req).await.unwrap() {
                 Admission::Admitted { grant, .. } => Outcome::Admitted {
@@ -228,6 +229,7 @@ pub async fn apply_store<S: Store>(
                     in_flight,
                 },
                 Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
+                queued @ Admission::Queued { .. } => panic!("no ticket was asked for: {queued:?}"),
             }
         }
         Op::Release { key: k, id: i } => {

@@ -1,6 +1,7 @@
 -- batch.lua: the admissions and releases waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'g' (one under
+-- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'w' (a waiter's:
+-- see below), 'l' (a waiter gives up its ticket), 'g' (one under
 -- an id generated for it: no earlier admission used the id), 'r' (a release from one key) or 'u' (an
 -- undo: a refused admission across Cluster slots gives back what it took on one), or 'A', 'G', 'R' or
 -- 'U' and n (on n keys); the places of its keys among the KEYS (1 for the
@@ -15,7 +16,7 @@
 -- call per operation.
 
 -- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
--- 3 weight over the limit), the refusing key's index (0-based; -1), limit and in_flight (of that key,
+-- 3 weight over the limit, 4 full and the ticket queues, 5 full and the queue at its bound), the refusing key's index (0-based; -1), limit and in_flight (of that key,
 -- or of the first), expires_at_ms, reclaimed, token, what the id held before on the first limited key
 -- (weight, 0 when nothing; lease_ms; token), and which keys recorded the lease (bit i - 1: key i).
 -- Unlimited keys record nothing.
@@ -27,8 +28,22 @@ local function reply(...) -- an admission's 11
   r = r + 11
 end
 
-local function acquire(keys, n, id, t, keep, generated)
+-- A refusal by key i; a waiter (w) takes or keeps its ticket there (decision 4), unless the queue is
+-- at its bound (5), and leaves the queue of any other key of the admission.
+local function refuse(keys, n, i, limit, count, reclaimed, w)
+  local decision = 0
+  if w then
+    for j = 1, n do
+      if j ~= i then leave(keys[j], w.ticket, 1) end
+    end
+    decision = take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms) == 1 and 4 or 5
+  end
+  return reply(decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
+end
+
+local function acquire(keys, n, id, t, keep, generated, w)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
+  local ticket = w and w.ticket
   for i = 1, n do
     local key = load(keys[i])
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
@@ -37,11 +52,14 @@ local function acquire(keys, n, id, t, keep, generated)
     if limit > 0 then
       any = true
       if weight > limit then return reply(3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
-      -- No room for a new lease: a retry of a held id never needs more than it has.
-      if count + weight > limit then
+      -- No room for a new lease, or none behind the tickets ahead (queue.lua); a retry of a held id
+      -- never needs more than it has.
+      local over = count + weight > limit
+      local behind = not over and key.queued and not in_turn(key, limit - count, weight, ticket)
+      if over or behind then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and count - held + weight > limit then
-          return reply(0, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
+        if weight > held and (behind or count - held + weight > limit) then
+          return refuse(keys, n, i, limit, count, reclaimed, w)
         end
       end
     end
@@ -61,6 +79,11 @@ local function acquire(keys, n, id, t, keep, generated)
   replies[r + 4], replies[r + 5], replies[r + 6] = limits[1] > 0 and first.n + first.extra or 0, now + lease_ms, reclaimed
   replies[r + 7], replies[r + 8], replies[r + 9], replies[r + 10], replies[r + 11] = token, held, old_ms, old_token, counted
   r = r + 11
+  if ticket then -- admitted: the ticket leaves, and the next in line hear their turn if there is room
+    for i = 1, n do
+      if keys[i].queued then leave(keys[i], ticket, limits[i] - in_flight(keys[i])) end
+    end
+  end
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
@@ -72,7 +95,7 @@ local function release(keys, n, id, token)
   for i = 1, n do
     local key = keys[i]
     reclaim(key) -- (an expired lease is not released: it was lost)
-    local weight, _, own, found = meta(key, id)
+    local weight, _, own, found = meta(key, id, true)
     if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1 -- (n: read again when the key is loaded)
       if found then
@@ -85,6 +108,7 @@ local function release(keys, n, id, token)
         key.waiting = redis.call('EXISTS', key.tag .. ':waiting') == 1
       end
       if key.waiting then redis.call('PUBLISH', key.tag .. ':released', '') end
+      if key.queued then call_turns(key, weight) end
     end
   end
   return released
@@ -113,7 +137,9 @@ set_now(ARGV[1])
 local a, terms, keys = 2, {}, {}
 while a <= #ARGV do
   local kind, n = ARGV[a], 1
-  if kind == 'A' or kind == 'G' or kind == 'R' or kind == 'U' then a, n = a + 1, tonumber(ARGV[a + 1]) end
+  if kind == 'A' or kind == 'G' or kind == 'W' or kind == 'R' or kind == 'U' or kind == 'L' then
+    a, n = a + 1, tonumber(ARGV[a + 1])
+  end
   for j = 1, n do
     local place = ARGV[a + j]
     local k = (place == '1' and 1 or tonumber(place)) * 3
@@ -130,6 +156,21 @@ while a <= #ARGV do
     local keep = ARGV[a + n + 3]
     acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), kind == 'g' or kind == 'G')
     a = a + n + 4
+  elseif kind == 'w' or kind == 'W' then -- a waiter's: then its ticket, level, flow, ticket lease, generated
+    local t = {}
+    for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
+    local keep, b = ARGV[a + n + 3], a + n + 3
+    local w = {ticket = ARGV[b + 1], level = tonumber(ARGV[b + 2]), flow = ARGV[b + 3], ms = tonumber(ARGV[b + 4]),
+      weight = t[1]}
+    acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), ARGV[b + 5] == '1', w)
+    a = b + 6
+  elseif kind == 'l' or kind == 'L' then -- a waiter gives up its ticket (the "id" is the ticket)
+    local left = 0
+    for j = 1, n do
+      if leave(keys[j], id, 1) then left = 1 end
+    end
+    replies[r + 1] = left
+    r, a = r + 1, a + n + 2
   elseif kind == 'r' or kind == 'R' then
     local token = ARGV[a + n + 2]
     replies[r + 1] = release(keys, n, id, token == '0' and 0 or tonumber(token))

@@ -77,6 +77,7 @@ impl RedisStore {
                 terms: (weight, lease_ms, pick(&limits, group)),
                 keep: token,
                 generated,
+                wait: None,
             };
             let reply = match self.batcher.run(op).await {
                 Ok(reply) => reply,

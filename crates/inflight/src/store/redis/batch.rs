@@ -48,6 +48,13 @@ pub(super) enum Op {
         keep: u64,
         /// The id was generated for this admission (`AcquireRequest::generated`).
         generated: bool,
+        /// A waiter's ticket (`AcquireRequest::ticket`): kept in the refusing key's queue.
+        wait: Option<WaitArgs>,
+    },
+    /// A waiter gives up its ticket on these keys.
+    Leave {
+        names: Vec<KeyNames>,
+        ticket: String,
     },
     /// A release of the lease the admission that got `token` (0: any) holds.
     Release {
@@ -65,12 +72,21 @@ pub(super) enum Op {
     },
 }
 
+/// A waiter's ticket as `batch.lua` takes it.
+pub(super) struct WaitArgs {
+    pub(super) ticket: String,
+    pub(super) priority: u8,
+    pub(super) flow: String,
+    pub(super) lease_ms: u64,
+}
+
 impl Op {
-    fn parts(&self) -> (&[KeyNames], &PermitId) {
+    fn names(&self) -> &[KeyNames] {
         match self {
-            Op::Acquire { names, id, .. }
-            | Op::Release { names, id, .. }
-            | Op::Undo { names, id, .. } => (names, id),
+            Op::Acquire { names, .. }
+            | Op::Release { names, .. }
+            | Op::Undo { names, .. }
+            | Op::Leave { names, .. } => names,
         }
     }
 
@@ -78,7 +94,7 @@ impl Op {
     fn reply_len(&self) -> usize {
         match self {
             Op::Acquire { .. } => 11,
-            Op::Release { .. } | Op::Undo { .. } => 1,
+            Op::Release { .. } | Op::Undo { .. } | Op::Leave { .. } => 1,
         }
     }
 }
@@ -183,8 +199,7 @@ async fn run(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) 
     }
     let mut slots: HashMap<u16, Vec<Job>> = HashMap::new();
     for job in jobs {
-        let (names, _) = job.op.parts();
-        let slot = slot(names[0].tag().as_bytes());
+        let slot = slot(job.op.names()[0].tag().as_bytes());
         slots.entry(slot).or_default().push(job);
     }
     futures_util::future::join_all(
@@ -202,8 +217,9 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     invocation.arg(offset);
     let mut places: HashMap<&str, usize> = HashMap::new();
     for job in &jobs {
-        let (names, id) = job.op.parts();
+        let names = job.op.names();
         let kind = match job.op {
+            Op::Acquire { wait: Some(_), .. } => ["w", "W"],
             Op::Acquire {
                 generated: false, ..
             } => ["a", "A"],
@@ -212,6 +228,7 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
             } => ["g", "G"],
             Op::Release { .. } => ["r", "R"],
             Op::Undo { .. } => ["u", "U"],
+            Op::Leave { .. } => ["l", "L"],
         };
         match names.len() {
             1 => invocation.arg(kind[0]),
@@ -225,17 +242,41 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
             });
             invocation.arg(place);
         }
-        invocation.arg(Member(id));
         match &job.op {
-            Op::Acquire { terms, keep, .. } => invocation.arg(Terms(terms)).arg(keep),
-            Op::Release { token, .. } => invocation.arg(token),
-            Op::Undo { token, before, .. } => {
+            Op::Acquire {
+                id,
+                terms,
+                keep,
+                wait,
+                generated,
+                ..
+            } => {
+                invocation.arg(Member(id)).arg(Terms(terms)).arg(keep);
+                if let Some(wait) = wait {
+                    invocation
+                        .arg(&wait.ticket)
+                        .arg(wait.priority)
+                        .arg(&wait.flow)
+                        .arg(wait.lease_ms)
+                        .arg(u8::from(*generated));
+                }
+            }
+            Op::Release { id, token, .. } => {
+                invocation.arg(Member(id)).arg(token);
+            }
+            Op::Undo {
+                id, token, before, ..
+            } => {
                 let [weight, lease_ms, old] = before;
                 invocation
+                    .arg(Member(id))
                     .arg(token)
-                    .arg(format!("{weight} {lease_ms} {old}"))
+                    .arg(format!("{weight} {lease_ms} {old}"));
             }
-        };
+            Op::Leave { ticket, .. } => {
+                invocation.arg(ticket);
+            }
+        }
     }
     let invocation = &invocation;
     let replies = retried(|| send(conn.clone(), invocation, wait)).await;

@@ -128,7 +128,9 @@ impl RedisStoreBuilder {
         let marker_prefix = prefix.clone();
         let released = move |key: &str| KeyNames::new(&prefix, key, cluster).released();
         let waiting = move |key: &str| KeyNames::new(&marker_prefix, key, cluster).waiting();
-        let wakes = wakeups::start(conn.clone(), released, Some(Box::new(waiting)));
+        // This handle's waiters hear their turns (queue.lua) on a channel of its own.
+        let turns = format!("{}turns:{}", self.prefix, uuid::Uuid::new_v4().simple());
+        let wakes = wakeups::start(conn.clone(), released, Some(Box::new(waiting)), Some(turns));
         let store = self.assemble(conn, target, wakes);
         keeper::start(
             store.conn.clone(),

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use super::batch::{Batcher, Op, Reply};
+use super::batch::{Batcher, Op, Reply, WaitArgs};
 use super::connect::Conn;
 use super::error::{invoke, retried};
 use super::keeper::Metered;
@@ -15,7 +15,7 @@ use super::scripts;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
-use crate::store::wake::{Interest, Wakes, Wakeups};
+use crate::store::wake::{Interest, Turn, Wakes, Wakeups};
 use crate::store::{
     AcquireRequest, Admission, Grant, IndexOp, KeyStatus, LocalAdmission, OverrideChange, Recorded,
     RenewRequest, Renewal, Store,
@@ -168,6 +168,9 @@ pub(super) fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
     T::try_from(n).map_err(|_| StoreError::Protocol(format!("number out of range: {n}")))
 }
 
+/// The most tickets in one key's queue (`queue.lua`'s MAX_TICKETS).
+const MAX_TICKETS: u32 = 10_000;
+
 /// An admission's answer (`batch.lua`'s numbers, `dify.lua`'s), for a permit of `weight`.
 pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, StoreError> {
     let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, .., counted] = reply;
@@ -190,6 +193,13 @@ pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, Store
             in_flight: number(in_flight)?,
             reclaimed,
         }),
+        4 => Ok(Admission::Queued {
+            index: number(index)?,
+            limit: number(limit)?,
+            in_flight: number(in_flight)?,
+            reclaimed,
+        }),
+        5 => Err(StoreError::TooManyWaiters { max: MAX_TICKETS }),
         2 => Ok(Admission::Unlimited),
         3 => Ok(Admission::TooHeavy {
             index: number(index)?,
@@ -219,6 +229,12 @@ impl Store for RedisStore {
                         terms,
                         keep: 0,
                         generated: req.generated,
+                        wait: req.ticket.map(|ticket| WaitArgs {
+                            ticket: ticket.name.to_owned(),
+                            priority: ticket.priority,
+                            flow: ticket.flow.to_owned(),
+                            lease_ms: ticket.lease_ms,
+                        }),
                     })
                     .await?
             }
@@ -303,6 +319,21 @@ impl Wakeups for RedisStore {
     /// channel (subscribed while the interest lives).
     fn interest(&self, key: &str) -> Interest {
         self.wakes.interest(key)
+    }
+
+    /// A ticket in the keys' queues (`queue.lua`), whose turn this handle hears on a channel of its own.
+    fn ticket(&self) -> Option<Turn> {
+        self.wakes.ticket()
+    }
+
+    async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError> {
+        let names = self.names(keys);
+        let ticket = ticket.to_owned();
+        // (On a cluster, keys in several slots take no ticket: see `acquire`.)
+        match self.across(&names) {
+            Some(_) => Ok(false),
+            None => Ok(self.batcher.run(Op::Leave { names, ticket }).await?[0] == 1),
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use super::connect::Conn;
 use super::keeper::within;
-use crate::store::wake::Wakes;
+use crate::store::wake::{Hook, Topic, Wakes};
 
 /// How long to wait before subscribing again after the subscription broke.
 const RETRY: Duration = Duration::from_millis(100);
@@ -34,25 +34,49 @@ pub(super) fn start(
     conn: Conn,
     channel_of: impl Fn(&str) -> String + Send + Sync + 'static,
     marker_of: Option<Marker>,
+    turns: Option<String>,
 ) -> Arc<Wakes> {
     let (changes, wanted) = mpsc::unbounded_channel();
-    let wakes = Arc::new(Wakes::with_hook(Box::new(move |key, on| {
-        let _ = changes.send((key.clone(), on));
-    })));
+    let hook: Hook = Box::new(move |topic, on| {
+        let topic = match topic {
+            Topic::Key(key) => Some(key.clone()),
+            Topic::Turns => None,
+        };
+        let _ = changes.send((topic, on));
+    });
+    let wakes = Arc::new(match turns.clone() {
+        Some(channel) => Wakes::with_tickets(hook, channel),
+        None => Wakes::with_hook(hook),
+    });
     let names = Names {
         channel_of,
         marker_of,
+        turns,
     };
     tokio::spawn(follow(conn, names, Arc::downgrade(&wakes), wanted));
     wakes
 }
 
-type Changes = mpsc::UnboundedReceiver<(Arc<str>, bool)>;
+/// A key's releases, or (`None`) the store's turns, wanted or not.
+type Changes = mpsc::UnboundedReceiver<(Option<Arc<str>>, bool)>;
 
-/// A key's channel, and its marker if the store has them.
+/// What is subscribed to: a key's releases, or (`None`) the store's turns.
+type Channels = HashMap<String, Option<Arc<str>>>;
+
+/// A key's channel, and its marker if the store has them; the channel of the store's turns.
 struct Names<F> {
     channel_of: F,
     marker_of: Option<Marker>,
+    turns: Option<String>,
+}
+
+impl<F: Fn(&str) -> String> Names<F> {
+    fn channel(&self, topic: Option<&Arc<str>>) -> String {
+        match topic {
+            Some(key) => (self.channel_of)(key),
+            None => self.turns.clone().unwrap_or_default(),
+        }
+    }
 }
 
 async fn follow<F: Fn(&str) -> String>(
@@ -61,8 +85,8 @@ async fn follow<F: Fn(&str) -> String>(
     wakes: Weak<Wakes>,
     mut changes: Changes,
 ) {
-    // Channel -> key, for every key with an interest.
-    let mut channels: HashMap<String, Arc<str>> = HashMap::new();
+    // Channel -> key, for every key with an interest (and the turns', while tickets wait).
+    let mut channels: Channels = HashMap::new();
     // Which node (of a cluster's: PUBLISH reaches them all) to subscribe through: the next after a failure.
     let mut attempt = 0;
     loop {
@@ -72,7 +96,7 @@ async fn follow<F: Fn(&str) -> String>(
                 return;
             };
             if on {
-                channels.insert((names.channel_of)(&key), key);
+                channels.insert(names.channel(key.as_ref()), key);
             }
             continue;
         }
@@ -101,12 +125,12 @@ async fn follow<F: Fn(&str) -> String>(
 async fn mark<'a>(
     conn: &Conn,
     marker_of: Option<&Marker>,
-    keys: impl Iterator<Item = &'a Arc<str>>,
+    keys: impl Iterator<Item = &'a Option<Arc<str>>>,
 ) -> redis::RedisResult<()> {
     let Some(marker_of) = marker_of else {
         return Ok(());
     };
-    let sets = keys.map(|key| {
+    let sets = keys.flatten().map(|key| {
         let (mut conn, mut set) = (conn.clone(), redis::cmd("SET"));
         set.arg(marker_of(key)).arg(1).arg("PX").arg(MARK_MS);
         async move { set.query_async::<()>(&mut conn).await }
@@ -120,7 +144,7 @@ async fn mark<'a>(
 async fn listen<F: Fn(&str) -> String>(
     (conn, client): (&Conn, &Client),
     names: &Names<F>,
-    channels: &mut HashMap<String, Arc<str>>,
+    channels: &mut Channels,
     wakes: &Weak<Wakes>,
     changes: &mut Changes,
 ) -> redis::RedisResult<()> {
@@ -150,25 +174,30 @@ async fn listen<F: Fn(&str) -> String>(
                         "the subscription to releases ended",
                     )));
                 };
-                let (Some(key), Some(wakes)) = (channels.get(message.get_channel_name()), wakes.upgrade()) else {
+                let (Some(topic), Some(wakes)) = (channels.get(message.get_channel_name()), wakes.upgrade()) else {
                     continue;
                 };
-                wakes.wake(key);
+                match topic {
+                    Some(key) => wakes.wake(key),
+                    None => wakes.wake_turns(&message.get_payload::<String>().unwrap_or_default()),
+                }
             }
             _ = keep_marks.tick(), if marker_of.is_some() => {
                 mark(conn, marker_of, channels.values()).await?;
             }
             change = changes.recv() => {
                 let Some((key, on)) = change else { return Ok(()) };
-                let channel = (names.channel_of)(&key);
+                let channel = names.channel(key.as_ref());
                 if on {
                     // Kept first: a subscription that fails here is made when it is remade.
                     channels.insert(channel.clone(), key.clone());
                     within(sink.subscribe(&channel)).await?;
                     // Marked before the waiters hear that releases are heard: they ask again after.
                     mark(conn, marker_of, std::iter::once(&key)).await?;
-                    if let Some(wakes) = wakes.upgrade() {
-                        wakes.heard(Some(&key), true);
+                    match (wakes.upgrade(), &key) {
+                        (Some(wakes), Some(key)) => wakes.heard(Some(key), true),
+                        (Some(wakes), None) => wakes.turns_heard(),
+                        (None, _) => {}
                     }
                 } else {
                     channels.remove(&channel);

@@ -65,7 +65,7 @@ impl DifyStoreBuilder {
             ));
         }
         // dify.lua announces every release: no markers.
-        let wakes = wakeups::start(conn.clone(), released, None);
+        let wakes = wakeups::start(conn.clone(), released, None, None);
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
             stale_ms: millis(self.stale_after),

@@ -10,6 +10,8 @@
 --                        it, and any later admission of the id (a re-sent one) writes its entry.
 --   <prefix>{E}:waiting  string, while some process has waiters on the key (it keeps it alive): only
 --                        then is a release announced on <prefix>{E}:released.
+--   permits QUEUED ('\254q': no permit id, which is UTF-8 text or starts with 0xFF, can be it): while
+--                        the key may have a queue of tickets (queue.lua).
 -- Tokens (fencing): each admission gets one, larger than every token its keys gave before: the Redis
 -- clock in microseconds, or the keys' last token + 1 when that is larger. A lease keeps its admission's
 -- token; a later admission of the same id takes it over with its own, and a release or renewal naming
@@ -18,6 +20,7 @@
 -- in_flight = the number of leases + permits['']. Leases and permits expire together, a while after
 -- the latest deadline, so that idle keys leave nothing behind.
 local DEFAULT_LEASE_MS = 30000
+local QUEUED = '\254q'
 local clock_ms, now, now_us = 0, 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
 local function set_now(offset) -- (ARGV's text; tonumber costs Redis about as much as a TIME call)
   local offset_ms = offset == '0' and 0 or tonumber(offset)
@@ -35,8 +38,16 @@ local function resolve(override, default_limit, max_limit)
   return own
 end
 
-local function meta(key, id) -- a lease's weight, length and token (0: none kept); whether it has an entry
-  local m = key.hashed and redis.call('HGET', key.permits, id)
+-- A lease's weight, length and token (0: none kept); whether it has an entry. With `queue`, the same
+-- read also tells whether the key may have a queue (key.queued; see queue.lua).
+local function meta(key, id, queue)
+  local m = false
+  if key.hashed and queue then
+    local fields = redis.call('HMGET', key.permits, id, QUEUED)
+    m, key.queued = fields[1], fields[2] ~= false
+  elseif key.hashed then
+    m = redis.call('HGET', key.permits, id)
+  end
   if not m then return 1, DEFAULT_LEASE_MS, 0, false end
   local weight, lease_ms, token = string.match(m, '^(%d+) (%d+) ?(%d*)$')
   return tonumber(weight), tonumber(lease_ms), tonumber(token) or 0, true
@@ -93,7 +104,8 @@ local function glance(leases, permits, limit)
   local key = seen[leases]
   if key then return key end
   key = {leases = leases, permits = permits, limit = limit, kept = 0, hashed = true, extra = 0, last = 0,
-    reclaimed = 0, n = 0, override = false, longest = 0, dirty = false, loaded = false, checked = false}
+    reclaimed = 0, n = 0, override = false, longest = 0, dirty = false, loaded = false, checked = false,
+    queued = false}
   seen[leases] = key
   return key
 end
@@ -116,8 +128,9 @@ end
 local function load(key)
   if key.loaded then return key end
   key.loaded = true
-  local fields = redis.call('HMGET', key.permits, '', '#')
+  local fields = redis.call('HMGET', key.permits, '', '#', QUEUED)
   key.hashed, key.extra, key.last = fields[1] ~= false, num(fields[1]), num(fields[2])
+  key.queued = fields[3] ~= false
   key.n = redis.call('ZCARD', key.leases)
   if key.n == 0 then key.checked = true else reclaim(key) end
   if key.n == 0 and key.extra ~= 0 then -- (the hash stays: it keeps the key's last token)

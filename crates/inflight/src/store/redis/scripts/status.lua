@@ -41,4 +41,7 @@ if ARGV[3] ~= '' then
   if redis.call('EXISTS', tag .. ':waiting') == 1 then redis.call('PUBLISH', tag .. ':released', '') end
 end
 local key = view(KEYS[1], KEYS[2], KEYS[3])
-return {resolve(override(key), tonumber(ARGV[1]), tonumber(ARGV[2])), override(key), in_flight(key), version}
+local limit = resolve(override(key), tonumber(ARGV[1]), tonumber(ARGV[2]))
+-- Room a new limit makes goes to the queue's head (queue.lua): its waiters hear their turn.
+if ARGV[3] ~= '' and key.queued and limit > in_flight(key) then call_turns(key, limit - in_flight(key)) end
+return {limit, override(key), in_flight(key), version}

@@ -1,0 +1,129 @@
+-- queue.lua: a key's queue of waiters, one for every process sharing the store (batch.lua, status.lua).
+-- A waiter refused as full takes a ticket, in the step that refused it; the order of the tickets
+-- decides who is admitted next, whichever process they wait in. Beside common.lua's names, under the
+-- key's tag T (<prefix>{E}):
+--   T:queue    sorted set, every score 0, so in member order: 'PPRRRRRRRRRRSSSSSSSSSS w ticket': PP
+--              255 - priority, R the ticket's round among its level's flows, S its arrival number on the
+--              key (hex, fixed width), w its weight. The head is the first member.
+--   T:tickets  hash: ticket -> its member; '' -> the last arrival number.
+--   T:expiry   sorted set: ticket -> the end of its lease (ms). A ticket its process stops renewing
+--              (killed, cut off) goes when that passes.
+--   T:flows    hash: 'level flow' -> the flow's next round; 'level' -> the last round admitted there.
+--   permits QUEUED (common.lua) is there while the key may have a queue (whoever finds it empty clears it): one more
+--   field of reads the scripts make anyway tells an admission or a release that nobody waits.
+-- A ticket is '<channel>#<n>': its process hears its turn on <channel> (PUBLISH '<n> <n2> ...').
+-- Order: priority (higher first), then round (each flow of a level takes the next round it has not
+-- had, so flows are served in turn however many tickets one of them holds), then arrival.
+-- An admission takes a slot only when the tickets ahead of it (all of them, for one without a ticket:
+-- no barging) leave room for it too.
+local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
+
+local function tag_of(key)
+  key.tag = key.tag or string.sub(key.leases, 1, -8)
+  return key.tag
+end
+
+local function parse_member(member) -- weight, ticket
+  local w, ticket = string.match(member, '^%x+ (%d+) (.+)$')
+  return tonumber(w), ticket
+end
+
+local function drop_ticket(t, ticket, member)
+  if member then redis.call('ZREM', t .. ':queue', member) end
+  redis.call('HDEL', t .. ':tickets', ticket)
+  redis.call('ZREM', t .. ':expiry', ticket)
+end
+
+-- Removes the tickets whose lease ended; how many.
+local function expire_tickets(key)
+  if key.expired then return 0 end
+  key.expired = true
+  local t = tag_of(key)
+  local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%.0f', now))
+  for _, ticket in ipairs(gone) do drop_ticket(t, ticket, redis.call('HGET', t .. ':tickets', ticket)) end
+  return #gone
+end
+
+-- The processes of the tickets at the head that fit in `room` slots (the head's at least) hear their turn.
+local function call_turns(key, room)
+  local t = tag_of(key)
+  local head = redis.call('ZRANGE', t .. ':queue', 0, math.max(math.min(room, SCAN), 1) - 1)
+  local by, order, used = {}, {}, 0
+  for i, member in ipairs(head) do
+    local w, ticket = parse_member(member)
+    used = used + w
+    if i > 1 and used > room then break end
+    local channel, n = string.match(ticket, '^(.*)#(%d+)$')
+    if channel then
+      if not by[channel] then by[channel], order[#order + 1] = {}, channel end
+      table.insert(by[channel], n)
+    end
+  end
+  for _, channel in ipairs(order) do redis.call('PUBLISH', channel, table.concat(by[channel], ' ')) end
+end
+
+-- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the
+-- tickets ahead of it. A queue found empty is forgotten.
+local function in_turn(key, free, weight, ticket)
+  expire_tickets(key)
+  local head = redis.call('ZRANGE', tag_of(key) .. ':queue', 0, math.min(math.max(free, 0), SCAN))
+  if #head == 0 then
+    redis.call('HDEL', key.permits, QUEUED)
+    redis.call('DEL', tag_of(key) .. ':flows')
+    key.queued = false
+    return weight <= free
+  end
+  local ahead = 0
+  for _, member in ipairs(head) do
+    local w, owner = parse_member(member)
+    if owner == ticket then return ahead + weight <= free end
+    ahead = ahead + w
+    if ahead + weight > free then return false end
+  end
+  return false
+end
+
+-- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow.
+-- 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
+local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
+  local t = tag_of(key)
+  local deadline = string.format('%.0f', now + ticket_ms)
+  local keep_ms = ticket_ms * 2 + 1000
+  if not redis.call('HGET', t .. ':tickets', ticket) then
+    if redis.call('ZCARD', t .. ':queue') >= MAX_TICKETS then return 0 end
+    local field = level .. ' ' .. flow
+    local rounds = redis.call('HMGET', t .. ':flows', level, field)
+    if not rounds[2] and redis.call('HLEN', t .. ':flows') >= MAX_FLOWS then return 0 end
+    local round = math.max(num(rounds[1]), num(rounds[2]))
+    redis.call('HSET', t .. ':flows', field, round + 1)
+    local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
+    local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
+    redis.call('ZADD', t .. ':queue', 0, member)
+    redis.call('HSET', t .. ':tickets', ticket, member)
+    if not key.queued then
+      redis.call('HSET', key.permits, QUEUED, 1)
+      key.queued, key.dirty = true, true -- (settle() gives a hash made here its expiry)
+    end
+    for _, role in ipairs({':queue', ':tickets', ':flows'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
+  end
+  redis.call('ZADD', t .. ':expiry', deadline, ticket)
+  redis.call('PEXPIRE', t .. ':expiry', keep_ms)
+  return 1
+end
+
+-- The ticket leaves the key's queue (admitted, given up); when it was the head, the tickets next that
+-- fit in `room` slots hear their turn (none when 0). Whether it was there.
+local function leave(key, ticket, room)
+  local t = tag_of(key)
+  local member = redis.call('HGET', t .. ':tickets', ticket)
+  if not member then return false end
+  local head = redis.call('ZRANGE', t .. ':queue', 0, 0)
+  drop_ticket(t, ticket, member)
+  -- Served: the level's round moves on to the ticket's (later tickets of any flow start there).
+  local level = 255 - tonumber(string.sub(member, 1, 2), 16)
+  local round = tonumber(string.sub(member, 3, 12), 16)
+  local flows = t .. ':flows'
+  if num(redis.call('HGET', flows, level)) < round then redis.call('HSET', flows, level, round) end
+  if head[1] == member and room > 0 then call_turns(key, room) end
+  return true
+end
