@@ -1,6 +1,7 @@
-//! Waiting for a slot (`Limiter::acquire`): bounded, in arrival order, woken by releases in other
-//! processes, cancel-safe; each scenario on the memory store (two limiters on one store stand for two
-//! processes) and on a real redis-server (two store handles, two connections).
+//! Waiting for a slot (`Limiter::acquire`): bounded, in one order for every process (arrival, flows in
+//! turn, priorities), woken by releases in other processes, cancel-safe; each scenario on the memory
+//! store (two limiters on one store stand for two processes) and on a real redis-server (two store
+//! handles, two connections).
 #![allow(missing_docs)]
 
 mod support;
@@ -308,4 +309,84 @@ async fn memory_a_new_policy_admits_a_waiter_at_once() {
         limiter.set_policy(Policy::new(2, 0));
     })
     .await;
+}
+
+/// Waits (bounded) until the two limiters have `n` admissions waiting between them.
+async fn waiting_in_both<S: Wakeups>(a: &Limiter<S>, b: &Limiter<S>, n: u64) {
+    let count = |l: &Limiter<S>| l.stats().waiting.load(Ordering::SeqCst);
+    for _ in 0..2000 {
+        if count(a) + count(b) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("never {n} waiting");
+}
+
+/// Limit 1, held; then waiters queue in turn from both "processes", each with `options(n)`, named
+/// `name(n)`; the release admits them one by one: the names in the order admitted.
+async fn admission_order<S: Wakeups>(
+    (a, b): (S, S),
+    count: usize,
+    options: impl Fn(usize) -> AcquireOptions,
+    name: impl Fn(usize) -> String,
+) -> Vec<String> {
+    let handles = [limiter(a, 1), limiter(b, 1)];
+    let held = handles[0].try_acquire("model").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for n in 0..count {
+        let (waiter, order, name) = (handles[n % 2].clone(), order.clone(), name(n));
+        let options = options(n).max_wait(Duration::from_secs(60));
+        tasks.push(tokio::spawn(async move {
+            let permit = waiter.acquire("model", options).await.unwrap();
+            order.lock().unwrap().push(name);
+            permit.release().await.unwrap();
+        }));
+        waiting_in_both(&handles[0], &handles[1], n as u64 + 1).await;
+    }
+    // No barging: a request without a wait does not pass them, before or after the release.
+    let refused = handles[1].try_acquire("model").await.unwrap_err();
+    assert!(matches!(refused, AcquireError::Full { .. }));
+    held.release().await.unwrap();
+    let refused = handles[1].try_acquire("model").await.unwrap_err();
+    assert!(matches!(refused, AcquireError::Full { .. }));
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every waiter admitted")
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+/// One queue for both processes: arrival order whichever process a waiter is in; a flow with one
+/// waiter is admitted within two admissions of another flow's many; a higher priority passes them all.
+async fn one_queue_for_every_process<S: Wakeups>(stores: impl Fn() -> (S, S)) {
+    let order = admission_order(stores(), 8, |_| AcquireOptions::new(), |n| n.to_string());
+    let expected: Vec<String> = (0..8).map(|n| n.to_string()).collect();
+    assert_eq!(order.await, expected, "arrival order across processes");
+    let flows = |n| AcquireOptions::new().flow(if n == 30 { "b" } else { "a" });
+    let order = admission_order(stores(), 31, flows, |n| n.to_string()).await;
+    let b = order.iter().position(|name| name == "30").unwrap();
+    assert!(b < 2, "flow b admitted after {b} of flow a's 30");
+    let levels = |n| AcquireOptions::new().priority(if n == 5 { 9 } else { 0 });
+    let order = admission_order(stores(), 6, levels, |n| n.to_string()).await;
+    assert_eq!(
+        order,
+        ["5", "0", "1", "2", "3", "4"],
+        "the high priority first"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_one_queue_for_every_process() {
+    one_queue_for_every_process(memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_one_queue_for_every_process() {
+    let server = TestRedis::start();
+    one_queue_for_every_process(|| (server.store(), server.store())).await;
 }

@@ -163,11 +163,15 @@ impl<S: Store> Limiter<S> {
         let core = &self.core;
         let mut limits = [ClassLimits::default(); MAX_KEYS];
         core.policy.limits_into(keys, &mut limits[..keys.len()]);
+        // (A waiter with a ticket asks the store, where its place is.)
         let given_id = options.id.is_some();
-        match core
-            .store
-            .hold(keys, &limits[..keys.len()], weight, given_id)
-        {
+        let held = match options.ticket {
+            None => core
+                .store
+                .hold(keys, &limits[..keys.len()], weight, given_id),
+            Some(_) => None,
+        };
+        match held {
             Some(LocalAdmission::Taken {
                 slots,
                 grant,

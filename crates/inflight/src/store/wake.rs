@@ -95,6 +95,29 @@ impl Wakes {
         }
     }
 
+    /// Wakes of an in-process store, whose tickets are woken by the store itself.
+    pub(crate) fn local_tickets() -> Self {
+        Self {
+            channel: Some("local".to_owned()),
+            turns_heard: AtomicBool::new(true),
+            ..Self::default()
+        }
+    }
+
+    /// Wakes the tickets named (`<channel>#<n>`).
+    pub(crate) fn wake_tickets(&self, names: &[Arc<str>]) {
+        if names.is_empty() {
+            return;
+        }
+        let turns = self.turns();
+        for name in names {
+            let n = name.rsplit('#').next().and_then(|n| n.parse::<u64>().ok());
+            if let Some(turn) = n.and_then(|n| turns.get(&n)) {
+                turn.notify_one();
+            }
+        }
+    }
+
     fn turns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Notify>>> {
         self.turns.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -107,8 +130,8 @@ impl Wakes {
         let mut turns = self.turns();
         turns.insert(n, notify.clone());
         if turns.len() == 1 {
-            self.turns_heard.store(false, Ordering::Release);
             if let Some(hook) = &self.hook {
+                self.turns_heard.store(false, Ordering::Release);
                 hook(Topic::Turns, true);
             }
         }

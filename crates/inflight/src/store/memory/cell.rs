@@ -81,11 +81,13 @@ impl<C: Clock> LocalSlots for Cell<C> {
     }
 
     fn give_back(&self, weight: u32) {
-        {
+        let called = {
             let mut state = self.lock();
             state.in_flight -= weight;
             state.last_used_ms = self.time.coarse_ms();
-        }
+            state.called(weight)
+        };
+        self.wakes.wake_tickets(&called);
         self.wakes.wake(&self.key);
     }
 
@@ -128,19 +130,28 @@ pub(super) struct Slot<'a, C> {
     pub(super) state: &'a mut KeyState,
 }
 
-/// Checks every key of a decision (`id`: the lease's, `None` for a hold); the first key's limit when all
-/// have room, else the refusal of the first key, in the request's order, that refuses.
+/// Checks every key of a decision (`id`: the lease's, `None` for a hold; `ticket`: a waiter's, `None`
+/// for a request that must not pass the keys' queues); the first key's limit when all have room, else
+/// the refusal of the first key, in the request's order, that refuses.
 #[inline]
 pub(super) fn admit<C>(
     slots: &[Slot<'_, C>],
     limits: &[ClassLimits],
-    id: Option<&PermitId>,
+    (id, ticket): (Option<&PermitId>, Option<&str>),
     weight: u32,
     reclaimed: u32,
 ) -> Result<Limit, Admission> {
     let (mut limited, mut first) = (false, Limit::Unlimited);
     for (n, slot) in slots.iter().enumerate() {
         match slot.state.check(limits[slot.index], id, weight) {
+            Ok(Limit::Limited(max)) if slot.state.behind(max, id, weight, ticket) => {
+                return Err(Admission::Full {
+                    index: slot.index,
+                    limit: max,
+                    in_flight: slot.state.in_flight,
+                    reclaimed,
+                })
+            }
             Ok(limit) => {
                 limited |= limit != Limit::Unlimited;
                 if n == 0 {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::cell::{admit, grant, Cells, Slot};
 use super::key::Lease;
+use super::queue::MAX_TICKETS;
 use super::MemoryStore;
 use crate::clock::{millis, Clock};
 use crate::error::StoreError;
@@ -19,14 +20,49 @@ use crate::store::{
 };
 
 impl<C: Clock> MemoryStore<C> {
-    fn acquire_now(&self, req: AcquireRequest<'_>) -> Admission {
+    fn acquire_now(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
         if self.all_unlimited(req.limits) {
-            return Admission::Unlimited;
+            return Ok(Admission::Unlimited);
         }
-        self.locked(req.keys, true, true, |slots, now, reclaimed| {
-            let first = match admit(slots, req.limits, Some(req.id), req.weight, reclaimed) {
-                Ok(first) => first,
-                Err(refused) => return refused,
+        let mut called = Vec::new();
+        let decided = self.locked(req.keys, true, true, |slots, now, reclaimed| {
+            let ticket = req.ticket.as_ref();
+            let checked = (Some(req.id), ticket.map(|ticket| ticket.name));
+            let first = match (
+                admit(slots, req.limits, checked, req.weight, reclaimed),
+                ticket,
+            ) {
+                (Ok(first), _) => first,
+                (
+                    Err(Admission::Full {
+                        index,
+                        limit,
+                        in_flight,
+                        reclaimed,
+                    }),
+                    Some(ticket),
+                ) => {
+                    // A waiter keeps (or takes) its place in the queue of the key that refused it,
+                    // and leaves any other's.
+                    for slot in slots.iter_mut().filter(|slot| slot.index != index) {
+                        if slot.state.leave_ticket(ticket.name) == Some(true) {
+                            called.extend(slot.state.called(1));
+                        }
+                    }
+                    let refusing = slots.iter_mut().find(|slot| slot.index == index);
+                    if !refusing.is_some_and(|slot| slot.state.take_ticket(ticket, req.weight, now))
+                    {
+                        let max = MAX_TICKETS as u32;
+                        return Err(StoreError::TooManyWaiters { max });
+                    }
+                    return Ok(Admission::Queued {
+                        index,
+                        limit,
+                        in_flight,
+                        reclaimed,
+                    });
+                }
+                (Err(refused), _) => return Ok(refused),
             };
             let lease = Lease {
                 weight: req.weight,
@@ -43,8 +79,17 @@ impl<C: Clock> MemoryStore<C> {
             }
             let mut grant = grant(slots, first, req.weight, (lease.expires_at_ms, lease.token));
             grant.counted = counted;
-            Admission::Admitted { grant, reclaimed }
-        })
+            // Admitted: the ticket leaves, and the next in line hear their turn if there is room.
+            for slot in slots.iter_mut().filter(|_| ticket.is_some()) {
+                let name = ticket.map_or("", |ticket| ticket.name);
+                if slot.state.leave_ticket(name) == Some(true) {
+                    called.extend(slot.state.called(slot.state.room(req.limits[slot.index])));
+                }
+            }
+            Ok(Admission::Admitted { grant, reclaimed })
+        });
+        self.inner.wakes.wake_tickets(&called);
+        decided
     }
 
     fn renew_one(&self, req: &RenewRequest) -> Renewal {
@@ -166,6 +211,12 @@ impl<C: Clock> MemoryStore<C> {
         });
         // A new limit may admit waiters at once: they ask again, as after a release.
         if limit.is_some() && status.is_ok() {
+            let called = self.locked(&[key], false, false, |slots, _, _| {
+                slots
+                    .first()
+                    .map_or_else(Vec::new, |slot| slot.state.called(slot.state.room(limits)))
+            });
+            self.inner.wakes.wake_tickets(&called);
             self.inner.wakes.wake(key);
         }
         status
@@ -177,7 +228,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         &self,
         req: AcquireRequest<'_>,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
-        ready(Ok(self.acquire_now(req)))
+        ready(self.acquire_now(req))
     }
 
     fn release(
@@ -186,13 +237,19 @@ impl<C: Clock> Store for MemoryStore<C> {
         id: &PermitId,
         token: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let mut called = Vec::new();
         let released = self.locked(keys, false, false, |slots, _, _| {
             let mut released = false;
             for slot in slots.iter_mut() {
-                released |= slot.state.release(id, token);
+                let weight = slot.state.lease(id).map_or(0, |lease| lease.weight);
+                if slot.state.release(id, token) {
+                    released = true;
+                    called.extend(slot.state.called(weight));
+                }
             }
             released
         });
+        self.inner.wakes.wake_tickets(&called);
         if released {
             keys.iter().for_each(|key| self.inner.wakes.wake(key));
         }
@@ -241,7 +298,7 @@ impl<C: Clock> Store for MemoryStore<C> {
                     state: &mut state,
                 }];
                 let (now, reclaimed) = self.prepare(&mut slots, false);
-                admit(&slots, limits, None, weight, reclaimed).map(|first| {
+                admit(&slots, limits, (None, None), weight, reclaimed).map(|first| {
                     slots[0].state.in_flight += weight;
                     let token = self.inner.time.token(now);
                     (grant(&slots, first, weight, (0, token)), reclaimed)
@@ -257,7 +314,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             });
         }
         Some(self.locked(keys, true, false, |slots, now, reclaimed| {
-            let first = match admit(slots, limits, None, weight, reclaimed) {
+            let first = match admit(slots, limits, (None, None), weight, reclaimed) {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };

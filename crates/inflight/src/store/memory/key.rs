@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 
+use super::queue::Queue;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
-use crate::store::KeyStatus;
+use crate::store::{KeyStatus, Ticket};
 
 /// A fast hasher seeded per process, so that chosen keys or ids cannot flood one bucket.
 pub(super) type Hasher = foldhash::fast::RandomState;
@@ -19,6 +20,8 @@ pub(super) struct KeyState {
     /// No lease ends before this (a lower bound): reclaiming can be skipped until then.
     next_expiry_ms: u64,
     pub(super) last_used_ms: u64,
+    /// Its waiters' tickets, while it has any.
+    queue: Option<Box<Queue>>,
 }
 
 /// One lease: its weight, deadline, length (what a renewal without a length keeps) and its admission's
@@ -40,7 +43,7 @@ pub(super) enum Refusal {
 impl KeyState {
     /// True when nothing is held and no override is set: the key can be forgotten.
     pub(super) fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.override_limit.is_none()
+        self.in_flight == 0 && self.override_limit.is_none() && self.queue.is_none()
     }
 
     pub(super) fn has_leases(&self) -> bool {
@@ -50,6 +53,12 @@ impl KeyState {
     /// Drops leases whose deadline has passed; returns how many.
     #[inline]
     pub(super) fn reclaim(&mut self, now: u64) -> u32 {
+        if let Some(queue) = &mut self.queue {
+            queue.expire(now);
+            if queue.is_empty() {
+                self.queue = None;
+            }
+        }
         if now < self.next_expiry_ms || self.leases.is_empty() {
             return 0;
         }
@@ -118,6 +127,59 @@ impl KeyState {
             });
         }
         Ok(limit)
+    }
+
+    /// Whether the tickets ahead in the key's queue leave no room for `weight` more by `ticket` (`None`:
+    /// a request without one, behind them all) under `max`; a retried acquisition of a held id never
+    /// needs more room than it already has.
+    #[inline]
+    pub(super) fn behind(
+        &self,
+        max: u32,
+        id: Option<&PermitId>,
+        weight: u32,
+        ticket: Option<&str>,
+    ) -> bool {
+        let Some(queue) = &self.queue else {
+            return false;
+        };
+        let held = id
+            .and_then(|id| self.leases.get(id))
+            .map_or(0, |l| l.weight);
+        weight > held && !queue.in_turn(max.saturating_sub(self.in_flight), weight, ticket)
+    }
+
+    /// Keeps (or takes) `ticket`'s place in the key's queue; false at the queue's bound.
+    pub(super) fn take_ticket(&mut self, ticket: &Ticket<'_>, weight: u32, now: u64) -> bool {
+        self.queue
+            .get_or_insert_with(Box::default)
+            .take(ticket, weight, now)
+    }
+
+    /// `ticket` leaves the key's queue; `Some(true)` when it was the head.
+    pub(super) fn leave_ticket(&mut self, ticket: &str) -> Option<bool> {
+        let queue = self.queue.as_mut()?;
+        let left = queue.leave(ticket);
+        if queue.is_empty() {
+            self.queue = None;
+        }
+        left
+    }
+
+    /// The tickets whose turn it is when `room` slots are free (none without a queue).
+    pub(super) fn called(&self, room: u32) -> Vec<std::sync::Arc<str>> {
+        match &self.queue {
+            Some(queue) if room > 0 => queue.called(room),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The room under the key's limit now (0 when unlimited: no queue there).
+    pub(super) fn room(&self, limits: ClassLimits) -> u32 {
+        match self.limit(limits) {
+            Limit::Limited(max) => max.saturating_sub(self.in_flight),
+            Limit::Unlimited => 0,
+        }
     }
 
     /// Adds (or replaces) the lease of `id`.

@@ -7,6 +7,7 @@ mod funded;
 mod index;
 mod key;
 mod listing;
+mod queue;
 mod quota;
 mod store;
 

@@ -19,8 +19,9 @@ use super::cell::{Cell, Slot, Time};
 use super::index::Index;
 use super::key::{Hasher, KeyState};
 use crate::clock::{millis, Clock, SystemClock};
+use crate::error::StoreError;
 use crate::policy::ClassLimits;
-use crate::store::wake::{Interest, Wakes, Wakeups};
+use crate::store::wake::{Interest, Turn, Wakes, Wakeups};
 
 /// How long a key with nothing in flight and no override is kept before maintenance forgets it.
 const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10);
@@ -106,7 +107,7 @@ impl<C: Clock> MemoryStore<C> {
             quotas: Quotas::default(),
             idle_ttl_ms: AtomicU64::new(millis(DEFAULT_IDLE_TTL)),
             next_sweep_ms: AtomicU64::new(0),
-            wakes: Arc::default(),
+            wakes: Arc::new(Wakes::local_tickets()),
         };
         Self {
             inner: Arc::new(inner),
@@ -267,6 +268,32 @@ impl<C: Clock> Wakeups for MemoryStore<C> {
     /// Woken by every slot given back through this store or its clones.
     fn interest(&self, key: &str) -> Interest {
         self.inner.wakes.interest(key)
+    }
+
+    /// A ticket in the keys' queues, shared by every limiter on this store or its clones.
+    fn ticket(&self) -> Option<Turn> {
+        self.inner.wakes.ticket()
+    }
+
+    fn leave(
+        &self,
+        keys: &[Arc<str>],
+        ticket: &str,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
+        let mut called = Vec::new();
+        let left = self.locked(keys, false, false, |slots, _, _| {
+            let mut left = false;
+            for slot in slots.iter_mut() {
+                let head = slot.state.leave_ticket(ticket);
+                left |= head.is_some();
+                if head == Some(true) {
+                    called.extend(slot.state.called(1));
+                }
+            }
+            left
+        });
+        self.inner.wakes.wake_tickets(&called);
+        std::future::ready(Ok(left))
     }
 }
 

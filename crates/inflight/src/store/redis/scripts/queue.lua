@@ -63,10 +63,12 @@ local function call_turns(key, room)
 end
 
 -- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the
--- tickets ahead of it. A queue found empty is forgotten.
+-- tickets ahead of it (one without a ticket, or whose ticket is gone: behind all of them). A queue found
+-- empty is forgotten.
 local function in_turn(key, free, weight, ticket)
   expire_tickets(key)
-  local head = redis.call('ZRANGE', tag_of(key) .. ':queue', 0, math.min(math.max(free, 0), SCAN))
+  local scan = math.min(math.max(free, 0), SCAN) + 1
+  local head = redis.call('ZRANGE', tag_of(key) .. ':queue', 0, scan - 1)
   if #head == 0 then
     redis.call('HDEL', key.permits, QUEUED)
     redis.call('DEL', tag_of(key) .. ':flows')
@@ -80,7 +82,7 @@ local function in_turn(key, free, weight, ticket)
     ahead = ahead + w
     if ahead + weight > free then return false end
   end
-  return false
+  return #head < scan and ahead + weight <= free -- (the whole queue seen)
 end
 
 -- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow.

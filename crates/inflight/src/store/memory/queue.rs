@@ -1,0 +1,142 @@
+//! A key's queue of waiters in the memory store, one for every limiter sharing the store: the twin of
+//! `queue.lua`. Tickets are ordered by priority (higher first), then by their flow's round (each flow of
+//! a level takes the next round it has not had, so flows are served in turn), then by arrival; an
+//! admission takes a slot only when the tickets ahead of it leave room for it too.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::key::Hasher;
+use crate::store::Ticket;
+
+/// The most tickets in one key's queue, and the most flows with a round there.
+pub(crate) const MAX_TICKETS: usize = 10_000;
+const MAX_FLOWS: usize = 1_000;
+
+/// Where a ticket stands: its level (higher first), its round, its arrival.
+type Place = (Reverse<u8>, u64, u64);
+
+struct Waiter {
+    name: Arc<str>,
+    weight: u32,
+    expires_at_ms: u64,
+}
+
+/// One key's tickets.
+#[derive(Default)]
+pub(super) struct Queue {
+    order: BTreeMap<Place, Waiter>,
+    places: HashMap<Arc<str>, Place, Hasher>,
+    /// Each flow's next round, by level and flow.
+    flows: HashMap<(u8, Arc<str>), u64, Hasher>,
+    /// The last round admitted (or given up), by level.
+    served: HashMap<u8, u64, Hasher>,
+    arrivals: u64,
+    /// No ticket ends before this (a lower bound).
+    next_expiry_ms: u64,
+}
+
+impl Queue {
+    pub(super) fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Removes the tickets whose lease ended by `now`.
+    pub(super) fn expire(&mut self, now: u64) {
+        if now < self.next_expiry_ms {
+            return;
+        }
+        let (mut next, mut gone) = (u64::MAX, Vec::new());
+        for waiter in self.order.values() {
+            match waiter.expires_at_ms <= now {
+                true => gone.push(waiter.name.clone()),
+                false => next = next.min(waiter.expires_at_ms),
+            }
+        }
+        for name in gone {
+            self.leave(&name);
+        }
+        self.next_expiry_ms = next;
+    }
+
+    /// Whether an admission of `weight` by `ticket` (`None`: one without) fits in `free` slots behind
+    /// the tickets ahead of it.
+    pub(super) fn in_turn(&self, free: u32, weight: u32, ticket: Option<&str>) -> bool {
+        let (free, weight) = (u64::from(free), u64::from(weight));
+        let mut ahead = 0;
+        for waiter in self.order.values() {
+            if Some(&*waiter.name) == ticket {
+                break;
+            }
+            ahead += u64::from(waiter.weight);
+            if ahead + weight > free {
+                return false;
+            }
+        }
+        ahead + weight <= free
+    }
+
+    /// Keeps `ticket`'s place for another lease from `now`, or gives it one at the end of its flow's
+    /// next round; false when the queue (or its flows) are at their bound.
+    pub(super) fn take(&mut self, ticket: &Ticket<'_>, weight: u32, now: u64) -> bool {
+        let expires_at_ms = now.saturating_add(ticket.lease_ms);
+        self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
+        if let Some(place) = self.places.get(ticket.name) {
+            if let Some(waiter) = self.order.get_mut(place) {
+                waiter.expires_at_ms = expires_at_ms;
+            }
+            return true;
+        }
+        let flow = (ticket.priority, Arc::from(ticket.flow));
+        if self.order.len() >= MAX_TICKETS
+            || (!self.flows.contains_key(&flow) && self.flows.len() >= MAX_FLOWS)
+        {
+            return false;
+        }
+        let served = self.served.get(&ticket.priority).copied().unwrap_or(0);
+        let next = self.flows.entry(flow).or_insert(0);
+        let round = (*next).max(served);
+        *next = round + 1;
+        self.arrivals += 1;
+        let place = (Reverse(ticket.priority), round, self.arrivals);
+        let name: Arc<str> = Arc::from(ticket.name);
+        self.places.insert(name.clone(), place);
+        let waiter = Waiter {
+            name,
+            weight,
+            expires_at_ms,
+        };
+        self.order.insert(place, waiter);
+        true
+    }
+
+    /// `ticket` leaves (admitted, or given up); `Some(true)` when it was the head.
+    pub(super) fn leave(&mut self, ticket: &str) -> Option<bool> {
+        let place = self.places.remove(ticket)?;
+        let head = self.order.keys().next() == Some(&place);
+        self.order.remove(&place);
+        let (Reverse(level), round, _) = place;
+        let served = self.served.entry(level).or_insert(0);
+        *served = (*served).max(round);
+        if self.order.is_empty() {
+            self.flows.clear();
+            self.served.clear();
+        }
+        Some(head)
+    }
+
+    /// The tickets at the head that fit in `room` slots (the head's at least): whose turn it is.
+    pub(super) fn called(&self, room: u32) -> Vec<Arc<str>> {
+        let mut used = 0u64;
+        let mut called = Vec::new();
+        for waiter in self.order.values() {
+            used += u64::from(waiter.weight);
+            if !called.is_empty() && used > u64::from(room) {
+                break;
+            }
+            called.push(waiter.name.clone());
+        }
+        called
+    }
+}
