@@ -66,6 +66,7 @@
 mod clock;
 mod error;
 mod failure;
+mod floors;
 mod id;
 mod limit;
 mod limiter;
@@ -78,6 +79,7 @@ pub mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AcquireError, KeyRefused, StoreError};
 pub use failure::FailurePolicy;
+pub use floors::{Floors, MAX_FLOORS};
 pub use id::PermitId;
 pub use limiter::{
     Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, TryAcquire, DEFAULT_MAX_WAITERS, RECHECK,

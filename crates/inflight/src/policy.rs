@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::floors::Floors;
 pub use crate::limit::{ClassLimits, Limit};
 
 /// The most rules one policy may have: every key of every admission is matched against them.
@@ -19,6 +20,7 @@ pub struct Rule {
     parts: Box<[Box<str>]>,
     starred: bool,
     limits: ClassLimits,
+    floors: Floors,
 }
 
 impl Rule {
@@ -34,6 +36,7 @@ impl Rule {
             parts: pattern.split('*').map(Box::from).collect(),
             starred: pattern.contains('*'),
             limits,
+            floors: Floors::default(),
         })
     }
 
@@ -45,6 +48,11 @@ impl Rule {
     /// The limits of the keys it matches.
     pub fn limits(&self) -> ClassLimits {
         self.limits
+    }
+
+    /// The floors of its priority levels.
+    pub fn floors(&self) -> Floors {
+        self.floors
     }
 
     /// True when `key` matches the pattern.
@@ -81,6 +89,12 @@ impl Rule {
 #[error("{0}")]
 pub struct PolicyError(String);
 
+impl PolicyError {
+    pub(crate) fn new(why: String) -> Self {
+        Self(why)
+    }
+}
+
 /// The limit settings of a limiter: rules for classes of keys, and the limits of the keys no rule
 /// matches.
 ///
@@ -110,6 +124,7 @@ pub struct PolicyError(String);
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Policy {
     default: ClassLimits,
+    default_floors: Floors,
     /// Most specific first.
     rules: Vec<Rule>,
 }
@@ -119,8 +134,44 @@ impl Policy {
     pub const fn new(default_limit: u32, max_limit: u32) -> Self {
         Self {
             default: ClassLimits::new(default_limit, max_limit),
+            default_floors: Floors::NONE,
             rules: Vec::new(),
         }
+    }
+
+    /// The policy with `floors` for the keys of the rule whose pattern is `pattern` (`None`: the keys no
+    /// rule matches): see [`Floors`].
+    ///
+    /// ```
+    /// use inflight::{ClassLimits, Floors, Policy};
+    ///
+    /// let policy = Policy::new(0, 0)
+    ///     .rule("model:*", ClassLimits::new(10, 0))?
+    ///     .floors(Some("model:*"), Floors::new(&[(9, 4)])?)?;
+    /// assert_eq!(policy.floors_of("model:llama").of(9), 4);
+    /// # Ok::<(), inflight::PolicyError>(())
+    /// ```
+    pub fn floors(mut self, pattern: Option<&str>, floors: Floors) -> Result<Self, PolicyError> {
+        let Some(pattern) = pattern else {
+            self.default_floors = floors;
+            return Ok(self);
+        };
+        match self.rules.iter_mut().find(|rule| &*rule.pattern == pattern) {
+            Some(rule) => rule.floors = floors,
+            None => return Err(PolicyError(format!("no rule for the keys {pattern:?}"))),
+        }
+        Ok(self)
+    }
+
+    /// The floors of `key`'s class.
+    pub fn floors_of(&self, key: &str) -> Floors {
+        self.rule_for(key)
+            .map_or(self.default_floors, |rule| rule.floors)
+    }
+
+    /// True when some class has floors.
+    pub fn has_floors(&self) -> bool {
+        !self.default_floors.is_empty() || self.rules.iter().any(|rule| !rule.floors.is_empty())
     }
 
     /// The policy with one more rule: the keys matching `pattern` have `limits`.
@@ -184,6 +235,8 @@ struct Shared {
     policy: RwLock<Arc<Policy>>,
     /// True while the policy has rules: a key's limits are then looked up under the lock.
     ruled: AtomicBool,
+    /// True while some class has floors.
+    floored: AtomicBool,
     /// The limits of every key while the policy has no rules ([`pack`]).
     plain: AtomicU64,
     /// Told of every replacement: waiters ask again at once, since a new limit may admit them.
@@ -218,6 +271,7 @@ impl SharedPolicy {
         let mut current = shared.policy.write().unwrap_or_else(|e| e.into_inner());
         // Under the lock, so that concurrent replacements leave these as the last one's. A reader that
         // finds no rules sees the defaults stored before `ruled` was cleared.
+        shared.floored.store(policy.has_floors(), Ordering::Release);
         if policy.rules.is_empty() {
             shared.plain.store(pack(policy.default), Ordering::Relaxed);
             shared.ruled.store(false, Ordering::Release);
@@ -253,6 +307,20 @@ impl SharedPolicy {
         for (limits, key) in out.iter_mut().zip(keys) {
             *limits = policy.limits(key.as_ref());
         }
+    }
+
+    /// The floors of each key of `keys` under the policy now, in order, into `out`; false (and `out`
+    /// left as it is) when no class has floors.
+    #[inline]
+    pub(crate) fn floors_into<K: AsRef<str>>(&self, keys: &[K], out: &mut [Floors]) -> bool {
+        if !self.0.floored.load(Ordering::Acquire) {
+            return false;
+        }
+        let policy = self.read();
+        for (floors, key) in out.iter_mut().zip(keys) {
+            *floors = policy.floors_of(key.as_ref());
+        }
+        true
     }
 
     /// The limits of `key`'s class under the policy now.

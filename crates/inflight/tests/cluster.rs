@@ -401,6 +401,8 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         limits: &limits,
         generated: false,
         ticket: None,
+        priority: 0,
+        floors: &[],
     });
     let Admission::Admitted { grant, .. } = admitted.await.unwrap() else {
         panic!("admitted")
@@ -419,6 +421,8 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         limits: &limits[..1],
         generated: false,
         ticket: None,
+        priority: 0,
+        floors: &[],
     });
     assert!(matches!(taken.await.unwrap(), Admission::Admitted { .. }));
     let keys: inflight::store::Keys = pair.iter().map(|key| Arc::from(*key)).collect();

@@ -31,6 +31,8 @@ async fn acquire(
         limits: &[POLICY],
         generated: false,
         ticket: None,
+        priority: 0,
+        floors: &[],
     };
     store.acquire(req).await.unwrap()
 }

@@ -345,12 +345,7 @@ async fn admission_order<S: Wakeups>(
         }));
         waiting_in_both(&handles[0], &handles[1], n as u64 + 1).await;
     }
-    // No barging: a request without a wait does not pass them, before or after the release.
-    let refused = handles[1].try_acquire("model").await.unwrap_err();
-    assert!(matches!(refused, AcquireError::Full { .. }));
     held.release().await.unwrap();
-    let refused = handles[1].try_acquire("model").await.unwrap_err();
-    assert!(matches!(refused, AcquireError::Full { .. }));
     for task in tasks {
         tokio::time::timeout(Duration::from_secs(60), task)
             .await
@@ -380,6 +375,40 @@ async fn one_queue_for_every_process<S: Wakeups>(stores: impl Fn() -> (S, S)) {
     );
 }
 
+/// No barging: with limit 2, a waiter of weight 2 queues; one slot given back is too few for it, yet
+/// it is kept: a request of weight 1 without a wait, in the other process, is refused.
+async fn a_request_without_a_wait_does_not_pass_the_queue<S: Wakeups>((a, b): (S, S)) {
+    let (holder, other) = (limiter(a, 2), limiter(b, 2));
+    let first = holder.try_acquire("model").await.unwrap();
+    let second = holder.try_acquire("model").await.unwrap();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { other.acquire("model", wait(60_000).weight(2)).await })
+    };
+    waiting(&other, 1).await;
+    first.release().await.unwrap();
+    let refused = other.try_acquire("model").await.unwrap_err();
+    assert!(matches!(refused, AcquireError::Full { .. }), "{refused:?}");
+    second.release().await.unwrap();
+    let admitted = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter admitted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(admitted.weight(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_request_without_a_wait_does_not_pass_the_queue() {
+    a_request_without_a_wait_does_not_pass_the_queue(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_request_without_a_wait_does_not_pass_the_queue() {
+    let (a, b, _server) = redis();
+    a_request_without_a_wait_does_not_pass_the_queue((a, b)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_one_queue_for_every_process() {
     one_queue_for_every_process(memory).await;
@@ -389,4 +418,109 @@ async fn memory_one_queue_for_every_process() {
 async fn redis_one_queue_for_every_process() {
     let server = TestRedis::start();
     one_queue_for_every_process(|| (server.store(), server.store())).await;
+}
+
+/// Limit 10 and a floor of 4 for priority 9: a low flood takes all 10 while the high level is idle;
+/// once it has demand, the low level holds at most 6 (it gives slots back by not being admitted
+/// again, never by preemption); idle again, the low level takes all 10.
+async fn floors_keep_slots_for_a_busy_level<S: Wakeups>((a, b): (S, S)) {
+    let policy = || {
+        Policy::new(10, 0)
+            .floors(None, inflight::Floors::new(&[(9, 4)]).unwrap())
+            .unwrap()
+    };
+    let low = Limiter::builder(a).policy(policy()).build();
+    let high = Limiter::builder(b).policy(policy()).build();
+    let mut lows = Vec::new();
+    for _ in 0..10 {
+        lows.push(
+            low.try_acquire("model")
+                .await
+                .expect("the high level idle: all 10"),
+        );
+    }
+    // The high level's demand: a waiter, admitted by the first slot given back.
+    let high_waiter = {
+        let high = high.clone();
+        tokio::spawn(async move {
+            high.acquire("model", wait(60_000).priority(9))
+                .await
+                .unwrap()
+        })
+    };
+    waiting(&high, 1).await;
+    lows.pop().unwrap().release().await.unwrap();
+    let high_permit = tokio::time::timeout(Duration::from_secs(30), high_waiter)
+        .await
+        .expect("the high waiter admitted")
+        .unwrap();
+    // A low flood waits; the low holders go one by one: the low level never holds more than 6.
+    let held_low = Arc::new(AtomicUsize::new(lows.len()));
+    let most_low = Arc::new(AtomicUsize::new(0));
+    let (give_back, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut flood = Vec::new();
+    for _ in 0..12 {
+        let (low, held_low, most_low) = (low.clone(), held_low.clone(), most_low.clone());
+        let mut released = give_back.subscribe();
+        flood.push(tokio::spawn(async move {
+            let permit = low.acquire("model", wait(60_000)).await.unwrap();
+            let now = held_low.fetch_add(1, Ordering::SeqCst) + 1;
+            most_low.fetch_max(now, Ordering::SeqCst);
+            let _ = released.recv().await;
+            held_low.fetch_sub(1, Ordering::SeqCst);
+            permit.release().await.unwrap();
+        }));
+    }
+    waiting(&low, 12).await;
+    while let Some(permit) = lows.pop() {
+        held_low.fetch_sub(1, Ordering::SeqCst);
+        permit.release().await.unwrap();
+    }
+    // Admitted up to 6 (10 - the high's 1 - the 3 more its floor keeps), then no more.
+    for _ in 0..2000 {
+        if held_low.load(Ordering::SeqCst) == 6 && low.stats().waiting.load(Ordering::SeqCst) == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(held_low.load(Ordering::SeqCst), 6, "the low level holds 6");
+    assert_eq!(
+        most_low.load(Ordering::SeqCst),
+        6,
+        "never more while the high level has demand"
+    );
+    assert_eq!(low.status("model").await.unwrap().in_flight, 7);
+    // The high level idle again: the low waiters take all 10.
+    high_permit.release().await.unwrap();
+    waiting(&low, 2).await;
+    for _ in 0..2000 {
+        if held_low.load(Ordering::SeqCst) == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        held_low.load(Ordering::SeqCst),
+        10,
+        "the high level idle: the low holds all 10"
+    );
+    let _ = give_back.send(());
+    for task in flood {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every waiter done")
+            .unwrap();
+    }
+    assert_eq!(low.status("model").await.unwrap().in_flight, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_floors_keep_slots_for_a_busy_level() {
+    floors_keep_slots_for_a_busy_level(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_floors_keep_slots_for_a_busy_level() {
+    let (a, b, _server) = redis();
+    floors_keep_slots_for_a_busy_level((a, b)).await;
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use inflight::{ClassLimits, FailurePolicy, Policy};
+use inflight::{ClassLimits, FailurePolicy, Floors, Policy};
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -253,6 +253,17 @@ impl Settings {
             policy = policy
                 .rule(&rule.keys, limits)
                 .map_err(|e| invalid("limits", e))?;
+            if !rule.floors.is_empty() {
+                let levels: Vec<(u8, u32)> = rule
+                    .floors
+                    .iter()
+                    .map(|floor| (floor.priority, floor.slots))
+                    .collect();
+                let floors = Floors::new(&levels).map_err(|e| invalid("limits", e))?;
+                policy = policy
+                    .floors(Some(&rule.keys), floors)
+                    .map_err(|e| invalid("limits", e))?;
+            }
         }
         Ok(policy)
     }

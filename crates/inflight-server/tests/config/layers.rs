@@ -111,14 +111,15 @@ fn key_templates_and_limit_paths_come_from_the_file_flags_or_environment() {
 #[test]
 fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
     use inflight::Limit;
-    use inflight_server::config::{Layered, LimitRule};
+    use inflight_server::config::{FloorRule, Layered, LimitRule};
     use inflight_server::Settings;
     assert_eq!(
         LimitRule::parse("tenant:*=50,max=200"),
         Ok(LimitRule {
             keys: "tenant:*".into(),
             default: 50,
-            max: 200
+            max: 200,
+            floors: Vec::new(),
         })
     );
     assert_eq!(
@@ -126,10 +127,36 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
         Ok(LimitRule {
             keys: "app:*".into(),
             default: 0,
-            max: 9
+            max: 9,
+            floors: Vec::new(),
         })
     );
-    for bad in ["tenant:*", "a=x", "a=1,min=2", "a=1,2"] {
+    assert_eq!(
+        LimitRule::parse("model:*=10,floor=9:4,floor=5:2"),
+        Ok(LimitRule {
+            keys: "model:*".into(),
+            default: 10,
+            max: 0,
+            floors: vec![
+                FloorRule {
+                    priority: 9,
+                    slots: 4
+                },
+                FloorRule {
+                    priority: 5,
+                    slots: 2
+                }
+            ],
+        })
+    );
+    for bad in [
+        "tenant:*",
+        "a=x",
+        "a=1,min=2",
+        "a=1,2",
+        "a=1,floor=9",
+        "a=1,floor=256:1",
+    ] {
         assert!(LimitRule::parse(bad).is_err(), "{bad}");
     }
     let flags = [
@@ -157,6 +184,22 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
         .unwrap();
     assert_eq!(policy.rules().len(), 3);
     assert_eq!(policy.resolve("global", None), Limit::Limited(1000));
+    // Floors beside the limits, in the file or a flag; a bad one names the setting.
+    let toml = file(
+        "[[limits]]\nkeys = \"model:*\"\ndefault = 10\nfloors = [{ priority = 9, slots = 4 }]\n",
+    );
+    let floored = ["inflight", "--config", toml.path().to_str().unwrap()];
+    let with_floors = Settings::from_flags(floored).unwrap().policy().unwrap();
+    assert_eq!(with_floors.floors_of("model:a").of(9), 4);
+    let flags = ["inflight", "--limit", "model:*=10,floor=9:4"];
+    let with_floors = Settings::from_flags(flags).unwrap().policy().unwrap();
+    assert_eq!(with_floors.floors_of("model:a").levels(), [(9, 4)]);
+    let zero = ["inflight", "--limit", "model:*=10,floor=9:0"];
+    let err = match Settings::from_flags(zero) {
+        Ok(settings) => settings.policy().unwrap_err().to_string(),
+        Err(err) => err.to_string(),
+    };
+    assert!(err.contains("limit"), "{err}");
     assert_eq!(policy.resolve("tenant:t", None), Limit::Limited(50));
     // Flags replace the file's rules.
     let flags = ["inflight", "--config", path, "--limit", "app:*=7"];

@@ -8,11 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::core::Core;
-use super::wait::TICKET_LEASE_MS;
+use super::standing::Standing;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
-use crate::store::{AcquireRequest, Admission, Keys, Store, Ticket};
+use crate::store::{AcquireRequest, Admission, Keys, Store};
 
 type Decision = Pin<Box<dyn Future<Output = Result<Admission, StoreError>> + Send>>;
 
@@ -32,18 +32,12 @@ impl<S: Store> Deciding<S> {
         (keys, id): (Keys, PermitId),
         (weight, lease_ms): (u32, u64),
         limits: &[ClassLimits],
-        ticket: Option<(String, u8, String)>,
+        standing: Standing,
     ) -> Self {
         let store = core.store.clone();
         let (asked, named, limits) = (keys.clone(), id.clone(), limits.to_vec());
         let decision: Decision = Box::pin(async move {
             let keys: Vec<&str> = asked.iter().map(|key| &**key).collect();
-            let ticket = ticket.as_ref().map(|(name, priority, flow)| Ticket {
-                name,
-                priority: *priority,
-                flow,
-                lease_ms: TICKET_LEASE_MS,
-            });
             let request = AcquireRequest {
                 keys: &keys,
                 id: &named,
@@ -51,7 +45,9 @@ impl<S: Store> Deciding<S> {
                 lease_ms,
                 limits: &limits,
                 generated: false,
-                ticket,
+                ticket: standing.ticket(),
+                priority: standing.priority,
+                floors: standing.floors(),
             };
             store.acquire(request).await
         });

@@ -6,18 +6,17 @@ use std::sync::Arc;
 
 use super::abandon::Deciding;
 use super::settler::Unsettled;
-use super::wait::TICKET_LEASE_MS;
+use super::standing::Standing;
 use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
+use crate::floors::Floors;
 use crate::id::PermitId;
-use crate::options::{AcquireOptions, TicketSlot, MAX_FLOW_LEN, MAX_LEASE, MIN_LEASE};
+use crate::options::{AcquireOptions, MAX_FLOW_LEN, MAX_LEASE, MIN_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
-use crate::store::{
-    AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store, Ticket,
-};
+use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
 
 const MAX_KEYS: usize = 16;
 
@@ -48,26 +47,7 @@ pub(super) struct Prepared {
     generated: bool,
     weight: u32,
     lease_ms: u64,
-    /// A waiter's ticket, priority and flow.
-    ticket: Option<Waiting>,
-}
-
-/// A waiter's ticket as an admission carries it.
-pub(super) struct Waiting {
-    slot: Arc<TicketSlot>,
-    priority: u8,
-    flow: Option<Arc<str>>,
-}
-
-impl Waiting {
-    fn ticket(&self) -> Ticket<'_> {
-        Ticket {
-            name: &self.slot.name,
-            priority: self.priority,
-            flow: self.flow.as_deref().unwrap_or(""),
-            lease_ms: TICKET_LEASE_MS,
-        }
-    }
+    standing: Standing,
 }
 
 impl<S: Store> Limiter<S> {
@@ -163,13 +143,17 @@ impl<S: Store> Limiter<S> {
         let core = &self.core;
         let mut limits = [ClassLimits::default(); MAX_KEYS];
         core.policy.limits_into(keys, &mut limits[..keys.len()]);
-        // (A waiter with a ticket asks the store, where its place is.)
+        let mut floors = [Floors::NONE; MAX_KEYS];
+        let floors = &mut floors[..keys.len()];
+        let floored = core.policy.floors_into(keys, floors) && floors.iter().any(|f| !f.is_empty());
+        // (A waiter with a ticket, or an admission on a key with floors, asks the store: its place, and
+        // which level holds what, are there.)
         let given_id = options.id.is_some();
-        let held = match options.ticket {
-            None => core
+        let held = match options.ticket.is_none() && !floored {
+            true => core
                 .store
                 .hold(keys, &limits[..keys.len()], weight, given_id),
-            Some(_) => None,
+            false => None,
         };
         match held {
             Some(LocalAdmission::Taken {
@@ -200,18 +184,21 @@ impl<S: Store> Limiter<S> {
             return Now::Decided(self.store_failed(keys, id, weight, lease_ms, error));
         }
         let given = options.id.take();
-        let ticket = options.ticket.clone().map(|slot| Waiting {
-            slot,
+        let standing = Standing {
+            ticket: options
+                .ticket
+                .clone()
+                .map(|slot| (slot, options.flow.clone())),
             priority: options.priority,
-            flow: options.flow.clone(),
-        });
+            floors: floored.then(|| Arc::from(&*floors)),
+        };
         Now::Store(Prepared {
             limits,
             generated: given.is_none(),
             id: given.unwrap_or_else(PermitId::generate),
             weight,
             lease_ms,
-            ticket,
+            standing,
         })
     }
 
@@ -227,7 +214,7 @@ impl<S: Store> Limiter<S> {
             generated,
             weight,
             lease_ms,
-            ticket,
+            standing,
         } = prepared;
         let core = &self.core;
         let shared: Keys = keys.iter().map(|key| Arc::from(*key)).collect();
@@ -254,7 +241,9 @@ impl<S: Store> Limiter<S> {
                 lease_ms,
                 limits: &limits[..keys.len()],
                 generated,
-                ticket: ticket.as_ref().map(Waiting::ticket),
+                ticket: standing.ticket(),
+                priority: standing.priority,
+                floors: standing.floors(),
             };
             // Dropped before the store answers (the caller went away), or failed on the way (a timeout),
             // this admission may still have been made: its lease is then released in the background
@@ -272,21 +261,19 @@ impl<S: Store> Limiter<S> {
             // background and a lease it made released by its own token.
             let limits = &limits[..keys.len()];
             let lease = (shared.clone(), id.clone());
-            let ticket = ticket.as_ref().map(|waiting| {
-                let ticket = waiting.ticket();
-                (
-                    ticket.name.to_owned(),
-                    ticket.priority,
-                    ticket.flow.to_owned(),
-                )
-            });
-            Deciding::start(&self.core, lease, (weight, lease_ms), limits, ticket)
-                .answer()
-                .await
+            Deciding::start(
+                &self.core,
+                lease,
+                (weight, lease_ms),
+                limits,
+                standing.clone(),
+            )
+            .answer()
+            .await
         };
-        if let Some(waiting) = &ticket {
+        if let Some((slot, _)) = &standing.ticket {
             let queued = matches!(answer, Ok(Admission::Queued { .. }));
-            waiting.slot.queued.store(queued, Ordering::Relaxed);
+            slot.queued.store(queued, Ordering::Relaxed);
         }
         match answer {
             Ok(admission) => {

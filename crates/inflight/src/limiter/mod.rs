@@ -13,6 +13,7 @@ mod registry;
 mod remote;
 mod renewer;
 mod settler;
+mod standing;
 mod wait;
 
 pub use acquire::TryAcquire;

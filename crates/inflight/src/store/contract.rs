@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::StoreError;
+use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
 
@@ -29,16 +30,18 @@ pub struct AcquireRequest<'a> {
     /// A waiter's ticket ([`crate::store::Wakeups::ticket`]): refused as full, the admission takes (or
     /// keeps) a place in the refusing key's queue; admitted, it leaves. Stores without queues ignore it.
     pub ticket: Option<Ticket<'a>>,
+    /// The admission's priority level: where it waits ([`Ticket`]), and which floors it may not take.
+    pub priority: u8,
+    /// The floors of each key's class, in the order of `keys`; empty when no class has floors.
+    pub floors: &'a [Floors],
 }
 
-/// A waiter's place in a key's queue, shared by every process: ordered by `priority` (higher first),
-/// then by its flow's turn (flows of one priority are served in turn), then by arrival.
+/// A waiter's place in a key's queue, shared by every process: ordered by the admission's priority
+/// (higher first), then by its flow's turn (flows of one priority are served in turn), then by arrival.
 #[derive(Clone, Copy, Debug)]
 pub struct Ticket<'a> {
     /// Its name ([`crate::store::Turn::name`]).
     pub name: &'a str,
-    /// Its priority level.
-    pub priority: u8,
     /// Its flow: the tenant, say ("": the flow of waiters that name none).
     pub flow: &'a str,
     /// How long the place is kept unless its waiter asks again, in milliseconds.

@@ -64,6 +64,8 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
             limits: &limits,
             generated: false,
             ticket: None,
+            priority: 0,
+            floors: &[],
         })
     };
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.

@@ -138,19 +138,29 @@ async fn a_high_priority_waiter_passes_every_low_one() {
     assert_eq!(log[1..], ["low0", "low1", "low2", "low3", "low4"]);
 }
 
-/// A slot freed while a waiter queues goes to it: a request without a wait, from another process, is
-/// refused (no barging), whether or not the waiter has taken the slot yet.
+/// A slot freed while a waiter queues is kept for it: with limit 2, a waiter of weight 2 queues; one
+/// slot is given back, too few for it, yet a request of weight 1 without a wait, from another process,
+/// is refused (no barging); the second slot given back admits the waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_a_ticket_does_not_pass_the_queue() {
     let redis = TestRedis::start();
-    let [holder, waiting, newcomer] = [handle(&redis), handle(&redis), handle(&redis)];
-    let held = holder.try_acquire("k").await.unwrap();
+    let two = || {
+        Limiter::builder(redis.store())
+            .policy(Policy::new(2, 0))
+            .build()
+    };
+    let [holder, waiting, newcomer] = [two(), two(), two()];
+    let (a, b) = (
+        holder.try_acquire("k").await.unwrap(),
+        holder.try_acquire("k").await.unwrap(),
+    );
     let log = Log::default();
-    let queued_waiter = waiter(&waiting, "waiter", wait(), &log);
+    let queued_waiter = waiter(&waiting, "waiter", wait().weight(2), &log);
     until_queued(&redis, 1).await;
-    held.release().await.unwrap();
+    a.release().await.unwrap();
     let refused = newcomer.try_acquire("k").await.unwrap_err();
     assert!(matches!(refused, AcquireError::Full { .. }), "{refused:?}");
+    b.release().await.unwrap();
     all_admitted(vec![queued_waiter]).await;
     drop(newcomer.try_acquire("k").await.expect("no queue: admitted"));
 }

@@ -35,6 +35,8 @@ async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
             limits: &limits,
             generated: true,
             ticket: None,
+            priority: 0,
+            floors: &[],
         })
     };
     let token_of = |admission| match admission {

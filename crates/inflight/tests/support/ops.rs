@@ -211,6 +211,8 @@ pub async fn apply_store<S: Store>(
                 limits: &limits,
                 generated: false,
                 ticket: None,
+                priority: 0,
+                floors: &[],
             };
             match store.acquire(req).await.unwrap() {
                 Admission::Admitted { grant, .. } => Outcome::Admitted {

@@ -1,7 +1,7 @@
 -- batch.lua: the admissions and releases waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'w' (a waiter's:
--- see below), 'l' (a waiter gives up its ticket), 'g' (one under
+-- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'w' (a waiter's,
+-- 'f' one with floors: see below), 'l' (a waiter gives up its ticket), 'g' (one under
 -- an id generated for it: no earlier admission used the id), 'r' (a release from one key) or 'u' (an
 -- undo: a refused admission across Cluster slots gives back what it took on one), or 'A', 'G', 'R' or
 -- 'U' and n (on n keys); the places of its keys among the KEYS (1 for the
@@ -32,7 +32,7 @@ end
 -- at its bound (5), and leaves the queue of any other key of the admission.
 local function refuse(keys, n, i, limit, count, reclaimed, w)
   local decision = 0
-  if w then
+  if w and w.ticket then
     for j = 1, n do
       if j ~= i then leave(keys[j], w.ticket, 1) end
     end
@@ -41,9 +41,9 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
   return reply(decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
 end
 
-local function acquire(keys, n, id, t, keep, generated, w)
+local function acquire(keys, n, id, t, keep, generated, w, floors)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
-  local ticket = w and w.ticket
+  local ticket, level = w and w.ticket, w and w.level or 0
   for i = 1, n do
     local key = load(keys[i])
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
@@ -54,11 +54,12 @@ local function acquire(keys, n, id, t, keep, generated, w)
       if weight > limit then return reply(3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
       -- No room for a new lease, or none behind the tickets ahead (queue.lua); a retry of a held id
       -- never needs more than it has.
-      local over = count + weight > limit
+      local reserve = floors and floors[i] and reserved(key, level, floors[i]) or 0
+      local over = count + weight + reserve > limit
       local behind = not over and key.queued and not in_turn(key, limit - count, weight, ticket)
       if over or behind then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and (behind or count - held + weight > limit) then
+        if weight > held and (behind or count - held + weight + reserve > limit) then
           return refuse(keys, n, i, limit, count, reclaimed, w)
         end
       end
@@ -79,6 +80,9 @@ local function acquire(keys, n, id, t, keep, generated, w)
   replies[r + 4], replies[r + 5], replies[r + 6] = limits[1] > 0 and first.n + first.extra or 0, now + lease_ms, reclaimed
   replies[r + 7], replies[r + 8], replies[r + 9], replies[r + 10], replies[r + 11] = token, held, old_ms, old_token, counted
   r = r + 11
+  for i = 1, n do
+    if floors and floors[i] and limits[i] > 0 then hold_at(keys[i], level, floors[i], id, weight, lease_ms) end
+  end
   if ticket then -- admitted: the ticket leaves, and the next in line hear their turn if there is room
     for i = 1, n do
       if keys[i].queued then leave(keys[i], ticket, limits[i] - in_flight(keys[i])) end
@@ -137,7 +141,7 @@ set_now(ARGV[1])
 local a, terms, keys = 2, {}, {}
 while a <= #ARGV do
   local kind, n = ARGV[a], 1
-  if kind == 'A' or kind == 'G' or kind == 'W' or kind == 'R' or kind == 'U' or kind == 'L' then
+  if kind == 'A' or kind == 'G' or kind == 'W' or kind == 'F' or kind == 'R' or kind == 'U' or kind == 'L' then
     a, n = a + 1, tonumber(ARGV[a + 1])
   end
   for j = 1, n do
@@ -156,14 +160,25 @@ while a <= #ARGV do
     local keep = ARGV[a + n + 3]
     acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), kind == 'g' or kind == 'G')
     a = a + n + 4
-  elseif kind == 'w' or kind == 'W' then -- a waiter's: then its ticket, level, flow, ticket lease, generated
+  elseif kind == 'w' or kind == 'W' or kind == 'f' or kind == 'F' then
+    -- A waiter's: then its ticket ('' none), level, flow, ticket lease, generated; and for 'f' the
+    -- floors of each key's class ('level:slots ...', one group per key, ';' between).
     local t = {}
     for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
     local keep, b = ARGV[a + n + 3], a + n + 3
-    local w = {ticket = ARGV[b + 1], level = tonumber(ARGV[b + 2]), flow = ARGV[b + 3], ms = tonumber(ARGV[b + 4]),
-      weight = t[1]}
-    acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), ARGV[b + 5] == '1', w)
-    a = b + 6
+    local w = {ticket = ARGV[b + 1] ~= '' and ARGV[b + 1] or nil, level = tonumber(ARGV[b + 2]), flow = ARGV[b + 3],
+      ms = tonumber(ARGV[b + 4]), weight = t[1]}
+    local floors = nil
+    if kind == 'f' or kind == 'F' then
+      floors = {}
+      for group in string.gmatch(ARGV[b + 6] .. ';', '([^;]*);') do
+        local class = {}
+        for lv, slots in string.gmatch(group, '(%d+):(%d+)') do class[#class + 1] = {tonumber(lv), tonumber(slots)} end
+        floors[#floors + 1] = class
+      end
+    end
+    acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), ARGV[b + 5] == '1', w, floors)
+    a = b + (floors and 7 or 6)
   elseif kind == 'l' or kind == 'L' then -- a waiter gives up its ticket (the "id" is the ticket)
     local left = 0
     for j = 1, n do

@@ -129,3 +129,50 @@ local function leave(key, ticket, room)
   if head[1] == member and room > 0 then call_turns(key, room) end
   return true
 end
+
+-- Floors (the rule is Floors::reserved in crates/inflight/src/floors.rs): while a priority level with
+-- a floor has holders or waiters on a key and holds less than its floor, admissions of lower levels
+-- leave the difference free. A level's holders: T:held:<level>, a sorted set of 'weight id' for the
+-- leases admitted at the level (where it has a floor); an entry whose lease is gone is dropped when
+-- counted.
+local function held_at(key, level)
+  local set = tag_of(key) .. ':held:' .. level
+  local held = 0
+  for _, member in ipairs(redis.call('ZRANGE', set, 0, -1)) do
+    local w, id = string.match(member, '^(%d+) (.*)$')
+    local deadline = redis.call('ZSCORE', key.leases, id)
+    if deadline and tonumber(deadline) > now then held = held + tonumber(w) else redis.call('ZREM', set, member) end
+  end
+  return held
+end
+
+local function waiting_at(key, level)
+  if not key.queued then return false end
+  expire_tickets(key)
+  local pp = string.format('%02x', 255 - level)
+  return #redis.call('ZRANGEBYLEX', tag_of(key) .. ':queue', '[' .. pp, '(' .. pp .. 'g', 'LIMIT', 0, 1) > 0
+end
+
+-- The slots an admission at `level` leaves free on the key, for the higher levels of `floors`
+-- ({{level, slots}, ...}).
+local function reserved(key, level, floors)
+  local r = 0
+  for _, floor in ipairs(floors) do
+    if floor[1] > level then
+      local held = held_at(key, floor[1])
+      if held < floor[2] and (held > 0 or waiting_at(key, floor[1])) then r = r + floor[2] - held end
+    end
+  end
+  return r
+end
+
+-- A lease admitted at a level with a floor is counted there.
+local function hold_at(key, level, floors, id, weight, lease_ms)
+  for _, floor in ipairs(floors) do
+    if floor[1] == level then
+      local set = tag_of(key) .. ':held:' .. level
+      redis.call('ZADD', set, 0, weight .. ' ' .. id)
+      redis.call('PEXPIRE', set, lease_ms * 2 + 1000)
+    end
+  end
+end

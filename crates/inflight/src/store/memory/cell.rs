@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::key::{KeyState, Lease, Refusal};
 use crate::clock::Clock;
+use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::wake::Wakes;
@@ -70,6 +71,7 @@ impl<C: Clock> Cell<C> {
             expires_at_ms,
             lease_ms,
             token,
+            level: 0,
         };
         state.add(id, lease);
     }
@@ -131,20 +133,27 @@ pub(super) struct Slot<'a, C> {
 }
 
 /// Checks every key of a decision (`id`: the lease's, `None` for a hold; `ticket`: a waiter's, `None`
-/// for a request that must not pass the keys' queues); the first key's limit when all have room, else
-/// the refusal of the first key, in the request's order, that refuses.
+/// for a request that must not pass the keys' queues; its priority level and the keys' floors, none
+/// for a hold); the first key's limit when all have room, else the refusal of the first key, in the
+/// request's order, that refuses.
 #[inline]
 pub(super) fn admit<C>(
     slots: &[Slot<'_, C>],
-    limits: &[ClassLimits],
-    (id, ticket): (Option<&PermitId>, Option<&str>),
+    (limits, floors): (&[ClassLimits], &[Floors]),
+    asked: (Option<&PermitId>, Option<&str>, u8),
     weight: u32,
     reclaimed: u32,
 ) -> Result<Limit, Admission> {
+    let (id, ticket, level) = asked;
     let (mut limited, mut first) = (false, Limit::Unlimited);
     for (n, slot) in slots.iter().enumerate() {
+        let floors = floors.get(slot.index).unwrap_or(&Floors::NONE);
         match slot.state.check(limits[slot.index], id, weight) {
-            Ok(Limit::Limited(max)) if slot.state.behind(max, id, weight, ticket) => {
+            Ok(Limit::Limited(max))
+                if slot
+                    .state
+                    .behind(max, (id, ticket), weight, (level, floors)) =>
+            {
                 return Err(Admission::Full {
                     index: slot.index,
                     limit: max,

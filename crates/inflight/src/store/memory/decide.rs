@@ -27,11 +27,9 @@ impl<C: Clock> MemoryStore<C> {
         let mut called = Vec::new();
         let decided = self.locked(req.keys, true, true, |slots, now, reclaimed| {
             let ticket = req.ticket.as_ref();
-            let checked = (Some(req.id), ticket.map(|ticket| ticket.name));
-            let first = match (
-                admit(slots, req.limits, checked, req.weight, reclaimed),
-                ticket,
-            ) {
+            let asked = (Some(req.id), ticket.map(|ticket| ticket.name), req.priority);
+            let classes = (req.limits, req.floors);
+            let first = match (admit(slots, classes, asked, req.weight, reclaimed), ticket) {
                 (Ok(first), _) => first,
                 (
                     Err(Admission::Full {
@@ -50,8 +48,10 @@ impl<C: Clock> MemoryStore<C> {
                         }
                     }
                     let refusing = slots.iter_mut().find(|slot| slot.index == index);
-                    if !refusing.is_some_and(|slot| slot.state.take_ticket(ticket, req.weight, now))
-                    {
+                    if !refusing.is_some_and(|slot| {
+                        slot.state
+                            .take_ticket(ticket, req.priority, req.weight, now)
+                    }) {
                         let max = MAX_TICKETS as u32;
                         return Err(StoreError::TooManyWaiters { max });
                     }
@@ -69,6 +69,7 @@ impl<C: Clock> MemoryStore<C> {
                 expires_at_ms: now.saturating_add(req.lease_ms),
                 lease_ms: req.lease_ms,
                 token: self.inner.time.token(now),
+                level: req.priority,
             };
             let mut counted = 0;
             for slot in slots.iter_mut() {
@@ -152,6 +153,7 @@ impl<C: Clock> MemoryStore<C> {
                         expires_at_ms,
                         lease_ms,
                         token,
+                        level: 0,
                     };
                     slot.state.add(&req.id, lease);
                 }
@@ -298,7 +300,7 @@ impl<C: Clock> Store for MemoryStore<C> {
                     state: &mut state,
                 }];
                 let (now, reclaimed) = self.prepare(&mut slots, false);
-                admit(&slots, limits, (None, None), weight, reclaimed).map(|first| {
+                admit(&slots, (limits, &[]), (None, None, 0), weight, reclaimed).map(|first| {
                     slots[0].state.in_flight += weight;
                     let token = self.inner.time.token(now);
                     (grant(&slots, first, weight, (0, token)), reclaimed)
@@ -314,7 +316,7 @@ impl<C: Clock> Store for MemoryStore<C> {
             });
         }
         Some(self.locked(keys, true, false, |slots, now, reclaimed| {
-            let first = match admit(slots, limits, (None, None), weight, reclaimed) {
+            let first = match admit(slots, (limits, &[]), (None, None, 0), weight, reclaimed) {
                 Ok(first) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };

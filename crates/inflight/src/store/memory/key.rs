@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use super::queue::Queue;
+use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, Ticket};
@@ -32,6 +33,8 @@ pub(super) struct Lease {
     pub(super) expires_at_ms: u64,
     pub(super) lease_ms: u64,
     pub(super) token: u64,
+    /// The priority level it was admitted at (for floors).
+    pub(super) level: u8,
 }
 
 /// Why a key refuses an admission.
@@ -129,31 +132,69 @@ impl KeyState {
         Ok(limit)
     }
 
-    /// Whether the tickets ahead in the key's queue leave no room for `weight` more by `ticket` (`None`:
-    /// a request without one, behind them all) under `max`; a retried acquisition of a held id never
-    /// needs more room than it already has.
+    /// Whether `weight` more by `ticket` (`None`: a request without one, behind every waiter) at
+    /// priority `level` does not fit under `max`: behind the tickets ahead of it in the key's queue, or
+    /// into the slots `floors` keep for higher levels (as `queue.lua`'s `acquire` decides); a retried
+    /// acquisition of a held id never needs more room than it already has.
     #[inline]
     pub(super) fn behind(
         &self,
         max: u32,
-        id: Option<&PermitId>,
+        (id, ticket): (Option<&PermitId>, Option<&str>),
         weight: u32,
-        ticket: Option<&str>,
+        (level, floors): (u8, &Floors),
     ) -> bool {
-        let Some(queue) = &self.queue else {
+        if self.queue.is_none() && floors.is_empty() {
             return false;
+        }
+        let reserve = match floors.is_empty() {
+            true => 0,
+            false => floors.reserved(level, |l| self.held_at(l), |l| self.waiting_at(l)),
         };
+        let count = u64::from(self.in_flight);
+        let (max, weight64, reserve) = (u64::from(max), u64::from(weight), u64::from(reserve));
+        let over = count + weight64 + reserve > max;
+        let behind = !over
+            && self
+                .queue
+                .as_ref()
+                .is_some_and(|queue| !queue.in_turn((max - count) as u32, weight, ticket));
+        if !over && !behind {
+            return false;
+        }
         let held = id
             .and_then(|id| self.leases.get(id))
-            .map_or(0, |l| l.weight);
-        weight > held && !queue.in_turn(max.saturating_sub(self.in_flight), weight, ticket)
+            .map_or(0, |l| u64::from(l.weight));
+        weight64 > held && (behind || count - held + weight64 + reserve > max)
+    }
+
+    /// The weight of the live leases admitted at `level`.
+    fn held_at(&self, level: u8) -> u32 {
+        self.leases
+            .values()
+            .filter(|lease| lease.level == level)
+            .map(|lease| lease.weight)
+            .sum()
+    }
+
+    /// True when a ticket of `level` waits on the key.
+    fn waiting_at(&self, level: u8) -> bool {
+        self.queue
+            .as_ref()
+            .is_some_and(|queue| queue.waiting_at(level))
     }
 
     /// Keeps (or takes) `ticket`'s place in the key's queue; false at the queue's bound.
-    pub(super) fn take_ticket(&mut self, ticket: &Ticket<'_>, weight: u32, now: u64) -> bool {
+    pub(super) fn take_ticket(
+        &mut self,
+        ticket: &Ticket<'_>,
+        level: u8,
+        weight: u32,
+        now: u64,
+    ) -> bool {
         self.queue
             .get_or_insert_with(Box::default)
-            .take(ticket, weight, now)
+            .take(ticket, level, weight, now)
     }
 
     /// `ticket` leaves the key's queue; `Some(true)` when it was the head.

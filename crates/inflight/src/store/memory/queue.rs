@@ -79,7 +79,7 @@ impl Queue {
 
     /// Keeps `ticket`'s place for another lease from `now`, or gives it one at the end of its flow's
     /// next round; false when the queue (or its flows) are at their bound.
-    pub(super) fn take(&mut self, ticket: &Ticket<'_>, weight: u32, now: u64) -> bool {
+    pub(super) fn take(&mut self, ticket: &Ticket<'_>, level: u8, weight: u32, now: u64) -> bool {
         let expires_at_ms = now.saturating_add(ticket.lease_ms);
         self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
         if let Some(place) = self.places.get(ticket.name) {
@@ -88,18 +88,18 @@ impl Queue {
             }
             return true;
         }
-        let flow = (ticket.priority, Arc::from(ticket.flow));
+        let flow = (level, Arc::from(ticket.flow));
         if self.order.len() >= MAX_TICKETS
             || (!self.flows.contains_key(&flow) && self.flows.len() >= MAX_FLOWS)
         {
             return false;
         }
-        let served = self.served.get(&ticket.priority).copied().unwrap_or(0);
+        let served = self.served.get(&level).copied().unwrap_or(0);
         let next = self.flows.entry(flow).or_insert(0);
         let round = (*next).max(served);
         *next = round + 1;
         self.arrivals += 1;
-        let place = (Reverse(ticket.priority), round, self.arrivals);
+        let place = (Reverse(level), round, self.arrivals);
         let name: Arc<str> = Arc::from(ticket.name);
         self.places.insert(name.clone(), place);
         let waiter = Waiter {
@@ -109,6 +109,15 @@ impl Queue {
         };
         self.order.insert(place, waiter);
         true
+    }
+
+    /// True when a ticket of `level` waits.
+    pub(super) fn waiting_at(&self, level: u8) -> bool {
+        let level = Reverse(level);
+        self.order
+            .range((level, 0, 0)..=(level, u64::MAX, u64::MAX))
+            .next()
+            .is_some()
     }
 
     /// `ticket` leaves (admitted, or given up); `Some(true)` when it was the head.

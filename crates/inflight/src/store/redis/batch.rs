@@ -72,12 +72,14 @@ pub(super) enum Op {
     },
 }
 
-/// A waiter's ticket as `batch.lua` takes it.
+/// A waiter's ticket (`""`: none), and the admission's priority and its keys' floors, as `batch.lua`
+/// takes them: `floors` is `"p:slots p:slots;..."`, one group per key in order (`""`: none).
 pub(super) struct WaitArgs {
     pub(super) ticket: String,
     pub(super) priority: u8,
     pub(super) flow: String,
     pub(super) lease_ms: u64,
+    pub(super) floors: String,
 }
 
 impl Op {
@@ -218,7 +220,11 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     let mut places: HashMap<&str, usize> = HashMap::new();
     for job in &jobs {
         let names = job.op.names();
-        let kind = match job.op {
+        let kind = match &job.op {
+            Op::Acquire {
+                wait: Some(WaitArgs { floors, .. }),
+                ..
+            } if !floors.is_empty() => ["f", "F"],
             Op::Acquire { wait: Some(_), .. } => ["w", "W"],
             Op::Acquire {
                 generated: false, ..
@@ -259,6 +265,9 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
                         .arg(&wait.flow)
                         .arg(wait.lease_ms)
                         .arg(u8::from(*generated));
+                    if !wait.floors.is_empty() {
+                        invocation.arg(&wait.floors);
+                    }
                 }
             }
             Op::Release { id, token, .. } => {

@@ -1,6 +1,7 @@
 //! [`RedisStore`]: leases in inflight's own keys (`scripts/common.lua`), admissions and releases in
 //! batches (`batch.rs`).
 
+use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -211,6 +212,33 @@ pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, Store
     }
 }
 
+/// A waiter's ticket and the admission's floors as `batch.lua` takes them; `None` when it has neither.
+fn wait_args(req: &AcquireRequest<'_>) -> Option<WaitArgs> {
+    let floored = req.floors.iter().any(|floors| !floors.is_empty());
+    if req.ticket.is_none() && !floored {
+        return None;
+    }
+    let mut floors = String::new();
+    if floored {
+        for (i, class) in req.floors.iter().enumerate() {
+            if i > 0 {
+                String::push(&mut floors, ';');
+            }
+            for (level, slots) in class.levels() {
+                let _ = write!(floors, "{level}:{slots} ");
+            }
+        }
+    }
+    let ticket = req.ticket.as_ref();
+    Some(WaitArgs {
+        ticket: ticket.map_or_else(String::new, |ticket| ticket.name.to_owned()),
+        priority: req.priority,
+        flow: ticket.map_or_else(String::new, |ticket| ticket.flow.to_owned()),
+        lease_ms: ticket.map_or(0, |ticket| ticket.lease_ms),
+        floors,
+    })
+}
+
 impl Store for RedisStore {
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
         let names = self.names(req.keys);
@@ -229,12 +257,7 @@ impl Store for RedisStore {
                         terms,
                         keep: 0,
                         generated: req.generated,
-                        wait: req.ticket.map(|ticket| WaitArgs {
-                            ticket: ticket.name.to_owned(),
-                            priority: ticket.priority,
-                            flow: ticket.flow.to_owned(),
-                            lease_ms: ticket.lease_ms,
-                        }),
+                        wait: wait_args(&req),
                     })
                     .await?
             }
