@@ -3,7 +3,7 @@
 //! The rule lives in three places, which must agree: [`Floors::reserved`] here (the memory store's),
 //! `reserved` in `store/redis/scripts/queue.lua`, and the tests in `tests/waiting.rs`.
 
-use crate::policy::PolicyError;
+use crate::limit::PolicyError;
 
 /// The most priority levels of one class that may have a floor.
 pub const MAX_FLOORS: usize = 4;

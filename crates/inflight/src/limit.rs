@@ -99,3 +99,14 @@ impl fmt::Display for Limit {
         }
     }
 }
+
+/// A policy that could not be made.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PolicyError(String);
+
+impl PolicyError {
+    pub(crate) fn new(why: String) -> Self {
+        Self(why)
+    }
+}

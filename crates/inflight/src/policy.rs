@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::floors::Floors;
-pub use crate::limit::{ClassLimits, Limit};
+pub use crate::limit::{ClassLimits, Limit, PolicyError};
 
 /// The most rules one policy may have: every key of every admission is matched against them.
 pub const MAX_RULES: usize = 1024;
@@ -27,7 +27,7 @@ impl Rule {
     /// A rule for the keys matching `pattern` (non-empty, at most 256 bytes).
     pub fn new(pattern: &str, limits: ClassLimits) -> Result<Self, PolicyError> {
         if pattern.is_empty() || pattern.len() > 256 {
-            return Err(PolicyError(format!(
+            return Err(PolicyError::new(format!(
                 "a rule's pattern must be 1 to 256 bytes, not {pattern:?}"
             )));
         }
@@ -84,16 +84,6 @@ impl Rule {
     }
 }
 
-/// A policy that could not be made.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PolicyError(String);
-
-impl PolicyError {
-    pub(crate) fn new(why: String) -> Self {
-        Self(why)
-    }
-}
 
 /// The limit settings of a limiter: rules for classes of keys, and the limits of the keys no rule
 /// matches.
@@ -158,7 +148,7 @@ impl Policy {
         };
         match self.rules.iter_mut().find(|rule| &*rule.pattern == pattern) {
             Some(rule) => rule.floors = floors,
-            None => return Err(PolicyError(format!("no rule for the keys {pattern:?}"))),
+            None => return Err(PolicyError::new(format!("no rule for the keys {pattern:?}"))),
         }
         Ok(self)
     }
@@ -177,10 +167,10 @@ impl Policy {
     /// The policy with one more rule: the keys matching `pattern` have `limits`.
     pub fn rule(mut self, pattern: &str, limits: ClassLimits) -> Result<Self, PolicyError> {
         if self.rules.len() >= MAX_RULES {
-            return Err(PolicyError(format!("at most {MAX_RULES} rules")));
+            return Err(PolicyError::new(format!("at most {MAX_RULES} rules")));
         }
         if self.rules.iter().any(|rule| &*rule.pattern == pattern) {
-            return Err(PolicyError(format!("two rules for the keys {pattern:?}")));
+            return Err(PolicyError::new(format!("two rules for the keys {pattern:?}")));
         }
         let rule = Rule::new(pattern, limits)?;
         // After every rule at least as specific: the most specific first, ties in the order given.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 use super::funded::Fundings;
-use super::key::Hasher;
+use super::hash::Hasher;
 use crate::clock::millis;
 use crate::id::PermitId;
 use crate::quota::{Balance, Reserve, Settle, Settlement, MAX_OPEN_RESERVATIONS, SETTLED_MEMORY};

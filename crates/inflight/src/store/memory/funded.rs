@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::key::Hasher;
+use super::hash::Hasher;
 use crate::clock::millis;
 use crate::quota::{fingerprint, Balance, Fund, Funding, IdempotencyKey, MAX_REMEMBERED_FUNDINGS};
 

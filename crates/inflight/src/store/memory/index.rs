@@ -3,7 +3,7 @@
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 
-use super::key::Hasher;
+use super::hash::Hasher;
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::store::{IndexOp, Recorded};

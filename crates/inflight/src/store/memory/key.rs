@@ -2,14 +2,13 @@
 
 use std::collections::HashMap;
 
+use super::hash::Hasher;
 use super::queue::Queue;
 use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, Ticket};
 
-/// A fast hasher seeded per process, so that chosen keys or ids cannot flood one bucket.
-pub(super) type Hasher = foldhash::fast::RandomState;
 
 /// A key's leases, its in-process holds and its override.
 #[derive(Default)]

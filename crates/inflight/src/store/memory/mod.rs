@@ -4,6 +4,7 @@ mod account;
 mod cell;
 mod decide;
 mod funded;
+mod hash;
 mod index;
 mod key;
 mod listing;

@@ -7,7 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::key::Hasher;
+use super::hash::Hasher;
 use crate::store::Ticket;
 
 /// The most tickets in one key's queue, and the most flows with a round there.
