@@ -84,7 +84,6 @@ impl Rule {
     }
 }
 
-
 /// The limit settings of a limiter: rules for classes of keys, and the limits of the keys no rule
 /// matches.
 ///
@@ -148,7 +147,11 @@ impl Policy {
         };
         match self.rules.iter_mut().find(|rule| &*rule.pattern == pattern) {
             Some(rule) => rule.floors = floors,
-            None => return Err(PolicyError::new(format!("no rule for the keys {pattern:?}"))),
+            None => {
+                return Err(PolicyError::new(format!(
+                    "no rule for the keys {pattern:?}"
+                )))
+            }
         }
         Ok(self)
     }
@@ -170,7 +173,9 @@ impl Policy {
             return Err(PolicyError::new(format!("at most {MAX_RULES} rules")));
         }
         if self.rules.iter().any(|rule| &*rule.pattern == pattern) {
-            return Err(PolicyError::new(format!("two rules for the keys {pattern:?}")));
+            return Err(PolicyError::new(format!(
+                "two rules for the keys {pattern:?}"
+            )));
         }
         let rule = Rule::new(pattern, limits)?;
         // After every rule at least as specific: the most specific first, ties in the order given.

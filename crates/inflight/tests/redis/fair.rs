@@ -224,3 +224,51 @@ async fn the_next_waiter_is_admitted_when_the_head_waiters_process_is_killed() {
     );
     assert_eq!(queued(&redis), 0, "the dead ticket is gone");
 }
+
+/// A waiter's re-check renews its ticket and keeps the whole queue with it: the queue's keys expire
+/// together, however long the wait (before, only the first ticket gave them their expiry, and a wait
+/// past it lost its order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_ticket_keeps_the_whole_queue() {
+    let redis = TestRedis::start();
+    let [holder, other] = [handle(&redis), handle(&redis)];
+    let held = holder.try_acquire("k").await.unwrap();
+    let log = Log::default();
+    let queued_waiter = waiter(&other, "waiter", wait(), &log);
+    until_queued(&redis, 1).await;
+    let deadline = |c: &mut redis::Connection| -> f64 {
+        let ends: Vec<f64> = redis::cmd("ZRANGE")
+            .arg("inflight:{k}:expiry")
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query::<Vec<(String, f64)>>(c)
+            .unwrap()
+            .into_iter()
+            .map(|(_, end)| end)
+            .collect();
+        ends[0]
+    };
+    let mut c = redis.client();
+    let first = deadline(&mut c);
+    let until = Instant::now() + Duration::from_secs(30);
+    // A renewal a second on (its re-check), long after the ticket was taken.
+    while deadline(&mut c) < first + 900.0 {
+        assert!(Instant::now() < until, "the waiter renews its ticket");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (queue, expiry): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("PTTL")
+        .arg("inflight:{k}:queue")
+        .cmd("PTTL")
+        .arg("inflight:{k}:expiry")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        (queue - expiry).abs() <= 50,
+        "renewed together: {queue} ms and {expiry} ms"
+    );
+    held.release().await.unwrap();
+    all_admitted(vec![queued_waiter]).await;
+}

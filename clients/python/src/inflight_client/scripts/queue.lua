@@ -106,10 +106,10 @@ local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
       redis.call('HSET', key.permits, QUEUED, 1)
       key.queued, key.dirty = true, true -- (settle() gives a hash made here its expiry)
     end
-    for _, role in ipairs({':queue', ':tickets', ':flows'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
   end
   redis.call('ZADD', t .. ':expiry', deadline, ticket)
-  redis.call('PEXPIRE', t .. ':expiry', keep_ms)
+  -- Every renewal keeps the whole queue (a wait outlasts the first ticket's keep_ms).
+  for _, role in ipairs({':queue', ':tickets', ':flows', ':expiry'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
   return 1
 end
 

@@ -9,7 +9,6 @@ use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{KeyStatus, Ticket};
 
-
 /// A key's leases, its in-process holds and its override.
 #[derive(Default)]
 pub(super) struct KeyState {

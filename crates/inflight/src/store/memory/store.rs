@@ -16,8 +16,8 @@ use dashmap::DashMap;
 
 use super::account::Quotas;
 use super::cell::{Cell, Slot, Time};
-use super::index::Index;
 use super::hash::Hasher;
+use super::index::Index;
 use super::key::KeyState;
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
