@@ -171,7 +171,10 @@ class HttpLimiter:
         """``POST /v1/keys/{key}/permits`` with ``wait_ms``, ``priority`` and ``flow``: the server waits
         (at most 300 s) in the key's queue of waiters, as :meth:`RedisLimiter.acquire` does; the request's
         timeout is the limiter's ``timeout`` past ``max_wait``."""
-        return self._acquire_one(_input.key(key), self._terms(id, weight, lease, max_wait, priority, flow))
+        key = _input.key(key)
+        return self._acquire_one(
+            key, {**self._terms(id, weight, lease), **self._queue(max_wait, priority, flow)}
+        )
 
     def acquire_all(
         self,
@@ -185,7 +188,9 @@ class HttpLimiter:
     ) -> Permit:
         """``POST /v1/permits`` with ``wait_ms``, ``priority`` and ``flow``."""
         unique = _core.unique_keys(keys)
-        return self._acquire_all(unique, self._terms(id, weight, lease, max_wait, priority, flow))
+        return self._acquire_all(
+            unique, {**self._terms(id, weight, lease), **self._queue(max_wait, priority, flow)}
+        )
 
     def _acquire_one(self, key: str, body: dict[str, Any]) -> Permit:
         weight = int(body["weight"])
@@ -216,26 +221,23 @@ class HttpLimiter:
         limit, in_flight = first.integer_or_none("limit"), first.integer("in_flight")
         return self._permit(unique, permit, limit, in_flight, path, body)
 
-    def _terms(
-        self,
-        id: str | None,
-        weight: int,
-        lease: float | None,
-        max_wait: float | None = None,
-        priority: int = 0,
-        flow: str = "",
-    ) -> dict[str, Any]:
+    def _terms(self, id: str | None, weight: int, lease: float | None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "weight": _core.check_weight(weight),
             "lease_ms": self.lease_ms if lease is None else _core.to_lease_ms(lease),
         }
         if id is not None:
             body["id"] = _core.check_id(id)
-        if max_wait is not None:
-            body["wait_ms"] = _input.max_wait_ms(max_wait)
-            body["priority"] = _input.priority(priority)
-            body["flow"] = _input.flow(flow)
         return body
+
+    @staticmethod
+    def _queue(max_wait: float, priority: int, flow: str) -> dict[str, Any]:
+        """A waiting acquire's ``wait_ms`` and its place in the queue (``priority``, ``flow``)."""
+        return {
+            "wait_ms": _input.max_wait_ms(max_wait),
+            "priority": _input.priority(priority),
+            "flow": _input.flow(flow),
+        }
 
     def _permit(
         self,
