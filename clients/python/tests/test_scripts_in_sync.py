@@ -21,6 +21,7 @@ def test_packaged_scripts_are_copies_of_the_rust_sources() -> None:
         "common.lua",
         "dify.lua",
         "index.lua",
+        "queue.lua",
         "quota.lua",
         "renew.lua",
         "status.lua",
