@@ -18,8 +18,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import redis.asyncio
+from redis.cluster import RedisCluster
 
 from inflight_client import AsyncRedisLimiter, RedisLimiter, TooManyRequests, TooManyWaiters
+from inflight_client._keys import names
 
 QUEUE = "inflight:{k}:queue"
 BOUND = 20.0  # seconds: the longest any test waits for a state it expects
@@ -50,7 +52,11 @@ def two(redis_url: str, r: redis.Redis) -> Iterator[list[RedisLimiter]]:
 
 
 def run_waiters(
-    r: redis.Redis, starts: list[Callable[[], object]], holder: object, release: Callable[[], object]
+    r: redis.Redis,
+    starts: list[Callable[[], object]],
+    holder: object,
+    release: Callable[[], object],
+    key: str = "k",
 ) -> list[int]:
     """Starts each waiter in a thread once the one before holds its ticket, releases the holder, and
     returns the order in which they were admitted (each records itself, then releases)."""
@@ -70,7 +76,7 @@ def run_waiters(
         thread = threading.Thread(target=wait, args=(i,), daemon=True)
         thread.start()
         threads.append(thread)
-        until_tickets(r, i + 1)
+        until_tickets(r, i + 1, key)
     release()
     for thread in threads:
         thread.join(BOUND)
@@ -324,3 +330,27 @@ def test_gevent_waiters_are_admitted_in_arrival_order_and_leave_when_killed(redi
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().strip() == "ok"
+
+
+def test_turns_are_heard_across_a_cluster(redis_cluster: list[int]) -> None:
+    """On a Redis Cluster, a turn PUBLISHed by the script on the key's node reaches each limiter's
+    subscription, whichever node it is made through: keys on two nodes, waiters in arrival order."""
+    client = RedisCluster(host="127.0.0.1", port=redis_cluster[0])
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    keys = [f"app-{c}" for c in "abcdef"]
+    by_node = {client.get_node_from_key(names("inflight:", k)[0]).name: k for k in keys}  # type: ignore[no-untyped-call]
+    assert len(by_node) >= 2
+    limiters = [
+        RedisLimiter(RedisCluster(host="127.0.0.1", port=port), default_limit=1) for port in redis_cluster[:2]
+    ]
+    try:
+        for key in list(by_node.values())[:2]:
+            holder = limiters[0].try_acquire(key)
+            starts = [lambda lim=limiters[i % 2], key=key: lim.acquire(key, BOUND) for i in range(4)]
+            order = run_waiters(client, starts, holder, holder.release, key)  # type: ignore[arg-type]
+            assert order == [0, 1, 2, 3], key
+            assert tickets(client, key) == 0  # type: ignore[arg-type]
+    finally:
+        for limiter in limiters:
+            limiter.close()
+        client.close()
