@@ -141,6 +141,68 @@ def test_async_type_and_value_errors() -> None:
     asyncio.run(main())
 
 
+# The waiting acquires' own arguments (with a good max_wait unless the case gives one).
+WAIT_WRONG_TYPES: list[dict[str, Any]] = [
+    {"max_wait": None},
+    {"max_wait": "1"},
+    {"max_wait": True},
+    {"priority": True},
+    {"priority": 1.0},
+    {"priority": None},
+    {"flow": None},
+    {"flow": b"f"},
+]
+WAIT_OUT_OF_RANGE: list[dict[str, Any]] = [
+    {"max_wait": -1},
+    {"max_wait": 300.001},
+    {"max_wait": math.inf},
+    {"priority": 256},
+    {"priority": -1},
+    {"flow": "é" * 129},
+    {"flow": "\ud800"},
+]
+WAIT_CASES = [(case, TypeError) for case in WRONG_TYPES + WAIT_WRONG_TYPES] + [
+    (case, ValueError) for case in OUT_OF_RANGE + WAIT_OUT_OF_RANGE
+]
+
+
+def _wait_args(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    key, args = _acquire_args(case)
+    return key, {"max_wait": 5.0, **args}
+
+
+@pytest.mark.parametrize(("case", "error"), WAIT_CASES, ids=repr)
+def test_waiting_acquires_refuse_before_asking(
+    case: dict[str, Any], error: type[Exception], dead_redis: redis.Redis
+) -> None:
+    key, args = _wait_args(case)
+    for limiter in (
+        RedisLimiter(dead_redis, default_limit=1),
+        HttpLimiter(f"http://127.0.0.1:{free_port()}"),
+    ):
+        with pytest.raises(error):
+            limiter.acquire(key, **args)
+        with pytest.raises(error):
+            limiter.acquire_all(["other", key], **args)
+        limiter.close()
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(
+            port=free_port(), socket_connect_timeout=0.2, retry=AsyncRetry(NoBackoff(), 0)
+        )
+        limiter = AsyncRedisLimiter(client, default_limit=1)
+        try:
+            with pytest.raises(error):
+                await limiter.acquire(key, **args)
+            with pytest.raises(error):
+                await limiter.acquire_all([key], **args)
+        finally:
+            await limiter.close()
+            await client.aclose()
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("make", ["redis", "http"])
 def test_status_limits_release_and_keys(make: str, dead_redis: redis.Redis) -> None:
     limiter: RedisLimiter | HttpLimiter = (

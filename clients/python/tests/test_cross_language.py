@@ -1,5 +1,6 @@
 """Rust and Python processes on one Redis enforce one limit; inflight serve sees Python's permits and
-Python sees (and can release) the server's. Skipped only when the inflight binary is not built."""
+Python sees (and can release) the server's; their waiters share one queue per key. Skipped only when the
+inflight binary is not built."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from inflight_client import RedisLimiter, TooManyRequests
+from inflight_client import HttpLimiter, RedisLimiter, TooManyRequests, TooManyWaiters
 
 # in_flight as the scripts count it: the leases plus the extra weight, read in one atomic step.
 PROBE = """
@@ -125,3 +126,48 @@ def test_serve_and_python_see_each_others_permits(serve_factory: Any, r: redis.R
         with pytest.raises(TooManyRequests):
             limiter.try_acquire("tenant:a")
         assert limiter.try_acquire("tenant:a", id="req-1").in_flight == 1  # the same id counts once
+
+
+def test_python_and_rust_waiters_share_one_queue(serve_factory: Any, r: redis.Redis, redis_url: str) -> None:
+    """Waiters of inflight serve (Rust's Limiter::acquire, asked through HttpLimiter's wait_ms, priority
+    and flow) and of a Python RedisLimiter take tickets in one queue: admitted by priority, then by
+    their flow's round (flows "" and "tenant-a" each have two tickets: rounds 0 and 1), then in arrival
+    order, whichever language waits."""
+    from test_tickets import BOUND, run_waiters, tickets, until_tickets
+
+    serve = serve_factory("--store", redis_url, "--default-limit", "1")
+    rust = HttpLimiter(serve.url)
+    python = RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1)
+    try:
+        holder = python.try_acquire("k")
+        starts = [
+            lambda: rust.acquire("k", BOUND),
+            lambda: python.acquire("k", BOUND),
+            lambda: rust.acquire("k", BOUND, flow="tenant-a"),
+            lambda: python.acquire("k", BOUND, flow="tenant-a"),
+            lambda: python.acquire("k", BOUND, priority=3),
+            lambda: rust.acquire("k", BOUND, priority=9),
+        ]
+        order = run_waiters(r, starts, holder, holder.release)
+        # priority 9 (Rust), 3 (Python); round 0: "" (Rust), "tenant-a" (Rust); round 1: "" and "tenant-a"
+        # (Python).
+        assert order == [5, 4, 0, 2, 1, 3]
+        assert tickets(r) == 0
+        assert get(f"{serve.url}/v1/keys/k")["in_flight"] == 0
+
+        # A Rust waiter that times out leaves the queue too; one that finds it at its bound is refused
+        # with the API's too_many_waiters.
+        holder = python.try_acquire("k")
+        with pytest.raises(TooManyRequests):
+            rust.acquire("k", 0.2)
+        until_tickets(r, 0)
+        with r.pipeline(transaction=False) as pipe:
+            for n in range(10_000):
+                pipe.zadd("inflight:{k}:queue", {f"ff0000000000{n + 1:010x} 1 nobody#{n}": 0})
+            pipe.execute()
+        with pytest.raises(TooManyWaiters):
+            rust.acquire("k", 5.0)
+        holder.release()
+    finally:
+        rust.close()
+        python.close()

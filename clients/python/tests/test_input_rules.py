@@ -48,6 +48,9 @@ IDS: list[object] = [None, "req-1", "x" * 256, "x" * 257, "", "id\n", "é" * 129
 WEIGHTS: list[object] = [1, 2, 2**32 - 1, 2**32, 0, -1, True, 1.0, "1"]
 LEASES: list[object] = [None, 0.1, 0.099, 1, 30.5, 86_400, 86_400.001, 0, -1, math.inf, math.nan, True, "1"]
 LIMITS: list[object] = [0, 1, 2**32 - 1, 2**32, -1, True, 1.5, "3"]
+MAX_WAITS: list[object] = [0, 0.001, 0.0004, 1, 300, 300.001, -1, math.inf, math.nan, True, "1"]
+PRIORITIES: list[object] = [0, 1, 255, 256, -1, True, 1.0, "1"]
+FLOWS: list[object] = ["", "tenant-a", "é" * 128, "é" * 128 + "a", "a" * 257, "a\x00b\n", "\ud800", 5]
 TOKENS: list[object] = [0, 7, 2**63 - 1, -1, 1.5, True]  # 2**63 and above: see test_tokens_above_i64
 KEY_LISTS: list[object] = [
     ["a"],
@@ -120,6 +123,14 @@ def server_accepts(server: Server, what: str, value: Any) -> bool:
         else:
             body = "{" + f'"lease_ms": {_json(value)}' + "}"  # Infinity, NaN, true, "1"
         status = server.send("POST", "/v1/keys/k/permits", body)
+    elif what == "max_wait":
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            body = "{" + f'"wait_ms": {round(value * 1000)}' + "}"  # the client's seconds, as whole ms
+        else:
+            body = "{" + f'"wait_ms": {_json(value)}' + "}"
+        status = server.send("POST", "/v1/keys/k/permits", body)
+    elif what in ("priority", "flow"):
+        status = server.send("POST", "/v1/keys/k/permits", "{" + f'"{what}": {_json(value)}' + "}")
     elif what == "limit":
         status = server.send("PUT", "/v1/keys/k/limit", "{" + f'"limit": {_json(value)}' + "}")
         server.send("DELETE", "/v1/keys/k/limit")
@@ -142,6 +153,12 @@ def sync_call(limiter: RedisLimiter | HttpLimiter, what: str, value: Any) -> Non
         limiter.try_acquire("k", weight=value).release()
     elif what == "lease":
         limiter.try_acquire("k", lease=value).release()
+    elif what == "max_wait":
+        limiter.acquire("k", value).release()
+    elif what == "priority":
+        limiter.acquire("k", 1, priority=value).release()
+    elif what == "flow":
+        limiter.acquire("k", 1, flow=value).release()
     elif what == "limit":
         limiter.set_limit("k", value)
         limiter.clear_limit("k")
@@ -161,6 +178,12 @@ async def async_call(limiter: AsyncRedisLimiter, what: str, value: Any) -> None:
         await (await limiter.try_acquire("k", weight=value)).release()
     elif what == "lease":
         await (await limiter.try_acquire("k", lease=value)).release()
+    elif what == "max_wait":
+        await (await limiter.acquire("k", value)).release()
+    elif what == "priority":
+        await (await limiter.acquire("k", 1, priority=value)).release()
+    elif what == "flow":
+        await (await limiter.acquire("k", 1, flow=value)).release()
     elif what == "limit":
         await limiter.set_limit("k", value)
         await limiter.clear_limit("k")
@@ -187,6 +210,9 @@ ROWS = (
     + [("id", v) for v in IDS]
     + [("weight", v) for v in WEIGHTS]
     + [("lease", v) for v in LEASES]
+    + [("max_wait", v) for v in MAX_WAITS]
+    + [("priority", v) for v in PRIORITIES]
+    + [("flow", v) for v in FLOWS]
     + [("limit", v) for v in LIMITS]
     + [("token", v) for v in TOKENS]
     + [("keys", v) for v in KEY_LISTS]

@@ -7,7 +7,14 @@ Python process and a Rust process enforce one limit; ``HttpLimiter`` talks to ``
 
 from ._async import AsyncGuardedStream, AsyncPermit, AsyncRedisLimiter
 from ._core import KeyStatus
-from ._errors import InflightError, StoreError, TooManyRequests, UnexpectedAnswer, WeightExceedsLimit
+from ._errors import (
+    InflightError,
+    StoreError,
+    TooManyRequests,
+    TooManyWaiters,
+    UnexpectedAnswer,
+    WeightExceedsLimit,
+)
 from ._http import HttpError, HttpLimiter
 from ._permit import GuardedStream, Permit
 from ._policy import ClassLimits, Policy, Rule
@@ -29,6 +36,7 @@ __all__ = [
     "RedisLimiter",
     "StoreError",
     "TooManyRequests",
+    "TooManyWaiters",
     "UnexpectedAnswer",
     "WeightExceedsLimit",
 ]

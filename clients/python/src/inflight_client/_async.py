@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -16,9 +16,10 @@ import redis
 import redis.asyncio
 
 from . import _core, _input
-from ._errors import StoreError
+from ._errors import StoreError, TooManyRequests
 from ._permit import Held, Holders, PermitBase
 from ._policy import ClassLimits, Policy, RuleLike
+from ._turns import RECHECK, TICKET_LEASE_MS, AsyncTurns
 
 log = logging.getLogger("inflight_client")
 
@@ -98,6 +99,26 @@ class AsyncRenewer:
     def _spawn_release(self, held: Held, again: bool = False) -> asyncio.Task[None]:
         """The release as a task of its own, referenced until it ends (the loop keeps only weak ones)."""
         task = asyncio.get_running_loop().create_task(self.safe_release(held, again))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+        return task
+
+    def spawn(self, call: Coroutine[Any, Any, object]) -> asyncio.Task[None] | None:
+        """Runs ``call`` as a task of its own, kept until it ends (``close()`` waits for it): a store call
+        that must happen although its caller was cancelled (a waiter's ticket given up, an admission
+        given back). ``None`` without a running loop (the store's leases end on their own)."""
+
+        async def safe() -> None:
+            try:
+                await call
+            except Exception:
+                log.warning("inflight: a call of the limiter's failed", exc_info=True)
+
+        try:
+            task = asyncio.get_running_loop().create_task(safe())
+        except RuntimeError:
+            call.close()
+            return None
         self._releasing.add(task)
         task.add_done_callback(self._releasing.discard)
         return task
@@ -270,6 +291,7 @@ class AsyncRedisLimiter:
         self._status = redis_client.register_script(_core.script_text("status.lua"))
         self._holders = Holders()
         self._renewer = AsyncRenewer(self._renew_held, self._release_held)
+        self._turns = AsyncTurns(redis_client, prefix)
 
     async def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
         try:
@@ -288,6 +310,85 @@ class AsyncRedisLimiter:
         unique = _core.unique_keys(keys)
         return await self._acquire(unique, id, weight, lease, [self.policy.limits(k) for k in unique])
 
+    async def acquire(
+        self,
+        key: str,
+        max_wait: float,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        priority: int = 0,
+        flow: str = "",
+    ) -> AsyncPermit:
+        """As :meth:`RedisLimiter.acquire`: a cancelled wait leaves the key's queue (in a task of the
+        limiter, which ``close()`` waits for)."""
+        return await self.acquire_all([key], max_wait, id, weight, lease, priority, flow)
+
+    async def acquire_all(
+        self,
+        keys: Sequence[str],
+        max_wait: float,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        priority: int = 0,
+        flow: str = "",
+    ) -> AsyncPermit:
+        """As :meth:`RedisLimiter.acquire_all`."""
+        unique = _core.unique_keys(keys)
+        wait_ms = _input.max_wait_ms(max_wait)
+        priority, flow = _input.priority(priority), _input.flow(flow)
+        limits = [self.policy.limits(k) for k in unique]
+        if wait_ms == 0:
+            return await self._acquire(unique, id, weight, lease, limits)
+        if id is not None:
+            _input.id(id)
+        _core.check_weight(weight)
+        if lease is not None:
+            _core.to_lease_ms(lease)
+        if self._renewer.closed:
+            raise RuntimeError("the limiter is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        ticket = self._turns.take()
+        wait = _core.Wait(ticket.name, priority, flow, TICKET_LEASE_MS)
+        admitted = interrupted = False
+        try:
+            heard = False
+            while True:
+                ticket.called.clear()  # a turn called from now on is kept until the wait below
+                try:
+                    permit = await self._acquire(unique, id, weight, lease, limits, wait)
+                except _core.Queued as queued:
+                    refused = queued
+                else:
+                    admitted = permit.expires_at_ms is not None
+                    return permit
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TooManyRequests(refused.limit, refused.in_flight, refused.key) from None
+                if not heard:
+                    heard = True
+                    await self._turns.heard(min(RECHECK, left))
+                    continue
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ticket.called.wait(), min(RECHECK, left))
+        except BaseException as error:
+            interrupted = not isinstance(error, Exception)  # CancelledError, GeneratorExit
+            raise
+        finally:
+            self._turns.drop(ticket)
+            if not admitted:
+                # A task of the limiter's: a cancelled waiter's ticket leaves all the same.
+                leaving = self._renewer.spawn(self._leave(unique, ticket.name))
+                if leaving is not None and not interrupted:
+                    await asyncio.shield(leaving)
+
+    async def _leave(self, keys: tuple[str, ...], ticket: str) -> None:
+        names, args = _core.key_names(self.prefix, keys), _core.leave_args(keys, ticket)
+        reply = await self._call(self._batch, names, args)
+        _core.ints(reply, 1)
+
     async def _acquire(
         self,
         keys: tuple[str, ...],
@@ -295,6 +396,7 @@ class AsyncRedisLimiter:
         weight: int,
         lease: float | None,
         limits: Sequence[ClassLimits],
+        wait: _core.Wait | None = None,
     ) -> AsyncPermit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
@@ -303,11 +405,20 @@ class AsyncRedisLimiter:
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
-        reply = await self._call(
-            self._batch,
-            _core.key_names(self.prefix, keys),
-            _core.acquire_args(keys, id, weight, lease_ms, limits, generated),
-        )
+        held_before = self._holders.holds(keys, id)
+        try:
+            reply = await self._call(
+                self._batch,
+                _core.key_names(self.prefix, keys),
+                _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait),
+            )
+        except BaseException as error:
+            # Cancelled (or timed out) waiting for the answer: Redis may have admitted. Give the slot back
+            # (in a task of the limiter's) unless another permit here holds the id, as RedisLimiter does.
+            unanswered = not isinstance(error, Exception) or isinstance(error.__cause__, redis.TimeoutError)
+            if unanswered and not held_before:
+                self._renewer.spawn(self.release(keys, id, 0))
+            raise
         limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
         if expires_at_ms is None:
             return AsyncPermit(keys, id, weight, None, 0, None, None, None)
@@ -360,6 +471,7 @@ class AsyncRedisLimiter:
         return AsyncGuardedStream(permit, iterable)
 
     async def close(self) -> None:
+        await self._turns.close()
         await self._renewer.close()
 
     async def __aenter__(self) -> AsyncRedisLimiter:

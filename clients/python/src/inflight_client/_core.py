@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from . import _input, _keys
-from ._errors import TooManyRequests, UnexpectedAnswer, WeightExceedsLimit
+from ._errors import TooManyRequests, TooManyWaiters, UnexpectedAnswer, WeightExceedsLimit
 from ._input import MAX_KEYS, MAX_LEASE_MS, MIN_LEASE_MS
 from ._input import MAX_LIMIT as MAX_OVERRIDE
 from ._policy import ClassLimits
@@ -72,6 +72,23 @@ def key_names(prefix: str, keys: Sequence[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Wait:
+    """A waiter's ticket as ``batch.lua``'s ``w`` op takes it (``batch.rs``'s ``WaitArgs``): its name
+    (``<channel>#<n>``), priority (0 to 255, higher first), flow and the lease of its place in the queue."""
+
+    ticket: str
+    priority: int
+    flow: str
+    lease_ms: int
+
+
+class Queued(TooManyRequests):
+    """``batch.lua``'s decision 4: the key is full and the waiter's ticket is in its queue (taken, or its
+    lease renewed). The waiting acquires' own: they wait for their turn, and time out with the plain
+    :class:`TooManyRequests` this is."""
+
+
 def acquire_args(
     keys: Sequence[str],
     id: str,
@@ -79,17 +96,32 @@ def acquire_args(
     lease_ms: int,
     limits: Sequence[ClassLimits],
     generated: bool = False,
+    wait: Wait | None = None,
 ) -> list[Arg]:
     """``batch.lua``'s ARGV for one admission: clock offset, ``a`` (or ``A n``; ``g``/``G`` when the id was
     generated for this admission, whose lease then need not record its token), key places, member, terms,
-    and 0 (the lease keeps the token it gets)."""
+    and 0 (the lease keeps the token it gets). A waiter's (``wait``) is ``w`` (``W n``), followed by its
+    ticket, priority, flow, the ticket's lease and whether the id was generated (1/0), as ``batch.rs``
+    sends it."""
     args: list[Arg] = [0]
-    kind = "g" if generated else "a"
+    kind = "w" if wait is not None else "g" if generated else "a"
     args.extend([kind] if len(keys) == 1 else [kind.upper(), len(keys)])
     args.extend(range(1, len(keys) + 1))
     args.append(_keys.member(id))
     args.append(" ".join([str(weight), str(lease_ms)] + [f"{c.default} {c.max}" for c in limits]))
     args.append(0)
+    if wait is not None:
+        args.extend([wait.ticket, wait.priority, wait.flow, wait.lease_ms, 1 if generated else 0])
+    return args
+
+
+def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:
+    """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (``l``, or ``L n``): the ticket
+    stands where an id would."""
+    args: list[Arg] = [0]
+    args.extend(["l"] if len(keys) == 1 else ["L", len(keys)])
+    args.extend(range(1, len(keys) + 1))
+    args.append(ticket)
     return args
 
 
@@ -133,7 +165,9 @@ def ints(reply: object, n: int) -> list[int]:
 
 def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None, int]:
     """Reads ``batch.lua``'s answer (``dify.lua``'s: six numbers, no token): (limit, in_flight, expires_at_ms,
-    token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the refusal."""
+    token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the refusal: a
+    waiter's is :class:`Queued` (its ticket waits in the refusing key's queue) or :class:`TooManyWaiters`
+    (the queue is at its bound)."""
     numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 11)
     decision, index, limit, in_flight, expires_at_ms = numbers[:5]
     token = numbers[6] if len(numbers) == 11 else 0
@@ -145,6 +179,10 @@ def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | No
         raise TooManyRequests(limit, in_flight, keys[index])
     if decision == 3:
         raise WeightExceedsLimit(limit, weight, keys[index])
+    if decision == 4:
+        raise Queued(limit, in_flight, keys[index])
+    if decision == 5:
+        raise TooManyWaiters(limit, in_flight, keys[index])
     raise UnexpectedAnswer(f"acquire answered decision {decision}")
 
 

@@ -18,6 +18,19 @@ class TooManyRequests(InflightError):
         super().__init__(f"too many requests on {key!r}: {in_flight} in flight of a limit of {limit}")
 
 
+class TooManyWaiters(TooManyRequests):
+    """A waiting acquire found the key's queue of waiters at its bound (10,000 tickets, or 1,000 flows
+    waiting), shared by every process on the store: nothing was queued. The HTTP API's 429
+    ``too_many_waiters``; a :class:`TooManyRequests`, so that a handler of the one answers the other too.
+    ``limit`` and ``in_flight`` are the key's figures (``None`` from the HTTP API)."""
+
+    def __init__(self, limit: int | None, in_flight: int | None, key: str = "") -> None:
+        self.limit = limit
+        self.in_flight = in_flight
+        self.key = key
+        InflightError.__init__(self, f"too many waiters queue on {key!r} (at its bound); try again later")
+
+
 class WeightExceedsLimit(InflightError):
     """The permit's weight is more than the key's whole limit: it could never be admitted."""
 

@@ -12,7 +12,14 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from . import _core, _input
-from ._errors import InflightError, StoreError, TooManyRequests, UnexpectedAnswer, WeightExceedsLimit
+from ._errors import (
+    InflightError,
+    StoreError,
+    TooManyRequests,
+    TooManyWaiters,
+    UnexpectedAnswer,
+    WeightExceedsLimit,
+)
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer
 
 T = TypeVar("T")
@@ -92,7 +99,14 @@ class HttpLimiter:
         self._renewer = Renewer(self._renew_held, self._release_held, name="inflight-http-renewer")
         self._holders = Holders()
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    @staticmethod
+    def _waits(body: dict[str, Any]) -> float:
+        """How long the server may wait before it answers an acquire."""
+        return int(body.get("wait_ms", 0)) / 1000
+
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, waits: float = 0.0
+    ) -> tuple[int, Any]:
         """The status and the JSON answer (``None`` for an empty body). An error status comes back as
         ``(status, {"code": ..., "message": ...})``; a body that is not JSON, or an error that is not the
         API's error object, is :class:`UnexpectedAnswer`."""
@@ -103,7 +117,7 @@ class HttpLimiter:
         if self.token is not None:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout + waits) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as error:
             status, raw = error.code, error.read()
@@ -128,6 +142,8 @@ class HttpLimiter:
         key = str(answer.get("key", key))
         if code == "too_many_requests":
             return TooManyRequests(None, None, key)
+        if code == "too_many_waiters":
+            return TooManyWaiters(None, None, key)
         if code == "weight_exceeds_limit":
             return WeightExceedsLimit(None, weight, key)
         if code == "store_unavailable":
@@ -140,9 +156,45 @@ class HttpLimiter:
         self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
     ) -> Permit:
         """``POST /v1/keys/{key}/permits``."""
+        return self._acquire_one(_input.key(key), self._terms(id, weight, lease))
+
+    def acquire(
+        self,
+        key: str,
+        max_wait: float,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        priority: int = 0,
+        flow: str = "",
+    ) -> Permit:
+        """``POST /v1/keys/{key}/permits`` with ``wait_ms``, ``priority`` and ``flow``: the server waits
+        (at most 300 s) in the key's queue of waiters, as :meth:`RedisLimiter.acquire` does; the request's
+        timeout is the limiter's ``timeout`` past ``max_wait``."""
         key = _input.key(key)
-        body = self._terms(id, weight, lease)
-        status, answer = self._request("POST", f"/v1/keys/{_quote(key)}/permits", body)
+        return self._acquire_one(
+            key, {**self._terms(id, weight, lease), **self._queue(max_wait, priority, flow)}
+        )
+
+    def acquire_all(
+        self,
+        keys: Sequence[str],
+        max_wait: float,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        priority: int = 0,
+        flow: str = "",
+    ) -> Permit:
+        """``POST /v1/permits`` with ``wait_ms``, ``priority`` and ``flow``."""
+        unique = _core.unique_keys(keys)
+        return self._acquire_all(
+            unique, {**self._terms(id, weight, lease), **self._queue(max_wait, priority, flow)}
+        )
+
+    def _acquire_one(self, key: str, body: dict[str, Any]) -> Permit:
+        weight = int(body["weight"])
+        status, answer = self._request("POST", f"/v1/keys/{_quote(key)}/permits", body, self._waits(body))
         if status != 201:
             raise self._refusal(status, answer, key, weight)
         permit = _Answer(status, answer, "POST .../permits")
@@ -155,8 +207,12 @@ class HttpLimiter:
     ) -> Permit:
         """``POST /v1/permits``: every key or none."""
         unique = _core.unique_keys(keys)
-        body = self._terms(id, weight, lease)
-        status, answer = self._request("POST", "/v1/permits", {"keys": list(unique), **body})
+        return self._acquire_all(unique, self._terms(id, weight, lease))
+
+    def _acquire_all(self, unique: tuple[str, ...], body: dict[str, Any]) -> Permit:
+        weight = int(body["weight"])
+        sent = {"keys": list(unique), **body}
+        status, answer = self._request("POST", "/v1/permits", sent, self._waits(body))
         if status != 201:
             raise self._refusal(status, answer, unique[0], weight)
         permit = _Answer(status, answer, "POST /v1/permits")
@@ -173,6 +229,15 @@ class HttpLimiter:
         if id is not None:
             body["id"] = _core.check_id(id)
         return body
+
+    @staticmethod
+    def _queue(max_wait: float, priority: int, flow: str) -> dict[str, Any]:
+        """A waiting acquire's ``wait_ms`` and its place in the queue (``priority``, ``flow``)."""
+        return {
+            "wait_ms": _input.max_wait_ms(max_wait),
+            "priority": _input.priority(priority),
+            "flow": _input.flow(flow),
+        }
 
     def _permit(
         self,

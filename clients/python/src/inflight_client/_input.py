@@ -14,6 +14,11 @@ lease     seconds, an ``int`` or ``float`` (not a ``bool``), finite; rounded to 
 limit     an ``int`` (not a ``bool``) from 0 (none, or clear) to 2**32 - 1
 token     an ``int`` (not a ``bool``) from 0 (any admission) to 2**63 - 1 (the store's integers)
 age       seconds as a lease, 1 ms to 24 h (``dify_stale_after``)
+max_wait  seconds, an ``int`` or ``float`` (not a ``bool``), finite; rounded to whole ms, 0 (do not
+          wait) to 300 s (the API's ``wait_ms``, ``input.rs``'s ``MAX_WAIT``)
+priority  an ``int`` (not a ``bool``) from 0 to 255, higher first (the API's ``"priority"``, a ``u8``)
+flow      a ``str`` of at most 256 bytes of UTF-8, any characters, ``""`` included (the API's ``"flow"``,
+          ``input.rs``'s ``queue``)
 ========  =======================================================================================
 
 A value of the wrong type raises ``TypeError``; one out of range, ``ValueError``. Never an
@@ -32,6 +37,9 @@ MAX_LEASE_MS = 24 * 3600 * 1000  # MAX_LEASE
 MAX_WEIGHT = 2**32 - 1  # a u32
 MAX_LIMIT = 2**32 - 1  # a u32: what every process reads back (common.lua refuses larger overrides)
 MAX_TOKEN = 2**63 - 1  # a Redis integer
+MAX_WAIT_MS = 300_000  # the API's MAX_WAIT
+MAX_PRIORITY = 255  # a u8
+MAX_FLOW_BYTES = 256  # the library's MAX_FLOW_LEN
 
 
 def _type_name(value: object) -> str:
@@ -120,6 +128,35 @@ def age_ms(value: object) -> int:
     if not 1 <= ms <= MAX_LEASE_MS:
         raise ValueError(f"an age must be between 1 ms and 24 h, not {value!r} s")
     return ms
+
+
+def max_wait_ms(value: object) -> int:
+    """How long a waiting acquire may wait, in seconds, as whole ms: 0 (not at all) to 300 s."""
+    ms = _seconds_ms(value, "max_wait")
+    if not 0 <= ms <= MAX_WAIT_MS:
+        raise ValueError(f"max_wait must be between 0 and 300 s, not {value!r} s")
+    return ms
+
+
+def priority(value: object) -> int:
+    """A waiter's priority level: 0 to 255, higher first."""
+    level = _whole(value, "priority")
+    if not 0 <= level <= MAX_PRIORITY:
+        raise ValueError(f"priority must be from 0 to {MAX_PRIORITY}, not {level}")
+    return level
+
+
+def flow(value: object) -> str:
+    """A waiter's flow (served in turn with the other flows of its priority): at most 256 bytes."""
+    if not isinstance(value, str):
+        raise TypeError(f"flow must be a str, not {_type_name(value)}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError(f"flow must be valid UTF-8 (no lone surrogates): {value!r}") from None
+    if size > MAX_FLOW_BYTES:
+        raise ValueError(f"flow is at most {MAX_FLOW_BYTES} bytes, not {size}")
+    return value
 
 
 def limit(value: object, what: str = "a limit") -> int:

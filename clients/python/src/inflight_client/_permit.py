@@ -148,6 +148,7 @@ class _RenewerState:
         self.cond = threading.Condition()  # an RLock: a finalizer may run while this thread holds it
         self.held: set[Held] = set()
         self.releases: deque[Held] = deque()
+        self.calls: deque[Callable[[], None]] = deque()  # other calls to finish (a waiter's ticket given up)
         self.thread: threading.Thread | None = None
 
 
@@ -190,10 +191,34 @@ class Renewer:
                 raise RuntimeError("the limiter is closed")
             held.schedule()
             state.held.add(held)
-            if state.thread is None:
-                state.thread = threading.Thread(target=self._run, args=(state,), name=self._name, daemon=True)
-                state.thread.start()
+            self._start(state)
             state.cond.notify()
+
+    def _start(self, state: _RenewerState) -> None:
+        """Starts the thread if it is not running (``state.cond`` held)."""
+        if state.thread is None:
+            state.thread = threading.Thread(target=self._run, args=(state,), name=self._name, daemon=True)
+            state.thread.start()
+
+    def call_later(self, call: Callable[[], None]) -> None:
+        """Runs ``call`` from the thread (at once when the limiter is closed): a store call that must
+        happen although its caller was interrupted (a waiter's ticket given up when a ``KeyboardInterrupt``,
+        a gevent ``Timeout`` or ``GreenletExit`` ends its wait). ``close()`` waits for it."""
+        state = self._state.get()
+        with state.cond:
+            if not self._closed:
+                state.calls.append(call)
+                self._start(state)
+                state.cond.notify()
+                return
+        self._safe_call(call)
+
+    @staticmethod
+    def _safe_call(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:
+            log.warning("inflight: a call handed to the renewer failed", exc_info=True)
 
     def take(self, held: Held) -> bool:
         """Marks ``held`` released; False when it already was."""
@@ -250,15 +275,19 @@ class Renewer:
         with state.cond:
             pending = list(state.releases)
             state.releases.clear()
+            calls = list(state.calls)
+            state.calls.clear()
         for held in pending:
             self._safe_release(held)
+        for call in calls:
+            self._safe_call(call)
 
     def _run(self, state: _RenewerState) -> None:
-        cond, held_set, queue = state.cond, state.held, state.releases
+        cond, held_set, queue, calls = state.cond, state.held, state.releases, state.calls
         while True:
             with cond:
                 while not self._closed:
-                    if queue:
+                    if queue or calls:
                         break
                     now = time.monotonic()
                     if any(h.due <= now for h in held_set):
@@ -269,10 +298,14 @@ class Renewer:
                     return
                 releases = list(queue)
                 queue.clear()
+                pending = list(calls)
+                calls.clear()
                 now = time.monotonic()
                 due = [h for h in held_set if h.due <= now]
             for held in releases:
                 self._safe_release(held)
+            for call in pending:
+                self._safe_call(call)
             for held in due:
                 self._renew_one(held, state)
 

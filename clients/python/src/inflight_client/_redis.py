@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -11,9 +12,10 @@ import redis
 from redis.cluster import NodesManager, RedisCluster
 
 from . import _core, _dify_layout, _input
-from ._errors import StoreError
+from ._errors import StoreError, TooManyRequests
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer, log
 from ._policy import ClassLimits, Policy, RuleLike
+from ._turns import RECHECK, TICKET_LEASE_MS, Turns
 
 T = TypeVar("T")
 
@@ -84,6 +86,7 @@ class RedisLimiter:
         self._index = redis_client.register_script(_core.script_text("index.lua"))
         self._holders = Holders()
         self._renewer = Renewer(self._renew_held, self._release_held)
+        self._turns = Turns(redis_client, prefix)
 
     def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
         try:
@@ -106,6 +109,106 @@ class RedisLimiter:
         unique = _core.unique_keys(keys)
         return self._acquire(unique, id, weight, lease, [self.policy.limits(k) for k in unique])
 
+    def acquire(
+        self,
+        key: str,
+        max_wait: float,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        priority: int = 0,
+        flow: str = "",
+    ) -> Permit:
+        """A permit on ``key``, waiting up to ``max_wait`` seconds (at most 300) for a slot in the key's
+        queue of waiters, which every process on the store shares (Rust or Python): admitted in turn by
+        ``priority`` (0 to 255, higher first), then by ``flow`` (the flows of a priority are served in
+        turn), then by arrival. On timeout the refusal :meth:`try_acquire` gives (:class:`TooManyRequests`);
+        :class:`TooManyWaiters` when the queue is at its bound. Waiting holds no slot, and a wait that ends
+        unadmitted (a timeout, an error, ``KeyboardInterrupt``, a gevent ``Timeout``, the greenlet killed)
+        leaves the queue. ``max_wait=0``: as :meth:`try_acquire`."""
+        return self.acquire_all([key], max_wait, id, weight, lease, priority, flow)
+
+    def acquire_all(
+        self,
+        keys: Sequence[str],
+        max_wait: float,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        priority: int = 0,
+        flow: str = "",
+    ) -> Permit:
+        """:meth:`try_acquire_all`, waiting as :meth:`acquire` does: the waiter queues on the key that
+        refuses it, and asks for every key again at its turn."""
+        unique = _core.unique_keys(keys)
+        wait_ms = _input.max_wait_ms(max_wait)
+        priority, flow = _input.priority(priority), _input.flow(flow)
+        limits = [self.policy.limits(k) for k in unique]
+        if wait_ms == 0:
+            return self._acquire(unique, id, weight, lease, limits)
+        if self.layout == "dify":
+            raise ValueError("waiting needs layout='inflight': the Dify layout keeps no queue of waiters")
+        # Refused before a ticket is taken.
+        if id is not None:
+            _input.id(id)
+        _core.check_weight(weight)
+        if lease is not None:
+            _core.to_lease_ms(lease)
+        if self._renewer.closed:
+            raise RuntimeError("the limiter is closed")
+        deadline = time.monotonic() + wait_ms / 1000
+        ticket = self._turns.take()
+        wait = _core.Wait(ticket.name, priority, flow, TICKET_LEASE_MS)
+        admitted = interrupted = False
+        try:
+            heard = False
+            while True:
+                ticket.called.clear()  # a turn called from now on is kept until the wait below
+                try:
+                    permit = self._acquire(unique, id, weight, lease, limits, wait)
+                except _core.Queued as queued:
+                    refused = queued
+                else:
+                    # (Admitted, the script took the ticket out; unlimited, it is given up below.)
+                    admitted = permit.expires_at_ms is not None
+                    return permit
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TooManyRequests(refused.limit, refused.in_flight, refused.key) from None
+                if not heard:
+                    # A turn called before the subscription was in force went unheard: asked again after.
+                    heard = True
+                    self._turns.heard(min(RECHECK, left))
+                    continue
+                # Its turn, or a re-check (which renews the ticket).
+                ticket.called.wait(min(RECHECK, left))
+        except BaseException as error:
+            interrupted = not isinstance(error, Exception)
+            raise
+        finally:
+            self._turns.drop(ticket)
+            if not admitted:
+                self._give_up(unique, ticket.name, interrupted)
+
+    def _give_up(self, keys: tuple[str, ...], ticket: str, interrupted: bool) -> None:
+        """The ticket leaves the queues of ``keys``. A wait interrupted (``KeyboardInterrupt``, gevent's
+        ``Timeout``, the greenlet killed) hands it to the renewal thread, as an interrupted release does;
+        one that fails leaves a ticket that ends with its lease."""
+        if interrupted:
+            self._renewer.call_later(lambda: self._leave(keys, ticket))
+            return
+        try:
+            self._leave(keys, ticket)
+        except Exception:
+            log.debug("inflight: giving up ticket %s failed; it ends with its lease", ticket, exc_info=True)
+        except BaseException:
+            self._renewer.call_later(lambda: self._leave(keys, ticket))
+            raise
+
+    def _leave(self, keys: tuple[str, ...], ticket: str) -> None:
+        reply = self._call(self._batch, _core.key_names(self.prefix, keys), _core.leave_args(keys, ticket))
+        _core.ints(reply, 1)
+
     def _acquire(
         self,
         keys: tuple[str, ...],
@@ -113,6 +216,7 @@ class RedisLimiter:
         weight: int,
         lease: float | None,
         limits: Sequence[ClassLimits],
+        wait: _core.Wait | None = None,
     ) -> Permit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
@@ -131,7 +235,7 @@ class RedisLimiter:
                 reply = self._call(
                     self._batch,
                     _core.key_names(self.prefix, keys),
-                    _core.acquire_args(keys, id, weight, lease_ms, limits, generated),
+                    _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait),
                 )
         except BaseException as error:
             # Interrupted (KeyboardInterrupt, gevent's Timeout, the greenlet killed) or timed out waiting for
@@ -272,7 +376,9 @@ class RedisLimiter:
         return GuardedStream(permit, iterable)
 
     def close(self) -> None:
-        """Stops the renewals (held permits then keep their slots until their leases end)."""
+        """Stops the renewals (held permits then keep their slots until their leases end) and the
+        subscription to turns."""
+        self._turns.close()
         self._renewer.close()
 
     def __enter__(self) -> RedisLimiter:
