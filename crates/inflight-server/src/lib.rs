@@ -35,6 +35,7 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         on_missing_key: settings.on_missing_key()?,
         limit_paths: settings.limit_paths()?,
         quota_key: settings.quota_key()?,
+        queue: settings.queue()?,
         timeout: settings.upstream_timeout,
         max_wait: settings.max_wait,
         api_on_proxy_port: settings.admin_on_proxy_port,

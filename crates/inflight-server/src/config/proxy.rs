@@ -99,6 +99,22 @@ pub struct ProxySettings {
     #[arg(default_value = "0s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub max_wait: Duration,
+    /// The priority level a waiting request (--max-wait) queues at, higher first: a template like
+    /// --key's giving a whole number 0 to 255, e.g. '{header:X-Priority}'. Any other value is refused
+    /// (400 invalid_priority), on every request; where the template's placeholder has nothing in the
+    /// request (a header absent or empty), the level is 0.
+    #[arg(help_heading = "Proxy")]
+    #[arg(long, env = "INFLIGHT_PRIORITY", value_name = "TEMPLATE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+    /// The flow a waiting request (--max-wait) queues in: within a priority level, flows take turns, so
+    /// one tenant's many waiters do not keep another's few behind them. A template like --key's, e.g.
+    /// '{header:X-Tenant-Id}' or '{bearer_hash}'; at most 256 bytes (else 400 invalid_flow, on every
+    /// request); where its placeholder has nothing in the request, the default flow.
+    #[arg(help_heading = "Proxy")]
+    #[arg(long, env = "INFLIGHT_FLOW", value_name = "TEMPLATE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow: Option<String>,
     /// The settings `inflight serve` has.
     #[command(flatten)]
     #[serde(flatten)]
@@ -120,6 +136,7 @@ impl Layered for ProxySettings {
         self.keys()?;
         self.on_missing_key()?;
         self.quota_key()?;
+        self.queue()?;
         self.limit_paths().map(drop)
     }
 }
@@ -165,6 +182,20 @@ impl ProxySettings {
             .map(|template| crate::proxy::KeyTemplates::parse([template]))
             .transpose()
             .map_err(|why| invalid("quota_key", why))
+    }
+
+    /// The templates of the priority and the flow each request waits with, where set.
+    pub fn queue(&self) -> Result<crate::proxy::QueueTemplates, ConfigError> {
+        let mut queue = crate::proxy::QueueTemplates::default();
+        if let Some(template) = &self.priority {
+            queue = queue
+                .priority(template)
+                .map_err(|why| invalid("priority", why))?;
+        }
+        if let Some(template) = &self.flow {
+            queue = queue.flow(template).map_err(|why| invalid("flow", why))?;
+        }
+        Ok(queue)
     }
 
     /// What becomes of a request whose keys cannot be formed.

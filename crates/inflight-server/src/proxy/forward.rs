@@ -163,12 +163,21 @@ async fn admit(
         .quota_key
         .as_ref()
         .is_some_and(KeyTemplates::uses_path);
-    let canonical =
-        if upstream.keys.uses_path() || quota_uses_path || !upstream.limit_paths.is_empty() {
-            paths::canonical(request.uri().path()).map_err(ApiError::invalid_request)?
-        } else {
-            String::new()
-        };
+    let canonical = if upstream.keys.uses_path()
+        || quota_uses_path
+        || upstream.queue.uses_path()
+        || !upstream.limit_paths.is_empty()
+    {
+        paths::canonical(request.uri().path()).map_err(ApiError::invalid_request)?
+    } else {
+        String::new()
+    };
+    // Checked on every request, limited or not, waiting or not: a bad value is refused alike whatever
+    // the key's load.
+    let options = inflight::AcquireOptions::new();
+    let options = upstream
+        .queue
+        .options(request.headers(), &canonical, options)?;
     if !upstream.limit_paths.is_empty() && !upstream.limit_paths.covers(&canonical) {
         return Ok(None);
     }
@@ -205,12 +214,7 @@ async fn admit(
         None => None,
     };
     let (permit, reservation) = app
-        .acquire_all_charged(
-            names,
-            inflight::AcquireOptions::new(),
-            upstream.max_wait,
-            reservation,
-        )
+        .acquire_all_charged(names, options, upstream.max_wait, reservation)
         .await?;
     let reservation = match reservation {
         Some(reservation) if app.quota.settles_on_release(&reservation) => Some(reservation),

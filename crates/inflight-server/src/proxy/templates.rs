@@ -27,11 +27,12 @@ pub struct KeyTemplates {
     uses_path: bool,
 }
 
+/// One template, parsed: a key's, or `--priority`'s or `--flow`'s (see `queue`).
 #[derive(Clone, Debug)]
-struct Template {
+pub(super) struct Template {
     parts: Vec<Part>,
-    /// The bytes of its literal text, to size each key once.
-    literal_len: usize,
+    /// The bytes of its literal text, to size each value once.
+    pub(super) literal_len: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -54,9 +55,16 @@ pub(super) enum Unformed {
 impl KeyTemplates {
     /// The templates `texts`, parsed and checked; Err says why one is unusable.
     pub fn parse<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        let key = |text: &str| {
+            let template = parse(text)?;
+            if let Some(fixed) = template.fixed() {
+                check_name(fixed)?; // a fixed key (`global`): checked as any key is
+            }
+            Ok::<_, String>(template)
+        };
         let templates = texts
             .into_iter()
-            .map(|text| parse(text).map_err(|why| format!("{text:?}: {why}")))
+            .map(|text| key(text).map_err(|why| format!("{text:?}: {why}")))
             .collect::<Result<Vec<_>, _>>()?;
         match templates.len() {
             0 => Err("no key templates".to_owned()),
@@ -64,9 +72,7 @@ impl KeyTemplates {
                 "{n} templates: at most {MAX_KEYS} keys per request"
             )),
             _ => Ok(Self {
-                uses_path: templates
-                    .iter()
-                    .any(|t| t.parts.iter().any(|p| matches!(p, Part::Path))),
+                uses_path: templates.iter().any(Template::uses_path),
                 templates,
             }),
         }
@@ -93,21 +99,7 @@ impl KeyTemplates {
         let mut bearer: Option<[u8; 16]> = None;
         let mut keys = Vec::with_capacity(self.templates.len());
         for template in &self.templates {
-            let mut key = String::with_capacity(template.literal_len + 32);
-            for part in &template.parts {
-                match part {
-                    Part::Text(text) => key.push_str(text),
-                    Part::Header(name) => key.push_str(header_value(headers, name)?),
-                    Part::Path => key.push_str(path),
-                    Part::BearerHash => {
-                        let hash = match bearer {
-                            Some(hash) => hash,
-                            None => *bearer.insert(bearer_hash(headers)?),
-                        };
-                        key.extend(hash.iter().map(|&digit| char::from(digit)));
-                    }
-                }
-            }
+            let key = template.render(headers, path, &mut bearer)?;
             check_name(&key).map_err(|why| Unformed::Invalid(why.to_owned()))?;
             keys.push(key);
         }
@@ -115,7 +107,50 @@ impl KeyTemplates {
     }
 }
 
-fn parse(text: &str) -> Result<Template, String> {
+impl Template {
+    /// Its text, when it has no placeholder.
+    pub(super) fn fixed(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [] => Some(""),
+            [Part::Text(text)] => Some(text),
+            _ => None,
+        }
+    }
+
+    /// True when it has `{path}`.
+    pub(super) fn uses_path(&self) -> bool {
+        self.parts.iter().any(|part| matches!(part, Part::Path))
+    }
+
+    /// Its value for a request with `headers` and the canonical path `path`; `bearer` keeps the bearer
+    /// token's hash from one template of the request to the next.
+    pub(super) fn render(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        bearer: &mut Option<[u8; 16]>,
+    ) -> Result<String, Unformed> {
+        let mut value = String::with_capacity(self.literal_len + 32);
+        for part in &self.parts {
+            match part {
+                Part::Text(text) => value.push_str(text),
+                Part::Header(name) => value.push_str(header_value(headers, name)?),
+                Part::Path => value.push_str(path),
+                Part::BearerHash => {
+                    let hash = match bearer {
+                        Some(hash) => *hash,
+                        None => *bearer.insert(bearer_hash(headers)?),
+                    };
+                    value.extend(hash.iter().map(|&digit| char::from(digit)));
+                }
+            }
+        }
+        Ok(value)
+    }
+}
+
+/// The template `text`, parsed; a fixed text is left for its user to check (as a key, a level...).
+pub(super) fn parse(text: &str) -> Result<Template, String> {
     let mut parts = Vec::new();
     let mut rest = text;
     while let Some(at) = rest.find(['{', '}']) {
@@ -141,9 +176,6 @@ fn parse(text: &str) -> Result<Template, String> {
                 return Err("control characters in the text".to_owned());
             }
         }
-    }
-    if let [] | [Part::Text(_)] = parts.as_slice() {
-        check_name(text)?; // a fixed key (`global`): checked as any key is
     }
     Ok(Template { parts, literal_len })
 }

@@ -1,13 +1,14 @@
 //! The reverse proxy against a real upstream and a real client, on the memory and the Redis store.
 //!
 //! By theme: forwarding requests and limiting them (forwarding.rs), the connections to the upstream
-//! and what it answers (upstream.rs), shutdown (shutdown.rs), and the fencing token sent upstream
-//! (token.rs).
+//! and what it answers (upstream.rs), shutdown (shutdown.rs), the fencing token sent upstream
+//! (token.rs), and where waiting requests queue: `--priority` and `--flow` (queue.rs).
 #![allow(missing_docs)]
 
 #[path = "../common/mod.rs"]
 mod common;
 mod forwarding;
+mod queue;
 mod shutdown;
 mod token;
 mod upstream;
