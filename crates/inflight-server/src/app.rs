@@ -63,8 +63,9 @@ impl App {
             let admission = self.limiter.try_acquire_with(key, options);
             self.timed("acquire", admission).await
         } else {
+            let priority = options.priority_level();
             let admission = self.limiter.acquire(key, options.max_wait(wait));
-            self.waited(key, wait, admission, AcquireError::is_full)
+            self.waited((key, priority), wait, admission, AcquireError::is_full)
                 .await
         };
         self.count_admission(key, outcome.as_ref().err());
@@ -75,13 +76,14 @@ impl App {
     /// timed out when it ran its course and the key was still `full` (not when refused at once).
     async fn waited<T, E>(
         &self,
-        key: &str,
+        (key, priority): (&str, u8),
         wait: Duration,
         admission: impl std::future::Future<Output = Result<T, E>>,
         full: impl Fn(&E) -> bool,
     ) -> Result<T, E> {
         let policy = self.limiter.policy();
-        let waiting = self.metrics.waiting(crate::metrics::class_of(&policy, key));
+        let class = crate::metrics::class_of(&policy, key);
+        let waiting = self.metrics.waiting(class, priority);
         let started = Instant::now();
         let outcome = admission.await;
         let waited = started.elapsed();
@@ -111,9 +113,10 @@ impl App {
             let admission = self.limiter.try_acquire_all(keys, options);
             self.timed("acquire", admission).await
         } else {
+            let priority = options.priority_level();
             let admission = self.limiter.acquire_all(keys, options.max_wait(wait));
             let full = |refused: &KeyRefused| refused.error.is_full();
-            self.waited(first, wait, admission, full).await
+            self.waited((first, priority), wait, admission, full).await
         };
         self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));
         outcome

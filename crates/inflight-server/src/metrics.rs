@@ -52,7 +52,6 @@ pub struct Metrics {
     releases: metrics::Counter,
     store: [(&'static str, metrics::Histogram); 7],
     upstream: metrics::Histogram,
-    wait_duration: metrics::Histogram,
     wait_timeouts: metrics::Counter,
     in_flight: Arc<InFlight>,
     /// The series of `inflight_proxy_requests_total` of each class met.
@@ -107,7 +106,8 @@ impl Metrics {
                 handle
             })
             .clone();
-        metrics::gauge!("inflight_waiting", "class" => "default").increment(0.0);
+        metrics::gauge!("inflight_waiting", "class" => "default", "priority" => "0").increment(0.0);
+        drop(metrics::histogram!("inflight_wait_duration_seconds", "priority" => "0"));
         metrics::counter!(
             "inflight_proxy_requests_total",
             "status_class" => "2xx", "class" => "default", "result" => ProxyResult::Admitted.as_str()
@@ -123,7 +123,6 @@ impl Metrics {
             in_flight: Arc::default(),
             proxied: Arc::default(),
             upstream: metrics::histogram!("inflight_upstream_duration_seconds"),
-            wait_duration: metrics::histogram!("inflight_wait_duration_seconds"),
             wait_timeouts: metrics::counter!("inflight_wait_timeouts_total"),
             tally: Arc::default(),
             store: STORE_OPS.map(|op| {

@@ -177,7 +177,7 @@ async fn the_proxy_waits_up_to_max_wait_and_a_client_that_leaves_leaves_the_queu
     assert_eq!(first.status(), StatusCode::OK);
     assert!(first.chunk().await.unwrap().is_some());
     let metrics = server.url("/_inflight/metrics");
-    let waiting = r#"inflight_waiting{class="default"}"#;
+    let waiting = r#"inflight_waiting{class="default",priority="0"}"#;
     // One gives up while waiting: it leaves the queue at once.
     assert!(get(Duration::from_millis(300)).await.is_err());
     for _ in 0..100 {

@@ -94,6 +94,11 @@ impl AcquireOptions {
         self
     }
 
+    /// The priority level asked for ([`AcquireOptions::priority`]; 0 unless set).
+    pub fn priority_level(&self) -> u8 {
+        self.priority
+    }
+
     /// The waiter's flow (the tenant, say; default: the flow of waiters that name none): within a
     /// priority level, waiting flows are served in turn, so a flow with one waiter is not kept behind
     /// another's hundred. At most [`MAX_FLOW_LEN`] bytes, else [`crate::AcquireError::Invalid`].

@@ -524,3 +524,62 @@ async fn redis_floors_keep_slots_for_a_busy_level() {
     let (a, b, _server) = redis();
     floors_keep_slots_for_a_busy_level((a, b)).await;
 }
+
+/// A ticket whose waiter stops asking (its process killed or paused) holds its place for one ticket
+/// lease: until then a request without a ticket is refused behind it; after, the first admission that
+/// meets it drops it and counts it (`Wakeups::tickets_expired`).
+async fn an_abandoned_ticket_expires_after_its_lease<S: Wakeups>(
+    store: S,
+    advance: impl Fn(Duration),
+) {
+    use inflight::store::{AcquireRequest, Admission, Ticket};
+    let limiter = limiter(store.clone(), 1);
+    let held = limiter.try_acquire("model").await.unwrap();
+    let turn = store.ticket().expect("a store with queues");
+    let limits = [inflight::ClassLimits::new(1, 0)];
+    let id = inflight::PermitId::generate();
+    let request = AcquireRequest {
+        keys: &["model"],
+        id: &id,
+        weight: 1,
+        lease_ms: 30_000,
+        limits: &limits,
+        generated: true,
+        ticket: Some(Ticket {
+            name: turn.name(),
+            flow: "",
+            lease_ms: inflight::TICKET_LEASE_MS,
+        }),
+        priority: 0,
+        floors: &[],
+    };
+    let queued = store.acquire(request).await.unwrap();
+    assert!(matches!(queued, Admission::Queued { .. }), "{queued:?}");
+    held.release().await.unwrap();
+    // Its place is kept while its lease lasts, though no one asks.
+    assert!(limiter.try_acquire("model").await.is_err());
+    assert_eq!(store.tickets_expired(), 0);
+    advance(Duration::from_millis(inflight::TICKET_LEASE_MS + 1));
+    drop(
+        limiter
+            .try_acquire("model")
+            .await
+            .expect("the dead ticket dropped"),
+    );
+    assert_eq!(store.tickets_expired(), 1);
+}
+
+#[tokio::test]
+async fn memory_an_abandoned_ticket_expires_after_its_lease() {
+    let clock = inflight::ManualClock::new(1_000_000);
+    let store = MemoryStore::with_clock(clock.clone());
+    an_abandoned_ticket_expires_after_its_lease(store, |by| clock.advance(by)).await;
+}
+
+#[tokio::test]
+async fn redis_an_abandoned_ticket_expires_after_its_lease() {
+    let server = TestRedis::start();
+    let store = server.store();
+    let clock = store.clone();
+    an_abandoned_ticket_expires_after_its_lease(store, |by| clock.advance_clock(by)).await;
+}

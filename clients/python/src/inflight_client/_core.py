@@ -168,9 +168,9 @@ def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | No
     token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the refusal: a
     waiter's is :class:`Queued` (its ticket waits in the refusing key's queue) or :class:`TooManyWaiters`
     (the queue is at its bound)."""
-    numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 11)
+    numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 12)
     decision, index, limit, in_flight, expires_at_ms = numbers[:5]
-    token = numbers[6] if len(numbers) == 11 else 0
+    token = numbers[6] if len(numbers) == 12 else 0
     if decision == 1:
         return limit or None, in_flight, expires_at_ms, token
     if decision == 2:

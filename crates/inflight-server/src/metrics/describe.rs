@@ -25,17 +25,22 @@ const RECORDED: &[(&str, Kind, &str)] = &[
     (
         "inflight_waiting",
         Kind::Gauge,
-        "Admissions waiting for a slot now, by class of key.",
+        "Admissions waiting for a slot now, by class of key and priority level.",
     ),
     (
         "inflight_wait_duration_seconds",
         Kind::Histogram,
-        "How long admissions that could wait waited, admitted or not.",
+        "How long admissions that could wait waited, admitted or not, by priority level.",
     ),
     (
         "inflight_wait_timeouts_total",
         Kind::Counter,
         "Waits that ran their course without a slot (a full queue's refusal at once is not one).",
+    ),
+    (
+        "inflight_tickets_expired_total",
+        Kind::Counter,
+        "Waiters' tickets found expired in the keys' queues: their processes stopped renewing them (killed, paused, cut off).",
     ),
     (
         "inflight_store_duration_seconds",

@@ -109,13 +109,15 @@ impl Metrics {
         }
     }
 
-    /// An admission of `class` that may wait: counted as waiting until [`Waiting::done`].
-    pub fn waiting(&self, class: &str) -> Waiting {
-        let gauge = metrics::gauge!("inflight_waiting", "class" => class.to_owned());
+    /// An admission of `class` that may wait at `priority`: counted as waiting until [`Waiting::done`].
+    pub fn waiting(&self, class: &str, priority: u8) -> Waiting {
+        let priority = priority.to_string();
+        let labels = [("class", class.to_owned()), ("priority", priority.clone())];
+        let gauge = metrics::gauge!("inflight_waiting", &labels);
         gauge.increment(1.0);
         Waiting {
             gauge,
-            duration: self.wait_duration.clone(),
+            duration: metrics::histogram!("inflight_wait_duration_seconds", "priority" => priority),
             timeouts: self.wait_timeouts.clone(),
         }
     }

@@ -43,6 +43,8 @@ impl Metrics {
         self.reservations(quota, &limiter.policy());
         let check = tokio::time::timeout(STORE_CHECK_TIMEOUT, limiter.store().maintain());
         let store_up = matches!(check.await, Ok(Ok(())));
+        metrics::counter!("inflight_tickets_expired_total")
+            .absolute(inflight::Wakeups::tickets_expired(limiter.store()));
         self.render(limiter.stats(), store_up)
     }
 

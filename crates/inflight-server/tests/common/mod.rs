@@ -181,6 +181,17 @@ pub async fn metric(client: &reqwest::Client, url: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The sum of the series of `name` whose labels include `label` (e.g. `class="k"`), 0 when none.
+pub async fn metric_sum(client: &reqwest::Client, url: &str, name: &str, label: &str) -> f64 {
+    let text = get_text(client, url).await;
+    text.lines()
+        .filter_map(|line| line.strip_prefix(name)?.strip_prefix('{'))
+        .filter_map(|rest| rest.split_once("} "))
+        .filter(|(labels, _)| labels.split(',').any(|one| one == label))
+        .filter_map(|(_, value)| value.parse::<f64>().ok())
+        .sum()
+}
+
 /// Polls `GET {base}{prefix}/v1/keys/{key}` until its in_flight is `want`; panics after 2 s.
 pub async fn wait_in_flight(base: &str, key: &str, want: u64) -> Duration {
     let started = Instant::now();

@@ -18,10 +18,10 @@ const MIDDLE: &[(&str, f64)] = &[
     ("inflight_admissions_total{result=\"error\"}", 0.0),
     ("inflight_releases_total", 0.0),
     ("inflight_in_flight", 1.0),
-    ("inflight_waiting{class=\"default\"}", 1.0),
+    ("inflight_waiting{class=\"default\",priority=\"0\"}", 1.0),
     ("inflight_wait_timeouts_total", 1.0),
     // A (admitted at once) and B (timed out): each could wait.
-    ("inflight_wait_duration_seconds_count", 2.0),
+    ("inflight_wait_duration_seconds_count{priority=\"0\"}", 2.0),
     ("inflight_store_up", 1.0),
 ];
 const END: &[(&str, f64)] = &[
@@ -30,9 +30,9 @@ const END: &[(&str, f64)] = &[
     ("inflight_admissions_total{result=\"error\"}", 0.0),
     ("inflight_releases_total", 2.0),
     ("inflight_in_flight", 0.0),
-    ("inflight_waiting{class=\"default\"}", 0.0),
+    ("inflight_waiting{class=\"default\",priority=\"0\"}", 0.0),
     ("inflight_wait_timeouts_total", 1.0),
-    ("inflight_wait_duration_seconds_count", 3.0),
+    ("inflight_wait_duration_seconds_count{priority=\"0\"}", 3.0),
     ("inflight_store_up", 1.0),
 ];
 
@@ -69,7 +69,13 @@ async fn through_serve(http: &Client, api: &str) -> (Scrape, Scrape) {
             answer.send().await.unwrap()
         }
     });
-    let middle = until(http, &metrics, "inflight_waiting{class=\"default\"}", 1.0).await;
+    let middle = until(
+        http,
+        &metrics,
+        "inflight_waiting{class=\"default\",priority=\"0\"}",
+        1.0,
+    )
+    .await;
     let released = http.delete(format!("{permits}/{}", a["id"].as_str().unwrap()));
     assert_eq!(
         released.send().await.unwrap().status(),
@@ -135,7 +141,13 @@ async fn a_full_wait_queue_is_a_refusal_not_a_wait_timeout() {
     };
     let held: Value = acquire(0).await.unwrap().json().await.unwrap();
     let waiter = tokio::spawn(acquire(10_000));
-    until(&http, &metrics, "inflight_waiting{class=\"default\"}", 1.0).await;
+    until(
+        &http,
+        &metrics,
+        "inflight_waiting{class=\"default\",priority=\"0\"}",
+        1.0,
+    )
+    .await;
     let asked = Instant::now();
     let refused = acquire(10_000).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);

@@ -132,7 +132,13 @@ async fn through_proxy(
         let request = http.get(&sse).header("x-inflight-key", "app:1");
         async move { request.send().await.unwrap() }
     });
-    let middle = until(http, &metrics, "inflight_waiting{class=\"default\"}", 1.0).await;
+    let middle = until(
+        http,
+        &metrics,
+        "inflight_waiting{class=\"default\",priority=\"0\"}",
+        1.0,
+    )
+    .await;
     upstream.gate.add_permits(2);
     while a.chunk().await.unwrap().is_some() {}
     let c = c.await.unwrap();

@@ -12,7 +12,9 @@ use reqwest::{Client, StatusCode};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use crate::common::{self, limits, metric, proxy_settings, start_proxy, Make, TestRedis, Upstream};
+use crate::common::{
+    self, limits, metric_sum, proxy_settings, start_proxy, Make, TestRedis, Upstream,
+};
 use crate::per_store;
 use crate::KEY;
 
@@ -97,8 +99,8 @@ impl<M: Make> Queueing<M> {
                 .unwrap(),
             None => {
                 let metrics = self.server.url("/_inflight/metrics");
-                let gauge = format!("inflight_waiting{{class=\"{}\"}}", self.key);
-                metric(&self.http, &metrics, &gauge).await as usize
+                let class = format!("class=\"{}\"", self.key);
+                metric_sum(&self.http, &metrics, "inflight_waiting", &class).await as usize
             }
         }
     }

@@ -139,6 +139,10 @@ impl Wakeups for AnyStore {
         each!(self, s => s.ticket())
     }
 
+    fn tickets_expired(&self) -> u64 {
+        each!(self, s => s.tickets_expired())
+    }
+
     forward! { d => d;
         async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError>;
     }

@@ -24,6 +24,12 @@ pub trait Wakeups: Store {
         None
     }
 
+    /// How many tickets of other waiters this handle's admissions found expired (their processes
+    /// stopped renewing them: killed, paused, cut off), since it was made.
+    fn tickets_expired(&self) -> u64 {
+        0
+    }
+
     /// Gives up `ticket`'s place in the queues of `keys` (a waiter that stops waiting unadmitted);
     /// whether it held one.
     fn leave(
@@ -74,6 +80,7 @@ pub(crate) struct Wakes {
     /// Whether turns are heard now (the channel's subscription is in force).
     turns_heard: AtomicBool,
     turns_subscribed: Notify,
+    tickets_expired: AtomicU64,
 }
 
 impl Wakes {
@@ -141,6 +148,17 @@ impl Wakes {
             name: format!("{channel}#{n}"),
             notify,
         })
+    }
+
+    /// Counts `n` tickets found expired (a negative or zero `n`: none).
+    pub(crate) fn count_expired(&self, n: i64) {
+        if let Ok(n @ 1..) = u64::try_from(n) {
+            self.tickets_expired.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn tickets_expired(&self) -> u64 {
+        self.tickets_expired.load(Ordering::Relaxed)
     }
 
     /// Wakes the tickets a message on the channel names (`<n> <n2> ...`).

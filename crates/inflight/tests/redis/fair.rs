@@ -223,6 +223,8 @@ async fn the_next_waiter_is_admitted_when_the_head_waiters_process_is_killed() {
         inflight::TICKET_LEASE_MS
     );
     assert_eq!(queued(&redis), 0, "the dead ticket is gone");
+    let expired = inflight::Wakeups::tickets_expired(holder.store());
+    assert_eq!(expired, 1, "found expired by the next waiter's process");
 }
 
 /// A waiter's re-check renews its ticket and keeps the whole queue with it: the queue's keys expire

@@ -10,7 +10,7 @@
 -- keeps (0: the one it gets; across Cluster slots, the first slot's), for a release the token
 -- of the admission released (0: whichever the id holds), for an undo the token the admission got and
 -- what the id held before it, 'weight lease_ms token' ('0 0 0': nothing).
--- Returns the replies in one flat array: 11 numbers an admission, 1 a release or an undo.
+-- Returns the replies in one flat array: 12 numbers an admission, 1 a release, an undo or a leave.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
 -- call per operation.
@@ -18,14 +18,16 @@
 -- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
 -- 3 weight over the limit, 4 full and the ticket queues, 5 full and the queue at its bound), the refusing key's index (0-based; -1), limit and in_flight (of that key,
 -- or of the first), expires_at_ms, reclaimed, token, what the id held before on the first limited key
--- (weight, 0 when nothing; lease_ms; token), and which keys recorded the lease (bit i - 1: key i).
+-- (weight, 0 when nothing; lease_ms; token), which keys recorded the lease (bit i - 1: key i), and how
+-- many tickets of its keys' queues it found expired (their waiters' processes stopped renewing them).
 -- Unlimited keys record nothing.
 local limits, limited = {}, {} -- of the operation's keys, by place: reused, each operation writing its own
 local replies, r = {}, 0 -- every operation's numbers, in order; r: how many so far
-local function reply(...) -- an admission's 11
+local function reply(...) -- an admission's 12 (the last: tickets found expired, see below)
   local out = {...}
   for j = 1, 11 do replies[r + j] = out[j] end
-  r = r + 11
+  replies[r + 12] = tickets_expired
+  r = r + 12
 end
 
 -- A refusal by key i; a waiter (w) takes or keeps its ticket there (decision 4), unless the queue is
@@ -43,6 +45,7 @@ end
 
 local function acquire(keys, n, id, t, keep, generated, w, floors)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
+  tickets_expired = 0
   local ticket, level = w and w.ticket, w and w.level or 0
   for i = 1, n do
     local key = load(keys[i])
@@ -79,7 +82,8 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
   replies[r + 1], replies[r + 2], replies[r + 3] = 1, -1, limits[1]
   replies[r + 4], replies[r + 5], replies[r + 6] = limits[1] > 0 and first.n + first.extra or 0, now + lease_ms, reclaimed
   replies[r + 7], replies[r + 8], replies[r + 9], replies[r + 10], replies[r + 11] = token, held, old_ms, old_token, counted
-  r = r + 11
+  replies[r + 12] = tickets_expired
+  r = r + 12
   for i = 1, n do
     if floors and floors[i] and limits[i] > 0 then hold_at(keys[i], level, floors[i], id, weight, lease_ms) end
   end

@@ -17,6 +17,7 @@
 -- An admission takes a slot only when the tickets ahead of it (all of them, for one without a ticket:
 -- no barging) leave room for it too.
 local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
+local tickets_expired = 0 -- by the operation under way (an admission reports it)
 
 local function tag_of(key)
   key.tag = key.tag or string.sub(key.leases, 1, -8)
@@ -41,6 +42,7 @@ local function expire_tickets(key)
   local t = tag_of(key)
   local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%.0f', now))
   for _, ticket in ipairs(gone) do drop_ticket(t, ticket, redis.call('HGET', t .. ':tickets', ticket)) end
+  tickets_expired = tickets_expired + #gone
   return #gone
 end
 

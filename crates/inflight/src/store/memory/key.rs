@@ -47,19 +47,27 @@ impl KeyState {
         self.in_flight == 0 && self.override_limit.is_none() && self.queue.is_none()
     }
 
-    pub(super) fn has_leases(&self) -> bool {
-        !self.leases.is_empty()
+    pub(super) fn has_leases_or_tickets(&self) -> bool {
+        !self.leases.is_empty() || self.queue.is_some()
     }
 
     /// Drops leases whose deadline has passed; returns how many.
+    /// Drops the tickets whose lease has ended (their waiters' processes stopped renewing them);
+    /// returns how many.
+    #[inline]
+    pub(super) fn expire_tickets(&mut self, now: u64) -> u32 {
+        let Some(queue) = &mut self.queue else {
+            return 0;
+        };
+        let expired = queue.expire(now);
+        if queue.is_empty() {
+            self.queue = None;
+        }
+        expired
+    }
+
     #[inline]
     pub(super) fn reclaim(&mut self, now: u64) -> u32 {
-        if let Some(queue) = &mut self.queue {
-            queue.expire(now);
-            if queue.is_empty() {
-                self.queue = None;
-            }
-        }
         if now < self.next_expiry_ms || self.leases.is_empty() {
             return 0;
         }

@@ -42,10 +42,10 @@ impl Queue {
         self.order.is_empty()
     }
 
-    /// Removes the tickets whose lease ended by `now`.
-    pub(super) fn expire(&mut self, now: u64) {
+    /// Removes the tickets whose lease ended by `now`; how many.
+    pub(super) fn expire(&mut self, now: u64) -> u32 {
         if now < self.next_expiry_ms {
-            return;
+            return 0;
         }
         let (mut next, mut gone) = (u64::MAX, Vec::new());
         for waiter in self.order.values() {
@@ -54,10 +54,11 @@ impl Queue {
                 false => next = next.min(waiter.expires_at_ms),
             }
         }
-        for name in gone {
-            self.leave(&name);
+        for name in &gone {
+            self.leave(name);
         }
         self.next_expiry_ms = next;
+        gone.len() as u32
     }
 
     /// Whether an admission of `weight` by `ticket` (`None`: one without) fits in `free` slots behind

@@ -209,21 +209,24 @@ impl<C: Clock> MemoryStore<C> {
         f(&mut slots, now, reclaimed)
     }
 
-    /// Reclaims the expired leases of the locked `slots` and marks them used: the time (read again when
-    /// `precise` or when a key has leases, else the last time read) and how many leases were reclaimed.
+    /// Reclaims the expired leases (and tickets) of the locked `slots` and marks them used: the time (read
+    /// again when `precise` or when a key has leases or tickets, else the last time read) and how many
+    /// leases were reclaimed.
     #[inline]
     pub(super) fn prepare(&self, slots: &mut [Slot<'_, C>], precise: bool) -> (u64, u32) {
         let time = &self.inner.time;
-        let now = if precise || slots.iter().any(|slot| slot.state.has_leases()) {
+        let now = if precise || slots.iter().any(|slot| slot.state.has_leases_or_tickets()) {
             time.now_ms()
         } else {
             time.coarse_ms()
         };
-        let mut reclaimed = 0;
+        let (mut reclaimed, mut expired) = (0, 0);
         for slot in slots.iter_mut() {
             reclaimed += slot.state.reclaim(now);
+            expired += slot.state.expire_tickets(now);
             slot.state.last_used_ms = now;
         }
+        self.inner.wakes.count_expired(i64::from(expired));
         (now, reclaimed)
     }
 
@@ -260,6 +263,9 @@ impl<C: Clock> MemoryStore<C> {
             }
             let mut state = cell.lock();
             state.reclaim(now);
+            inner
+                .wakes
+                .count_expired(i64::from(state.expire_tickets(now)));
             !state.is_idle() || now.saturating_sub(state.last_used_ms) < idle_ttl
         });
     }
@@ -274,6 +280,10 @@ impl<C: Clock> Wakeups for MemoryStore<C> {
     /// A ticket in the keys' queues, shared by every limiter on this store or its clones.
     fn ticket(&self) -> Option<Turn> {
         self.inner.wakes.ticket()
+    }
+
+    fn tickets_expired(&self) -> u64 {
+        self.inner.wakes.tickets_expired()
     }
 
     fn leave(

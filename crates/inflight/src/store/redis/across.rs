@@ -69,6 +69,7 @@ impl RedisStore {
         // Each group taken, with the token it gave and what the id held there before.
         let mut taken: Vec<Taken> = Vec::new();
         let (mut reclaimed, mut first, mut expires_at_ms, mut token) = (0, None, 0, 0);
+        let mut expired = 0; // tickets found expired on the way
         let mut counted = 0i64; // bit i: key i recorded the lease
         for group in &groups {
             let op = Op::Acquire {
@@ -89,8 +90,10 @@ impl RedisStore {
                     return Err(error);
                 }
             };
-            let [decision, index, limit, in_flight, expires, group_reclaimed, ..] = reply;
+            let [decision, index, limit, in_flight, expires, group_reclaimed, .., group_expired] =
+                reply;
             reclaimed += group_reclaimed;
+            expired += group_expired;
             match decision {
                 1 => {
                     let [.., given, held, held_ms, held_token, group_counted] = reply;
@@ -126,13 +129,14 @@ impl RedisStore {
                         0,
                         0,
                         0,
+                        expired,
                     ]);
                 }
                 _ => return Ok(reply),
             }
         }
         if taken.is_empty() {
-            return Ok([2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0]);
+            return Ok([2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0, expired]);
         }
         // The first key's figures; (0, 0) when its own group was unlimited.
         let (limit, in_flight) = first.unwrap_or((0, 0));
@@ -149,6 +153,7 @@ impl RedisStore {
             0,
             0,
             counted,
+            expired,
         ])
     }
 

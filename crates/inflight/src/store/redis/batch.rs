@@ -95,7 +95,7 @@ impl Op {
     /// How many numbers `batch.lua` answers it with.
     fn reply_len(&self) -> usize {
         match self {
-            Op::Acquire { .. } => 11,
+            Op::Acquire { .. } => 12,
             Op::Release { .. } | Op::Undo { .. } | Op::Leave { .. } => 1,
         }
     }
@@ -124,7 +124,7 @@ impl redis::ToRedisArgs for Terms<'_> {
 }
 
 /// What `batch.lua` answered one operation (a release or an undo uses the first number only).
-pub(super) type Reply = [i64; 11];
+pub(super) type Reply = [i64; 12];
 
 struct Job {
     op: Op,

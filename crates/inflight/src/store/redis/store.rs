@@ -262,6 +262,7 @@ impl Store for RedisStore {
                     .await?
             }
         };
+        self.wakes.count_expired(reply[11]);
         admission_of(reply, req.weight)
     }
 
@@ -347,6 +348,10 @@ impl Wakeups for RedisStore {
     /// A ticket in the keys' queues (`queue.lua`), whose turn this handle hears on a channel of its own.
     fn ticket(&self) -> Option<Turn> {
         self.wakes.ticket()
+    }
+
+    fn tickets_expired(&self) -> u64 {
+        self.wakes.tickets_expired()
     }
 
     async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError> {

@@ -150,7 +150,7 @@ impl Store for DifyStore {
             .as_slice()
             .try_into()
             .map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
-        let mut padded = [0; 11];
+        let mut padded = [0; 12];
         padded[..6].copy_from_slice(&reply);
         admission_of(padded, req.weight)
     }
