@@ -34,6 +34,18 @@ struct BusyKeyJson {
     in_flight: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     waiters: Option<usize>,
+    /// Those waiters by priority level and flow, when there are any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    queued: Vec<QueuedJson>,
+}
+
+/// This worker's waiters on a key at one priority level in one flow.
+#[derive(Debug, Serialize)]
+struct QueuedJson {
+    priority: u8,
+    /// `null`: the flow of waiters that name none.
+    flow: Option<String>,
+    waiters: usize,
 }
 
 impl From<Busiest> for BusyJson {
@@ -47,6 +59,15 @@ impl From<Busiest> for BusyJson {
                     limit: b.limit.get(),
                     in_flight: b.in_flight,
                     waiters: (b.waiters > 0).then_some(b.waiters),
+                    queued: b
+                        .queued
+                        .into_iter()
+                        .map(|q| QueuedJson {
+                            priority: q.priority,
+                            flow: q.flow.map(|flow| flow.to_string()),
+                            waiters: q.waiters,
+                        })
+                        .collect(),
                 })
                 .collect(),
             truncated: busy.truncated,

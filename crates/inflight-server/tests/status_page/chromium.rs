@@ -110,3 +110,40 @@ async fn chromium_follows_a_release_in_one_page() {
     assert!(!dom.contains(r#"data-key="app:held""#), "{dom}");
     served.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_shows_a_keys_waiters_by_priority_and_flow() {
+    let Some(chromium) = chromium() else { return };
+    let settings = Settings {
+        workers: Some(1),
+        ..limits(1, 0)
+    };
+    let served = Served::start(settings).await;
+    let http = Client::new();
+    let permit = acquire(&http, &served.base, "app:busy", 1).await;
+    let body = serde_json::json!({"wait_ms": 60_000, "priority": 7, "flow": "acme"});
+    let waiter = tokio::spawn(
+        http.post(served.url("/v1/keys/app:busy/permits"))
+            .json(&body)
+            .send(),
+    );
+    let started = Instant::now();
+    // Waiting, as the busy keys' listing shows it.
+    loop {
+        let listed = http.get(served.url("/v1/keys")).send().await.unwrap();
+        if listed.text().await.unwrap().contains("acme") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "never waiting");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dom = browse(&chromium, &["--dump-dom"], served.url("/status?events=1")).await;
+    assert!(
+        dom.contains(r#"<div class="queued">p7 acme: 1</div>"#),
+        "{dom}"
+    );
+    release(&http, &served.base, "app:busy", &permit).await;
+    let admitted = waiter.await.unwrap().unwrap();
+    assert_eq!(admitted.status(), StatusCode::CREATED);
+    served.shutdown().await.unwrap();
+}

@@ -84,6 +84,43 @@ async fn refusals_are_counted_per_minute() {
     }
 }
 
+/// A key's waiters are shown by priority level and flow (one worker: a page shows its worker's own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_show_waiters_by_priority_and_flow() {
+    let redis = Memory::redis();
+    let settings = Settings {
+        workers: Some(1),
+        ..limits(1, 0)
+    };
+    let server = start_api(&settings, Memory::stores(&redis)).await;
+    let http = Client::new();
+    let permit = acquire(&http, &server.base, "app:busy", 1).await;
+    let url = server.url("/v1/keys/app:busy/permits");
+    let body = json!({"wait_ms": 30_000, "priority": 7, "flow": "acme"});
+    let waiter = tokio::spawn(http.post(url).json(&body).send());
+    let events = http.get(server.url("/status/events")).send().await.unwrap();
+    let (mut stream, mut buffer) = (events.bytes_stream(), String::new());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let event = next_event(&mut stream, &mut buffer).await;
+        if event["keys"][0]["queued"].is_array() {
+            assert_eq!(event["keys"][0]["waiters"], 1);
+            assert_eq!(
+                event["keys"][0]["queued"],
+                json!([{"priority": 7, "flow": "acme", "waiters": 1}])
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter is never shown: {event}"
+        );
+    }
+    release(&http, &server.base, "app:busy", &permit).await;
+    let admitted = waiter.await.unwrap().unwrap();
+    assert_eq!(admitted.status(), StatusCode::CREATED);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchers_are_bounded_and_their_streams_end_at_shutdown() {
     let mut settings = limits(1, 0);

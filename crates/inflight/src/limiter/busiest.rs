@@ -19,6 +19,19 @@ pub struct Busy {
     pub in_flight: u32,
     /// How many admissions of this limiter (not of other processes) wait on the key now ([`Limiter::acquire`]).
     pub waiters: usize,
+    /// Those waiters by priority level and flow, the largest groups first (at most 16 groups).
+    pub queued: Vec<Queued>,
+}
+
+/// This limiter's waiters on a key at one priority level in one flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Queued {
+    /// The level.
+    pub priority: u8,
+    /// The flow (`None`: the flow of waiters that name none).
+    pub flow: Option<Arc<str>>,
+    /// How many wait.
+    pub waiters: usize,
 }
 
 /// What [`Limiter::busy`] found.
@@ -55,6 +68,17 @@ impl<S: BusyKeys> Limiter<S> {
             .map(|busy| Busy {
                 limit: policy.resolve(&busy.key, busy.override_limit),
                 waiters: self.core.waiters.on(&busy.key),
+                queued: self
+                    .core
+                    .waiters
+                    .groups(&busy.key)
+                    .into_iter()
+                    .map(|(priority, flow, waiters)| Queued {
+                        priority,
+                        flow,
+                        waiters,
+                    })
+                    .collect(),
                 in_flight: busy.in_flight,
                 key: busy.key,
             })

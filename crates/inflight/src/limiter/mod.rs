@@ -18,7 +18,7 @@ mod wait;
 
 pub use acquire::TryAcquire;
 pub use builder::LimiterBuilder;
-pub use busiest::{Busiest, Busy};
+pub use busiest::{Busiest, Busy, Queued};
 pub use core::LimiterStats;
 pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub use queue::DEFAULT_MAX_WAITERS;

@@ -91,7 +91,8 @@ impl<S: Wakeups> Limiter<S> {
             .as_ref()
             .map_or(keys[0], |r| r.key.as_str())
             .to_owned();
-        let Some(place) = waiters.join(&queue_key, &self.core.stats.waiting) else {
+        let standing = (options.priority, options.flow.clone());
+        let Some(place) = waiters.join(&queue_key, &self.core.stats.waiting, standing) else {
             return match refused {
                 Some(refused) => Err(refused),
                 None => self.try_acquire_all(keys, options).await,
@@ -204,7 +205,8 @@ impl<S: Wakeups> Limiter<S> {
             }
             if place.is_none() {
                 let waiters = &self.core.waiters;
-                match waiters.join(&refused.key, &self.core.stats.waiting) {
+                let standing = (options.priority, options.flow.clone());
+                match waiters.join(&refused.key, &self.core.stats.waiting, standing) {
                     Some(joined) => place = Some(joined),
                     None => return Some(Err(refused)),
                 }
