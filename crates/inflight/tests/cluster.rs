@@ -302,6 +302,56 @@ async fn a_waiter_is_woken_by_a_release_in_another_process_on_a_cluster() {
     drop(permit);
 }
 
+/// One queue per key on a cluster too, for keys in different slots: waiters of two processes are
+/// admitted by priority, then arrival; a turn published on a key's node reaches the process subscribed
+/// through another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_two_processes_share_one_queue_per_key_on_a_cluster() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("queue");
+    let open = || cluster.store_builder(&prefix).open().unwrap();
+    let handles = [
+        limiter(open(), Policy::new(1, 0)),
+        limiter(open(), Policy::new(1, 0)),
+    ];
+    for key in ["queue-a", "queue-b", "queue-c"] {
+        let held = handles[0].try_acquire(key).await.unwrap();
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for n in 0..6usize {
+            let (handle, order) = (handles[n % 2].clone(), order.clone());
+            let priority = if n == 5 { 9 } else { 0 };
+            let wait = AcquireOptions::new()
+                .max_wait(Duration::from_secs(60))
+                .priority(priority);
+            waiters.push(tokio::spawn(async move {
+                let permit = handle.acquire(key, wait).await.unwrap();
+                order.lock().unwrap().push(n);
+                permit.release().await.unwrap();
+            }));
+            let waiting = || {
+                handles
+                    .iter()
+                    .map(|h| h.stats().waiting.load(Ordering::SeqCst))
+                    .sum::<u64>()
+            };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while waiting() != n as u64 + 1 {
+                assert!(Instant::now() < deadline, "waiter {n} queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        held.release().await.unwrap();
+        for waiter in waiters {
+            tokio::time::timeout(Duration::from_secs(60), waiter)
+                .await
+                .expect("admitted")
+                .unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [5, 0, 1, 2, 3, 4], "{key}");
+    }
+}
+
 /// Quotas on a cluster: each key's balance in its own slot, the index of metered keys in another; a
 /// key funded through one process is metered in another within moments, and a reservation, its
 /// commit and the balance agree across them.
