@@ -37,6 +37,8 @@ pub struct App {
     pub status: Arc<crate::status::Board>,
     /// The places of listings of busy keys in progress, shared by the process's workers.
     pub listings: Listings,
+    /// The priority levels an admission may ask for (`--priorities`; empty: any).
+    pub priorities: Arc<[u8]>,
 }
 
 impl App {

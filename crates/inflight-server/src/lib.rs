@@ -114,5 +114,6 @@ pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<
         metrics: shared.metrics.clone(),
         cut: tokio::sync::watch::Sender::new(false),
         listings: shared.listings.clone(),
+        priorities: Arc::from(settings.priorities.as_slice()),
     }))
 }

@@ -98,6 +98,22 @@ async fn priority_and_flow_are_checked_and_taken<M: Make>() {
     let taken = json!({"wait_ms": 100, "priority": 3, "flow": "acme"});
     let admitted = http.post(&permits).json(&taken).send().await.unwrap();
     assert_eq!(admitted.status(), StatusCode::CREATED);
+
+    // With --priorities, only those levels.
+    let settings = inflight_server::Settings {
+        priorities: vec![0, 5],
+        ..limits(1, 0)
+    };
+    let server = start_api(&settings, M::stores(&redis)).await;
+    let permits = server.url("/v1/keys/levels/permits");
+    let outside = json!({"wait_ms": 100, "priority": 3});
+    let refused = http.post(&permits).json(&outside).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "invalid_priority");
+    let inside = json!({"wait_ms": 100, "priority": 5});
+    let admitted = http.post(&permits).json(&inside).send().await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::CREATED);
 }
 
 per_store!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::Path;
-use axum::http::{HeaderMap, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use inflight::quota::IdempotencyKey;
 use inflight::AcquireOptions;
 use serde::de::DeserializeOwned;
@@ -126,13 +126,23 @@ pub(super) fn options(
     Ok(options)
 }
 
-/// A waiter's place in a key's queue (`"priority"`, `"flow"`), beside `wait_ms`.
+/// A waiter's place in a key's queue (`"priority"`, one of `levels` unless it is empty; `"flow"`),
+/// beside `wait_ms`.
 pub(super) fn queue(
     options: AcquireOptions,
-    priority: Option<u8>,
-    flow: Option<String>,
+    (priority, flow): (Option<u8>, Option<String>),
+    levels: &[u8],
 ) -> Result<AcquireOptions, ApiError> {
-    let mut options = options.priority(priority.unwrap_or(0));
+    let priority = priority.unwrap_or(0);
+    if !levels.is_empty() && !levels.contains(&priority) {
+        let why = format!("priority {priority} is not one of the configured levels {levels:?}.");
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_priority",
+            why,
+        ));
+    }
+    let mut options = options.priority(priority);
     if let Some(flow) = flow {
         if flow.len() > inflight::MAX_FLOW_LEN {
             return Err(ApiError::invalid_request("flow must be at most 256 bytes."));

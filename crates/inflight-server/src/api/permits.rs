@@ -81,7 +81,7 @@ pub(super) async fn acquire(
     let mut request: AcquireBody = body(bytes)?;
     let Some(charge) = quotas::charge(request.quota.take())? else {
         let options = options(request.id, request.weight, request.lease_ms)?;
-        let options = queue(options, request.priority, request.flow)?;
+        let options = queue(options, (request.priority, request.flow), &app.priorities)?;
         let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
         // The caller holds the lease from here: it renews or releases it over HTTP.
         return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
@@ -101,7 +101,7 @@ async fn acquire_charged(
         .id
         .unwrap_or_else(|| PermitId::generate().to_string());
     let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
-    let options = queue(options, request.priority, request.flow)?;
+    let options = queue(options, (request.priority, request.flow), &app.priorities)?;
     let id = PermitId::from(id);
     let reservation = app.reserve(&charge, Some(id.clone())).await?;
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
@@ -258,7 +258,7 @@ pub(super) async fn acquire_all(
         .id
         .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
     let options = options(id.clone(), request.weight, request.lease_ms)?;
-    let options = queue(options, request.priority, request.flow)?;
+    let options = queue(options, (request.priority, request.flow), &app.priorities)?;
     let reservation = match &charge {
         Some(charge) => Some(app.reserve(charge, id.map(PermitId::from)).await?),
         None => None,

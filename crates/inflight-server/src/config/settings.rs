@@ -57,10 +57,12 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_MAX_OVERRIDES", value_name = "N")]
     #[arg(default_value_t = 100_000)]
     pub max_overrides: usize,
-    /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'
-    /// (`*` matches any run of characters; the rule with the longest literal prefix wins; keys matching
-    /// none have --default-limit and --max-limit). In the file: `[[limits]]` keys = "tenant:*", default = 50,
-    /// max = 200. Several in the variable: separated by `;`. SIGHUP re-reads them.
+    /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N][,floor=PRIORITY:SLOTS], e.g.
+    /// 'tenant:*=50,max=200' (`*` matches any run of characters; the rule with the longest literal
+    /// prefix wins; keys matching none have --default-limit and --max-limit); a floor keeps SLOTS of
+    /// each key for waiters and holders at PRIORITY. In the file: `[[limits]]` keys = "tenant:*",
+    /// default = 50, max = 200, floors = [{ priority = 9, slots = 4 }]. Several in the variable:
+    /// separated by `;`. SIGHUP re-reads them.
     #[arg(help_heading = "Limits")]
     #[arg(long = "limit", env = "INFLIGHT_LIMITS", value_name = "RULE")]
     #[arg(value_parser = LimitRule::parse, value_delimiter = ';')]
@@ -72,6 +74,18 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_MAX_WAITERS", value_name = "N")]
     #[arg(default_value_t = inflight::DEFAULT_MAX_WAITERS)]
     pub max_waiters: usize,
+    /// The priority levels an admission may wait at (`"priority"` in acquire bodies, the proxy's
+    /// --priority), e.g. 0,5,9 [default: any from 0 to 255]; another is refused 400
+    /// invalid_priority. Each level with a floor (`floor=` in --limit) must be one of them.
+    #[arg(help_heading = "Limits")]
+    #[arg(
+        long,
+        env = "INFLIGHT_PRIORITIES",
+        value_name = "LEVELS",
+        value_delimiter = ','
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub priorities: Vec<u8>,
     /// Lease of a permit unless its request asks for another, e.g. 30s, 500ms.
     #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION")]
@@ -197,6 +211,19 @@ impl Layered for Settings {
         }
         if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
+        }
+        let floored = self.limits.iter().flat_map(|rule| &rule.floors);
+        if let Some(floor) = floored
+            .filter(|floor| {
+                !self.priorities.is_empty() && !self.priorities.contains(&floor.priority)
+            })
+            .next()
+        {
+            let reason = format!(
+                "{}: a floor's level must be one of them (a floor is set for it in `limits`)",
+                floor.priority
+            );
+            return Err(invalid("priorities", reason));
         }
         if self.redis.layout == Layout::Dify && self.default_limit == 0 {
             // Dify's limit key is absent until a Dify worker serves the app, and a day after the last

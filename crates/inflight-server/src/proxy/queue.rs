@@ -17,6 +17,8 @@ use crate::error::ApiError;
 pub struct QueueTemplates {
     priority: Option<Template>,
     flow: Option<Template>,
+    /// The levels a request may ask for (`--priorities`; empty: any).
+    levels: Vec<u8>,
 }
 
 /// Where one request queues.
@@ -28,11 +30,20 @@ pub(super) struct Place {
 }
 
 impl QueueTemplates {
+    /// With only `levels` (`--priorities`) allowed, unless it is empty; set before the templates.
+    pub fn levels(self, levels: &[u8]) -> Self {
+        Self {
+            levels: levels.to_vec(),
+            ..self
+        }
+    }
+
     /// With the `--priority` template `text`; Err says why it is unusable.
     pub fn priority(self, text: &str) -> Result<Self, String> {
         let template = parse(text).map_err(|why| format!("{text:?}: {why}"))?;
         if let Some(fixed) = template.fixed() {
-            level(fixed).map_err(|why| format!("{text:?}: {why}"))?;
+            self.level(fixed)
+                .map_err(|why| format!("{text:?}: {why}"))?;
         }
         Ok(Self {
             priority: Some(template),
@@ -86,7 +97,7 @@ impl QueueTemplates {
     pub(super) fn place(&self, headers: &HeaderMap, path: &str) -> Result<Place, ApiError> {
         let mut bearer = None;
         let priority = match render(&self.priority, headers, path, &mut bearer) {
-            Ok(Some(text)) => level(&text),
+            Ok(Some(text)) => self.level(&text),
             Ok(None) => Ok(0),
             Err(why) => Err(why),
         }
@@ -100,6 +111,20 @@ impl QueueTemplates {
         }
         .map_err(|why| ApiError::new(StatusCode::BAD_REQUEST, "invalid_flow", why))?;
         Ok(Place { priority, flow })
+    }
+}
+
+impl QueueTemplates {
+    /// The level `text` names ([`level`]), if it is one of the levels allowed.
+    fn level(&self, text: &str) -> Result<u8, String> {
+        let level = level(text)?;
+        if !self.levels.is_empty() && !self.levels.contains(&level) {
+            return Err(format!(
+                "The priority {level} is not one of the configured levels {:?}.",
+                self.levels
+            ));
+        }
+        Ok(level)
     }
 }
 
@@ -176,6 +201,22 @@ mod tests {
         ] {
             assert!(level(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn only_the_configured_levels_are_taken() {
+        let queue = QueueTemplates::default()
+            .levels(&[0, 5, 9])
+            .priority("{header:X-Priority}")
+            .unwrap();
+        let place = |level: &str| queue.place(&headers(&[("x-priority", level)]), "/");
+        assert_eq!(place("9").unwrap().priority, 9);
+        assert_eq!(place("6").unwrap_err().code(), "invalid_priority");
+        let fixed = QueueTemplates::default().levels(&[0, 5]).priority("7");
+        assert!(
+            fixed.is_err(),
+            "a fixed level outside them is refused at start-up"
+        );
     }
 
     #[test]

@@ -200,6 +200,24 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
         Err(err) => err.to_string(),
     };
     assert!(err.contains("limit"), "{err}");
+    // A floor's level must be one of --priorities, when they are given.
+    let outside = [
+        "inflight",
+        "--limit",
+        "model:*=10,floor=9:4",
+        "--priorities",
+        "0,5",
+    ];
+    let err = Settings::from_flags(outside).unwrap_err().to_string();
+    assert!(err.contains("priorities"), "{err}");
+    let inside = [
+        "inflight",
+        "--limit",
+        "model:*=10,floor=9:4",
+        "--priorities",
+        "0,9",
+    ];
+    assert_eq!(Settings::from_flags(inside).unwrap().priorities, [0, 9]);
     assert_eq!(policy.resolve("tenant:t", None), Limit::Limited(50));
     // Flags replace the file's rules.
     let flags = ["inflight", "--config", path, "--limit", "app:*=7"];
@@ -213,6 +231,24 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
     // Bad rules name the setting.
     let err = serve(&["--limit", "app:*"], &[]).unwrap_err();
     assert!(err.contains("limit"), "{err}");
+    // A floor's level must be one of --priorities, when they are given.
+    let outside = [
+        "inflight",
+        "--limit",
+        "model:*=10,floor=9:4",
+        "--priorities",
+        "0,5",
+    ];
+    let err = Settings::from_flags(outside).unwrap_err().to_string();
+    assert!(err.contains("priorities"), "{err}");
+    let inside = [
+        "inflight",
+        "--limit",
+        "model:*=10,floor=9:4",
+        "--priorities",
+        "0,9",
+    ];
+    assert_eq!(Settings::from_flags(inside).unwrap().priorities, [0, 9]);
     let twice = serve(&["--limit", "a=1", "--limit", "a=2"], &[]).unwrap_err();
     assert!(
         twice.contains("`limits`") && twice.contains("two rules"),
