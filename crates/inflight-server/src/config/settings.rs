@@ -214,10 +214,7 @@ impl Layered for Settings {
         }
         let floored = self.limits.iter().flat_map(|rule| &rule.floors);
         if let Some(floor) = floored
-            .filter(|floor| {
-                !self.priorities.is_empty() && !self.priorities.contains(&floor.priority)
-            })
-            .next()
+            .find(|floor| !self.priorities.is_empty() && !self.priorities.contains(&floor.priority))
         {
             let reason = format!(
                 "{}: a floor's level must be one of them (a floor is set for it in `limits`)",
