@@ -212,7 +212,7 @@ impl Layered for Settings {
         if self.lease < MIN_LEASE || self.lease > MAX_LEASE {
             return Err(invalid("lease", "must be between 100ms and 24h"));
         }
-        let floored = self.limits.iter().flat_map(|rule| &rule.floors);
+        let mut floored = self.limits.iter().flat_map(|rule| &rule.floors);
         if let Some(floor) = floored
             .find(|floor| !self.priorities.is_empty() && !self.priorities.contains(&floor.priority))
         {
