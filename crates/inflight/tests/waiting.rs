@@ -583,3 +583,59 @@ async fn redis_an_abandoned_ticket_expires_after_its_lease() {
     let clock = store.clone();
     an_abandoned_ticket_expires_after_its_lease(store, |by| clock.advance_clock(by)).await;
 }
+
+/// Flows come and go on a key whose queue never empties: those that left do not fill its bound of
+/// flows (1,000), so a new flow still takes a ticket after 1,100 others have come and gone.
+async fn flows_that_left_do_not_fill_the_bound<S: Wakeups>(store: S) {
+    use inflight::store::{AcquireRequest, Admission, Ticket};
+    let limiter = limiter(store.clone(), 1);
+    let _held = limiter.try_acquire("model").await.unwrap();
+    let limits = [inflight::ClassLimits::new(1, 0)];
+    let stays = store.ticket().unwrap();
+    let ask = |name: &str, flow: &str| {
+        let (store, id) = (store.clone(), inflight::PermitId::generate());
+        let (name, flow) = (name.to_owned(), flow.to_owned());
+        async move {
+            let request = AcquireRequest {
+                keys: &["model"],
+                id: &id,
+                weight: 1,
+                lease_ms: 30_000,
+                limits: &limits,
+                generated: true,
+                ticket: Some(Ticket {
+                    name: &name,
+                    flow: &flow,
+                    lease_ms: 60_000,
+                }),
+                priority: 0,
+                floors: &[],
+            };
+            store.acquire(request).await
+        }
+    };
+    // One waiter stays queued throughout.
+    let queued = ask(stays.name(), "stays").await.unwrap();
+    assert!(matches!(queued, Admission::Queued { .. }), "{queued:?}");
+    let keys = [std::sync::Arc::<str>::from("model")];
+    for n in 0..1100 {
+        let turn = store.ticket().unwrap();
+        let asked = ask(turn.name(), &format!("flow-{n}")).await;
+        assert!(
+            matches!(asked, Ok(Admission::Queued { .. })),
+            "flow {n}: {asked:?}"
+        );
+        assert!(store.leave(&keys, turn.name()).await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn memory_flows_that_left_do_not_fill_the_bound() {
+    flows_that_left_do_not_fill_the_bound(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_flows_that_left_do_not_fill_the_bound() {
+    let server = TestRedis::start();
+    flows_that_left_do_not_fill_the_bound(server.store()).await;
+}

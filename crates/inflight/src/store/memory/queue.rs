@@ -90,6 +90,9 @@ impl Queue {
             return true;
         }
         let flow = (level, Arc::from(ticket.flow));
+        if !self.flows.contains_key(&flow) && self.flows.len() >= MAX_FLOWS {
+            self.prune_flows();
+        }
         if self.order.len() >= MAX_TICKETS
             || (!self.flows.contains_key(&flow) && self.flows.len() >= MAX_FLOWS)
         {
@@ -110,6 +113,15 @@ impl Queue {
         };
         self.order.insert(place, waiter);
         true
+    }
+
+    /// At the bound of flows, as `queue.lua`'s `prune_flows`: forgets the flows whose next round is at
+    /// most the one after the round their level serves; one that comes back starts at the served round,
+    /// at most one turn more than its share, only while a key has this many flows.
+    fn prune_flows(&mut self) {
+        let served = &self.served;
+        self.flows
+            .retain(|(level, _), next| *next > served.get(level).copied().unwrap_or(0) + 1);
     }
 
     /// True when a ticket of `level` waits.

@@ -87,6 +87,24 @@ local function in_turn(key, free, weight, ticket)
   return #head < scan and ahead + weight <= free -- (the whole queue seen)
 end
 
+-- At the bound of flows: forgets the flows whose next round is at most the one after the round their
+-- level serves (those that have waited or wait no further than that). One that comes back starts at the
+-- served round: at most one turn more than its share, only while a key has this many flows. How many
+-- entries are left.
+local function prune_flows(t)
+  local flows, served, stale = t .. ':flows', {}, {}
+  local all = redis.call('HGETALL', flows)
+  for i = 1, #all, 2 do
+    if not string.find(all[i], ' ', 1, true) then served[all[i]] = tonumber(all[i + 1]) end
+  end
+  for i = 1, #all, 2 do
+    local level = string.match(all[i], '^(%d+) ')
+    if level and tonumber(all[i + 1]) <= (served[level] or 0) + 1 then stale[#stale + 1] = all[i] end
+  end
+  for _, field in ipairs(stale) do redis.call('HDEL', flows, field) end
+  return redis.call('HLEN', flows)
+end
+
 -- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow.
 -- 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
 local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
@@ -97,7 +115,9 @@ local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
     if redis.call('ZCARD', t .. ':queue') >= MAX_TICKETS then return 0 end
     local field = level .. ' ' .. flow
     local rounds = redis.call('HMGET', t .. ':flows', level, field)
-    if not rounds[2] and redis.call('HLEN', t .. ':flows') >= MAX_FLOWS then return 0 end
+    if not rounds[2] and redis.call('HLEN', t .. ':flows') >= MAX_FLOWS and prune_flows(t) >= MAX_FLOWS then
+      return 0
+    end
     local round = math.max(num(rounds[1]), num(rounds[2]))
     redis.call('HSET', t .. ':flows', field, round + 1)
     local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
