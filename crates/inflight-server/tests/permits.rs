@@ -323,6 +323,38 @@ async fn sighup_reloads_the_limits_and_keeps_held_permits() {
     let more = post(&http, &format!("{base}/v1/keys/app:x/permits"), json!({})).await;
     assert_eq!(more.0, StatusCode::CREATED, "room under the new limit");
 
+    // Floors come with the limits: 2 of app:*'s 3 slots kept for level 9 once it holds one.
+    let floored =
+        "[[limits]]\nkeys = \"app:*\"\ndefault = 3\nfloors = [{ priority = 9, slots = 2 }]\n";
+    std::fs::write(&file, floored).unwrap();
+    server.signal("-HUP");
+    let permits = format!("{base}/v1/keys/app:x/permits");
+    let id = more.1["id"].as_str().unwrap().to_owned();
+    let gone = http.delete(format!("{permits}/{id}")).send().await.unwrap();
+    assert_eq!(gone.status(), StatusCode::NO_CONTENT);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // Level 9 holds one (below its floor of 2): a level-0 admission must leave one more free.
+        let high = post(&http, &permits, json!({"priority": 9})).await;
+        assert_eq!(high.0, StatusCode::CREATED);
+        let low = post(&http, &permits, json!({})).await;
+        let high_id = high.1["id"].as_str().unwrap().to_owned();
+        http.delete(format!("{permits}/{high_id}"))
+            .send()
+            .await
+            .unwrap();
+        if low.0 == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        let low_id = low.1["id"].as_str().unwrap().to_owned();
+        http.delete(format!("{permits}/{low_id}"))
+            .send()
+            .await
+            .unwrap();
+        assert!(Instant::now() < deadline, "the floor never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     std::fs::write(&file, "[[limits]]\nkeys = \"\"\n").unwrap();
     server.signal("-HUP");
     tokio::time::sleep(Duration::from_millis(300)).await;
