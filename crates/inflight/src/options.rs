@@ -45,11 +45,13 @@ pub struct AcquireOptions {
 }
 
 /// A waiter's ticket as its admissions carry it: its name, and whether the store's last answer kept it
-/// in a queue ([`crate::store::Admission::Queued`]).
+/// in a queue ([`crate::store::Admission::Queued`]) or took it out (admitted).
 #[derive(Debug)]
 pub(crate) struct TicketSlot {
     pub(crate) name: String,
     pub(crate) queued: AtomicBool,
+    /// The store's last answer admitted it, which takes the ticket out of its queue.
+    pub(crate) taken_out: AtomicBool,
 }
 
 /// The longest flow name, in bytes.

@@ -274,6 +274,8 @@ impl<S: Store> Limiter<S> {
         if let Some((slot, _)) = &standing.ticket {
             let queued = matches!(answer, Ok(Admission::Queued { .. }));
             slot.queued.store(queued, Ordering::Relaxed);
+            let taken_out = matches!(answer, Ok(Admission::Admitted { .. }));
+            slot.taken_out.store(taken_out, Ordering::Relaxed);
         }
         match answer {
             Ok(admission) => {

@@ -176,6 +176,7 @@ impl<S: Wakeups> Limiter<S> {
         let slot = Arc::new(TicketSlot {
             name: turn.name().to_owned(),
             queued: AtomicBool::new(false),
+            taken_out: AtomicBool::new(false),
         });
         let mut options = options.clone();
         options.ticket = Some(slot.clone());
@@ -186,7 +187,9 @@ impl<S: Wakeups> Limiter<S> {
             ticket: slot.name.clone(),
         };
         let mut place = None;
-        let mut heard = false;
+        // Turns heard before the first ask: none of this ticket's can have gone unheard.
+        let mut heard = turn.is_heard();
+        let mut queued = false;
         loop {
             let replaced = self.core.policy.replaced();
             tokio::pin!(replaced);
@@ -194,14 +197,24 @@ impl<S: Wakeups> Limiter<S> {
             let refused = match self.try_acquire_all(keys, options.clone()).await {
                 Err(full) if is_full(&full) => full,
                 Ok(permit) => {
-                    leaving.store = None; // (the admission took the ticket out)
+                    // A store admission took the ticket out; any other (unlimited keys, the failure
+                    // policy's) leaves it to be given up.
+                    if slot.taken_out.load(Ordering::Relaxed) {
+                        leaving.store = None;
+                    }
                     return Some(Ok(permit));
                 }
                 decided => return Some(decided),
             };
-            if !slot.queued.load(Ordering::Relaxed) {
-                leaving.store = None;
-                return None;
+            match (slot.queued.load(Ordering::Relaxed), queued) {
+                (true, _) => queued = true,
+                // The store took no ticket at first (keys in several Cluster slots): as without queues.
+                (false, false) => {
+                    leaving.store = None;
+                    return None;
+                }
+                // Refused by the failure policy while the store failed: the ticket waits on.
+                (false, true) => {}
             }
             if place.is_none() {
                 let waiters = &self.core.waiters;

@@ -80,6 +80,8 @@ pub(crate) struct Wakes {
     /// Whether turns are heard now (the channel's subscription is in force).
     turns_heard: AtomicBool,
     turns_subscribed: Notify,
+    /// Set at the first ticket: the turns' subscription is asked for once, and kept.
+    turns_wanted: AtomicBool,
     tickets_expired: AtomicU64,
 }
 
@@ -136,9 +138,8 @@ impl Wakes {
         let notify = Arc::new(Notify::new());
         let mut turns = self.turns();
         turns.insert(n, notify.clone());
-        if turns.len() == 1 {
+        if !self.turns_wanted.swap(true, Ordering::AcqRel) {
             if let Some(hook) = &self.hook {
-                self.turns_heard.store(false, Ordering::Release);
                 hook(Topic::Turns, true);
             }
         }
@@ -221,7 +222,7 @@ impl Wakes {
         if key.is_none() && !heard {
             self.turns_heard.store(false, Ordering::Release);
         }
-        if key.is_none() && heard && !self.turns().is_empty() {
+        if key.is_none() && heard && self.turns_wanted.load(Ordering::Acquire) {
             self.turns_heard();
         }
         let keys = self.lock();
@@ -264,13 +265,10 @@ impl Wakes {
         }
     }
 
+    /// (The turns' subscription stays once made: unsubscribing between two waits, and subscribing
+    /// again, would leave a moment in which a turn goes unheard, and cost two commands a wait.)
     fn drop_turn(&self, n: u64) {
-        let mut turns = self.turns();
-        if turns.remove(&n).is_some() && turns.is_empty() {
-            if let Some(hook) = &self.hook {
-                hook(Topic::Turns, false);
-            }
-        }
+        self.turns().remove(&n);
     }
 
     fn drop_interest(&self, key: &Arc<str>) {
@@ -354,6 +352,11 @@ impl Turn {
     /// Completes at the ticket's next turn, or at once if one came since the last (a wake-up is kept).
     pub async fn called(&self) {
         self.notify.notified().await;
+    }
+
+    /// True when turns are heard now (the store's subscription is in force).
+    pub fn is_heard(&self) -> bool {
+        self.wakes.turns_heard.load(Ordering::Acquire)
     }
 
     /// Completes once turns are heard (the store's subscription is in force). Bound it with a timeout.

@@ -43,7 +43,7 @@ impl<C: Clock> MemoryStore<C> {
                     // A waiter keeps (or takes) its place in the queue of the key that refused it,
                     // and leaves any other's.
                     for slot in slots.iter_mut().filter(|slot| slot.index != index) {
-                        if slot.state.leave_ticket(ticket.name) == Some(true) {
+                        if slot.state.leave_ticket(ticket.name, false) == Some(true) {
                             called.extend(slot.state.called(1));
                         }
                     }
@@ -83,7 +83,7 @@ impl<C: Clock> MemoryStore<C> {
             // Admitted: the ticket leaves, and the next in line hear their turn if there is room.
             for slot in slots.iter_mut().filter(|_| ticket.is_some()) {
                 let name = ticket.map_or("", |ticket| ticket.name);
-                if slot.state.leave_ticket(name) == Some(true) {
+                if slot.state.leave_ticket(name, true) == Some(true) {
                     called.extend(slot.state.called(slot.state.room(req.limits[slot.index])));
                 }
             }

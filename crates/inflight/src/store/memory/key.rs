@@ -203,10 +203,10 @@ impl KeyState {
             .take(ticket, level, weight, now)
     }
 
-    /// `ticket` leaves the key's queue; `Some(true)` when it was the head.
-    pub(super) fn leave_ticket(&mut self, ticket: &str) -> Option<bool> {
+    /// `ticket` leaves the key's queue (`admitted`, or given up); `Some(true)` when it was the head.
+    pub(super) fn leave_ticket(&mut self, ticket: &str, admitted: bool) -> Option<bool> {
         let queue = self.queue.as_mut()?;
-        let left = queue.leave(ticket);
+        let left = queue.leave(ticket, admitted);
         if queue.is_empty() {
             self.queue = None;
         }

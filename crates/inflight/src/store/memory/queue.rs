@@ -14,6 +14,9 @@ use crate::store::Ticket;
 pub(crate) const MAX_TICKETS: usize = 10_000;
 const MAX_FLOWS: usize = 1_000;
 
+/// The most tickets an admission looks at, or a release calls, from the head.
+const SCAN: u32 = 64;
+
 /// Where a ticket stands: its level (higher first), its round, its arrival.
 type Place = (Reverse<u8>, u64, u64);
 
@@ -55,7 +58,7 @@ impl Queue {
             }
         }
         for name in &gone {
-            self.leave(name);
+            self.leave(name, false);
         }
         self.next_expiry_ms = next;
         gone.len() as u32
@@ -63,19 +66,23 @@ impl Queue {
 
     /// Whether an admission of `weight` by `ticket` (`None`: one without) fits in `free` slots behind
     /// the tickets ahead of it.
+    /// Looks at most at the first [`SCAN`] tickets and `free`, as `queue.lua` does: a ticket further
+    /// back waits for those ahead to be admitted and call the next.
     pub(super) fn in_turn(&self, free: u32, weight: u32, ticket: Option<&str>) -> bool {
+        let scan = free.min(SCAN) as usize + 1;
         let (free, weight) = (u64::from(free), u64::from(weight));
-        let mut ahead = 0;
-        for waiter in self.order.values() {
+        let (mut ahead, mut seen) = (0, 0);
+        for waiter in self.order.values().take(scan) {
+            seen += 1;
             if Some(&*waiter.name) == ticket {
-                break;
+                return ahead + weight <= free;
             }
             ahead += u64::from(waiter.weight);
             if ahead + weight > free {
                 return false;
             }
         }
-        ahead + weight <= free
+        seen < scan && ahead + weight <= free
     }
 
     /// Keeps `ticket`'s place for another lease from `now`, or gives it one at the end of its flow's
@@ -133,14 +140,17 @@ impl Queue {
             .is_some()
     }
 
-    /// `ticket` leaves (admitted, or given up); `Some(true)` when it was the head.
-    pub(super) fn leave(&mut self, ticket: &str) -> Option<bool> {
+    /// `ticket` leaves (`admitted`, or given up); `Some(true)` when it was the head.
+    pub(super) fn leave(&mut self, ticket: &str, admitted: bool) -> Option<bool> {
         let place = self.places.remove(ticket)?;
         let head = self.order.keys().next() == Some(&place);
         self.order.remove(&place);
+        // Served: the level's round moves on to an admitted ticket's.
         let (Reverse(level), round, _) = place;
-        let served = self.served.entry(level).or_insert(0);
-        *served = (*served).max(round);
+        if admitted {
+            let served = self.served.entry(level).or_insert(0);
+            *served = (*served).max(round);
+        }
         if self.order.is_empty() {
             self.flows.clear();
             self.served.clear();
@@ -152,7 +162,7 @@ impl Queue {
     pub(super) fn called(&self, room: u32) -> Vec<Arc<str>> {
         let mut used = 0u64;
         let mut called = Vec::new();
-        for waiter in self.order.values() {
+        for waiter in self.order.values().take(room.clamp(1, SCAN) as usize) {
             used += u64::from(waiter.weight);
             if !called.is_empty() && used > u64::from(room) {
                 break;

@@ -295,7 +295,7 @@ impl<C: Clock> Wakeups for MemoryStore<C> {
         let left = self.locked(keys, false, false, |slots, _, _| {
             let mut left = false;
             for slot in slots.iter_mut() {
-                let head = slot.state.leave_ticket(ticket);
+                let head = slot.state.leave_ticket(ticket, false);
                 left |= head.is_some();
                 if head == Some(true) {
                     called.extend(slot.state.called(1));

@@ -96,7 +96,7 @@ impl RedisStore {
             expired += group_expired;
             match decision {
                 1 => {
-                    let [.., given, held, held_ms, held_token, group_counted] = reply;
+                    let [.., given, held, held_ms, held_token, group_counted, _] = reply;
                     for (j, &i) in group.iter().enumerate() {
                         if group_counted >> j & 1 == 1 {
                             counted |= 1 << i;

@@ -174,7 +174,8 @@ const MAX_TICKETS: u32 = 10_000;
 
 /// An admission's answer (`batch.lua`'s numbers, `dify.lua`'s), for a permit of `weight`.
 pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, StoreError> {
-    let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, .., counted] = reply;
+    let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, .., counted, _] =
+        reply;
     let reclaimed = number(reclaimed)?;
     match decision {
         1 => Ok(Admission::Admitted {

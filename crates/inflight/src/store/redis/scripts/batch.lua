@@ -36,7 +36,7 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
   local decision = 0
   if w and w.ticket then
     for j = 1, n do
-      if j ~= i then leave(keys[j], w.ticket, 1) end
+      if j ~= i then leave(keys[j], w.ticket, 1, false) end
     end
     decision = take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms) == 1 and 4 or 5
   end
@@ -85,11 +85,11 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
   replies[r + 12] = tickets_expired
   r = r + 12
   for i = 1, n do
-    if floors and floors[i] and limits[i] > 0 then hold_at(keys[i], level, floors[i], id, weight, lease_ms) end
+    if floors and floors[i] and limits[i] > 0 then hold_at(keys[i], level, floors[i], id, weight) end
   end
   if ticket then -- admitted: the ticket leaves, and the next in line hear their turn if there is room
     for i = 1, n do
-      if keys[i].queued then leave(keys[i], ticket, limits[i] - in_flight(keys[i])) end
+      if keys[i].queued then leave(keys[i], ticket, limits[i] - in_flight(keys[i]), true) end
     end
   end
 end
@@ -116,7 +116,10 @@ local function release(keys, n, id, token)
         key.waiting = redis.call('EXISTS', key.tag .. ':waiting') == 1
       end
       if key.waiting then redis.call('PUBLISH', key.tag .. ':released', '') end
-      if key.queued then call_turns(key, weight) end
+      if key.queued then
+        expire_tickets(key) -- (a dead head is not called)
+        call_turns(key, weight)
+      end
     end
   end
   return released
@@ -186,7 +189,7 @@ while a <= #ARGV do
   elseif kind == 'l' or kind == 'L' then -- a waiter gives up its ticket (the "id" is the ticket)
     local left = 0
     for j = 1, n do
-      if leave(keys[j], id, 1) then left = 1 end
+      if leave(keys[j], id, 1, false) then left = 1 end
     end
     replies[r + 1] = left
     r, a = r + 1, a + n + 2

@@ -130,41 +130,50 @@ local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
     end
   end
   redis.call('ZADD', t .. ':expiry', deadline, ticket)
-  -- Every renewal keeps the whole queue (a wait outlasts the first ticket's keep_ms).
-  for _, role in ipairs({':queue', ':tickets', ':flows', ':expiry'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
+  -- Renewals keep the whole queue (a wait outlasts the first ticket's keep_ms): all four together,
+  -- once the expiry they last gave has run down by a few seconds (a renewal comes every second).
+  if redis.call('PTTL', t .. ':queue') < keep_ms - 3000 then
+    for _, role in ipairs({':queue', ':tickets', ':flows', ':expiry'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
+  end
   return 1
 end
 
--- The ticket leaves the key's queue (admitted, given up); when it was the head, the tickets next that
--- fit in `room` slots hear their turn (none when 0). Whether it was there.
-local function leave(key, ticket, room)
+-- The ticket leaves the key's queue (`admitted`, or given up); when it was the head, the tickets next
+-- that fit in `room` slots hear their turn (none when 0). Whether it was there.
+local function leave(key, ticket, room, admitted)
   local t = tag_of(key)
   local member = redis.call('HGET', t .. ':tickets', ticket)
   if not member then return false end
   local head = redis.call('ZRANGE', t .. ':queue', 0, 0)
   drop_ticket(t, ticket, member)
-  -- Served: the level's round moves on to the ticket's (later tickets of any flow start there).
-  local level = 255 - tonumber(string.sub(member, 1, 2), 16)
-  local round = tonumber(string.sub(member, 3, 12), 16)
-  local flows = t .. ':flows'
-  if num(redis.call('HGET', flows, level)) < round then redis.call('HSET', flows, level, round) end
+  -- Served: the level's round moves on to an admitted ticket's (later tickets of any flow start there).
+  if admitted then
+    local level = 255 - tonumber(string.sub(member, 1, 2), 16)
+    local round = tonumber(string.sub(member, 3, 12), 16)
+    local flows = t .. ':flows'
+    if num(redis.call('HGET', flows, level)) < round then redis.call('HSET', flows, level, round) end
+  end
   if head[1] == member and room > 0 then call_turns(key, room) end
   return true
 end
 
 -- Floors (the rule is Floors::reserved in crates/inflight/src/floors.rs): while a priority level with
 -- a floor has holders or waiters on a key and holds less than its floor, admissions of lower levels
--- leave the difference free. A level's holders: T:held:<level>, a sorted set of 'weight id' for the
--- leases admitted at the level (where it has a floor); an entry whose lease is gone is dropped when
--- counted.
+-- leave the difference free. A level's holders: T:held:<level>, a sorted set of the ids of the leases
+-- admitted at the level (where it has a floor), scored by weight; an entry whose lease is gone (released,
+-- expired) is dropped when counted. Renewals do not touch it: it lives HELD_MS from the last admission
+-- or count that found it in use.
+local HELD_MS = 90000000 -- 25 h: longer than any lease between two renewals (MAX_LEASE, 24 h)
 local function held_at(key, level)
   local set = tag_of(key) .. ':held:' .. level
   local held = 0
-  for _, member in ipairs(redis.call('ZRANGE', set, 0, -1)) do
-    local w, id = string.match(member, '^(%d+) (.*)$')
-    local deadline = redis.call('ZSCORE', key.leases, id)
-    if deadline and tonumber(deadline) > now then held = held + tonumber(w) else redis.call('ZREM', set, member) end
+  local members = redis.call('ZRANGE', set, 0, -1, 'WITHSCORES')
+  for i = 1, #members, 2 do
+    local deadline = redis.call('ZSCORE', key.leases, members[i])
+    if deadline and tonumber(deadline) > now then held = held + tonumber(members[i + 1])
+    else redis.call('ZREM', set, members[i]) end
   end
+  if held > 0 then redis.call('PEXPIRE', set, HELD_MS) end
   return held
 end
 
@@ -188,13 +197,13 @@ local function reserved(key, level, floors)
   return r
 end
 
--- A lease admitted at a level with a floor is counted there.
-local function hold_at(key, level, floors, id, weight, lease_ms)
+-- A lease admitted at a level with a floor is counted there (once: an id admitted again is scored anew).
+local function hold_at(key, level, floors, id, weight)
   for _, floor in ipairs(floors) do
     if floor[1] == level then
       local set = tag_of(key) .. ':held:' .. level
-      redis.call('ZADD', set, 0, weight .. ' ' .. id)
-      redis.call('PEXPIRE', set, lease_ms * 2 + 1000)
+      redis.call('ZADD', set, weight, id)
+      redis.call('PEXPIRE', set, HELD_MS)
     end
   end
 end
