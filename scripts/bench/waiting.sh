@@ -16,17 +16,47 @@
 #   bench    `inflight bench --store URL --tasks 64 --keys 1 --limit 1000000 --duration 3s`
 # Redis's own CPU per admission (INFO cpu around the load) and its commands per admission (INFO
 # commandstats, reset before each run). Prints one JSON line per run, then the tables in Markdown.
+#
+#   CALLGRIND=1 scripts/bench/waiting.sh 1 now=DIR before=DIR
+# instead counts the instructions redis-server (under valgrind's callgrind) runs per admission for `wait`
+# (with `--trials 0`) and `nowait`. Redis runs some 50 times slower there, so admissions/s fall and each
+# waiter's once-a-second re-check weighs more per admission: a count for this shape, not a timeless one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=$1
 shift
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 out=$(mktemp -d)
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$out" >"$out/redis.log" 2>&1 &
+server=(redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$out")
+[ -z "${CALLGRIND:-}" ] || server=(valgrind --tool=callgrind --callgrind-out-file="$out/cg.%p" "${server[@]}")
+"${server[@]}" >"$out/redis.log" 2>&1 &
 redis=$!
-trap 'kill "$redis" 2>/dev/null || true; rm -rf "$out"' EXIT
-for _ in $(seq 50); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
+trap 'kill "$redis" 2>/dev/null || true; wait 2>/dev/null; rm -rf "$out"' EXIT
+for _ in $(seq 300); do redis-cli -p "$port" PING >/dev/null 2>&1 && break; sleep 0.1; done
 url="redis://127.0.0.1:$port"
+
+if [ -n "${CALLGRIND:-}" ]; then
+  echo "| build | load | admissions | instructions in redis-server per admission |"
+  echo "|---|---|---|---|"
+  for round in $(seq "$rounds"); do
+    for build in "$@"; do
+      label=${build%%=*} dir=${build#*=}
+      for load in "wait --trials 0" "nowait --tasks 4 --trials 0"; do
+        callgrind_control -z "$redis" >/dev/null
+        line=$("$dir/examples/wait_load" "$url" --procs 2 ${load#* })
+        callgrind_control -d "$redis" >/dev/null
+        python3 - "$label" "${load%% *}" "$line" "$(ls -t "$out"/cg.* | head -1)" <<'PY'
+import json, re, sys
+label, load, line, dump = sys.argv[1:5]
+n = json.loads(line)["admissions"]
+count = int(re.search(r"^summary: (\d+)", open(dump).read(), re.M).group(1))
+print(f"| {label} | {load} | {n:,} | {count / n:,.0f} |")
+PY
+      done
+    done
+  done
+  exit 0
+fi
 
 # run LABEL LOAD ROUND COMMAND...: one JSON line, with the run's labels and commands per admission.
 run() {
