@@ -100,6 +100,8 @@ done
 
 say "waiting for a slot"
 "$root/target/release/examples/wait_load" "$redis" >"$out/wait.jsonl"
+# The same across two OS processes (issue 31; scripts/bench/waiting.sh compares builds).
+"$root/target/release/examples/wait_load" "$redis" --procs 2 >>"$out/wait.jsonl"
 
 say "Redis topologies (one Redis, Cluster, Sentinel) and --redis-wait-replicas"
 scripts/bench/topologies.sh "$out" "$bin"

@@ -280,16 +280,18 @@ if wait_path.exists():
     waits = jsonl("wait.jsonl")
     w("## Waiting for a slot")
     w("")
-    w("`examples/wait_load.rs`: 64 tasks loop on one key of limit 4, each waiting for a slot (`Limiter::acquire`,")
+    w("`examples/wait_load/`: 64 tasks loop on one key of limit 4, each waiting for a slot (`Limiter::acquire`,")
     w("up to 5 s), holding it 1 ms and releasing it; half the tasks on one limiter, half on another (two store")
-    w("handles, as two processes). Then, 200 times, one limiter releases the only slot while the other waits:")
-    w("the time from the release to the waiter's admission (a wake-up across processes: Redis pub/sub).")
+    w("handles in one process; \"2 processes\": two OS processes, `wait_load URL --procs 2`). Then, 200 times,")
+    w("one side releases the only slot while the other waits: the time from the release to the waiter's")
+    w("admission (a wake-up across processes: Redis pub/sub).")
     w("")
     w("| store | admissions/s | wait p50 ms | wait p99 ms | wait max ms | wake across p50 ms | p99 ms | max ms |")
     w("|---|---|---|---|---|---|---|---|")
     for r in waits:
         wt, wk = r["wait"], r["wake_across"]
-        w(f"| {r['store']} | {fmt(r['admissions_per_sec'])} | {wt['p50_ms']:.1f} | {wt['p99_ms']:.1f} | "
+        store = r["store"] + (f", {r['processes']} processes" if "processes" in r else "")
+        w(f"| {store} | {fmt(r['admissions_per_sec'])} | {wt['p50_ms']:.1f} | {wt['p99_ms']:.1f} | "
           f"{wt['max_ms']:.1f} | {wk['p50_ms']:.2f} | {wk['p99_ms']:.2f} | {wk['max_ms']:.2f} |")
     w("")
 
