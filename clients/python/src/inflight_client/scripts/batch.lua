@@ -38,7 +38,7 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
     for j = 1, n do
       if j ~= i then leave(keys[j], w.ticket, 1, false) end
     end
-    decision = take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms) == 1 and 4 or 5
+    decision = take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms, limit) == 1 and 4 or 5
   end
   return reply(decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
 end
@@ -116,10 +116,7 @@ local function release(keys, n, id, token)
         key.waiting = redis.call('EXISTS', key.tag .. ':waiting') == 1
       end
       if key.waiting then redis.call('PUBLISH', key.tag .. ':released', '') end
-      if key.queued then
-        expire_tickets(key) -- (a dead head is not called)
-        call_turns(key, weight)
-      end
+      if key.queued then call_after_release(key, weight) end
     end
   end
   return released

@@ -87,7 +87,7 @@ impl<C: Clock> LocalSlots for Cell<C> {
             let mut state = self.lock();
             state.in_flight -= weight;
             state.last_used_ms = self.time.coarse_ms();
-            state.called(weight)
+            state.called_after_release(weight)
         };
         self.wakes.wake_tickets(&called);
         self.wakes.wake(&self.key);

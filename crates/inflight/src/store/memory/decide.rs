@@ -50,7 +50,7 @@ impl<C: Clock> MemoryStore<C> {
                     let refusing = slots.iter_mut().find(|slot| slot.index == index);
                     if !refusing.is_some_and(|slot| {
                         slot.state
-                            .take_ticket(ticket, req.priority, req.weight, now)
+                            .take_ticket(ticket, (req.priority, req.weight, limit), now)
                     }) {
                         let max = MAX_TICKETS as u32;
                         return Err(StoreError::TooManyWaiters { max });
@@ -246,7 +246,7 @@ impl<C: Clock> Store for MemoryStore<C> {
                 let weight = slot.state.lease(id).map_or(0, |lease| lease.weight);
                 if slot.state.release(id, token) {
                     released = true;
-                    called.extend(slot.state.called(weight));
+                    called.extend(slot.state.called_after_release(weight));
                 }
             }
             released

@@ -194,13 +194,21 @@ impl KeyState {
     pub(super) fn take_ticket(
         &mut self,
         ticket: &Ticket<'_>,
-        level: u8,
-        weight: u32,
+        (level, weight, limit): (u8, u32, u32),
         now: u64,
     ) -> bool {
         self.queue
             .get_or_insert_with(Box::default)
-            .take(ticket, level, weight, now)
+            .take(ticket, (level, weight, limit), now)
+    }
+
+    /// After `weight` was given back: the tickets whose turn it is, in the slots free under the limit
+    /// the waiters last met (at least `weight`), as `queue.lua`'s `call_after_release`.
+    pub(super) fn called_after_release(&self, weight: u32) -> Vec<std::sync::Arc<str>> {
+        match &self.queue {
+            Some(queue) => queue.called(queue.limit.saturating_sub(self.in_flight).max(weight)),
+            None => Vec::new(),
+        }
     }
 
     /// `ticket` leaves the key's queue (`admitted`, or given up); `Some(true)` when it was the head.

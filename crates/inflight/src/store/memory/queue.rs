@@ -38,6 +38,8 @@ pub(super) struct Queue {
     arrivals: u64,
     /// No ticket ends before this (a lower bound).
     next_expiry_ms: u64,
+    /// The key's limit as the last ticket taken found it (for releases, which know none).
+    pub(super) limit: u32,
 }
 
 impl Queue {
@@ -87,7 +89,12 @@ impl Queue {
 
     /// Keeps `ticket`'s place for another lease from `now`, or gives it one at the end of its flow's
     /// next round; false when the queue (or its flows) are at their bound.
-    pub(super) fn take(&mut self, ticket: &Ticket<'_>, level: u8, weight: u32, now: u64) -> bool {
+    pub(super) fn take(
+        &mut self,
+        ticket: &Ticket<'_>,
+        (level, weight, limit): (u8, u32, u32),
+        now: u64,
+    ) -> bool {
         let expires_at_ms = now.saturating_add(ticket.lease_ms);
         self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
         if let Some(place) = self.places.get(ticket.name) {
@@ -113,6 +120,7 @@ impl Queue {
         let place = (Reverse(level), round, self.arrivals);
         let name: Arc<str> = Arc::from(ticket.name);
         self.places.insert(name.clone(), place);
+        self.limit = limit;
         let waiter = Waiter {
             name,
             weight,

@@ -5,7 +5,8 @@
 --   T:queue    sorted set, every score 0, so in member order: 'PPRRRRRRRRRRSSSSSSSSSS w ticket': PP
 --              255 - priority, R the ticket's round among its level's flows, S its arrival number on the
 --              key (hex, fixed width), w its weight. The head is the first member.
---   T:tickets  hash: ticket -> its member; '' -> the last arrival number.
+--   T:tickets  hash: ticket -> its member; '' -> the last arrival number; 'L' -> the key's limit as the
+--              last ticket taken found it (for releases, which know no limit).
 --   T:expiry   sorted set: ticket -> the end of its lease (ms). A ticket its process stops renewing
 --              (killed, cut off) goes when that passes.
 --   T:flows    hash: 'level flow' -> the flow's next round; 'level' -> the last round admitted there.
@@ -64,6 +65,16 @@ local function call_turns(key, room)
   for _, channel in ipairs(order) do redis.call('PUBLISH', channel, table.concat(by[channel], ' ')) end
 end
 
+-- After a release on a key with a queue: the tickets at the head that fit in the slots now free under
+-- the limit its waiters last met (at least the one the release freed) hear their turn, so that several
+-- slots freed before their waiters ask go to as many waiters.
+local function call_after_release(key, weight)
+  expire_tickets(key) -- (a dead head is not called)
+  load(key)
+  local limit = num(redis.call('HGET', tag_of(key) .. ':tickets', 'L'))
+  call_turns(key, math.max(limit - in_flight(key), weight))
+end
+
 -- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the
 -- tickets ahead of it (one without a ticket, or whose ticket is gone: behind all of them). A queue found
 -- empty is forgotten.
@@ -105,9 +116,10 @@ local function prune_flows(t)
   return redis.call('HLEN', flows)
 end
 
--- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow.
--- 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
-local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
+-- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow;
+-- `limit`, the key's limit as the refusal found it, is kept with a new ticket (T:tickets 'L') for
+-- releases, which know none. 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
+local function take_ticket(key, ticket, weight, level, flow, ticket_ms, limit)
   local t = tag_of(key)
   local deadline = string.format('%.0f', now + ticket_ms)
   local keep_ms = ticket_ms * 2 + 1000
@@ -123,7 +135,7 @@ local function take_ticket(key, ticket, weight, level, flow, ticket_ms)
     local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
     local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
     redis.call('ZADD', t .. ':queue', 0, member)
-    redis.call('HSET', t .. ':tickets', ticket, member)
+    redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
     if not key.queued then
       redis.call('HSET', key.permits, QUEUED, 1)
       key.queued, key.dirty = true, true -- (settle() gives a hash made here its expiry)
