@@ -6,7 +6,7 @@ mod http;
 mod proxy;
 mod rust;
 
-pub(crate) use rust::policy;
+pub(crate) use rust::{policy, token_of};
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,12 +59,16 @@ pub(crate) struct HolderArgs {
     /// Seed of the random choices.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
-    /// The keys' mix: `single` (one key a permit) or `multi` (some permits on two keys).
+    /// The keys' mix: `single` (one key a permit), `multi` (some permits on two keys) or `wait`.
     #[arg(long, default_value = "multi")]
     pub(crate) mix: String,
     /// Proxy: drop the connection instead of reading the answer to its end (a disconnect storm).
     #[arg(long)]
     pub(crate) storm: bool,
+    /// Rust: wait for a slot (`acquire` with a max wait, random from 100 ms up to this, never past the
+    /// run's end), task 0 at priority 1, the tasks in flows by task; 0: `try_acquire`, no wait.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_wait_ms: u64,
     /// Rust: enforce 2 on the `l1:*` keys while logging their limit as 1, for a control run that must be
     /// caught over its limits.
     #[arg(long)]
@@ -80,12 +84,21 @@ pub(crate) struct Job {
     pub(crate) weight: u32,
 }
 
-/// The permits a run's holders take: limits 1, 4 and 64; weights 1 and 3; with `multi`, two keys at once.
+/// The permits a run's holders take: limits 1, 4 and 64; weights 1 and 3; with `multi`, two keys at once;
+/// `wait` (waiters) the small limits only, so that most asks wait.
 pub(crate) fn mix(name: &str) -> Vec<Job> {
     let job = |keys: &[&str], weight| Job {
         keys: keys.iter().map(|k| (*k).to_owned()).collect(),
         weight,
     };
+    if name == "wait" {
+        return vec![
+            job(&["l1:a"], 1),
+            job(&["l4:a"], 1),
+            job(&["l4:a"], 3),
+            job(&["l4:a", "l1:b"], 1),
+        ];
+    }
     let mut jobs = vec![
         job(&["l1:a"], 1),
         job(&["l4:a"], 1),

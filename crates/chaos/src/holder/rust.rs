@@ -66,7 +66,12 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
     let keys: Vec<&str> = info.keys.iter().map(String::as_str).collect();
     let history = &task.history;
     let invoke = history.now();
-    let acquired = limiter.try_acquire_all(&keys, options).await;
+    let acquired = if task.args.max_wait_ms > 0 {
+        let options = wait_options(task, rng, n, options);
+        limiter.acquire_all(&keys, options).await
+    } else {
+        limiter.try_acquire_all(&keys, options).await
+    };
     let complete = history.now();
     let permit = match acquired {
         Ok(permit) => {
@@ -125,6 +130,19 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
     };
     // The library's release names the token of the lease it holds.
     history.permit_op("release", &info, (invoke, history.now()), result, token);
+}
+
+/// A waiter's terms: a wait from 100 ms up to `--max-wait-ms` that ends by the run's end (none then: a
+/// `try_acquire`); task 0 waits at priority 1, and the tasks wait in three flows (`f0`, `f1`, `f2`).
+fn wait_options(task: &Task, rng: &mut Rng, n: usize, options: AcquireOptions) -> AcquireOptions {
+    let left = task.until.saturating_duration_since(Instant::now());
+    let wait = Duration::from_millis(100 + rng.below(task.args.max_wait_ms)).min(left);
+    let options = options.max_wait(wait).flow(format!("f{}", n % 3));
+    if n == 0 {
+        options.priority(1)
+    } else {
+        options
+    }
 }
 
 /// A renewal the library made, seen as a later expiry.

@@ -7,6 +7,7 @@ mod relay;
 mod scenarios;
 mod topology;
 mod upstream;
+mod waiting;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -18,6 +19,7 @@ use serde_json::{json, Value};
 use self::relay::Relay;
 use self::scenarios::{Bound, Fault, Scenario, Stage};
 use self::topology::{default_inflight, start_inflight, Kind, Proc, Topology};
+use self::waiting::{Tickets, Waits};
 use crate::history::History;
 use crate::holder::keys_of;
 
@@ -55,6 +57,9 @@ struct Plan {
     http: usize,
     proxy: usize,
     tasks: usize,
+    /// The holders' mix of keys, and how long the library's may wait for a slot (0: they do not).
+    mix: &'static str,
+    max_wait_ms: u64,
 }
 
 fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
@@ -67,7 +72,7 @@ fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
     };
     let proxy = usize::from(scenario.fault == Fault::ProxyStorm) * 2 + 1;
     let (duration_ms, rust) = if args.quick { (8_000, 3) } else { (20_000, 6) };
-    Plan {
+    let plan = Plan {
         duration_ms,
         fault_at_ms: duration_ms / 3,
         lease_ms: 2_000,
@@ -76,6 +81,25 @@ fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
         http: 2,
         proxy,
         tasks: 4,
+        mix: "multi",
+        max_wait_ms: 0,
+    };
+    if scenario.fault != Fault::Waiters {
+        return plan;
+    }
+    // Library waiters only: one killed, one paused, one cut, two left alone. Long enough after the
+    // faults (4 s from a third in) for the paused and cut ones to be admitted again.
+    let duration_ms = duration_ms.max(12_000);
+    Plan {
+        duration_ms,
+        fault_at_ms: duration_ms / 3,
+        rust: 5,
+        python: 0,
+        http: 0,
+        proxy: 0,
+        mix: "wait",
+        max_wait_ms: 4_000,
+        ..plan
     }
 }
 
@@ -99,15 +123,17 @@ pub(crate) fn run(args: RunArgs) -> crate::Result<bool> {
         let dir = args.out.join(scenario.name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let files = run_one(&args, &runtime, &scenario, &inflight, &dir)?;
+        let (files, tickets) = run_one(&args, &runtime, &scenario, &inflight, &dir)?;
         let (operations, admissions) = check::count(&files);
         let verdict = check::check(&inflight, &files);
-        let ok = judge(scenario.bound, &verdict);
+        let waits = tickets.map(|tickets| Waits::read(&files, &[scenarios::KILLED], tickets));
+        let ok = judge(scenario.bound, &verdict)
+            .map(|ok| ok && waits.as_ref().is_none_or(Waits::within));
         all_ok &= ok == Some(true);
         let line = report(
             &scenario,
             (operations, admissions),
-            &verdict,
+            (&verdict, waits.as_ref()),
             ok,
             started,
             &dir,
@@ -117,24 +143,28 @@ pub(crate) fn run(args: RunArgs) -> crate::Result<bool> {
     Ok(all_ok)
 }
 
-/// Runs one scenario; its history files.
+/// Runs one scenario; its history files, and for a run of waiters the tickets left in the queues.
 fn run_one(
     args: &RunArgs,
     runtime: &tokio::runtime::Runtime,
     scenario: &Scenario,
     inflight: &std::path::Path,
     dir: &std::path::Path,
-) -> crate::Result<Vec<PathBuf>> {
+) -> crate::Result<(Vec<PathBuf>, Option<Tickets>)> {
     let plan = plan(args, scenario);
     let topology = Topology::start(scenario.topology);
     let relay = match (scenario.relay, topology.port()) {
         (true, Some(port)) => Some(runtime.block_on(Relay::start(port))?),
         _ => None,
     };
-    let store = match &relay {
-        Some(relay) => format!("redis://127.0.0.1:{}", relay.port),
-        None => topology.url(),
+    // The store of a process: through the relay where the scenario sends it there.
+    let store_of = |process: &str| match &relay {
+        Some(relay) if scenarios::relayed(scenario.fault, process) => {
+            format!("redis://127.0.0.1:{}", relay.port)
+        }
+        _ => topology.url(),
     };
+    let store = store_of("serve");
     let runner = History::open(&dir.join("runner.jsonl"), "runner")?;
     let (serve, serve_addr) = start_inflight(inflight, "serve", &store, plan.lease_ms, &[], dir)?;
     let upstream = format!("127.0.0.1:{}", runtime.block_on(upstream::start())?);
@@ -165,7 +195,7 @@ fn run_one(
         let target = match kind {
             "http" => format!("http://{serve_addr}"),
             "proxy" => format!("http://{proxy_addr}"),
-            _ => store.clone(),
+            _ => store_of(&process),
         };
         command
             .args([
@@ -181,12 +211,17 @@ fn run_one(
             .args(["--duration-ms", &duration_ms.to_string()])
             .args(["--lease-ms", &plan.lease_ms.to_string()])
             .args(["--tasks", &plan.tasks.to_string()])
+            .args(["--mix", plan.mix])
             .args([
                 "--seed",
                 &(n as u64 + 1 + 1000 * u64::from(storm)).to_string(),
             ]);
         if storm {
             command.arg("--storm");
+        }
+        // (Only the library's holders wait: Python's holder has no such flag.)
+        if plan.max_wait_ms > 0 {
+            command.args(["--max-wait-ms", &plan.max_wait_ms.to_string()]);
         }
         Proc::spawn(&process, command, &dir.join(format!("{process}.log"))).expect("start a holder")
     };
@@ -220,23 +255,35 @@ fn run_one(
     for holder in &mut holders {
         holder.wait_until(deadline);
     }
-    if scenario.fault == Fault::KillHolders {
-        for victim in scenarios::victims(&holders) {
-            let file = dir.join(format!("{}.jsonl", victim.name));
-            crate::history::end_killed(&file, from)?;
-        }
+    for victim in scenarios::killed(scenario.fault, &holders) {
+        let file = dir.join(format!("{}.jsonl", victim.name));
+        crate::history::end_killed(&file, from)?;
     }
     drop((serve, proxy));
-    // Every lease could have ended: what is still counted is leaked.
-    std::thread::sleep(Duration::from_millis(plan.lease_ms + 500));
+    let waiters = plan.max_wait_ms > 0;
+    let port = topology.port().filter(|_| waiters);
+    let at_end = port.and_then(waiting::tickets);
+    // Every lease could have ended (and every ticket, where holders waited): what is still counted is
+    // leaked.
+    let ticket_ms = if waiters {
+        inflight::TICKET_LEASE_MS
+    } else {
+        0
+    };
+    std::thread::sleep(Duration::from_millis(plan.lease_ms.max(ticket_ms) + 500));
     runtime.block_on(statuses(&topology.url(), &runner));
+    let tickets = port.map(|port| {
+        runtime.block_on(waiting::probe(&topology.url(), &runner, plan.lease_ms));
+        let left = waiting::tickets(port);
+        Tickets { at_end, left }
+    });
     drop(holders);
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
         .collect();
     files.sort();
-    Ok(files)
+    Ok((files, tickets))
 }
 
 /// A status line per key of the run, read on `url`.
@@ -279,7 +326,7 @@ fn judge(bound: Bound, verdict: &Value) -> Option<bool> {
 fn report(
     scenario: &Scenario,
     (operations, admissions): (u64, u64),
-    verdict: &Value,
+    (verdict, waits): (&Value, Option<&Waits>),
     ok: Option<bool>,
     started: Instant,
     dir: &std::path::Path,
@@ -316,6 +363,7 @@ fn report(
         ("fault_ms", check::fault_ms(verdict)),
         ("recovery_ms", check::recovery_ms(verdict)),
         ("token_violations", field("token_violations")),
+        ("waiting", waits.map_or(Value::Null, Waits::json)),
         ("bound", json!(scenario.bound.text())),
         ("result", json!(result)),
         ("keys_over", json!(check::keys_over(verdict, |_| 0))),
@@ -328,6 +376,8 @@ fn report(
     ];
     let inner: Vec<String> = fields
         .iter()
+        // (Only a run of waiters has a "waiting".)
+        .filter(|(name, value)| *name != "waiting" || !value.is_null())
         .map(|(name, value)| format!("{}:{value}", json!(name)))
         .collect();
     format!("{{{}}}", inner.join(","))

@@ -1,5 +1,5 @@
 //! A TCP relay between the holders and Redis that can add latency, stall the link as lost packets do
-//! (TCP resends them late, in order), and reset every connection.
+//! (TCP resends them late, in order), cut it a while, and reset every connection.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -22,6 +22,8 @@ pub(crate) enum Mode {
     Latency = 1,
     /// One chunk in ten is held back 300 to 1,500 ms (and everything behind it).
     Drops = 2,
+    /// Holds every chunk until the link is back (a cut: TCP resends what it could not deliver).
+    Cut = 3,
 }
 
 /// The relay's controls, shared with the tasks that carry the connections.
@@ -73,6 +75,7 @@ impl Relay {
         match self.mode.load(Ordering::Relaxed) {
             1 => Mode::Latency,
             2 => Mode::Drops,
+            3 => Mode::Cut,
             _ => Mode::Clear,
         }
     }
@@ -108,8 +111,11 @@ impl Relay {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            while self.mode() == Mode::Cut {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             let delay = match self.mode() {
-                Mode::Clear => 0,
+                Mode::Clear | Mode::Cut => 0,
                 Mode::Latency => 20 + rng.below(180),
                 Mode::Drops if rng.below(10) == 0 => 300 + rng.below(1200),
                 Mode::Drops => 0,

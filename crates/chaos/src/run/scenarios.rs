@@ -33,7 +33,17 @@ pub(crate) enum Fault {
     SlotMove,
     /// Proxy clients that drop their connections mid-answer, for 3 s.
     ProxyStorm,
+    /// Waiting holders hit at once: [`KILLED`] SIGKILLed; [`PAUSED`] SIGSTOPped and [`CUT`]'s link to
+    /// Redis cut, both for a ticket's lease and a half second more, then continued and restored.
+    Waiters,
 }
+
+/// The waiter a [`Fault::Waiters`] kills.
+pub(crate) const KILLED: &str = "rust-0";
+/// The waiter it pauses.
+pub(crate) const PAUSED: &str = "rust-1";
+/// The waiter it cuts from Redis: the only holder of its run behind the relay.
+pub(crate) const CUT: &str = "rust-2";
 
 /// The most a scenario may over-admit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +102,7 @@ pub(crate) fn all() -> Vec<Scenario> {
         s("link-drops",           Standalone, true,  Drops,              Bound::Zero,         true),
         s("link-resets",          Standalone, true,  Resets,             Bound::Zero,         true),
         s("proxy-storm",          Standalone, false, ProxyStorm,         Bound::Zero,         true),
+        s("waiters-faulted",      Standalone, true,  Waiters,            Bound::Zero,         true),
         s("sentinel-failover",    Sentinel,   false, SentinelFailover,   Bound::LostLeases,   true),
         s("cluster-primary-lost", Cluster,    false, ClusterPrimaryLost, Bound::LostLeases,   false),
         // (Not quick: the quick run stays on one server and Sentinel; RELIABILITY.md has what it found.)
@@ -203,6 +214,17 @@ pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, 
                 }
             }
         }
+        Fault::Waiters => {
+            let named = |name: &'static str| stage.holders.iter().filter(move |p| p.name == name);
+            let relay = stage.relay.expect("a relay");
+            named(KILLED).for_each(|p| p.signal("KILL"));
+            named(PAUSED).for_each(|p| p.signal("STOP"));
+            relay.set(Mode::Cut);
+            // Past a ticket's lease (and a permit's): the store drops what the two stopped renewing.
+            std::thread::sleep(Duration::from_millis(inflight::TICKET_LEASE_MS + 500));
+            named(PAUSED).for_each(|p| p.signal("CONT"));
+            relay.set(Mode::Clear);
+        }
         Fault::ProxyStorm => {
             let deadline = Instant::now() + Duration::from_secs(15);
             for mut client in (stage.storm)(6, 3000) {
@@ -220,6 +242,21 @@ pub(crate) fn victims(holders: &[Proc]) -> impl Iterator<Item = &Proc> {
         let (kind, n) = p.name.split_once('-').unwrap_or_default();
         matches!(kind, "rust" | "py" | "http") && matches!(n, "0" | "1")
     })
+}
+
+/// The holders `fault` SIGKILLs (their histories end at the kill).
+pub(crate) fn killed(fault: Fault, holders: &[Proc]) -> Vec<&Proc> {
+    match fault {
+        Fault::KillHolders => victims(holders).collect(),
+        Fault::Waiters => holders.iter().filter(|p| p.name == KILLED).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `process` reaches Redis through the run's relay, where there is one: every process, but in
+/// a [`Fault::Waiters`] run only [`CUT`].
+pub(crate) fn relayed(fault: Fault, process: &str) -> bool {
+    fault != Fault::Waiters || process == CUT
 }
 
 /// Polls `done` every 50 ms until it is true or `within` passes.
