@@ -94,6 +94,9 @@ def main() -> None:
         else:
             raise SystemExit("redis-server under valgrind did not start")
         common, batch_lua = open(f"{scripts}/common.lua").read(), open(f"{scripts}/batch.lua").read()
+        # batch.lua follows queue.lua where the scripts have it (scripts.rs), as the library loads it.
+        if os.path.exists(f"{scripts}/queue.lua"):
+            common += open(f"{scripts}/queue.lua").read()
         batch = r.call("SCRIPT", "LOAD", common + batch_lua).decode()
         nothing = r.call("SCRIPT", "LOAD", "return 1").decode()
 
@@ -153,7 +156,7 @@ def main() -> None:
             zadd = "redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1"
             no_zadd = edited(common, zadd, "true") + batch_lua
             no_release = common + edited(
-                edited(batch_lua, "local weight, _, own, found = meta(key, id)", "local weight, own, found = 1, 0, false"),
+                edited(batch_lua, "local weight, _, own, found = meta(key, id, true)", "local weight, own, found = 1, 0, false"),
                 "and redis.call('ZREM', key.leases, id) == 1 then", "then")
             top = batch_lua[: batch_lua.index("set_now(ARGV[1])")] + "return 1"
             shape("one key, 16 pairs per call (a busy key)", 16, False, True, batch)

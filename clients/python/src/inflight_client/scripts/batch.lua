@@ -36,9 +36,9 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
   local decision = 0
   if w and w.ticket then
     for j = 1, n do
-      if j ~= i then leave(keys[j], w.ticket, 1, false) end
+      if j ~= i then queue().leave(keys[j], w.ticket, 1, false) end
     end
-    decision = take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms, limit) == 1 and 4 or 5
+    decision = queue().take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms, limit) == 1 and 4 or 5
   end
   return reply(decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
 end
@@ -57,9 +57,9 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
       if weight > limit then return reply(3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
       -- No room for a new lease, or none behind the tickets ahead (queue.lua); a retry of a held id
       -- never needs more than it has.
-      local reserve = floors and floors[i] and reserved(key, level, floors[i]) or 0
+      local reserve = floors and floors[i] and queue().reserved(key, level, floors[i]) or 0
       local over = count + weight + reserve > limit
-      local behind = not over and key.queued and not in_turn(key, limit - count, weight, ticket)
+      local behind = not over and key.queued and not queue().in_turn(key, limit - count, weight, ticket)
       if over or behind then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
         if weight > held and (behind or count - held + weight + reserve > limit) then
@@ -85,11 +85,11 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
   replies[r + 12] = tickets_expired
   r = r + 12
   for i = 1, n do
-    if floors and floors[i] and limits[i] > 0 then hold_at(keys[i], level, floors[i], id, weight) end
+    if floors and floors[i] and limits[i] > 0 then queue().hold_at(keys[i], level, floors[i], id, weight) end
   end
   if ticket then -- admitted: the ticket leaves, and the next in line hear their turn if there is room
     for i = 1, n do
-      if keys[i].queued then leave(keys[i], ticket, limits[i] - in_flight(keys[i]), true) end
+      if keys[i].queued then queue().leave(keys[i], ticket, limits[i] - in_flight(keys[i]), true) end
     end
   end
 end
@@ -116,7 +116,7 @@ local function release(keys, n, id, token)
         key.waiting = redis.call('EXISTS', key.tag .. ':waiting') == 1
       end
       if key.waiting then redis.call('PUBLISH', key.tag .. ':released', '') end
-      if key.queued then call_after_release(key, weight) end
+      if key.queued then queue().call_after_release(key, weight) end
     end
   end
   return released
@@ -186,7 +186,7 @@ while a <= #ARGV do
   elseif kind == 'l' or kind == 'L' then -- a waiter gives up its ticket (the "id" is the ticket)
     local left = 0
     for j = 1, n do
-      if leave(keys[j], id, 1, false) then left = 1 end
+      if queue().leave(keys[j], id, 1, false) then left = 1 end
     end
     replies[r + 1] = left
     r, a = r + 1, a + n + 2

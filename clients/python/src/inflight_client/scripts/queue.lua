@@ -20,202 +20,213 @@
 local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
 local tickets_expired = 0 -- by the operation under way (an admission reports it)
 
-local function tag_of(key)
-  key.tag = key.tag or string.sub(key.leases, 1, -8)
-  return key.tag
-end
+-- The queue's functions, made on a call's first use of a queue (Lua makes every function of a script's
+-- top level on every call: a call that meets no queue, as most do, does not pay for these).
+local made_queue
+local function queue()
+  if made_queue then return made_queue end
 
-local function parse_member(member) -- weight, ticket
-  local w, ticket = string.match(member, '^%x+ (%d+) (.+)$')
-  return tonumber(w), ticket
-end
+  local function tag_of(key)
+    key.tag = key.tag or string.sub(key.leases, 1, -8)
+    return key.tag
+  end
 
-local function drop_ticket(t, ticket, member)
-  if member then redis.call('ZREM', t .. ':queue', member) end
-  redis.call('HDEL', t .. ':tickets', ticket)
-  redis.call('ZREM', t .. ':expiry', ticket)
-end
+  local function parse_member(member) -- weight, ticket
+    local w, ticket = string.match(member, '^%x+ (%d+) (.+)$')
+    return tonumber(w), ticket
+  end
 
--- Removes the tickets whose lease ended; how many.
-local function expire_tickets(key)
-  if key.expired then return 0 end
-  key.expired = true
-  local t = tag_of(key)
-  local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%.0f', now))
-  for _, ticket in ipairs(gone) do drop_ticket(t, ticket, redis.call('HGET', t .. ':tickets', ticket)) end
-  tickets_expired = tickets_expired + #gone
-  return #gone
-end
+  local function drop_ticket(t, ticket, member)
+    if member then redis.call('ZREM', t .. ':queue', member) end
+    redis.call('HDEL', t .. ':tickets', ticket)
+    redis.call('ZREM', t .. ':expiry', ticket)
+  end
 
--- The processes of the tickets at the head that fit in `room` slots (the head's at least) hear their turn.
-local function call_turns(key, room)
-  local t = tag_of(key)
-  local head = redis.call('ZRANGE', t .. ':queue', 0, math.max(math.min(room, SCAN), 1) - 1)
-  local by, order, used = {}, {}, 0
-  for i, member in ipairs(head) do
-    local w, ticket = parse_member(member)
-    used = used + w
-    if i > 1 and used > room then break end
-    local channel, n = string.match(ticket, '^(.*)#(%d+)$')
-    if channel then
-      if not by[channel] then by[channel], order[#order + 1] = {}, channel end
-      table.insert(by[channel], n)
+  -- Removes the tickets whose lease ended; how many.
+  local function expire_tickets(key)
+    if key.expired then return 0 end
+    key.expired = true
+    local t = tag_of(key)
+    local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%.0f', now))
+    for _, ticket in ipairs(gone) do drop_ticket(t, ticket, redis.call('HGET', t .. ':tickets', ticket)) end
+    tickets_expired = tickets_expired + #gone
+    return #gone
+  end
+
+  -- The processes of the tickets at the head that fit in `room` slots (the head's at least) hear their turn.
+  local function call_turns(key, room)
+    local t = tag_of(key)
+    local head = redis.call('ZRANGE', t .. ':queue', 0, math.max(math.min(room, SCAN), 1) - 1)
+    local by, order, used = {}, {}, 0
+    for i, member in ipairs(head) do
+      local w, ticket = parse_member(member)
+      used = used + w
+      if i > 1 and used > room then break end
+      local channel, n = string.match(ticket, '^(.*)#(%d+)$')
+      if channel then
+        if not by[channel] then by[channel], order[#order + 1] = {}, channel end
+        table.insert(by[channel], n)
+      end
+    end
+    for _, channel in ipairs(order) do redis.call('PUBLISH', channel, table.concat(by[channel], ' ')) end
+  end
+
+  -- After a release on a key with a queue: the tickets at the head that fit in the slots now free under
+  -- the limit its waiters last met (at least the one the release freed) hear their turn, so that several
+  -- slots freed before their waiters ask go to as many waiters.
+  local function call_after_release(key, weight)
+    expire_tickets(key) -- (a dead head is not called)
+    load(key)
+    local limit = num(redis.call('HGET', tag_of(key) .. ':tickets', 'L'))
+    call_turns(key, math.max(limit - in_flight(key), weight))
+  end
+
+  -- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the
+  -- tickets ahead of it (one without a ticket, or whose ticket is gone: behind all of them). A queue found
+  -- empty is forgotten.
+  local function in_turn(key, free, weight, ticket)
+    expire_tickets(key)
+    local scan = math.min(math.max(free, 0), SCAN) + 1
+    local head = redis.call('ZRANGE', tag_of(key) .. ':queue', 0, scan - 1)
+    if #head == 0 then
+      redis.call('HDEL', key.permits, QUEUED)
+      redis.call('DEL', tag_of(key) .. ':flows')
+      key.queued = false
+      return weight <= free
+    end
+    local ahead = 0
+    for _, member in ipairs(head) do
+      local w, owner = parse_member(member)
+      if owner == ticket then return ahead + weight <= free end
+      ahead = ahead + w
+      if ahead + weight > free then return false end
+    end
+    return #head < scan and ahead + weight <= free -- (the whole queue seen)
+  end
+
+  -- At the bound of flows: forgets the flows whose next round is at most the one after the round their
+  -- level serves (those that have waited or wait no further than that). One that comes back starts at the
+  -- served round: at most one turn more than its share, only while a key has this many flows. How many
+  -- entries are left.
+  local function prune_flows(t)
+    local flows, served, stale = t .. ':flows', {}, {}
+    local all = redis.call('HGETALL', flows)
+    for i = 1, #all, 2 do
+      if not string.find(all[i], ' ', 1, true) then served[all[i]] = tonumber(all[i + 1]) end
+    end
+    for i = 1, #all, 2 do
+      local level = string.match(all[i], '^(%d+) ')
+      if level and tonumber(all[i + 1]) <= (served[level] or 0) + 1 then stale[#stale + 1] = all[i] end
+    end
+    for _, field in ipairs(stale) do redis.call('HDEL', flows, field) end
+    return redis.call('HLEN', flows)
+  end
+
+  -- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow;
+  -- `limit`, the key's limit as the refusal found it, is kept with a new ticket (T:tickets 'L') for
+  -- releases, which know none. 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
+  local function take_ticket(key, ticket, weight, level, flow, ticket_ms, limit)
+    local t = tag_of(key)
+    local deadline = string.format('%.0f', now + ticket_ms)
+    local keep_ms = ticket_ms * 2 + 1000
+    if not redis.call('HGET', t .. ':tickets', ticket) then
+      if redis.call('ZCARD', t .. ':queue') >= MAX_TICKETS then return 0 end
+      local field = level .. ' ' .. flow
+      local rounds = redis.call('HMGET', t .. ':flows', level, field)
+      if not rounds[2] and redis.call('HLEN', t .. ':flows') >= MAX_FLOWS and prune_flows(t) >= MAX_FLOWS then
+        return 0
+      end
+      local round = math.max(num(rounds[1]), num(rounds[2]))
+      redis.call('HSET', t .. ':flows', field, round + 1)
+      local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
+      local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
+      redis.call('ZADD', t .. ':queue', 0, member)
+      redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
+      if not key.queued then
+        redis.call('HSET', key.permits, QUEUED, 1)
+        key.queued, key.dirty = true, true -- (settle() gives a hash made here its expiry)
+      end
+    end
+    redis.call('ZADD', t .. ':expiry', deadline, ticket)
+    -- Renewals keep the whole queue (a wait outlasts the first ticket's keep_ms): all four together,
+    -- once the expiry they last gave has run down by a few seconds (a renewal comes every second).
+    if redis.call('PTTL', t .. ':queue') < keep_ms - 3000 then
+      for _, role in ipairs({':queue', ':tickets', ':flows', ':expiry'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
+    end
+    return 1
+  end
+
+  -- The ticket leaves the key's queue (`admitted`, or given up); when it was the head, the tickets next
+  -- that fit in `room` slots hear their turn (none when 0). Whether it was there.
+  local function leave(key, ticket, room, admitted)
+    local t = tag_of(key)
+    local member = redis.call('HGET', t .. ':tickets', ticket)
+    if not member then return false end
+    local head = redis.call('ZRANGE', t .. ':queue', 0, 0)
+    drop_ticket(t, ticket, member)
+    -- Served: the level's round moves on to an admitted ticket's (later tickets of any flow start there).
+    if admitted then
+      local level = 255 - tonumber(string.sub(member, 1, 2), 16)
+      local round = tonumber(string.sub(member, 3, 12), 16)
+      local flows = t .. ':flows'
+      if num(redis.call('HGET', flows, level)) < round then redis.call('HSET', flows, level, round) end
+    end
+    if head[1] == member and room > 0 then call_turns(key, room) end
+    return true
+  end
+
+  -- Floors (the rule is Floors::reserved in crates/inflight/src/floors.rs): while a priority level with
+  -- a floor has holders or waiters on a key and holds less than its floor, admissions of lower levels
+  -- leave the difference free. A level's holders: T:held:<level>, a sorted set of the ids of the leases
+  -- admitted at the level (where it has a floor), scored by weight; an entry whose lease is gone (released,
+  -- expired) is dropped when counted. Renewals do not touch it: it lives HELD_MS from the last admission
+  -- or count that found it in use.
+  local HELD_MS = 90000000 -- 25 h: longer than any lease between two renewals (MAX_LEASE, 24 h)
+  local function held_at(key, level)
+    local set = tag_of(key) .. ':held:' .. level
+    local held = 0
+    local members = redis.call('ZRANGE', set, 0, -1, 'WITHSCORES')
+    for i = 1, #members, 2 do
+      local deadline = redis.call('ZSCORE', key.leases, members[i])
+      if deadline and tonumber(deadline) > now then held = held + tonumber(members[i + 1])
+      else redis.call('ZREM', set, members[i]) end
+    end
+    if held > 0 then redis.call('PEXPIRE', set, HELD_MS) end
+    return held
+  end
+
+  local function waiting_at(key, level)
+    if not key.queued then return false end
+    expire_tickets(key)
+    local pp = string.format('%02x', 255 - level)
+    return #redis.call('ZRANGEBYLEX', tag_of(key) .. ':queue', '[' .. pp, '(' .. pp .. 'g', 'LIMIT', 0, 1) > 0
+  end
+
+  -- The slots an admission at `level` leaves free on the key, for the higher levels of `floors`
+  -- ({{level, slots}, ...}).
+  local function reserved(key, level, floors)
+    local r = 0
+    for _, floor in ipairs(floors) do
+      if floor[1] > level then
+        local held = held_at(key, floor[1])
+        if held < floor[2] and (held > 0 or waiting_at(key, floor[1])) then r = r + floor[2] - held end
+      end
+    end
+    return r
+  end
+
+  -- A lease admitted at a level with a floor is counted there (once: an id admitted again is scored anew).
+  local function hold_at(key, level, floors, id, weight)
+    for _, floor in ipairs(floors) do
+      if floor[1] == level then
+        local set = tag_of(key) .. ':held:' .. level
+        redis.call('ZADD', set, weight, id)
+        redis.call('PEXPIRE', set, HELD_MS)
+      end
     end
   end
-  for _, channel in ipairs(order) do redis.call('PUBLISH', channel, table.concat(by[channel], ' ')) end
-end
 
--- After a release on a key with a queue: the tickets at the head that fit in the slots now free under
--- the limit its waiters last met (at least the one the release freed) hear their turn, so that several
--- slots freed before their waiters ask go to as many waiters.
-local function call_after_release(key, weight)
-  expire_tickets(key) -- (a dead head is not called)
-  load(key)
-  local limit = num(redis.call('HGET', tag_of(key) .. ':tickets', 'L'))
-  call_turns(key, math.max(limit - in_flight(key), weight))
-end
-
--- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the
--- tickets ahead of it (one without a ticket, or whose ticket is gone: behind all of them). A queue found
--- empty is forgotten.
-local function in_turn(key, free, weight, ticket)
-  expire_tickets(key)
-  local scan = math.min(math.max(free, 0), SCAN) + 1
-  local head = redis.call('ZRANGE', tag_of(key) .. ':queue', 0, scan - 1)
-  if #head == 0 then
-    redis.call('HDEL', key.permits, QUEUED)
-    redis.call('DEL', tag_of(key) .. ':flows')
-    key.queued = false
-    return weight <= free
-  end
-  local ahead = 0
-  for _, member in ipairs(head) do
-    local w, owner = parse_member(member)
-    if owner == ticket then return ahead + weight <= free end
-    ahead = ahead + w
-    if ahead + weight > free then return false end
-  end
-  return #head < scan and ahead + weight <= free -- (the whole queue seen)
-end
-
--- At the bound of flows: forgets the flows whose next round is at most the one after the round their
--- level serves (those that have waited or wait no further than that). One that comes back starts at the
--- served round: at most one turn more than its share, only while a key has this many flows. How many
--- entries are left.
-local function prune_flows(t)
-  local flows, served, stale = t .. ':flows', {}, {}
-  local all = redis.call('HGETALL', flows)
-  for i = 1, #all, 2 do
-    if not string.find(all[i], ' ', 1, true) then served[all[i]] = tonumber(all[i + 1]) end
-  end
-  for i = 1, #all, 2 do
-    local level = string.match(all[i], '^(%d+) ')
-    if level and tonumber(all[i + 1]) <= (served[level] or 0) + 1 then stale[#stale + 1] = all[i] end
-  end
-  for _, field in ipairs(stale) do redis.call('HDEL', flows, field) end
-  return redis.call('HLEN', flows)
-end
-
--- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow;
--- `limit`, the key's limit as the refusal found it, is kept with a new ticket (T:tickets 'L') for
--- releases, which know none. 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
-local function take_ticket(key, ticket, weight, level, flow, ticket_ms, limit)
-  local t = tag_of(key)
-  local deadline = string.format('%.0f', now + ticket_ms)
-  local keep_ms = ticket_ms * 2 + 1000
-  if not redis.call('HGET', t .. ':tickets', ticket) then
-    if redis.call('ZCARD', t .. ':queue') >= MAX_TICKETS then return 0 end
-    local field = level .. ' ' .. flow
-    local rounds = redis.call('HMGET', t .. ':flows', level, field)
-    if not rounds[2] and redis.call('HLEN', t .. ':flows') >= MAX_FLOWS and prune_flows(t) >= MAX_FLOWS then
-      return 0
-    end
-    local round = math.max(num(rounds[1]), num(rounds[2]))
-    redis.call('HSET', t .. ':flows', field, round + 1)
-    local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
-    local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
-    redis.call('ZADD', t .. ':queue', 0, member)
-    redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
-    if not key.queued then
-      redis.call('HSET', key.permits, QUEUED, 1)
-      key.queued, key.dirty = true, true -- (settle() gives a hash made here its expiry)
-    end
-  end
-  redis.call('ZADD', t .. ':expiry', deadline, ticket)
-  -- Renewals keep the whole queue (a wait outlasts the first ticket's keep_ms): all four together,
-  -- once the expiry they last gave has run down by a few seconds (a renewal comes every second).
-  if redis.call('PTTL', t .. ':queue') < keep_ms - 3000 then
-    for _, role in ipairs({':queue', ':tickets', ':flows', ':expiry'}) do redis.call('PEXPIRE', t .. role, keep_ms) end
-  end
-  return 1
-end
-
--- The ticket leaves the key's queue (`admitted`, or given up); when it was the head, the tickets next
--- that fit in `room` slots hear their turn (none when 0). Whether it was there.
-local function leave(key, ticket, room, admitted)
-  local t = tag_of(key)
-  local member = redis.call('HGET', t .. ':tickets', ticket)
-  if not member then return false end
-  local head = redis.call('ZRANGE', t .. ':queue', 0, 0)
-  drop_ticket(t, ticket, member)
-  -- Served: the level's round moves on to an admitted ticket's (later tickets of any flow start there).
-  if admitted then
-    local level = 255 - tonumber(string.sub(member, 1, 2), 16)
-    local round = tonumber(string.sub(member, 3, 12), 16)
-    local flows = t .. ':flows'
-    if num(redis.call('HGET', flows, level)) < round then redis.call('HSET', flows, level, round) end
-  end
-  if head[1] == member and room > 0 then call_turns(key, room) end
-  return true
-end
-
--- Floors (the rule is Floors::reserved in crates/inflight/src/floors.rs): while a priority level with
--- a floor has holders or waiters on a key and holds less than its floor, admissions of lower levels
--- leave the difference free. A level's holders: T:held:<level>, a sorted set of the ids of the leases
--- admitted at the level (where it has a floor), scored by weight; an entry whose lease is gone (released,
--- expired) is dropped when counted. Renewals do not touch it: it lives HELD_MS from the last admission
--- or count that found it in use.
-local HELD_MS = 90000000 -- 25 h: longer than any lease between two renewals (MAX_LEASE, 24 h)
-local function held_at(key, level)
-  local set = tag_of(key) .. ':held:' .. level
-  local held = 0
-  local members = redis.call('ZRANGE', set, 0, -1, 'WITHSCORES')
-  for i = 1, #members, 2 do
-    local deadline = redis.call('ZSCORE', key.leases, members[i])
-    if deadline and tonumber(deadline) > now then held = held + tonumber(members[i + 1])
-    else redis.call('ZREM', set, members[i]) end
-  end
-  if held > 0 then redis.call('PEXPIRE', set, HELD_MS) end
-  return held
-end
-
-local function waiting_at(key, level)
-  if not key.queued then return false end
-  expire_tickets(key)
-  local pp = string.format('%02x', 255 - level)
-  return #redis.call('ZRANGEBYLEX', tag_of(key) .. ':queue', '[' .. pp, '(' .. pp .. 'g', 'LIMIT', 0, 1) > 0
-end
-
--- The slots an admission at `level` leaves free on the key, for the higher levels of `floors`
--- ({{level, slots}, ...}).
-local function reserved(key, level, floors)
-  local r = 0
-  for _, floor in ipairs(floors) do
-    if floor[1] > level then
-      local held = held_at(key, floor[1])
-      if held < floor[2] and (held > 0 or waiting_at(key, floor[1])) then r = r + floor[2] - held end
-    end
-  end
-  return r
-end
-
--- A lease admitted at a level with a floor is counted there (once: an id admitted again is scored anew).
-local function hold_at(key, level, floors, id, weight)
-  for _, floor in ipairs(floors) do
-    if floor[1] == level then
-      local set = tag_of(key) .. ':held:' .. level
-      redis.call('ZADD', set, weight, id)
-      redis.call('PEXPIRE', set, HELD_MS)
-    end
-  end
+  made_queue = {expire_tickets = expire_tickets, call_turns = call_turns, call_after_release = call_after_release,
+    in_turn = in_turn, take_ticket = take_ticket, leave = leave, reserved = reserved, hold_at = hold_at}
+  return made_queue
 end

@@ -44,7 +44,7 @@ local key = view(KEYS[1], KEYS[2], KEYS[3])
 local limit = resolve(override(key), tonumber(ARGV[1]), tonumber(ARGV[2]))
 -- Room a new limit makes goes to the queue's head (queue.lua): its waiters hear their turn.
 if ARGV[3] ~= '' and key.queued and limit > in_flight(key) then
-  expire_tickets(key)
-  call_turns(key, limit - in_flight(key))
+  queue().expire_tickets(key)
+  queue().call_turns(key, limit - in_flight(key))
 end
 return {limit, override(key), in_flight(key), version}
