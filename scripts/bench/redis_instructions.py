@@ -156,7 +156,7 @@ def main() -> None:
             zadd = "redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1"
             no_zadd = edited(common, zadd, "true") + batch_lua
             no_release = common + edited(
-                edited(batch_lua, "local weight, _, own, found = meta(key, id, true)", "local weight, own, found = 1, 0, false"),
+                edited(batch_lua, "local weight, _, own, found = meta(key, id, not key.queue_read)", "local weight, own, found = 1, 0, false"),
                 "and redis.call('ZREM', key.leases, id) == 1 then", "then")
             top = batch_lua[: batch_lua.index("set_now(ARGV[1])")] + "return 1"
             shape("one key, 16 pairs per call (a busy key)", 16, False, True, batch)

@@ -103,7 +103,7 @@ local function release(keys, n, id, token)
   for i = 1, n do
     local key = keys[i]
     reclaim(key) -- (an expired lease is not released: it was lost)
-    local weight, _, own, found = meta(key, id, true)
+    local weight, _, own, found = meta(key, id, not key.queue_read)
     if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1 -- (n: read again when the key is loaded)
       if found then

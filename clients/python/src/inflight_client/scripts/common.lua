@@ -39,12 +39,13 @@ local function resolve(override, default_limit, max_limit)
 end
 
 -- A lease's weight, length and token (0: none kept); whether it has an entry. With `queue`, the same
--- read also tells whether the key may have a queue (key.queued; see queue.lua).
+-- read also tells whether the key may have a queue (key.queued, once a call: key.queue_read; see
+-- queue.lua).
 local function meta(key, id, queue)
   local m = false
   if key.hashed and queue then
     local fields = redis.call('HMGET', key.permits, id, QUEUED)
-    m, key.queued = fields[1], fields[2] ~= false
+    m, key.queued, key.queue_read = fields[1], fields[2] ~= false, true
   elseif key.hashed then
     m = redis.call('HGET', key.permits, id)
   end
@@ -130,7 +131,7 @@ local function load(key)
   key.loaded = true
   local fields = redis.call('HMGET', key.permits, '', '#', QUEUED)
   key.hashed, key.extra, key.last = fields[1] ~= false, num(fields[1]), num(fields[2])
-  key.queued = fields[3] ~= false
+  key.queued, key.queue_read = fields[3] ~= false, true
   key.n = redis.call('ZCARD', key.leases)
   if key.n == 0 then key.checked = true else reclaim(key) end
   if key.n == 0 and key.extra ~= 0 then -- (the hash stays: it keeps the key's last token)
