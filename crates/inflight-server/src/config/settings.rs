@@ -57,9 +57,9 @@ pub struct Settings {
     #[arg(long, env = "INFLIGHT_MAX_OVERRIDES", value_name = "N")]
     #[arg(default_value_t = 100_000)]
     pub max_overrides: usize,
-    /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N][,floor=PRIORITY:SLOTS], e.g.
-    /// 'tenant:*=50,max=200' (`*` matches any run of characters; the rule with the longest literal
-    /// prefix wins; keys matching none have --default-limit and --max-limit); a floor keeps SLOTS of
+    /// The limits of a class of keys, repeatable: PATTERN=DEFAULT[,max=N], e.g. 'tenant:*=50,max=200'
+    /// (`*` matches any run of characters; the rule with the longest literal prefix wins; keys matching
+    /// none have --default-limit and --max-limit); ',floor=PRIORITY:SLOTS' after them keeps SLOTS of
     /// each key for waiters and holders at PRIORITY. In the file: `[[limits]]` keys = "tenant:*",
     /// default = 50, max = 200, floors = [{ priority = 9, slots = 4 }]. Several in the variable:
     /// separated by `;`. SIGHUP re-reads them.
