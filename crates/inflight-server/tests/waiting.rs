@@ -86,6 +86,8 @@ async fn priority_and_flow_are_checked_and_taken<M: Make>() {
         json!({"wait_ms": 100, "priority": 256}),
         json!({"wait_ms": 100, "priority": -1}),
         json!({"wait_ms": 100, "flow": "f".repeat(257)}),
+        json!({"wait_ms": 100, "flow": "f", "flow_weight": 0}),
+        json!({"wait_ms": 100, "flow": "f", "flow_weight": 1001}),
         json!({"keys": ["model"], "flow": "f".repeat(257)}),
     ] {
         let url = match bad.get("keys") {
@@ -95,7 +97,7 @@ async fn priority_and_flow_are_checked_and_taken<M: Make>() {
         let refused = http.post(&url).json(&bad).send().await.unwrap();
         assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "{bad}");
     }
-    let taken = json!({"wait_ms": 100, "priority": 3, "flow": "acme"});
+    let taken = json!({"wait_ms": 100, "priority": 3, "flow": "acme", "flow_weight": 3});
     let admitted = http.post(&permits).json(&taken).send().await.unwrap();
     assert_eq!(admitted.status(), StatusCode::CREATED);
 

@@ -85,7 +85,9 @@ pub use limiter::{
     Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, Queued, TryAcquire, DEFAULT_MAX_WAITERS,
     RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
 };
-pub use options::{AcquireOptions, DEFAULT_LEASE, MAX_FLOW_LEN, MAX_LEASE, MIN_LEASE};
+pub use options::{
+    AcquireOptions, DEFAULT_LEASE, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE,
+};
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};

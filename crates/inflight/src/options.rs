@@ -40,6 +40,7 @@ pub struct AcquireOptions {
     pub(crate) max_wait: Option<Duration>,
     pub(crate) priority: u8,
     pub(crate) flow: Option<Arc<str>>,
+    pub(crate) flow_weight: Option<u32>,
     /// Set by [`crate::Limiter::acquire`] while it waits with a ticket.
     pub(crate) ticket: Option<Arc<TicketSlot>>,
 }
@@ -56,6 +57,9 @@ pub(crate) struct TicketSlot {
 
 /// The longest flow name, in bytes.
 pub const MAX_FLOW_LEN: usize = 256;
+
+/// The largest weight of a flow ([`AcquireOptions::flow_weight`]).
+pub const MAX_FLOW_WEIGHT: u32 = 1000;
 
 impl AcquireOptions {
     /// The defaults: a generated id, weight 1, the limiter's lease.
@@ -93,6 +97,15 @@ impl AcquireOptions {
     /// first, and a request without a wait does not pass waiters of any level.
     pub fn priority(mut self, priority: u8) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// The weight of the waiter's flow (default 1): within a round of its priority level, a flow of
+    /// weight `w` is admitted up to `w` times for each turn of a flow of weight 1. From 1 to
+    /// [`MAX_FLOW_WEIGHT`], else [`crate::AcquireError::Invalid`]. Give a flow the same weight in every
+    /// request: each ticket takes the weight it is given.
+    pub fn flow_weight(mut self, weight: u32) -> Self {
+        self.flow_weight = Some(weight);
         self
     }
 

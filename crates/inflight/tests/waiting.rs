@@ -366,6 +366,17 @@ async fn one_queue_for_every_process<S: Wakeups>(stores: impl Fn() -> (S, S)) {
     let order = admission_order(stores(), 31, flows, |n| n.to_string()).await;
     let b = order.iter().position(|name| name == "30").unwrap();
     assert!(b < 2, "flow b admitted after {b} of flow a's 30");
+    // Flow a of weight 3 and flow b of weight 1, twelve waiters each: three of a's to one of b's.
+    let weighted = |n: usize| match n % 2 {
+        0 => AcquireOptions::new().flow("a").flow_weight(3),
+        _ => AcquireOptions::new().flow("b"),
+    };
+    let name = |n: usize| if n % 2 == 0 { "a" } else { "b" }.to_owned();
+    let order = admission_order(stores(), 24, weighted, name).await;
+    for (n, rounds) in [(8, 2), (16, 4)] {
+        let b = order[..n].iter().filter(|name| *name == "b").count();
+        assert_eq!(b, rounds, "one of b's to three of a's a round: {order:?}");
+    }
     let levels = |n| AcquireOptions::new().priority(if n == 5 { 9 } else { 0 });
     let order = admission_order(stores(), 6, levels, |n| n.to_string()).await;
     assert_eq!(
@@ -548,6 +559,7 @@ async fn an_abandoned_ticket_expires_after_its_lease<S: Wakeups>(
         ticket: Some(Ticket {
             name: turn.name(),
             flow: "",
+            flow_weight: 1,
             lease_ms: inflight::TICKET_LEASE_MS,
         }),
         priority: 0,
@@ -606,6 +618,7 @@ async fn flows_that_left_do_not_fill_the_bound<S: Wakeups>(store: S) {
                 ticket: Some(Ticket {
                     name: &name,
                     flow: &flow,
+                    flow_weight: 1,
                     lease_ms: 60_000,
                 }),
                 priority: 0,

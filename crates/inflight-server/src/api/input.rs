@@ -126,11 +126,11 @@ pub(super) fn options(
     Ok(options)
 }
 
-/// A waiter's place in a key's queue (`"priority"`, one of `levels` unless it is empty; `"flow"`),
-/// beside `wait_ms`.
+/// A waiter's place in a key's queue (`"priority"`, one of `levels` unless it is empty; `"flow"` and
+/// `"flow_weight"`), beside `wait_ms`.
 pub(super) fn queue(
     options: AcquireOptions,
-    (priority, flow): (Option<u8>, Option<String>),
+    (priority, flow, flow_weight): (Option<u8>, Option<String>, Option<u32>),
     levels: &[u8],
 ) -> Result<AcquireOptions, ApiError> {
     let priority = priority.unwrap_or(0);
@@ -148,6 +148,12 @@ pub(super) fn queue(
             return Err(ApiError::invalid_request("flow must be at most 256 bytes."));
         }
         options = options.flow(flow);
+    }
+    if let Some(weight) = flow_weight {
+        if !(1..=inflight::MAX_FLOW_WEIGHT).contains(&weight) {
+            return Err(ApiError::invalid_request("flow_weight must be 1 to 1000."));
+        }
+        options = options.flow_weight(weight);
     }
     Ok(options)
 }

@@ -32,6 +32,7 @@ pub(super) struct AcquireBody {
     /// While waiting: the priority level (higher first) and the flow (served in turn with others).
     pub(super) priority: Option<u8>,
     pub(super) flow: Option<String>,
+    pub(super) flow_weight: Option<u32>,
     pub(super) quota: Option<QuotaBody>,
 }
 
@@ -81,7 +82,11 @@ pub(super) async fn acquire(
     let mut request: AcquireBody = body(bytes)?;
     let Some(charge) = quotas::charge(request.quota.take())? else {
         let options = options(request.id, request.weight, request.lease_ms)?;
-        let options = queue(options, (request.priority, request.flow), &app.priorities)?;
+        let options = queue(
+            options,
+            (request.priority, request.flow, request.flow_weight),
+            &app.priorities,
+        )?;
         let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
         // The caller holds the lease from here: it renews or releases it over HTTP.
         return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
@@ -101,7 +106,11 @@ async fn acquire_charged(
         .id
         .unwrap_or_else(|| PermitId::generate().to_string());
     let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
-    let options = queue(options, (request.priority, request.flow), &app.priorities)?;
+    let options = queue(
+        options,
+        (request.priority, request.flow, request.flow_weight),
+        &app.priorities,
+    )?;
     let id = PermitId::from(id);
     let reservation = app.reserve(&charge, Some(id.clone())).await?;
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
@@ -206,6 +215,7 @@ struct AcquireAllBody {
     wait_ms: Option<u64>,
     priority: Option<u8>,
     flow: Option<String>,
+    flow_weight: Option<u32>,
     quota: Option<QuotaBody>,
 }
 
@@ -258,7 +268,11 @@ pub(super) async fn acquire_all(
         .id
         .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
     let options = options(id.clone(), request.weight, request.lease_ms)?;
-    let options = queue(options, (request.priority, request.flow), &app.priorities)?;
+    let options = queue(
+        options,
+        (request.priority, request.flow, request.flow_weight),
+        &app.priorities,
+    )?;
     let reservation = match &charge {
         Some(charge) => Some(app.reserve(charge, id.map(PermitId::from)).await?),
         None => None,

@@ -13,7 +13,7 @@ use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
 use crate::floors::Floors;
 use crate::id::PermitId;
-use crate::options::{AcquireOptions, MAX_FLOW_LEN, MAX_LEASE, MIN_LEASE};
+use crate::options::{AcquireOptions, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
 use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
@@ -140,6 +140,12 @@ impl<S: Store> Limiter<S> {
         {
             return invalid("flow must be at most 256 bytes");
         }
+        if options
+            .flow_weight
+            .is_some_and(|weight| !(1..=MAX_FLOW_WEIGHT).contains(&weight))
+        {
+            return invalid("flow weight must be 1 to 1000");
+        }
         let core = &self.core;
         let mut limits = [ClassLimits::default(); MAX_KEYS];
         core.policy.limits_into(keys, &mut limits[..keys.len()]);
@@ -190,6 +196,7 @@ impl<S: Store> Limiter<S> {
                 .clone()
                 .map(|slot| (slot, options.flow.clone())),
             priority: options.priority,
+            flow_weight: options.flow_weight.unwrap_or(1),
             floors: floored.then(|| Arc::from(&*floors)),
         };
         Now::Store(Prepared {

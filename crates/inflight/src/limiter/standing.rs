@@ -13,6 +13,7 @@ use crate::store::Ticket;
 pub(super) struct Standing {
     pub(super) ticket: Option<(Arc<TicketSlot>, Option<Arc<str>>)>,
     pub(super) priority: u8,
+    pub(super) flow_weight: u32,
     pub(super) floors: Option<Arc<[Floors]>>,
 }
 
@@ -21,6 +22,7 @@ impl Standing {
         self.ticket.as_ref().map(|(slot, flow)| Ticket {
             name: &slot.name,
             flow: flow.as_deref().unwrap_or(""),
+            flow_weight: self.flow_weight,
             lease_ms: TICKET_LEASE_MS,
         })
     }

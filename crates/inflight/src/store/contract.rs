@@ -44,6 +44,8 @@ pub struct Ticket<'a> {
     pub name: &'a str,
     /// Its flow: the tenant, say ("": the flow of waiters that name none).
     pub flow: &'a str,
+    /// Its flow's weight (at least 1): tickets of the flow per turn of its level's round.
+    pub flow_weight: u32,
     /// How long the place is kept unless its waiter asks again, in milliseconds.
     pub lease_ms: u64,
 }

@@ -31,9 +31,9 @@ struct Waiter {
 pub(super) struct Queue {
     order: BTreeMap<Place, Waiter>,
     places: HashMap<Arc<str>, Place, Hasher>,
-    /// Each flow's next round, by level and flow.
-    flows: HashMap<(u8, Arc<str>), u64, Hasher>,
-    /// The last round admitted (or given up), by level.
+    /// Each flow's next round and the tickets it took in that round, by level and flow.
+    flows: HashMap<(u8, Arc<str>), (u64, u32), Hasher>,
+    /// The last round admitted, by level.
     served: HashMap<u8, u64, Hasher>,
     arrivals: u64,
     /// No ticket ends before this (a lower bound).
@@ -112,10 +112,15 @@ impl Queue {
         {
             return false;
         }
+        // The first round of its level in which its flow has taken fewer tickets than its weight.
         let served = self.served.get(&level).copied().unwrap_or(0);
-        let next = self.flows.entry(flow).or_insert(0);
+        let (next, used) = self.flows.entry(flow).or_insert((0, 0));
         let round = (*next).max(served);
-        *next = round + 1;
+        let taken = if round > *next { 1 } else { *used + 1 };
+        (*next, *used) = match taken >= ticket.flow_weight {
+            true => (round + 1, 0),
+            false => (round, taken),
+        };
         self.arrivals += 1;
         let place = (Reverse(level), round, self.arrivals);
         let name: Arc<str> = Arc::from(ticket.name);
@@ -136,7 +141,7 @@ impl Queue {
     fn prune_flows(&mut self) {
         let served = &self.served;
         self.flows
-            .retain(|(level, _), next| *next > served.get(level).copied().unwrap_or(0) + 1);
+            .retain(|(level, _), (next, _)| *next > served.get(level).copied().unwrap_or(0) + 1);
     }
 
     /// True when a ticket of `level` waits.

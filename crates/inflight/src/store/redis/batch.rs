@@ -78,6 +78,7 @@ pub(super) struct WaitArgs {
     pub(super) ticket: String,
     pub(super) priority: u8,
     pub(super) flow: String,
+    pub(super) flow_weight: u32,
     pub(super) lease_ms: u64,
     pub(super) floors: String,
 }
@@ -97,6 +98,18 @@ impl Op {
         match self {
             Op::Acquire { .. } => 12,
             Op::Release { .. } | Op::Undo { .. } | Op::Leave { .. } => 1,
+        }
+    }
+}
+
+/// A waiter's level as `batch.lua` takes it: `level`, or `level:flow_weight` for a flow weight over 1.
+struct Level(u8, u32);
+
+impl redis::ToRedisArgs for Level {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Level(level, 0 | 1) => out.write_arg_fmt(level),
+            Level(level, weight) => out.write_arg_fmt(format_args!("{level}:{weight}")),
         }
     }
 }
@@ -261,7 +274,7 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
                 if let Some(wait) = wait {
                     invocation
                         .arg(&wait.ticket)
-                        .arg(wait.priority)
+                        .arg(Level(wait.priority, wait.flow_weight))
                         .arg(&wait.flow)
                         .arg(wait.lease_ms)
                         .arg(u8::from(*generated));

@@ -235,6 +235,7 @@ fn wait_args(req: &AcquireRequest<'_>) -> Option<WaitArgs> {
         ticket: ticket.map_or_else(String::new, |ticket| ticket.name.to_owned()),
         priority: req.priority,
         flow: ticket.map_or_else(String::new, |ticket| ticket.flow.to_owned()),
+        flow_weight: ticket.map_or(1, |ticket| ticket.flow_weight),
         lease_ms: ticket.map_or(0, |ticket| ticket.lease_ms),
         floors,
     })

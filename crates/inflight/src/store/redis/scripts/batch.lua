@@ -38,7 +38,7 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
     for j = 1, n do
       if j ~= i then queue().leave(keys[j], w.ticket, 1, false) end
     end
-    decision = queue().take_ticket(keys[i], w.ticket, w.weight, w.level, w.flow, w.ms, limit) == 1 and 4 or 5
+    decision = queue().take_ticket(keys[i], w, limit) == 1 and 4 or 5
   end
   return reply(decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
 end
@@ -165,13 +165,15 @@ while a <= #ARGV do
     acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), kind == 'g' or kind == 'G')
     a = a + n + 4
   elseif kind == 'w' or kind == 'W' or kind == 'f' or kind == 'F' then
-    -- A waiter's: then its ticket ('' none), level, flow, ticket lease, generated; and for 'f' the
+    -- A waiter's: then its ticket ('' none), level ('level:flow_weight' for a flow weight over 1), flow,
+    -- ticket lease, generated; and for 'f' the
     -- floors of each key's class ('level:slots ...', one group per key, ';' between).
     local t = {}
     for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
     local keep, b = ARGV[a + n + 3], a + n + 3
-    local w = {ticket = ARGV[b + 1] ~= '' and ARGV[b + 1] or nil, level = tonumber(ARGV[b + 2]), flow = ARGV[b + 3],
-      ms = tonumber(ARGV[b + 4]), weight = t[1]}
+    local level, flow_weight = string.match(ARGV[b + 2], '^(%d+):?(%d*)$')
+    local w = {ticket = ARGV[b + 1] ~= '' and ARGV[b + 1] or nil, level = tonumber(level), flow = ARGV[b + 3],
+      ms = tonumber(ARGV[b + 4]), weight = t[1], flow_weight = flow_weight ~= '' and tonumber(flow_weight) or 1}
     local floors = nil
     if kind == 'f' or kind == 'F' then
       floors = {}

@@ -9,7 +9,8 @@
 --              last ticket taken found it (for releases, which know no limit).
 --   T:expiry   sorted set: ticket -> the end of its lease (ms). A ticket its process stops renewing
 --              (killed, cut off) goes when that passes.
---   T:flows    hash: 'level flow' -> the flow's next round; 'level' -> the last round admitted there.
+--   T:flows    hash: 'level flow' -> the flow's next round * FLOW_STEP + the tickets it took in that
+--              round (a flow of weight w takes w tickets a round); 'level' -> the last round admitted.
 --   permits QUEUED (common.lua) is there while the key may have a queue (whoever finds it empty clears it): one more
 --   field of reads the scripts make anyway tells an admission or a release that nobody waits.
 -- A ticket is '<channel>#<n>': its process hears its turn on <channel> (PUBLISH '<n> <n2> ...').
@@ -18,6 +19,7 @@
 -- An admission takes a slot only when the tickets ahead of it (all of them, for one without a ticket:
 -- no barging) leave room for it too.
 local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
+local FLOW_STEP = 1024 -- a flow's entry: its next round * FLOW_STEP + the tickets it took in that round
 local tickets_expired = 0 -- by the operation under way (an admission reports it)
 
 -- The queue's functions, made on a call's first use of a queue (Lua makes every function of a script's
@@ -116,16 +118,20 @@ local function queue()
     end
     for i = 1, #all, 2 do
       local level = string.match(all[i], '^(%d+) ')
-      if level and tonumber(all[i + 1]) <= (served[level] or 0) + 1 then stale[#stale + 1] = all[i] end
+      if level and math.floor(tonumber(all[i + 1]) / FLOW_STEP) <= (served[level] or 0) + 1 then
+      stale[#stale + 1] = all[i]
+    end
     end
     for _, field in ipairs(stale) do redis.call('HDEL', flows, field) end
     return redis.call('HLEN', flows)
   end
 
-  -- The ticket's lease renewed, or a ticket taken at the end of its level's next round for its flow;
-  -- `limit`, the key's limit as the refusal found it, is kept with a new ticket (T:tickets 'L') for
-  -- releases, which know none. 1: it holds a ticket; 0: the queue (or its flows) are at their bound, nothing taken.
-  local function take_ticket(key, ticket, weight, level, flow, ticket_ms, limit)
+  -- The ticket's lease renewed, or a ticket taken at the end of the first round of its level in which
+  -- its flow has taken fewer tickets than its weight; `limit`, the key's limit as the refusal found it,
+  -- is kept with a new ticket (T:tickets 'L') for releases, which know none. 1: it holds a ticket; 0:
+  -- the queue (or its flows) are at their bound, nothing taken.
+  local function take_ticket(key, w, limit)
+    local ticket, weight, level, flow, ticket_ms = w.ticket, w.weight, w.level, w.flow, w.ms
     local t = tag_of(key)
     local deadline = string.format('%.0f', now + ticket_ms)
     local keep_ms = ticket_ms * 2 + 1000
@@ -136,8 +142,13 @@ local function queue()
       if not rounds[2] and redis.call('HLEN', t .. ':flows') >= MAX_FLOWS and prune_flows(t) >= MAX_FLOWS then
         return 0
       end
-      local round = math.max(num(rounds[1]), num(rounds[2]))
-      redis.call('HSET', t .. ':flows', field, round + 1)
+      local entry = num(rounds[2])
+      local next, used = math.floor(entry / FLOW_STEP), entry % FLOW_STEP
+      local round = math.max(num(rounds[1]), next)
+      if round > next then used = 0 end
+      used = used + 1
+      local entry = used >= w.flow_weight and (round + 1) * FLOW_STEP or round * FLOW_STEP + used
+      redis.call('HSET', t .. ':flows', field, string.format('%.0f', entry))
       local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
       local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
       redis.call('ZADD', t .. ':queue', 0, member)
