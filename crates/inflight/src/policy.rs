@@ -304,18 +304,19 @@ impl SharedPolicy {
         }
     }
 
-    /// The floors of each key of `keys` under the policy now, in order, into `out`; false (and `out`
-    /// left as it is) when no class has floors.
+    /// The floors of each key of `keys` under the policy now, in order; `None` (one load, nothing made)
+    /// when no class has floors, or none of these keys' classes.
     #[inline]
-    pub(crate) fn floors_into<K: AsRef<str>>(&self, keys: &[K], out: &mut [Floors]) -> bool {
+    pub(crate) fn floors_of<K: AsRef<str>>(&self, keys: &[K]) -> Option<Arc<[Floors]>> {
         if !self.0.floored.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
         let policy = self.read();
-        for (floors, key) in out.iter_mut().zip(keys) {
-            *floors = policy.floors_of(key.as_ref());
-        }
-        true
+        let floors: Arc<[Floors]> = keys
+            .iter()
+            .map(|key| policy.floors_of(key.as_ref()))
+            .collect();
+        floors.iter().any(|f| !f.is_empty()).then_some(floors)
     }
 
     /// The limits of `key`'s class under the policy now.

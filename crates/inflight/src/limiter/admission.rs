@@ -11,7 +11,6 @@ use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
 use crate::failure::FailurePolicy;
-use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::options::{AcquireOptions, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
@@ -149,13 +148,11 @@ impl<S: Store> Limiter<S> {
         let core = &self.core;
         let mut limits = [ClassLimits::default(); MAX_KEYS];
         core.policy.limits_into(keys, &mut limits[..keys.len()]);
-        let mut floors = [Floors::NONE; MAX_KEYS];
-        let floors = &mut floors[..keys.len()];
-        let floored = core.policy.floors_into(keys, floors) && floors.iter().any(|f| !f.is_empty());
+        let floors = core.policy.floors_of(keys);
         // (A waiter with a ticket, or an admission on a key with floors, asks the store: its place, and
         // which level holds what, are there.)
         let given_id = options.id.is_some();
-        let held = match options.ticket.is_none() && !floored {
+        let held = match options.ticket.is_none() && floors.is_none() {
             true => core
                 .store
                 .hold(keys, &limits[..keys.len()], weight, given_id),
@@ -197,7 +194,7 @@ impl<S: Store> Limiter<S> {
                 .map(|slot| (slot, options.flow.clone())),
             priority: options.priority,
             flow_weight: options.flow_weight.unwrap_or(1),
-            floors: floored.then(|| Arc::from(&*floors)),
+            floors,
         };
         Now::Store(Prepared {
             limits,
