@@ -4,14 +4,13 @@ against Dify's eviction, and ``REDIS_KEY_PREFIX``."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
+from dify_released import DifyRedis, Refused, ReleasedDify
 
-from inflight_client import RedisLimiter, dify
+from inflight_client import RedisLimiter, TooManyRequests, dify
 from inflight_client.dify import AppInvokeQuotaExceededError, RateLimit
 
 APP = "9b2f4c1e-0d3a-4e5f-8a6b-7c8d9e0f1a2b"
@@ -88,41 +87,20 @@ def test_a_long_lease_keeps_its_entry_inside_difys_eviction_age(r: redis.Redis) 
         dify.configure(r)
 
 
-class PrefixedDifyWorker:
-    """Dify's newest RateLimit with REDIS_KEY_PREFIX, as it reaches Redis: the limit key through the
-    wrapper's named methods (prefixed), the admitting script through register_script on the raw client
-    (its KEYS unprefixed), the exit's HDEL through the wrapper (prefixed)."""
-
-    SCRIPT = """
-    if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then return nil end
-    return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-    """
-
-    def __init__(self, r: redis.Redis, prefix: str, client_id: str, limit: int) -> None:
-        self.r, self.prefix, self.limit = r, prefix, limit
-        self.hash_name = f"dify:rate_limit:{client_id}:active_requests"
-        r.set(f"{prefix}:dify:rate_limit:{client_id}:max_active_requests", limit, ex=86400)
-        self.admit = r.register_script(self.SCRIPT)
-
-    def enter(self) -> str | None:
-        request_id = str(uuid.uuid4())
-        ok = self.admit(keys=[self.hash_name], args=[request_id, str(time.time()), self.limit])
-        return request_id if ok is not None else None
-
-
-def test_with_a_key_prefix_the_drop_in_and_difys_workers_count_in_one_hash(
+def test_with_a_key_prefix_from_the_environment_both_of_difys_keys_are_prefixed(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("REDIS_KEY_PREFIX", " tenant-a ")  # read and stripped as Dify does
     limiter = dify.configure(r, layout="dify")
     try:
-        worker = PrefixedDifyWorker(r, "tenant-a", APP, 4)
+        worker = ReleasedDify(DifyRedis(r, "tenant-a"), APP, 4)  # Dify 1.16.1 with the prefix
         assert worker.enter() and worker.enter()
         rate_limit = RateLimit(APP, 4)
         assert r.get(f"tenant-a:{LIMIT}") == b"4" and r.get(LIMIT) is None
         assert len(admitted(rate_limit, 10)) == 2  # Dify's two entries counted
-        assert worker.enter() is None  # and the drop-in's counted by Dify's script
-        assert r.hlen(HASH) == 4
+        with pytest.raises(Refused):
+            worker.enter()  # and the drop-in's counted by Dify's HLEN
+        assert r.hlen(f"tenant-a:{HASH}") == 4 and not r.exists(HASH)
         assert limiter.status(APP).limit == 4
         r.set(f"tenant-a:{LIMIT}", 5, ex=86400)  # a limit set by a prefixed Dify worker applies
         assert len(admitted(rate_limit, 10)) == 1
@@ -130,34 +108,17 @@ def test_with_a_key_prefix_the_drop_in_and_difys_workers_count_in_one_hash(
         dify.configure(r)
 
 
-class PrefixingClient:
-    """Dify's ``redis_client`` with ``REDIS_KEY_PREFIX`` set, in its behaviour: the names given to its named
-    methods get ``<prefix>:`` before them; everything else (``eval``, ``evalsha``, ``register_script``,
-    ``pipeline``) reaches the client as it is."""
-
-    NAMED = ("get", "set", "setex", "exists", "expire", "delete", "hset", "hgetall", "hdel", "hlen", "ttl")
-
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
-        self._client, self._prefix = client, prefix
-
-    def __getattr__(self, item: str) -> Any:
-        method = getattr(self._client, item)
-        if item not in self.NAMED:
-            return method
-        return lambda name, *args, **kwargs: method(f"{self._prefix}:{name}", *args, **kwargs)
-
-
-def test_through_difys_prefixing_client_the_limit_key_is_prefixed_once(r: redis.Redis) -> None:
-    client = PrefixingClient(r, "tenant-a")
-    dify.configure(client, layout="dify", key_prefix="tenant-a")  # type: ignore[arg-type]
+def test_through_difys_prefixing_client_each_key_is_prefixed_once(r: redis.Redis) -> None:
+    dify.configure(DifyRedis(r, "tenant-a"), layout="dify", key_prefix="tenant-a")  # type: ignore[arg-type]
     try:
         rate_limit = RateLimit(APP, 4)
         assert r.get(f"tenant-a:{LIMIT}") == b"4"
-        assert r.keys("tenant-a:tenant-a:*") == []
         r.set(f"tenant-a:{LIMIT}", 2, ex=100)
         rate_limit.flush_cache()  # reads it, and gives it back its day
         assert rate_limit.max_active_requests == 2 and r.ttl(f"tenant-a:{LIMIT}") > 86000
         assert len(admitted(rate_limit, 5)) == 2
+        assert r.hlen(f"tenant-a:{HASH}") == 2
+        assert r.keys("tenant-a:tenant-a:*") == [] and r.keys("dify:*") == []
     finally:
         dify.configure(r)
 
@@ -168,7 +129,7 @@ def test_in_inflights_layout_a_prefixing_client_changes_no_key(
     """With ``REDIS_KEY_PREFIX``, inflight's layout keeps its own names (its scripts reach Redis unprefixed),
     so every patched worker and ``inflight serve`` with the default prefix count in the same keys."""
     monkeypatch.setenv("REDIS_KEY_PREFIX", "tenant-a")
-    dify.configure(PrefixingClient(r, "tenant-a"))  # type: ignore[arg-type]
+    dify.configure(DifyRedis(r, "tenant-a"))  # type: ignore[arg-type]
     try:
         rate_limit = RateLimit(APP, 2)
         ids = admitted(rate_limit, 4)
@@ -181,3 +142,18 @@ def test_in_inflights_layout_a_prefixing_client_changes_no_key(
             assert plain.status(f"app:{APP}").in_flight == 0
     finally:
         dify.configure(r)
+
+
+def test_redis_limiter_on_difys_layout_needs_a_limit_for_cold_apps(r: redis.Redis) -> None:
+    # A cold app (no limit key written by Dify) takes the default, else the ceiling; with neither it would
+    # be admitted without limit, so the limiter refuses to be made, as `inflight serve --layout dify` does.
+    with pytest.raises(ValueError, match="APP_DEFAULT_ACTIVE_REQUESTS"):
+        RedisLimiter(r, layout="dify")
+    with RedisLimiter(r, max_limit=2, layout="dify") as ceiling:
+        first = ceiling.try_acquire(APP)
+        assert first.limit == 2
+        ceiling.try_acquire(APP)
+        with pytest.raises(TooManyRequests):
+            ceiling.try_acquire(APP)
+    assert dify.configure(r, layout="dify") is not None  # the drop-in passes each app's limit itself
+    dify.configure(r)

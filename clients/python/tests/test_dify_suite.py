@@ -1,9 +1,9 @@
 """Dify's own unit tests of ``RateLimit``, behaviour by behaviour, on the drop-in and a real Redis, in both
 of its layouts (inflight's keys, and Dify's own with ``layout="dify"``).
 
-Dify's tests (``api/tests/unit_tests/core/app/features/rate_limiting/test_rate_limit.py``, the HLEN-then-HSET
-version's suite, still run on the newest; and ``api/tests/unit_tests/core/app/features/test_rate_limit.py``,
-added with the Lua admission) mock ``redis_client``. Where each behaviour is tested here:
+Dify's tests (``api/tests/unit_tests/core/app/features/rate_limiting/test_rate_limit.py`` as released in Dify
+1.16.1, commit 59b879d2df, whose ``RateLimit`` admits with HLEN then HSET as every release does) mock
+``redis_client``. Where each behaviour is tested here:
 
 =========================================================  ===================================================
 Dify's test                                                the drop-in's
@@ -11,31 +11,28 @@ Dify's test                                                the drop-in's
 same_instance_for_same_client_id, different_instances_...,  test_dify.py::TestRateLimit (same names)
 initialize_with_valid_parameters, skip_initialization_if_
 disabled, disabled_when_max_requests_is_zero_or_negative
-skip_reinitialization_of_existing_instance                 test_constructing_again_keeps_what_is_held
+(constructing an app's instance again)                     test_constructing_again_keeps_what_is_held
 set_redis_keys_on_first_flush                              test_constructing_writes_only_difys_limit_key
 sync_max_requests_from_redis_on_subsequent_flush           test_a_limit_stored_in_redis_applies
 clean_timeout_requests_from_active_list                    test_stale_entries_stop_counting
-flush_cache_when_interval_exceeded,                        test_a_changed_limit_applies_at_the_next_enter
-enter_flush_cache_runs_after_interval (newest)
+flush_cache_when_interval_exceeded                         test_a_changed_limit_applies_at_the_next_enter
 allow_request_within_limit, generate_request_id_...,       test_dify.py::TestRateLimitEnterExit (same names),
 use_provided_request_id, remove_request_on_exit,           and test_enter_and_exit below on both layouts
 raise_quota_exceeded_when_at_limit, allow_request_after_
 previous_exit, return_unlimited_id_when_disabled,
-ignore_exit_for_unlimited_requests; enter_admits_when_
-below_cap, enter_rejects_when_cap_reached, enter_returns_
-unlimited_id_when_disabled, enter_respects_explicit_
-request_id (newest)
+ignore_exit_for_unlimited_requests
 TestRateLimitGenerator (6 tests)                           test_dify.py::TestRateLimitGenerator (same names),
                                                            and test_a_stream_gives_its_slot_back below
 TestRateLimitConcurrency (3 tests)                         test_dify.py::TestRateLimitConcurrency (same names)
-(the newest's constructor: a changed limit is written)     test_a_limit_passed_again_applies_at_once
+flush_cache_when_reinitializing_existing_instance,         test_a_limit_passed_again_applies_at_once
+reinitialize_after_being_disabled
 (Dify's rate_limit_context re-enters a held id)            test_reentering_a_held_id_at_the_limit_is_admitted
 =========================================================  ===================================================
 
 Left out, as they check how Dify talks to Redis rather than what it does: which call was made and with
-which arguments (``setex``/``hset``/``hdel`` ``assert_called_*``, the request id among the script's
-``args``, ``flush_cache`` called by ``enter`` after 5 minutes). The drop-in makes none of these calls: it
-runs inflight's scripts, reads the limit in the same step as each admission, and has no interval. In its
+which arguments (``setex``/``hset``/``hdel`` ``assert_called_*``, ``flush_cache`` called by ``enter`` after
+5 minutes). The drop-in makes none of these calls: it runs inflight's scripts, reads the limit in the same
+step as each admission, and has no interval. In its
 own layout ``flush_cache`` does nothing and no limit key is written; on Dify's layout, constructing and
 ``flush_cache`` write and read Dify's limit key as Dify's class does (``set_redis_keys_on_first_flush``).
 """
@@ -184,7 +181,7 @@ def test_stale_entries_stop_counting(configured: RedisLimiter, r: redis.Redis, l
 
 def test_reentering_a_held_id_at_the_limit_is_admitted(configured: RedisLimiter) -> None:
     # Dify's own enter refuses a held id's second enter when the app is full (its count check comes
-    # before the HSET; test_dify_versions.py shows it), so its rate_limit_context fails the last slot's
+    # before the HSET; test_dify_released.py shows it), so its rate_limit_context fails the last slot's
     # streamed workflow. The drop-in counts the id once.
     rate_limit = RateLimit(APP, 1)
     request_id = rate_limit.enter()

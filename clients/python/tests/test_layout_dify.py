@@ -1,53 +1,19 @@
-"""``inflight serve --layout dify`` beside an unmodified Dify worker, as the reference describes it.
-
-``ReferenceRateLimit`` below is Dify's ``RateLimit`` reduced to what it does in Redis: ``enter`` reads
-HLEN and then HSETs the request id to ``time.time()`` (a float's text), ``exit`` HDELs it, and its flush
-evicts entries older than 600 s and re-reads ``max_active_requests``.
-"""
+"""``inflight serve --layout dify`` beside an unmodified Dify worker: ``ReleasedDify`` (``dify_released.py``),
+Dify 1.16.1's ``RateLimit`` reduced to what it does in Redis."""
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
 import redis
+from dify_released import DifyRedis, Refused, ReleasedDify
 
 from inflight_client import HttpLimiter, TooManyRequests
 
 APP = "5f1c8e0e-6b1f-4a7e-9b7c-0d1e2f3a4b5c"
-
-
-class ReferenceRateLimit:
-    """Dify's RateLimit, as the reference system describes its Redis use."""
-
-    def __init__(self, r: redis.Redis, client_id: str, max_active_requests: int) -> None:
-        self.r = r
-        self.max_active_requests = max_active_requests
-        self.active_requests_key = f"dify:rate_limit:{client_id}:active_requests"
-        self.max_active_requests_key = f"dify:rate_limit:{client_id}:max_active_requests"
-        r.set(self.max_active_requests_key, max_active_requests, ex=86400)  # Dify: SETEX, one day
-
-    def flush_cache(self, now: float | None = None) -> None:
-        value = self.r.get(self.max_active_requests_key)
-        if value is not None:
-            self.max_active_requests = int(value)
-        now = time.time() if now is None else now
-        for request_id, at in self.r.hgetall(self.active_requests_key).items():
-            if now - float(at) > 600:
-                self.r.hdel(self.active_requests_key, request_id)
-
-    def enter(self, request_id: str | None = None) -> str:
-        request_id = request_id or str(uuid.uuid4())
-        if self.r.hlen(self.active_requests_key) >= self.max_active_requests:
-            raise RuntimeError("Too many requests. Please try again later.")
-        self.r.hset(self.active_requests_key, request_id, str(time.time()))
-        return request_id
-
-    def exit(self, request_id: str) -> None:
-        self.r.hdel(self.active_requests_key, request_id)
 
 
 @pytest.fixture
@@ -57,7 +23,7 @@ def dify_serve(serve_factory: Any, redis_url: str, r: redis.Redis) -> Any:
 
 
 def test_dify_workers_and_inflight_enforce_one_cap(dify_serve: Any, r: redis.Redis) -> None:
-    worker = ReferenceRateLimit(r, APP, 4)  # writes max_active_requests = 4, as Dify does
+    worker = ReleasedDify(DifyRedis(r), APP, 4)  # writes max_active_requests = 4, as Dify does
     http = HttpLimiter(dify_serve.url)
     try:
         ids = [worker.enter(), worker.enter()]
@@ -66,10 +32,10 @@ def test_dify_workers_and_inflight_enforce_one_cap(dify_serve: Any, r: redis.Red
         assert (b.limit, b.in_flight) == (4, 4)  # Dify's limit key, Dify's entries counted
         with pytest.raises(TooManyRequests):
             http.try_acquire(APP)
-        with pytest.raises(RuntimeError):
+        with pytest.raises(Refused):
             worker.enter()  # Dify's worker counts inflight's entries too
         # inflight's entries are what Dify expects: ids -> epoch seconds as text, on the Redis clock.
-        entries = r.hgetall(worker.active_requests_key)
+        entries = r.hgetall(worker.active)
         assert {k.decode() for k in entries} == {*ids, a.id, b.id}
         seconds, micros = r.time()
         redis_now = seconds + micros / 1e6
@@ -79,26 +45,28 @@ def test_dify_workers_and_inflight_enforce_one_cap(dify_serve: Any, r: redis.Red
         c = http.try_acquire(APP)
         a.release()
         worker.enter()
-        assert r.hlen(worker.active_requests_key) == 4
+        assert r.hlen(worker.active) == 4
         b.release()
         c.release()
-        assert r.hlen(worker.active_requests_key) == 2
+        assert r.hlen(worker.active) == 2
     finally:
         http.close()
 
 
 def test_a_long_stream_of_inflights_survives_difys_flush(dify_serve: Any, r: redis.Redis) -> None:
-    worker = ReferenceRateLimit(r, APP, 2)
+    now = [time.time()]
+    worker = ReleasedDify(DifyRedis(r), APP, 2, clock=lambda: now[0])
     http = HttpLimiter(dify_serve.url, lease=2.0)
     try:
         stream = http.try_acquire(APP)
-        first = float(r.hget(worker.active_requests_key, stream.id) or 0)
+        first = float(r.hget(worker.active, stream.id) or 0)
         time.sleep(3.0)  # past the 2 s lease: kept alive by the client's renewals
-        refreshed = float(r.hget(worker.active_requests_key, stream.id) or 0)
+        refreshed = float(r.hget(worker.active, stream.id) or 0)
         assert refreshed > first
         # Dify's flush, however late its clock (its age is 600 s), leaves a renewed entry alone ...
-        worker.flush_cache(now=refreshed + 599)
-        assert r.hexists(worker.active_requests_key, stream.id)
+        now[0] = refreshed + 599
+        worker.flush_cache()
+        assert r.hexists(worker.active, stream.id)
         # ... and inflight's limit key is Dify's: set through inflight, read by Dify's flush.
         http_limit = http.set_limit(APP, 3)
         assert http_limit.limit == 3
@@ -112,15 +80,15 @@ def test_a_long_stream_of_inflights_survives_difys_flush(dify_serve: Any, r: red
 def test_stale_dify_entries_give_way_and_concurrent_enters_never_pass_the_cap(
     dify_serve: Any, r: redis.Redis
 ) -> None:
-    worker = ReferenceRateLimit(r, APP, 3)
+    worker = ReleasedDify(DifyRedis(r), APP, 3)
     # Three entries of crashed Dify workers, 11 minutes old: inflight evicts them when it needs room.
     old = time.time() - 660
     for n in range(3):
-        r.hset(worker.active_requests_key, f"crashed-{n}", str(old))
+        r.hset(worker.active, f"crashed-{n}", str(old))
     http = HttpLimiter(dify_serve.url)
     try:
         held = [http.try_acquire(APP) for _ in range(3)]
-        assert not any(r.hexists(worker.active_requests_key, f"crashed-{n}") for n in range(3))
+        assert not any(r.hexists(worker.active, f"crashed-{n}") for n in range(3))
         for permit in held:
             permit.release()
         # Many threads through inflight: never more than 3 entries at once.
@@ -129,7 +97,7 @@ def test_stale_dify_entries_give_way_and_concurrent_enters_never_pass_the_cap(
 
         def probe() -> None:
             while time.monotonic() < stop:
-                seen.append(r.hlen(worker.active_requests_key))
+                seen.append(r.hlen(worker.active))
 
         def hammer() -> None:
             while time.monotonic() < stop:
@@ -145,7 +113,7 @@ def test_stale_dify_entries_give_way_and_concurrent_enters_never_pass_the_cap(
         for t in threads:
             t.join()
         assert seen and max(seen) <= 3
-        assert r.hlen(worker.active_requests_key) == 0
+        assert r.hlen(worker.active) == 0
     finally:
         http.close()
 
@@ -155,7 +123,7 @@ def test_the_drop_in_on_difys_layout_shares_the_cap_with_unpatched_workers(
 ) -> None:
     from inflight_client import dify
 
-    unpatched = ReferenceRateLimit(r, APP, 3)
+    unpatched = ReleasedDify(DifyRedis(r), APP, 3)
     limiter = dify.configure(r, layout="dify", lease=2.0)
     http = HttpLimiter(dify_serve.url)  # a Rust process on the same layout
     try:
@@ -163,17 +131,17 @@ def test_the_drop_in_on_difys_layout_shares_the_cap_with_unpatched_workers(
         first = patched.enter()
         unpatched.enter()
         rust = http.try_acquire(APP)
-        assert r.hlen(unpatched.active_requests_key) == 3
+        assert r.hlen(unpatched.active) == 3
         with pytest.raises(dify.AppInvokeQuotaExceededError):
             patched.enter()
-        with pytest.raises(RuntimeError):
+        with pytest.raises(Refused):
             unpatched.enter()
         assert limiter.status(APP).in_flight == 3
         time.sleep(2.5)  # past the lease: the drop-in's renewals keep its entry
-        assert r.hexists(unpatched.active_requests_key, first)
+        assert r.hexists(unpatched.active, first)
         patched.exit(first)
         rust.release()
-        assert r.hlen(unpatched.active_requests_key) == 1
+        assert r.hlen(unpatched.active) == 1
         with pytest.raises(ValueError, match="weights must be 1"):
             limiter.try_acquire(APP, weight=2)
     finally:

@@ -141,8 +141,9 @@ async fn layout_dify_shares_one_cap_with_difys_workers_over_http() {
 }
 
 /// With Dify's `REDIS_KEY_PREFIX` (read from Dify's variable, surrounding spaces dropped), `--layout dify`
-/// reads and writes the app's limit where Dify's `redis_client` puts it, `<prefix>:dify:...`, and counts
-/// in the hash Dify's admission script names, which has no prefix.
+/// counts and reads the limit where released Dify (1.14 to 1.16.1) does: its `RedisClientWrapper` puts
+/// `<prefix>:` before the names `hlen`, `hset`, `hdel`, `get` and `setex` take, so both of an app's keys
+/// are `<prefix>:dify:...`; a Dify worker's entry there counts, and nothing lands in the unprefixed hash.
 #[tokio::test]
 async fn layout_dify_applies_difys_key_prefix_as_dify_does() {
     let redis = TestRedis::start();
@@ -152,7 +153,14 @@ async fn layout_dify_applies_difys_key_prefix_as_dify_does() {
     let client = reqwest::Client::new();
     let mut conn = redis.client();
     let limit_key = "tenant-a:dify:rate_limit:app-1:max_active_requests";
-    let _: () = conn.set_ex(limit_key, "1", 86_400).unwrap();
+    let prefixed_hash = "tenant-a:dify:rate_limit:app-1:active_requests";
+    let _: () = conn.set_ex(limit_key, "2", 86_400).unwrap();
+    // A released Dify worker with the prefix holds one (HLEN, then HSET of time.time()).
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now = secs as f64 + micros as f64 / 1e6;
+    let _: () = conn
+        .hset(prefixed_hash, "dify-req", now.to_string())
+        .unwrap();
     let acquire = || {
         client
             .post(format!("{base}/v1/keys/app-1/permits"))
@@ -161,12 +169,18 @@ async fn layout_dify_applies_difys_key_prefix_as_dify_does() {
     };
     let first: serde_json::Value = acquire().await.unwrap().json().await.unwrap();
     assert_eq!(
-        first["limit"], 1,
-        "the prefixed limit key is the app's: {first}"
+        (first["limit"].clone(), first["in_flight"].clone()),
+        (json!(2), json!(2)),
+        "the prefixed keys are the app's: {first}"
     );
     assert_eq!(acquire().await.unwrap().status(), 429);
-    let len: usize = conn.hlen(HASH).unwrap();
-    assert_eq!(len, 1, "counted in the unprefixed hash");
+    let len: usize = conn.hlen(prefixed_hash).unwrap();
+    assert_eq!(len, 2, "counted in the prefixed hash, with Dify's entry");
+    let unprefixed: usize = conn.exists(HASH).unwrap();
+    assert_eq!(unprefixed, 0, "nothing in the unprefixed hash");
+    // Dify's exit (HDEL through the wrapper) frees the slot for inflight.
+    let _: () = conn.hdel(prefixed_hash, "dify-req").unwrap();
+    assert_eq!(acquire().await.unwrap().status(), 201);
     let set = client
         .put(format!("{base}/v1/keys/app-1/limit"))
         .json(&json!({"limit": 4}))
@@ -180,4 +194,46 @@ async fn layout_dify_applies_difys_key_prefix_as_dify_does() {
         .get("dify:rate_limit:app-1:max_active_requests")
         .unwrap();
     assert_eq!(unprefixed, None);
+}
+
+/// A ceiling alone is enough for `--layout dify` (dify.lua gives a cold app the ceiling, as Dify's own
+/// settings would give it `APP_MAX_ACTIVE_REQUESTS`); neither is refused, naming both variables.
+#[tokio::test]
+async fn layout_dify_starts_with_a_ceiling_alone_and_a_cold_app_gets_it() {
+    let redis = TestRedis::start();
+    let url = redis.url();
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        &url,
+        "--layout",
+        "dify",
+    ];
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(args)
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let refused = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        refused.contains("APP_DEFAULT_ACTIVE_REQUESTS")
+            && refused.contains("APP_MAX_ACTIVE_REQUESTS")
+            && !refused.contains("   "),
+        "{refused}"
+    );
+    let (_server, started) = Running::start_with_env(&args, &[("APP_MAX_ACTIVE_REQUESTS", "2")]);
+    let base = format!("http://{}", listen_of(&started));
+    let client = reqwest::Client::new();
+    let acquire = || {
+        client
+            .post(format!("{base}/v1/keys/cold-app/permits"))
+            .json(&json!({}))
+            .send()
+    };
+    assert_eq!(acquire().await.unwrap().status(), 201);
+    assert_eq!(acquire().await.unwrap().status(), 201);
+    assert_eq!(acquire().await.unwrap().status(), 429, "the ceiling holds");
 }

@@ -27,30 +27,31 @@ def normalize_key_prefix(prefix: str | None) -> str:
 
 
 def with_prefix(name: str, key_prefix: str) -> str:
-    """A name as Dify's ``RedisClientWrapper`` sends it from its named methods (``get``, ``setex``,
-    ``exists``, ``expire``, ``hlen``, ``hset``, ``hdel``, ...): ``<prefix>:<name>``, or the name itself
-    without a prefix. ``eval`` and ``register_script`` reach the raw client: their names are not prefixed."""
+    """A name as Dify's ``RedisClientWrapper`` (Dify 1.14 and later) sends it from the methods ``RateLimit``
+    calls (``hlen``, ``hset``, ``hdel``, ``get``, ``setex``, ``exists``, ``expire``, ``hgetall``):
+    ``<prefix>:<name>``, or the name itself without a prefix."""
     key_prefix = normalize_key_prefix(key_prefix)
     return f"{key_prefix}:{name}" if key_prefix else name
 
 
 def limit_key(key: str, key_prefix: str = "") -> str:
-    """The app's limit, where Dify's workers read and write it: through the wrapper's named methods, so with
-    ``REDIS_KEY_PREFIX``."""
+    """The app's limit, where Dify's workers read and write it."""
     return with_prefix(f"dify:rate_limit:{key}:max_active_requests", key_prefix)
 
 
-def key_names(keys: Sequence[str], key_prefix: str = "") -> list[str]:
-    """Four names a key: Dify's hash, inflight's leases and lease lengths beside it, Dify's limit key.
+def active_key(key: str, key_prefix: str = "") -> str:
+    """The app's hash of active requests, where Dify's workers count (``HLEN``) and write (``HSET``)."""
+    return with_prefix(f"dify:rate_limit:{key}:active_requests", key_prefix)
 
-    The hash is never prefixed: Dify's newest admission (its Lua script, through ``register_script`` on the
-    raw client) counts in ``dify:rate_limit:{app}:active_requests`` whatever ``REDIS_KEY_PREFIX`` is; the
-    limit key is read and written through the wrapper's named methods, so it carries the prefix."""
+
+def key_names(keys: Sequence[str], key_prefix: str = "") -> list[str]:
+    """Four names a key: Dify's hash, inflight's leases and lease lengths beside it, Dify's limit key;
+    both of Dify's with ``REDIS_KEY_PREFIX`` as Dify's wrapper puts it, and inflight's after the hash."""
     out: list[str] = []
     for key in keys:
         if "{" in key or "}" in key:
             raise ValueError(f"the Dify layout takes no key with braces: {key!r}")
-        hash_name = f"dify:rate_limit:{key}:active_requests"
+        hash_name = active_key(key, key_prefix)
         out += [
             hash_name,
             f"{{{hash_name}}}:leases",

@@ -45,9 +45,10 @@ class RedisLimiter:
     and ``dify:rate_limit:{app}:max_active_requests`` is its override; weights must be 1, and Dify's
     entries older than ``dify_stale_after`` seconds give way when they stand in the way. An entry's start
     time is its lease's end less ``dify_stale_after`` (dify.lua), so that no live entry is ever old enough
-    for Dify's workers to evict, whatever the lease. ``dify_key_prefix`` is Dify's ``REDIS_KEY_PREFIX``: it
-    prefixes the limit key (``<prefix>:dify:rate_limit:{app}:max_active_requests``), not the hash, as Dify
-    does (docs/dify.md).
+    for Dify's workers to evict, whatever the lease. ``dify_key_prefix`` is Dify's ``REDIS_KEY_PREFIX``,
+    put before both names as Dify's client puts it (``<prefix>:dify:rate_limit:...``). A key whose limit
+    Dify has not written (a cold app) takes its class's default, capped by the ceiling: the layout needs a
+    default or a ceiling above 0 (``ValueError`` otherwise), or cold apps would be admitted without limit.
     """
 
     def __init__(
@@ -61,6 +62,8 @@ class RedisLimiter:
         layout: str = "inflight",
         dify_stale_after: float = _dify_layout.STALE_AFTER,
         dify_key_prefix: str = "",
+        *,
+        _limits_per_call: bool = False,
     ) -> None:
         if layout not in ("inflight", "dify"):
             raise ValueError(f"layout must be 'inflight' or 'dify', not {layout!r}")
@@ -73,6 +76,12 @@ class RedisLimiter:
                 "key) are in different slots, which one atomic script cannot read; use layout='inflight'"
             )
         self.policy = Policy(default_limit, max_limit, limits)
+        if layout == "dify" and not _limits_per_call and self.policy.default.unlimited:
+            raise ValueError(
+                "the Dify layout needs a default_limit or a max_limit above 0 (Dify's "
+                "APP_DEFAULT_ACTIVE_REQUESTS, APP_MAX_ACTIVE_REQUESTS): it is the limit of an app whose "
+                "limit Dify has not written to Redis, which would otherwise be admitted without limit"
+            )
         self.prefix = prefix
         self.layout = layout
         self._stale_ms = _core.to_age_ms(dify_stale_after) if layout == "dify" else 0

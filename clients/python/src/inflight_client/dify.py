@@ -107,8 +107,9 @@ def configure(
     docs/dify.md); its keys are the app ids themselves (``key_format`` ``"{}"``, else ``"app:{}"``). There,
     ``dify_stale_after`` is the age at which Dify's workers evict an entry (600 s in Dify; an entry's start
     time is its lease's end less it, so that Dify never evicts a live one), and ``key_prefix`` is Dify's
-    ``REDIS_KEY_PREFIX`` (``None``: read from the environment as Dify reads it), which Dify puts on the app's
-    limit key.
+    ``REDIS_KEY_PREFIX``, which Dify (1.14 and later) puts before both of an app's keys: pass Dify's own
+    ``dify_config.REDIS_KEY_PREFIX`` (Dify reads it from ``api/.env`` too, which the process environment
+    does not carry); ``None`` reads ``REDIS_KEY_PREFIX`` from the process environment.
 
     ``on_store_failure`` is what ``enter`` does when Redis cannot be reached: ``"fail_closed"`` raises the
     :class:`~inflight_client.StoreError` (Dify answers 500, as its own class does), ``"fail_open"`` admits
@@ -129,6 +130,7 @@ def configure(
         layout=layout,
         dify_stale_after=dify_stale_after,
         dify_key_prefix=key_prefix,
+        _limits_per_call=True,  # each RateLimit passes its app's limit
     )
     with _lock.get():
         previous, _config = (

@@ -222,10 +222,12 @@ impl Layered for Settings {
             );
             return Err(invalid("priorities", reason));
         }
-        if self.redis.layout == Layout::Dify && self.default_limit == 0 {
+        if self.redis.layout == Layout::Dify && self.default_limit == 0 && self.max_limit == 0 {
             // Dify's limit key is absent until a Dify worker serves the app, and a day after the last
-            // one did: the default is then the only limit there is.
-            let reason = "--layout dify needs a default limit above 0 (Dify's APP_MAX_ACTIVE_REQUESTS):                           it applies to apps whose limit Dify has not written to Redis";
+            // one did: the default (else the ceiling, as dify.lua resolves it) is then the only limit.
+            let reason = "--layout dify needs a default limit or a ceiling above 0 (Dify's \
+                          APP_DEFAULT_ACTIVE_REQUESTS or APP_MAX_ACTIVE_REQUESTS): it is the limit of an \
+                          app whose limit Dify has not written to Redis";
             return Err(invalid("default_limit", reason));
         }
         self.connections.check()?;

@@ -1,9 +1,9 @@
 -- dify.lua: Dify's key layout (`DifyStore`), shared with unmodified Dify workers during a migration.
--- KEYS, four for each user key K (H = dify:rate_limit:K:active_requests):
+-- KEYS, four for each user key K (P: Dify's REDIS_KEY_PREFIX and a colon, or ''; H: Pdify:rate_limit:K:active_requests):
 --   H                   hash: request id -> epoch seconds as text (Dify's own; HLEN is the count)
 --   {H}:leases          sorted set: inflight's request ids -> lease deadline (ms); same slot as H
 --   {H}:lease_ms        hash: inflight's request ids -> lease length, for lengths other than the default
---   dify:rate_limit:K:max_active_requests  string: the app's limit (Dify's), here its override
+--   Pdify:rate_limit:K:max_active_requests  string: the app's limit (Dify's), here its override
 -- ARGV[1] 'a' acquire, 'r' release, 'n' renew, 's' status; ARGV[2] request id; ARGV[3] clock offset ms;
 -- ARGV[4] lease ms (renew: 0 keeps the lease's own); ARGV[5] age after which an entry without a lease
 -- (a Dify worker's) is stale, ms; ARGV[6] renew: re-add (1) or not (0); status: '' leave the override,

@@ -1,5 +1,6 @@
 //! [`DifyStoreBuilder`]: a [`RedisStoreBuilder`]'s settings and the age of Dify's stale entries.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::store::{released, DifyStore};
@@ -44,10 +45,11 @@ impl DifyStoreBuilder {
         self
     }
 
-    /// Dify's `REDIS_KEY_PREFIX` (none by default), applied as Dify's `redis_client` applies it: before
-    /// the names its named methods take (`<prefix>:<name>`), so the app's limit key is
-    /// `<prefix>:dify:rate_limit:K:max_active_requests`; not before a script's keys, so the hash its
-    /// admission script counts in keeps its name. Surrounding whitespace is dropped; empty: none.
+    /// Dify's `REDIS_KEY_PREFIX` (none by default), applied as Dify's `redis_client` (Dify 1.14 and
+    /// later) applies it to the names its methods take (`hlen`, `hset`, `hdel`, `setex`, `get`, ...):
+    /// `<prefix>:<name>`, so an app's hash is `<prefix>:dify:rate_limit:K:active_requests` and its limit
+    /// `<prefix>:dify:rate_limit:K:max_active_requests`. inflight's side keys follow the hash's name.
+    /// Surrounding whitespace is dropped; empty: none.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into().trim().to_owned();
         self
@@ -64,16 +66,17 @@ impl DifyStoreBuilder {
                     .into(),
             ));
         }
+        let key_prefix: Arc<str> = match self.key_prefix.as_str() {
+            "" => "".into(),
+            prefix => format!("{prefix}:").into(),
+        };
         // dify.lua announces every release: no markers.
-        let wakes = wakeups::start(conn.clone(), released, None, None);
+        let channels = Arc::clone(&key_prefix);
+        let wakes = wakeups::start(conn.clone(), move |key| released(&channels, key), None, None);
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
             stale_ms: millis(self.stale_after),
-            limit_prefix: match self.key_prefix.as_str() {
-                "" => String::new(),
-                prefix => format!("{prefix}:"),
-            }
-            .into(),
+            key_prefix,
         })
     }
 }

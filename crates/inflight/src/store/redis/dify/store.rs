@@ -3,9 +3,10 @@
 //!
 //! Per app key `K` it shares Dify's hash `dify:rate_limit:K:active_requests` (request id -> epoch
 //! seconds; its length is the count, Dify's entries and inflight's together) and the string
-//! `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override; with Dify's
-//! `REDIS_KEY_PREFIX`, [`DifyStoreBuilder::key_prefix`](crate::DifyStoreBuilder::key_prefix), `<prefix>:dify:...`); beside them,
-//! inflight's leases of its own entries (`scripts/dify.lua` names every key). Against [`RedisStore`]:
+//! `dify:rate_limit:K:max_active_requests` (the app's limit, read as the key's override), both named
+//! `<prefix>:dify:...` under Dify's `REDIS_KEY_PREFIX`
+//! ([`DifyStoreBuilder::key_prefix`](crate::DifyStoreBuilder::key_prefix)); beside them, inflight's
+//! leases of its own entries (`scripts/dify.lua` names every key). Against [`RedisStore`]:
 //!
 //! - Every permit weighs 1; a heavier one is [`StoreError::Unsupported`], and so is a key with `{` or `}`.
 //! - No Redis Cluster (an app's two Dify keys hash to different slots); opening one there is refused.
@@ -61,13 +62,19 @@ pub struct DifyStore {
     pub(crate) plain: RedisStore,
     /// How old a Dify worker's entry must be to be stale, ms.
     pub(super) stale_ms: u64,
-    /// Dify's `REDIS_KEY_PREFIX` and its colon, before the limit key's name ("" without one).
-    pub(super) limit_prefix: Arc<str>,
+    /// Dify's `REDIS_KEY_PREFIX` and its colon ("" without one), before both of Dify's names.
+    pub(super) key_prefix: Arc<str>,
 }
 
-/// The channel a release on `key` is announced on (`dify.lua`).
-pub(super) fn released(key: &str) -> String {
-    format!("{{dify:rate_limit:{key}:active_requests}}:released")
+/// Dify's hash of `key`'s active requests, as Dify's `RedisClientWrapper` names it: `key_prefix` is
+/// `REDIS_KEY_PREFIX` and its colon, or "" (the wrapper prefixes the name given to `hlen`/`hset`/`hdel`).
+pub(super) fn active_requests(key_prefix: &str, key: &str) -> String {
+    format!("{key_prefix}dify:rate_limit:{key}:active_requests")
+}
+
+/// The channel a release on `key` is announced on (`dify.lua`: the hash's name in braces).
+pub(super) fn released(key_prefix: &str, key: &str) -> String {
+    format!("{{{}}}:released", active_requests(key_prefix, key))
 }
 
 impl DifyStore {
@@ -95,14 +102,14 @@ impl DifyStore {
                     "the Dify layout takes no key with braces: {key:?}"
                 )));
             }
-            let hash = format!("dify:rate_limit:{key}:active_requests");
+            let hash = active_requests(&self.key_prefix, key);
             invocation
                 .key(&hash)
                 .key(format!("{{{hash}}}:leases"))
                 .key(format!("{{{hash}}}:lease_ms"))
                 .key(format!(
                     "{}dify:rate_limit:{key}:max_active_requests",
-                    self.limit_prefix
+                    self.key_prefix
                 ));
         }
         invocation
