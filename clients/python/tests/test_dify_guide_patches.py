@@ -1,8 +1,9 @@
-"""The patches of docs/dify.md apply to the Dify versions in use (excerpts in tests/fixtures/dify).
+"""The patches of docs/dify.md apply to every Dify release from 1.7.2 to 1.16.1 (excerpts of the files as
+each release ships them, in tests/fixtures/dify/<release>).
 
 Each ```` ```diff ```` block of the guide is taken as it is written there and checked with
-``git apply --check`` (and GNU ``patch --dry-run``, the guide's other way) against every version's
-excerpt; then applied, and the patched file must still be Python.
+``git apply --check`` (and GNU ``patch --dry-run``, the guide's other way) against every release's
+excerpt; then applied, and the lines it adds must be Python where they land.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ import pytest
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "dify.md"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "dify"
-VERSIONS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+VERSIONS = sorted(
+    (p.name for p in FIXTURES.iterdir() if p.is_dir()), key=lambda v: tuple(int(n) for n in v.split("."))
+)
+RATE_LIMIT = "api/core/app/features/rate_limiting/rate_limit.py"
+EXT_REDIS = "api/extensions/ext_redis.py"
 
 
 def guide_patches() -> dict[str, str]:
@@ -29,9 +34,21 @@ def guide_patches() -> dict[str, str]:
     return patches
 
 
-def test_the_guide_has_both_patches() -> None:
-    assert set(guide_patches()) == {"api/services/app_generate_service.py", "api/extensions/ext_redis.py"}
-    assert set(VERSIONS) >= {"older", "newest"}
+def test_the_guide_has_both_patches_and_the_excerpts_cover_the_releases() -> None:
+    assert set(guide_patches()) == {RATE_LIMIT, EXT_REDIS}
+    releases = {"1.13.0", "1.13.1", "1.13.2", "1.14.0", "1.14.1", "1.14.2", "1.15.0", "1.16.0", "1.16.1"}
+    assert set(VERSIONS) >= releases | {"1.12.1", "1.7.2"}
+    for version in VERSIONS:
+        assert {str(p.relative_to(FIXTURES / version)) for p in (FIXTURES / version).rglob("*.py")} == {
+            RATE_LIMIT,
+            EXT_REDIS,
+        }
+
+
+def added_lines(patch: str) -> str:
+    return "".join(
+        line[1:] + "\n" for line in patch.splitlines() if line.startswith("+") and line[:3] != "+++"
+    )
 
 
 def checkout(version: str, tmp_path: Path) -> Path:
@@ -59,10 +76,14 @@ def test_a_patch_of_the_guide_applies(version: str, target: str, tmp_path: Path)
     applied = run(["git", "apply"], tree, patch)
     assert applied.returncode == 0, applied.stderr
     patched = (tree / target).read_text()
-    compile(patched, target, "exec")  # still Python: the inserted lines are indented as their block
-    assert "inflight_client.dify" in patched
-    if target.endswith("app_generate_service.py"):
-        assert "from core.app.features.rate_limiting" not in patched
+    added = added_lines(patch)
+    assert added in patched
+    if target == RATE_LIMIT:
+        # At the module's end, at the top level: the names it binds replace Dify's for every importer.
+        assert patched.endswith(added)
+        compile(added, target, "exec")
+        assert "from inflight_client.dify import RateLimit, RateLimitGenerator, rate_limit_context" in added
     else:
-        # configure runs in init_app, after redis_client is set up.
-        assert patched.index("redis_client.initialize(client)") < patched.index("configure(redis_client")
+        # In init_app's body (indented as it), after redis_client is set up.
+        compile("def init_app(app):\n" + added, target, "exec")
+        assert patched.index('app.extensions["redis"] = redis_client') < patched.index("configure(")
