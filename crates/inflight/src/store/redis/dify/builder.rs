@@ -72,7 +72,12 @@ impl DifyStoreBuilder {
         };
         // dify.lua announces every release: no markers.
         let channels = Arc::clone(&key_prefix);
-        let wakes = wakeups::start(conn.clone(), move |key| released(&channels, key), None, None);
+        let wakes = wakeups::start(
+            conn.clone(),
+            move |key| released(&channels, key),
+            None,
+            None,
+        );
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
             stale_ms: millis(self.stale_after),
