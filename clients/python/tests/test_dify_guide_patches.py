@@ -87,3 +87,70 @@ def test_a_patch_of_the_guide_applies(version: str, target: str, tmp_path: Path)
         # In init_app's body (indented as it), after redis_client is set up.
         compile("def init_app(app):\n" + added, target, "exec")
         assert patched.index('app.extensions["redis"] = redis_client') < patched.index("configure(")
+
+
+# Dify's docker/nginx/proxy.conf.template (every release), with its timeouts filled in as compose does.
+PROXY_CONF = """\
+proxy_set_header Host $host;
+proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+proxy_set_header X-Forwarded-Proto $scheme;
+proxy_set_header X-Forwarded-Port $server_port;
+proxy_http_version 1.1;
+proxy_set_header Connection "";
+proxy_buffering off;
+proxy_read_timeout 3600s;
+proxy_send_timeout 3600s;
+"""
+
+
+def guide_nginx() -> str:
+    blocks = re.findall(r"^```nginx\n(.*?)^```", GUIDE.read_text(), re.S | re.M)
+    assert len(blocks) == 1, "the guide has one nginx block"
+    return str(blocks[0])
+
+
+def nginx_t(tmp_path: Path, locations: str) -> subprocess.CompletedProcess[str]:
+    """``nginx -t`` of a server of Dify's shape (its template's other locations) holding ``locations``. No
+    name of Dify's compose (``api``, ``web``, ``inflight``) resolves on this machine, as none does while its
+    container is not up."""
+    nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
+    if nginx is None:
+        pytest.skip("nginx is not installed (scripts/test.sh installs it)")
+    (tmp_path / "proxy.conf").write_text(PROXY_CONF)
+    temp = "".join(f"{kind}_temp_path {tmp_path}/{kind};\n" for kind in ("client_body", "proxy", "fastcgi"))
+    temp += "".join(f"{kind}_temp_path {tmp_path}/{kind};\n" for kind in ("uwsgi", "scgi"))
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log stderr;\nevents {{}}\nhttp {{\n{temp}access_log off;\n"
+        "server {\n  listen 127.0.0.1:8080;\n"
+        "  location /console/api {\n    resolver 127.0.0.11 valid=30s ipv6=off;\n"
+        "    set $api_upstream api:5001;\n    proxy_pass http://$api_upstream;\n"
+        "    include proxy.conf;\n  }\n"
+        f"{locations}}}\n}}\n"
+    )
+    return subprocess.run(
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", "stderr"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_the_guides_nginx_block_passes_nginx_t_with_no_upstream_up(tmp_path: Path) -> None:
+    block = guide_nginx()
+    checked = nginx_t(tmp_path, block)
+    assert checked.returncode == 0, checked.stderr
+    # Every location resolves its upstream at request time: a resolver and a variable in proxy_pass.
+    locations = re.findall(r"location [^{]+\{(.*?)\}", block, re.S)
+    assert len(locations) == 8
+    for body in locations:
+        assert "resolver 127.0.0.11" in body and re.search(r"proxy_pass http://\$\w+;", body), body
+    for route in ("/v1", "/openapi", "/mcp"):
+        assert f"location {route} " in block or f"location ~ ^{route}" in block
+
+
+def test_a_static_upstream_stops_nginx_while_its_container_is_down(tmp_path: Path) -> None:
+    # What the guide's earlier block did (a plain proxy_pass to inflight): nginx refuses the configuration.
+    static = "  location /v1 {\n    proxy_pass http://inflight:8080;\n    include proxy.conf;\n  }\n"
+    checked = nginx_t(tmp_path, static)
+    assert checked.returncode != 0 and "host not found" in checked.stderr, checked.stderr

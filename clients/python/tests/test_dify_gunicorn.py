@@ -1,5 +1,7 @@
-"""The drop-in under gunicorn ``--preload -k gevent``, as Dify's API runs: ``configure()`` runs in the master,
-at import, before gevent's monkey-patching (which each worker does after the fork)."""
+"""The drop-in under a real gunicorn with gevent workers: as Dify's API runs it (its entrypoint, Dify
+1.14 to 1.16.1: no ``--preload``, the worker class ``GeventWebSocketWorker`` unless ``SERVER_WORKER_CLASS``
+says otherwise, so ``configure()`` runs in each worker after gevent's monkey-patching), and with
+``--preload -k gevent``, where ``configure()`` runs in the master, before the fork and the patching."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ APP = textwrap.dedent(
 
     from inflight_client import dify
 
-    # At import, in gunicorn's master (--preload): before the fork, before gevent patches anything.
+    # At import: in gunicorn's master with --preload (before the fork, before gevent patches anything),
+    # else in each worker, once gevent has patched it.
     dify.configure(redis.Redis.from_url(os.environ["TEST_REDIS_URL"]), lease=float(os.environ["TEST_LEASE"]))
 
 
@@ -57,18 +60,32 @@ def get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode(errors="replace")
 
 
-@pytest.fixture
-def gunicorn_app(tmp_path: Path, redis_url: str, r: redis.Redis) -> Iterator[str]:
+SHAPES = {
+    "difys-entrypoint": [
+        "-k",
+        "geventwebsocket.gunicorn.workers.GeventWebSocketWorker",
+        "--worker-connections",
+        "10",
+    ],
+    "preload-gevent": ["--preload", "-k", "gevent"],
+}
+
+
+@pytest.fixture(params=sorted(SHAPES))
+def gunicorn_app(
+    request: pytest.FixtureRequest, tmp_path: Path, redis_url: str, r: redis.Redis
+) -> Iterator[str]:
     gunicorn = shutil.which("gunicorn", path=str(Path(sys.executable).parent))
     if gunicorn is None:
         pytest.skip("gunicorn is not installed")
     pytest.importorskip("gevent")
+    pytest.importorskip("geventwebsocket")
     (tmp_path / "dify_app.py").write_text(APP)
     port = free_port()
     env = {**os.environ, "TEST_REDIS_URL": redis_url, "TEST_LEASE": "60", "PYTHONPATH": str(tmp_path)}
     log = (tmp_path / "gunicorn.log").open("wb")
     proc = subprocess.Popen(
-        [gunicorn, "--preload", "-k", "gevent", "-w", "2", "-b", f"127.0.0.1:{port}", "dify_app:app"],
+        [gunicorn, *SHAPES[request.param], "-w", "2", "-b", f"127.0.0.1:{port}", "dify_app:app"],
         cwd=tmp_path,
         env=env,
         stdout=log,
@@ -99,7 +116,7 @@ def gunicorn_app(tmp_path: Path, redis_url: str, r: redis.Redis) -> Iterator[str
         log.close()
 
 
-def test_preloaded_gevent_workers_admit_and_release(gunicorn_app: str, r: redis.Redis) -> None:
+def test_gevent_workers_admit_and_release(gunicorn_app: str, r: redis.Redis) -> None:
     answers = [get(f"{gunicorn_app}/app-1") for _ in range(12)]
     assert [status for status, _ in answers] == [200] * 12, answers
     # Every request gave its slot back at once: nothing stays taken for a lease.

@@ -19,8 +19,8 @@ pub struct ProxySettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
     /// A key each request is admitted under (repeatable, up to 16, all taken at once or none): text with
-    /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token) or {path}, e.g.
-    /// 'tenant:{header:X-Tenant-Id}'. Commas separate templates (here and in INFLIGHT_KEY).
+    /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token), {path} or
+    /// {path_hash} (of the path, for one that carries a secret), e.g. 'tenant:{header:X-Tenant-Id}'. Commas separate templates (here and in INFLIGHT_KEY).
     #[arg(
         long,
         env = "INFLIGHT_KEY",

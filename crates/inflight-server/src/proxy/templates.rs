@@ -2,7 +2,9 @@
 //!
 //! A template mixes literal text with placeholders: `{header:NAME}` (the request header NAME's value),
 //! `{bearer_hash}` (the first 16 lower-case hex digits of the SHA-256 of the `Authorization: Bearer` token;
-//! the token itself goes nowhere) and `{path}` (the request's canonical path, see `paths`).
+//! the token itself goes nowhere), `{path}` (the request's canonical path, see `paths`) and `{path_hash}`
+//! (the first 16 hex digits of the SHA-256 of the canonical path: for a path that carries a credential,
+//! such as Dify's MCP server URL, whose server code is its only secret).
 
 use http::header::{self, HeaderMap, HeaderName};
 
@@ -41,6 +43,7 @@ enum Part {
     Header(HeaderName),
     BearerHash,
     Path,
+    PathHash,
 }
 
 /// Why a request's keys could not be formed.
@@ -117,9 +120,11 @@ impl Template {
         }
     }
 
-    /// True when it has `{path}`.
+    /// True when it has `{path}` or `{path_hash}`.
     pub(super) fn uses_path(&self) -> bool {
-        self.parts.iter().any(|part| matches!(part, Part::Path))
+        self.parts
+            .iter()
+            .any(|part| matches!(part, Part::Path | Part::PathHash))
     }
 
     /// Its value for a request with `headers` and the canonical path `path`; `bearer` keeps the bearer
@@ -136,6 +141,7 @@ impl Template {
                 Part::Text(text) => value.push_str(text),
                 Part::Header(name) => value.push_str(header_value(headers, name)?),
                 Part::Path => value.push_str(path),
+                Part::PathHash => value.extend(short_hash(path).iter().map(|&d| char::from(d))),
                 Part::BearerHash => {
                     let hash = match bearer {
                         Some(hash) => *hash,
@@ -190,6 +196,7 @@ const SECRET_HEADERS: [HeaderName; 3] = [
 fn placeholder(inner: &str) -> Result<Part, String> {
     match inner {
         "path" => Ok(Part::Path),
+        "path_hash" => Ok(Part::PathHash),
         "bearer_hash" => Ok(Part::BearerHash),
         _ => match inner.strip_prefix("header:") {
             Some("") => Err("an empty header name in `{header:}`".to_owned()),
@@ -202,7 +209,8 @@ fn placeholder(inner: &str) -> Result<Part, String> {
                 Err(_) => Err(format!("{name:?} is not a header name")),
             },
             None => Err(format!(
-                "unknown placeholder `{{{inner}}}`: use {{header:NAME}}, {{bearer_hash}} or {{path}}"
+                "unknown placeholder `{{{inner}}}`: use {{header:NAME}}, {{bearer_hash}}, {{path}} or \
+                 {{path_hash}}"
             )),
         },
     }
@@ -303,6 +311,23 @@ mod tests {
                 "global"
             ]
         );
+    }
+
+    #[test]
+    fn the_path_hash_is_16_hex_digits_of_the_canonical_paths_sha256() {
+        let templates = KeyTemplates::parse(["mcp:{path_hash}"]).unwrap();
+        assert!(templates.uses_path());
+        // SHA-256("/mcp/server/abc/mcp"), as `printf %s /mcp/server/abc/mcp | sha256sum` gives it.
+        let keys = templates
+            .form(&headers(&[]), "/mcp/server/abc/mcp")
+            .unwrap();
+        let want = ring::digest::digest(&ring::digest::SHA256, b"/mcp/server/abc/mcp");
+        let hex: String = want.as_ref()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(keys, [format!("mcp:{hex}")]);
+        assert!(!keys[0].contains("abc"), "the path itself goes nowhere");
     }
 
     #[test]
