@@ -104,3 +104,57 @@ async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
         );
     }
 }
+
+/// `{path_hash}`: a path that carries a secret (Dify's MCP server URL, whose server code is its only
+/// credential) keys the request by its hash; the path is in no key, answer or metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_path_hash_is_the_key_and_the_path_is_in_no_key() {
+    let hash_of = |path: &str| -> String {
+        let digest = ring::digest::digest(&ring::digest::SHA256, path.as_bytes());
+        digest.as_ref()[..8]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    };
+    let upstream = Upstream::start().await;
+    let (_server, started) = Running::start(&[
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.base,
+        "--default-limit",
+        "1",
+        "--metrics-per-key",
+        "true",
+        "--key",
+        "run:{path_hash}",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    let base = format!("http://{}", listen_of(&started));
+    let admin = format!("http://{}", admin_of(&started));
+    let http = Client::new();
+    // One held stream on a path: its hash is the key, at its limit.
+    let stream = get(&http, format!("{base}/sse"), &[]).await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let key = format!("run:{}", hash_of("/sse"));
+    let status: Value = get_json(&http, format!("{admin}/v1/keys/{key}")).await;
+    assert_eq!(status["in_flight"], 1, "{status}");
+    let refused = get(&http, format!("{base}/SSE"), &[])
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        refused.contains(&key) && refused.contains("too_many_requests"),
+        "the canonical path (lower-cased) is hashed: {refused}"
+    );
+    // Another path is another key, and the secret in it goes into no key or metric.
+    let other = get(&http, format!("{base}/echo/s3cr3t-code"), &[]).await;
+    assert_eq!(other.status(), StatusCode::OK);
+    let metrics = get_text(&http, format!("{admin}/metrics")).await;
+    assert!(metrics.contains(&hash_of("/echo/s3cr3t-code")), "{metrics}");
+    assert!(!metrics.contains("s3cr3t") && !refused.contains("s3cr3t"));
+    drop(stream);
+}
