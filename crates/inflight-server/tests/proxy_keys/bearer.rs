@@ -1,4 +1,4 @@
-//! The bearer token's hash as the key: the token itself is nowhere.
+//! The bearer token's hash, or the path's, as the key: the token (the path) itself is nowhere.
 
 use reqwest::{Client, StatusCode};
 use serde_json::Value;
@@ -7,15 +7,20 @@ use crate::common::process::{admin_of, listen_of, Running};
 use crate::common::{get_json, get_text, Upstream};
 use crate::{code_of, get};
 
+/// The first 16 hex digits of the SHA-256 of `text`, as `{bearer_hash}` and `{path_hash}` give them.
+fn short_hash(text: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    digest.as_ref()[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
 /// The bearer token is hashed into the key and appears in no key, answer, metric or log line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
     const TOKEN: &str = "app-s3cr3t-T0KEN-4711";
-    let digest = ring::digest::digest(&ring::digest::SHA256, TOKEN.as_bytes());
-    let hash: String = digest.as_ref()[..8]
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
+    let hash = short_hash(TOKEN);
     let key = format!("user:{hash}");
     let upstream = Upstream::start().await;
     let (mut server, started) = Running::start_with_env(
@@ -109,13 +114,6 @@ async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
 /// credential) keys the request by its hash; the path is in no key, answer or metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_path_hash_is_the_key_and_the_path_is_in_no_key() {
-    let hash_of = |path: &str| -> String {
-        let digest = ring::digest::digest(&ring::digest::SHA256, path.as_bytes());
-        digest.as_ref()[..8]
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
-    };
     let upstream = Upstream::start().await;
     let (_server, started) = Running::start(&[
         "proxy",
@@ -138,7 +136,7 @@ async fn the_path_hash_is_the_key_and_the_path_is_in_no_key() {
     // One held stream on a path: its hash is the key, at its limit.
     let stream = get(&http, format!("{base}/sse"), &[]).await;
     assert_eq!(stream.status(), StatusCode::OK);
-    let key = format!("run:{}", hash_of("/sse"));
+    let key = format!("run:{}", short_hash("/sse"));
     let status: Value = get_json(&http, format!("{admin}/v1/keys/{key}")).await;
     assert_eq!(status["in_flight"], 1, "{status}");
     let refused = get(&http, format!("{base}/SSE"), &[])
@@ -154,7 +152,10 @@ async fn the_path_hash_is_the_key_and_the_path_is_in_no_key() {
     let other = get(&http, format!("{base}/echo/s3cr3t-code"), &[]).await;
     assert_eq!(other.status(), StatusCode::OK);
     let metrics = get_text(&http, format!("{admin}/metrics")).await;
-    assert!(metrics.contains(&hash_of("/echo/s3cr3t-code")), "{metrics}");
+    assert!(
+        metrics.contains(&short_hash("/echo/s3cr3t-code")),
+        "{metrics}"
+    );
     assert!(!metrics.contains("s3cr3t") && !refused.contains("s3cr3t"));
     drop(stream);
 }
