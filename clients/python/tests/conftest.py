@@ -1,4 +1,9 @@
-"""Fixtures: a real redis-server on a free port, the inflight binary, and ``inflight serve``."""
+"""Fixtures: a real redis-server on a free port, the inflight binary, and ``inflight serve``.
+
+The redis-server is the one ``INFLIGHT_REDIS_SERVER`` names (a path), else ``redis-server`` from the PATH;
+``redis-cli`` the one beside it, else the PATH's. ``scripts/test.sh`` runs the tests once more on Redis 6.2
+that way.
+"""
 
 from __future__ import annotations
 
@@ -25,9 +30,47 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def redis_server() -> str | None:
+    """The redis-server to run: ``INFLIGHT_REDIS_SERVER``, else ``redis-server`` from the PATH."""
+    return os.environ.get("INFLIGHT_REDIS_SERVER") or shutil.which("redis-server")
+
+
+def redis_cli() -> str | None:
+    """The redis-cli beside ``INFLIGHT_REDIS_SERVER`` (the same version) if there is one, else the PATH's."""
+    server = os.environ.get("INFLIGHT_REDIS_SERVER")
+    if server:
+        beside = Path(server).parent / "redis-cli"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return str(beside)
+    return shutil.which("redis-cli")
+
+
+def server_major(server: str) -> int:
+    """The major version of ``server`` (``redis-server --version``: ``... v=7.0.15 ...``)."""
+    out = subprocess.run([server, "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"\bv=(\d+)\.", out)
+    if found is None:
+        raise RuntimeError(f"no version in {server} --version: {out!r}")
+    return int(found.group(1))
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (``port + 10000``, Redis 6's only choice) is free as well."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    server = shutil.which("redis-server")
+    server = redis_server()
     if server is None:
         pytest.skip("redis-server is not installed")
     port = free_port()
@@ -139,11 +182,13 @@ def serve_factory(inflight: Path) -> Iterator[object]:
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
     """A real Redis Cluster of three primaries (no replicas) on free ports; yields their ports."""
-    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    server, cli = redis_server(), redis_cli()
     if server is None or cli is None:
         pytest.skip("redis-server or redis-cli is not installed")
     workdir = tmp_path_factory.mktemp("cluster")
-    ports = [free_port() for _ in range(3)]
+    # Redis 7 takes the bus port; Redis 6 always uses port + 10000.
+    bus = server_major(server) >= 7
+    ports = [free_port() if bus else free_cluster_port() for _ in range(3)]
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for port in ports:
@@ -155,8 +200,7 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
                         server,
                         "--port",
                         str(port),
-                        "--cluster-port",
-                        str(free_port()),
+                        *(["--cluster-port", str(free_port())] if bus else []),
                         "--bind",
                         "127.0.0.1",
                         "--cluster-enabled",

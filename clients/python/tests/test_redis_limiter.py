@@ -284,7 +284,7 @@ def test_a_lease_shorter_than_its_renewal_can_serve_is_refused(r: redis.Redis) -
                 limiter.try_acquire("k", lease=short)
         assert in_flight(limiter, "k") == 0
         limiter.try_acquire("k", lease=0.1).release()
-    RedisLimiter(r, layout="dify", dify_stale_after=0.001).close()  # an age, not a lease
+    RedisLimiter(r, default_limit=1, layout="dify", dify_stale_after=0.001).close()  # an age, not a lease
 
 
 def test_a_lease_the_store_lost_is_readded(r: redis.Redis) -> None:

@@ -235,6 +235,16 @@ fn redis_store(settings: &Settings, lane: ListingLane) -> anyhow::Result<AnyStor
     store.map_err(|e| anyhow::anyhow!("invalid setting `store`: {e}"))
 }
 
+/// Err when the store refuses outright (a Redis older than inflight supports, say), so that the start
+/// fails with the reason; a store that cannot be reached yet is left to the workers, which keep trying.
+async fn refused_outright(store: &AnyStore) -> anyhow::Result<()> {
+    let asked = tokio::time::timeout(std::time::Duration::from_secs(5), store.maintain()).await;
+    match asked {
+        Ok(Err(inflight::StoreError::Rejected(why))) => anyhow::bail!("the store refused: {why}"),
+        _ => Ok(()),
+    }
+}
+
 /// Serves until a signal, each worker with an app over a store from `store`.
 async fn run(
     settings: Settings,
@@ -248,6 +258,7 @@ async fn run(
     let listen = listeners[0].local_addr()?;
     let upstream = proxy.as_ref().map(inflight_server::upstream).transpose()?;
     let shutdown = server::shutdown_signal();
+    refused_outright(&store()?).await?;
     let app = {
         let settings = settings.clone();
         move || Ok(inflight_server::app(&settings, &shared, store()?)?)

@@ -237,3 +237,27 @@ async fn layout_dify_starts_with_a_ceiling_alone_and_a_cold_app_gets_it() {
     assert_eq!(acquire().await.unwrap().status(), 201);
     assert_eq!(acquire().await.unwrap().status(), 429, "the ceiling holds");
 }
+
+/// Dify's compose ships Redis 6.2 (`redis:6-alpine`), the oldest inflight supports: an older one stops
+/// `serve` at start, with the reason, before any script reaches it.
+#[test]
+fn a_redis_older_than_the_oldest_supported_stops_the_start_with_the_reason() {
+    let (port, seen) = test_support::old_redis("6.0.9");
+    let url = format!("redis://127.0.0.1:{port}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inflight"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", &url])
+        .args(["--default-limit", "2"])
+        .env_clear()
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains(
+            "the store refused: Redis 6.0.9 is older than 6.2, the oldest inflight supports"
+        ),
+        "{log}"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.iter().any(|c| c.starts_with("EVAL")), "{seen:?}");
+}

@@ -24,12 +24,15 @@ impl TestCluster {
         let nodes = Nodes::new("cluster");
         let ports = procs::free_ports(6);
         let timeout = NODE_TIMEOUT_MS.to_string();
+        // DEBUG SLEEP lets a test hold a replica back from catching up.
+        let debug = procs::debug_command_args("local");
         for &port in &ports {
-            let args = [
+            let config = format!("nodes-{port}.conf");
+            let mut args = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
-                &format!("nodes-{port}.conf"),
+                &config,
                 "--cluster-node-timeout",
                 &timeout,
                 // Any replica may take over, however long it was cut off.
@@ -41,17 +44,15 @@ impl TestCluster {
                 "yes",
                 "--repl-diskless-sync-delay",
                 "0",
-                // DEBUG SLEEP lets a test hold a replica back from catching up.
-                "--enable-debug-command",
-                "local",
             ];
+            args.extend(&debug);
             nodes.spawn(port, None, &args);
         }
         for &port in &ports {
             procs::wait_ping(port);
         }
         let cluster = Self { ports, nodes };
-        let mut create = Command::new("redis-cli");
+        let mut create = Command::new(procs::cli_bin());
         create.arg("--cluster").arg("create");
         for port in &cluster.ports {
             create.arg(format!("127.0.0.1:{port}"));

@@ -4,15 +4,18 @@
 #![allow(missing_docs)]
 
 pub mod cluster;
+mod fake;
 pub mod procs;
 pub mod sentinel;
 
+use std::path::PathBuf;
+use std::process::Child;
 use std::time::Duration;
 
 use inflight::RedisStore;
-use redis_test::server::RedisServer;
 
 pub use cluster::{unique_prefix, TestCluster};
+pub use fake::old_redis;
 pub use sentinel::TestSentinel;
 
 /// A builder of a store on `url`, with the tests' short timeouts.
@@ -22,34 +25,41 @@ pub fn store_builder(url: String) -> inflight::RedisStoreBuilder {
         .connection_timeout(Duration::from_millis(200))
 }
 
-/// A redis-server of this test's own.
+/// A redis-server of this test's own ([`procs::server_bin`]), in a scratch directory of its own.
 pub struct TestRedis {
-    server: Option<RedisServer>,
-    addr: redis::ConnectionAddr,
+    server: Option<Child>,
+    port: u16,
+    dir: PathBuf,
 }
 
 impl TestRedis {
     /// Starts a redis-server on a free port and waits until it answers.
     pub fn start() -> Self {
-        let server = RedisServer::new();
-        let addr = server.client_addr().clone();
-        let redis = Self {
-            server: Some(server),
-            addr,
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let mut redis = Self {
+            server: None,
+            port,
+            dir: procs::scratch_dir("redis"),
         };
-        procs::wait_ping(redis.port());
+        redis.spawn();
         redis
     }
 
+    fn spawn(&mut self) {
+        let debug = procs::debug_command_args("yes");
+        self.server = Some(procs::spawn_server(&self.dir, self.port, None, &debug));
+        procs::wait_ping(self.port);
+    }
+
     pub fn url(&self) -> String {
-        format!("redis://{}", self.addr)
+        format!("redis://127.0.0.1:{}", self.port)
     }
 
     pub fn port(&self) -> u16 {
-        match &self.addr {
-            redis::ConnectionAddr::Tcp(_, port) => *port,
-            other => panic!("unexpected test server address {other:?}"),
-        }
+        self.port
     }
 
     /// A store on this server (lazy: connects on first use).
@@ -93,24 +103,20 @@ impl TestRedis {
     /// Kills the server (SIGKILL): everything it held is gone.
     pub fn stop(&mut self) {
         if let Some(mut server) = self.server.take() {
-            server.stop();
+            procs::kill(&mut server);
         }
     }
 
     /// Starts an empty server on the same port again.
     pub fn restart(&mut self) {
         self.stop();
-        self.server = Some(RedisServer::new_with_addr_and_modules(
-            self.addr.clone(),
-            &[],
-            false,
-        ));
-        procs::wait_ping(self.port());
+        self.spawn();
     }
 }
 
 impl Drop for TestRedis {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -1,13 +1,18 @@
 //! What the topologies share: free ports, redis-server processes in a directory of their own, and a
 //! watchdog that kills them when the test process ends without dropping them (a topology in a
 //! `static`, a test aborted).
+//!
+//! The server is `redis-server` from the PATH, or the one `INFLIGHT_REDIS_SERVER` names (a path), for
+//! runs against another Redis version (`scripts/test.sh` runs the Redis tests on Redis 6.2 that way);
+//! `redis-cli` is the one beside it when there is one.
 
+use std::ffi::OsString;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// `n` distinct free ports on 127.0.0.1 whose cluster bus port (`port + 10000`) is free as well.
@@ -42,9 +47,62 @@ pub fn scratch_dir(kind: &str) -> PathBuf {
     dir
 }
 
-/// Starts `redis-server` with `args` (after a config file, if any), logging to `dir/<port>.log`.
+/// The redis-server to run: `INFLIGHT_REDIS_SERVER` (a path) if set, else `redis-server` from the PATH.
+pub fn server_bin() -> OsString {
+    std::env::var_os("INFLIGHT_REDIS_SERVER")
+        .filter(|path| !path.is_empty())
+        .unwrap_or_else(|| "redis-server".into())
+}
+
+/// The redis-cli to run: the one beside `INFLIGHT_REDIS_SERVER` if there is one (the same version),
+/// else `redis-cli` from the PATH.
+pub fn cli_bin() -> OsString {
+    std::env::var_os("INFLIGHT_REDIS_SERVER")
+        .map(PathBuf::from)
+        .and_then(|server| Some(server.parent()?.join("redis-cli")))
+        .filter(|cli| cli.is_file())
+        .map_or_else(|| "redis-cli".into(), PathBuf::into_os_string)
+}
+
+/// The version of [`server_bin`] (`redis-server --version`: `... v=7.0.15 ...`), asked once.
+pub fn server_version() -> (u32, u32, u32) {
+    static VERSION: OnceLock<(u32, u32, u32)> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let bin = server_bin();
+        let out = Command::new(&bin)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("run {bin:?} --version (is redis-server installed?): {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        parse_version(&text).unwrap_or_else(|| panic!("no version in {bin:?} --version: {text}"))
+    })
+}
+
+/// `X.Y.Z` after `v=` in `redis-server --version`'s output.
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let version = text.split_once(" v=")?.1.split_whitespace().next()?;
+    let mut parts = version.split('.').map(|part| part.parse::<u32>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// The arguments that let DEBUG run (from 127.0.0.1) with `setting` (`local` or `yes`): Redis 7 asks
+/// for `enable-debug-command`; Redis 6 always allows DEBUG and does not know the setting.
+pub fn debug_command_args(setting: &'static str) -> Vec<&'static str> {
+    if server_version().0 >= 7 {
+        vec!["--enable-debug-command", setting]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Starts the redis-server ([`server_bin`]) with `args` (after a config file, if any), logging to
+/// `dir/<port>.log`.
 pub fn spawn_server(dir: &Path, port: u16, config: Option<&Path>, args: &[&str]) -> Child {
-    let mut cmd = Command::new("redis-server");
+    let mut cmd = Command::new(server_bin());
     if let Some(config) = config {
         cmd.arg(config);
     }
@@ -217,5 +275,20 @@ impl Drop for Nodes {
             kill(child);
         }
         self.watchdog.lock().unwrap().finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn versions_are_read_from_redis_server_version() {
+        let v6 = "Redis server v=6.2.14 sha=40305114:0 malloc=libc bits=64 build=dff95a8e7a99d269";
+        assert_eq!(parse_version(v6), Some((6, 2, 14)));
+        let v7 = "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=ae4d7c9";
+        assert_eq!(parse_version(v7), Some((7, 0, 15)));
+        assert_eq!(parse_version("Redis server v=8.0 sha=0"), Some((8, 0, 0)));
+        assert_eq!(parse_version("no version here"), None);
     }
 }

@@ -36,13 +36,8 @@ impl TestSentinel {
         nodes.spawn(primary, None, &fast);
         procs::wait_ping(primary);
         // DEBUG SLEEP lets a test hold the replica back from catching up.
-        let mut args = vec![
-            "--replicaof",
-            "127.0.0.1",
-            &primary_port,
-            "--enable-debug-command",
-            "local",
-        ];
+        let mut args = vec!["--replicaof", "127.0.0.1", &primary_port];
+        args.extend(procs::debug_command_args("local"));
         args.extend(fast);
         nodes.spawn(replica, None, &args);
         for &port in &ports[2..] {

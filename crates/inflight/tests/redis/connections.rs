@@ -79,7 +79,7 @@ async fn a_unix_socket_url_works() {
     let dir = std::env::temp_dir().join(format!("inflight-unix-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("redis.sock");
-    let mut server = Command::new("redis-server")
+    let mut server = Command::new(test_support::procs::server_bin())
         .args(["--port", "0", "--save", "", "--unixsocket"])
         .arg(&socket)
         .stdout(Stdio::null())
@@ -137,7 +137,7 @@ async fn a_rediss_url_works_with_a_private_ca() {
         .local_addr()
         .unwrap()
         .port();
-    let mut redis = Command::new("redis-server")
+    let mut redis = Command::new(test_support::procs::server_bin())
         .args([
             "--port",
             "0",

@@ -13,6 +13,7 @@ mod outages;
 mod processes;
 #[path = "../support/mod.rs"]
 mod support;
+mod version;
 
 use fair::wait_in_child;
 use processes::{hammer, hold};

@@ -24,6 +24,9 @@ impl From<RedisError> for StoreError {
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType
         ) {
             StoreError::Protocol(err.to_string())
+        } else if let (ErrorKind::InvalidClientConfig, Some(why)) = (err.kind(), err.detail()) {
+            // Such as a server older than the oldest supported (`connect/version.rs`): the reason alone.
+            StoreError::Rejected(why.to_owned())
         } else {
             StoreError::Rejected(err.to_string())
         }

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
+use tokio::sync::OnceCell;
 
 use super::options::{client, ConnOptions};
 use super::sentinel::Follower;
-use super::{cluster, sentinel};
+use super::{cluster, sentinel, version};
 use crate::error::StoreError;
 
 /// A connection to the store's Redis; clones share it.
@@ -20,12 +21,16 @@ pub(crate) enum Conn {
         manager: ConnectionManager,
         /// For the subscription of the view of overrides.
         client: Arc<Client>,
+        /// Set once the server's version passed ([`version`]), before the first command.
+        checked: Arc<OnceCell<()>>,
     },
     /// A Redis Cluster.
     Cluster {
         conn: ClusterConnection,
         /// One client per node given in the URL: the subscription goes through one, then the next.
         seeds: Arc<[Client]>,
+        /// Set once every primary's version passed, before the first command.
+        checked: Arc<OnceCell<()>>,
     },
     /// The primary that Sentinel names, followed through failovers.
     Sentinel(Arc<Follower>),
@@ -43,7 +48,15 @@ impl Conn {
         if let Some((rest, tls)) = cluster::strip_scheme(&options.url) {
             let (conn, seeds, target) = cluster::open(options, rest, tls)?;
             let seeds = Arc::from(seeds);
-            return Ok((Conn::Cluster { conn, seeds }, target));
+            let checked = Arc::default();
+            return Ok((
+                Conn::Cluster {
+                    conn,
+                    seeds,
+                    checked,
+                },
+                target,
+            ));
         }
         if let Some((rest, tls)) = sentinel::strip_scheme(&options.url) {
             let (follower, target) = Follower::open(options, rest, tls)?;
@@ -61,7 +74,15 @@ impl Conn {
             ConnectionManager::new_lazy_with_config(client.clone(), options.manager_config())
                 .map_err(StoreError::from)?;
         let client = Arc::new(client);
-        Ok((Conn::Single { manager, client }, target))
+        let checked = Arc::default();
+        Ok((
+            Conn::Single {
+                manager,
+                client,
+                checked,
+            },
+            target,
+        ))
     }
 
     /// True on a Redis Cluster: keys in different slots may not meet in one script.
@@ -69,11 +90,41 @@ impl Conn {
         matches!(self, Conn::Cluster { .. })
     }
 
+    /// Checks, once, that the servers are a version inflight supports (the one server, or every
+    /// primary of a cluster; Sentinel's primaries are checked as they are followed); a connection's error
+    /// leaves it to the next command.
+    async fn supported(&self) -> RedisResult<()> {
+        match self {
+            Conn::Single {
+                manager, checked, ..
+            } => {
+                let check = || version::check_one(manager.clone());
+                checked.get_or_try_init(check).await?;
+            }
+            Conn::Cluster { conn, checked, .. } => {
+                let check =
+                    || async { version::checked(Self::info_of_cluster(conn, "server").await) };
+                checked.get_or_try_init(check).await?;
+            }
+            Conn::Sentinel(_) => {}
+        }
+        Ok(())
+    }
+
+    /// True once [`Conn::supported`] passed (always through Sentinel, which checks by itself).
+    fn is_checked(&self) -> bool {
+        match self {
+            Conn::Single { checked, .. } | Conn::Cluster { checked, .. } => checked.initialized(),
+            Conn::Sentinel(_) => true,
+        }
+    }
+
     /// Sends `cmd` to the primary that serves `slot` on a cluster, to the one server otherwise.
     pub(crate) async fn on_primary_of(&self, slot: u16, cmd: &Cmd) -> RedisResult<Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         match self {
             Conn::Cluster { conn, .. } => {
+                self.supported().await?;
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
                 let mut conn = conn.clone();
                 conn.route_command(cmd.clone(), RoutingInfo::SingleNode(route))
@@ -85,29 +136,27 @@ impl Conn {
 
     /// `INFO section` of every primary (of the one server, or the one Sentinel names): each one's text.
     pub(crate) async fn info_of_primaries(&self, section: &str) -> RedisResult<Vec<String>> {
+        match self {
+            Conn::Cluster { conn, .. } => {
+                self.supported().await?;
+                Self::info_of_cluster(conn, section).await
+            }
+            other => {
+                let mut cmd = redis::cmd("INFO");
+                cmd.arg(section);
+                Ok(version::texts(cmd.query_async(&mut other.clone()).await?))
+            }
+        }
+    }
+
+    /// `INFO section` of every primary of a cluster, unchecked.
+    async fn info_of_cluster(conn: &ClusterConnection, section: &str) -> RedisResult<Vec<String>> {
         use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
         let mut cmd = redis::cmd("INFO");
         cmd.arg(section);
-        let value = match self {
-            Conn::Cluster { conn, .. } => {
-                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                conn.clone().route_command(cmd, all).await?
-            }
-            other => cmd.query_async(&mut other.clone()).await?,
-        };
-        // One reply, or one per primary keyed by its address.
-        fn texts(value: Value, out: &mut Vec<String>) {
-            match value {
-                Value::BulkString(bytes) => out.push(String::from_utf8_lossy(&bytes).into_owned()),
-                Value::VerbatimString { text, .. } => out.push(text),
-                Value::Map(pairs) => pairs.into_iter().for_each(|(_, v)| texts(v, out)),
-                Value::Array(values) => values.into_iter().for_each(|v| texts(v, out)),
-                _ => {}
-            }
-        }
-        let mut out = Vec::new();
-        texts(value, &mut out);
-        Ok(out)
+        let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        // One reply per primary, keyed by its address.
+        Ok(version::texts(conn.clone().route_command(cmd, all).await?))
     }
 
     /// A client to subscribe with, for the `attempt`th try: PUBLISH reaches every node of a cluster,
@@ -123,6 +172,12 @@ impl Conn {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        if !self.is_checked() {
+            return Box::pin(async move {
+                self.supported().await?;
+                self.req_packed_command(cmd).await
+            });
+        }
         match self {
             Conn::Single { manager, .. } => manager.req_packed_command(cmd),
             Conn::Cluster { conn, .. } => conn.req_packed_command(cmd),
@@ -139,6 +194,12 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        if !self.is_checked() {
+            return Box::pin(async move {
+                self.supported().await?;
+                self.req_packed_commands(pipeline, offset, count).await
+            });
+        }
         match self {
             Conn::Single { manager, .. } => manager.req_packed_commands(pipeline, offset, count),
             Conn::Cluster { conn, .. } => conn.req_packed_commands(pipeline, offset, count),

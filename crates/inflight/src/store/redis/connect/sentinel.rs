@@ -17,6 +17,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 
 use super::cluster::split_nodes;
 use super::options::{client, ConnOptions};
+use super::version;
 use crate::error::StoreError;
 
 /// How often the sentinels are asked which primary they name, besides `+switch-master`.
@@ -40,6 +41,20 @@ struct Current {
     addr: (String, u16),
     manager: ConnectionManager,
     client: Client,
+    /// Set once this primary's version passed (`version.rs`), before its first command.
+    checked: tokio::sync::OnceCell<()>,
+}
+
+impl Current {
+    /// Sends (with `send`) to this primary, once its version passed.
+    async fn send<T, F>(&self, send: &impl Fn(ConnectionManager) -> F) -> RedisResult<T>
+    where
+        F: std::future::Future<Output = RedisResult<T>>,
+    {
+        let check = || version::check_one(self.manager.clone());
+        self.checked.get_or_try_init(check).await?;
+        send(self.manager.clone()).await
+    }
 }
 
 /// The primary Sentinel names, followed.
@@ -144,9 +159,9 @@ impl Follower {
         F: std::future::Future<Output = RedisResult<T>>,
     {
         let current = self.current().await?;
-        match send(current.manager.clone()).await {
+        match current.send(&send).await {
             Err(error) if gone(&error) && self.moved_on(current.generation).await => {
-                send(self.current().await?.manager.clone()).await
+                self.current().await?.send(&send).await
             }
             result => result,
         }
@@ -254,6 +269,7 @@ impl Follower {
             addr,
             manager,
             client,
+            checked: tokio::sync::OnceCell::new(),
         }));
         true
     }
