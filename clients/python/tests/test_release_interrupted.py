@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import linecache
 import os
 import subprocess
 import sys
@@ -97,18 +98,33 @@ PACKAGE = os.path.dirname(inflight_client.__file__)
 class _Interrupt:
     """A trace function that raises KeyboardInterrupt at the k-th line (or call) the client's own code
     runs, then stops. Not inside redis-py: interrupted there, redis-py can leave a connection in its pool
-    with an unread reply or in non-blocking mode, which is redis-py's matter, not the release's."""
+    with an unread reply or in non-blocking mode, which is redis-py's matter, not the release's.
+
+    Nor at a ``with`` statement's exit: the tracer reports it as a second line event of the ``with`` line,
+    before ``__exit__`` is called, and an exception raised from the tracer there skips ``__exit__`` (the
+    lock stays held: no Python code can guard against that). A real KeyboardInterrupt is not delivered
+    there: CPython raises it where it checks for signals (a call's return, a function's start, a loop's
+    jump back), inside the block, whose exit then runs. Raising there anyway left a lock of the client
+    held by the interrupted thread, and the renewer thread waited on it: a leak in 1 run of 8 or so."""
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.seen = 0
         self.fired = False
+        # (frame, line) pairs already reported (the frames kept, so that no other frame takes an id)
+        self.lines: set[tuple[types.FrameType, int]] = set()
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         if self.fired:
             return None
         if not frame.f_code.co_filename.startswith(PACKAGE):
             return None
+        if event == "line":
+            again = (frame, frame.f_lineno) in self.lines
+            self.lines.add((frame, frame.f_lineno))
+            source = linecache.getline(frame.f_code.co_filename, frame.f_lineno).lstrip()
+            if again and source.startswith("with "):
+                return self
         if event in ("call", "line"):
             if self.seen == self.k:
                 self.fired = True
