@@ -41,7 +41,8 @@ INFLIGHT_BIN="$PWD/target/debug/inflight" "$venv/bin/python" -m pytest -q -p no:
   2>&1 | tee -a "$log" || status=$?
 
 # The quick fault runs (scripts/chaos.sh --quick, a few minutes): real topologies, holders in every client,
-# each scenario's histories judged by `inflight check-history`; a scenario within its bound passes.
+# each scenario's histories judged by the history checker (crates/history); a scenario within its bound
+# passes.
 scripts/chaos.sh --quick 2>&1 | tee -a "$log" || status=$?
 
 # Redis 6.2, the oldest Redis inflight supports (Dify's compose ships redis:6-alpine): the Redis store's

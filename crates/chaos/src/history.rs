@@ -1,5 +1,5 @@
-//! History lines (docs: /work/notes/history-format.md, the contract with `inflight check-history`): one JSON
-//! object per operation, appended to a file of the process's own, timed on one clock per process.
+//! History lines (docs/histories.md; [`Line`], the type the checker reads): one JSON object per
+//! operation, appended to a file of the process's own, timed on one clock per process.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Map, Value};
+use inflight_history::Line;
 
 /// Nanoseconds since the Unix epoch: the wall clock read once, advanced by the monotonic clock, so that
 /// every line of a process is ordered and the processes of one machine are comparable.
@@ -88,17 +88,13 @@ impl History {
         self.clock.now()
     }
 
-    /// Appends one line: `op` with `fields`, the process name added.
-    pub(crate) fn write(&self, op: &str, invoke_ns: u64, complete_ns: u64, fields: Value) {
-        let mut line = Map::new();
-        line.insert("process".into(), json!(self.process));
-        line.insert("op".into(), json!(op));
-        line.insert("invoke_ns".into(), json!(invoke_ns));
-        line.insert("complete_ns".into(), json!(complete_ns));
-        if let Value::Object(fields) = fields {
-            line.extend(fields);
-        }
-        let mut text = Value::Object(line).to_string();
+    /// Appends `line` as this process's.
+    fn write(&self, line: Line) {
+        let line = Line {
+            process: self.process.clone(),
+            ..line
+        };
+        let mut text = serde_json::to_string(&line).expect("a line is JSON");
         text.push('\n');
         if let Ok(mut file) = self.file.lock() {
             // A line that cannot be written is a history that cannot be checked: stop loudly.
@@ -116,60 +112,79 @@ impl History {
         result: &str,
         token: Option<u64>,
     ) {
-        let fields = json!({
-            "keys": permit.keys,
-            "id": permit.id,
-            "weight": permit.weight,
-            "lease_ms": permit.lease_ms,
-            "limits": permit.keys.iter().map(|k| limit_of(k)).collect::<Vec<_>>(),
-            "token": token,
-            "result": result,
+        self.write(Line {
+            op: op.into(),
+            keys: permit.keys.clone(),
+            id: Some(permit.id.clone()),
+            token,
+            weight: Some(permit.weight),
+            lease_ms: Some(permit.lease_ms),
+            limits: Some(permit.keys.iter().map(|k| Some(limit_of(k))).collect()),
+            invoke_ns: times.0,
+            complete_ns: times.1,
+            result: result.into(),
+            ..Line::default()
         });
-        self.write(op, times.0, times.1, fields);
     }
 
     /// A fault in force from `invoke_ns` to `complete_ns`.
     pub(crate) fn fault(&self, name: &str, invoke_ns: u64, complete_ns: u64) {
-        let fields = json!({"keys": [], "name": name, "result": "ok"});
-        self.write("fault", invoke_ns, complete_ns, fields);
+        self.write(Line {
+            op: "fault".into(),
+            name: Some(name.into()),
+            invoke_ns,
+            complete_ns,
+            result: "ok".into(),
+            ..Line::default()
+        });
     }
 
     /// A key's in-flight count read at the end of a run.
     pub(crate) fn status(&self, key: &str, in_flight: u32, times: (u64, u64)) {
-        let fields = json!({
-            "keys": [key],
-            "in_flight": [in_flight],
-            "limits": [limit_of(key)],
-            "result": "ok",
+        self.write(Line {
+            op: "status".into(),
+            keys: vec![key.into()],
+            in_flight: vec![in_flight],
+            limits: Some(vec![Some(limit_of(key))]),
+            invoke_ns: times.0,
+            complete_ns: times.1,
+            result: "ok".into(),
+            ..Line::default()
         });
-        self.write("status", times.0, times.1, fields);
     }
+}
+
+/// The lines of the history at `path` that can be read.
+pub(crate) fn lines(path: &Path) -> Vec<Line> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
 }
 
 /// Ends, in the history at `path` of a process SIGKILLed at `killed_ns`, every admitted permit it had not
 /// logged a release of: a release it had sent may have landed, unlogged, so from the kill on (when it did
 /// no more work) none is certainly held. Each gets a release with result "error" (unknown) at the kill.
 pub(crate) fn end_killed(path: &Path, killed_ns: u64) -> std::io::Result<()> {
-    let text = std::fs::read_to_string(path)?;
-    let mut open: Vec<Value> = Vec::new();
-    for line in text.lines() {
-        let Ok(line) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
-        match (line["op"].as_str(), line["result"].as_str()) {
-            (Some("acquire"), Some("admitted")) => open.push(line),
-            (Some("release"), _) => open.retain(|held| held["id"] != line["id"]),
+    let mut open: Vec<Line> = Vec::new();
+    for line in lines(path) {
+        match (line.op.as_str(), line.result.as_str()) {
+            ("acquire", "admitted") => open.push(line),
+            ("release", _) => open.retain(|held| held.id != line.id),
             _ => {}
         }
     }
     let mut out = String::new();
-    for mut held in open {
-        held["op"] = json!("release");
-        held["result"] = json!("error");
-        held["token"] = Value::Null;
-        held["invoke_ns"] = json!(killed_ns);
-        held["complete_ns"] = json!(killed_ns);
-        out.push_str(&held.to_string());
+    for held in open {
+        let release = Line {
+            op: "release".into(),
+            result: "error".into(),
+            token: None,
+            invoke_ns: killed_ns,
+            complete_ns: killed_ns,
+            ..held
+        };
+        out.push_str(&serde_json::to_string(&release).expect("a line is JSON"));
         out.push('\n');
     }
     OpenOptions::new()
@@ -206,23 +221,14 @@ mod tests {
         history.permit_op("acquire", &permit("a"), (5, 6), "admitted", Some(8));
         history.permit_op("acquire", &permit("b"), (5, 6), "full", None);
         end_killed(&path, 10).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let added: Vec<Value> = text
-            .lines()
-            .skip(4)
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let added = lines(&path).split_off(4);
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(
-            added.len(),
-            1,
-            "only the second admission of a was open: {text}"
-        );
+        assert_eq!(added.len(), 1, "only the second admission of a was open");
         let line = &added[0];
-        assert_eq!((&line["op"], &line["id"]), (&json!("release"), &json!("a")));
+        assert_eq!((&*line.op, line.id.as_deref()), ("release", Some("a")));
         assert_eq!(
-            (&line["result"], &line["invoke_ns"]),
-            (&json!("error"), &json!(10))
+            (&*line.result, line.invoke_ns, line.token),
+            ("error", 10, None)
         );
     }
 

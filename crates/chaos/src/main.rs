@@ -1,6 +1,6 @@
 //! `inflight-chaos`: fault runs of inflight on loopback (issue 28). `holder` is one client process
 //! writing its history; `run` starts topologies, holders and faults, and prints one JSON line per
-//! scenario from `inflight check-history`. `scripts/chaos.sh` builds and runs it.
+//! scenario from the histories' check (inflight-history). `scripts/chaos.sh` builds and runs it.
 #![forbid(unsafe_code)]
 
 mod history;

@@ -12,7 +12,6 @@ pub mod auth;
 pub mod bench;
 pub mod config;
 pub mod error;
-pub mod history;
 pub mod incoming;
 pub mod metrics;
 pub mod proxy;

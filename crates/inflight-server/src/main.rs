@@ -18,8 +18,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     let (cli, matches) = inflight_server::config::env::parse();
     // `check-history` reads files: no runtime, and exit codes of its own.
-    if let Command::CheckHistory(args) = &cli.command {
-        return inflight_server::history::run(args);
+    if let Command::CheckHistory { files, json } = &cli.command {
+        return check_history(files, *json);
     }
     // `serve` and `proxy` answer on worker threads of their own (server/), each with its limiter and
     // store; this runtime, one thread, waits for signals and for the workers. `bench` runs on `--threads`
@@ -54,6 +54,27 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// `inflight check-history` (the inflight-history crate): the report on stdout, as text or one JSON
+/// object; exits 0 (nothing certain went wrong), 1 (a certain over-admission or a token going backwards)
+/// or 2 (a file or line that cannot be read, named on stderr).
+fn check_history(files: &[std::path::PathBuf], json: bool) -> std::process::ExitCode {
+    let report = match inflight_history::check_files(files) {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("inflight check-history: {error}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match json {
+        true => println!(
+            "{}",
+            serde_json::to_string(&report).expect("a report is JSON")
+        ),
+        false => print!("{}", report.text()),
+    }
+    std::process::ExitCode::from(u8::from(!report.ok))
+}
+
 async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
     let (settings, proxy) = match &cli.command {
         Command::Serve(args) => (args.layered(&matches)?, None),
@@ -76,7 +97,7 @@ async fn start(cli: Cli, matches: clap::ArgMatches) -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        Command::CheckHistory(_) => unreachable!("`check-history` returns before the runtime"),
+        Command::CheckHistory { .. } => unreachable!("`check-history` returns before the runtime"),
     };
     let log = init_logging(settings.logging.log_format, settings.logging.filter()?);
     let shared = Shared::new(&settings)?;
@@ -156,7 +177,7 @@ fn reload_on_hangup(
                 let settings = match &command {
                     Command::Serve(args) => args.layered(&matches),
                     Command::Proxy(args) => args.layered(&matches).map(|proxy| proxy.serve),
-                    Command::Bench(_) | Command::CheckConfig(_) | Command::CheckHistory(_) => {
+                    Command::Bench(_) | Command::CheckConfig(_) | Command::CheckHistory { .. } => {
                         return
                     }
                 };

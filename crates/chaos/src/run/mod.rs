@@ -1,6 +1,6 @@
 //! `inflight-chaos run`: each scenario on a topology of its own, with holder processes writing histories,
 //! its fault injected a third of the way in, a status line per key once every lease could have ended,
-//! then `inflight check-history`; one JSON line per scenario.
+//! then the histories checked (inflight-history, in process); one JSON line per scenario.
 
 mod check;
 mod relay;
@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use inflight::{Limiter, RedisStore};
+use inflight_history::{ReadError, Report};
 use serde_json::{json, Value};
 
 use self::relay::Relay;
@@ -32,7 +33,7 @@ pub(crate) struct RunArgs {
     /// Only the scenarios whose name contains this.
     #[arg(long)]
     pub(crate) only: Option<String>,
-    /// The `inflight` binary (serve, proxy, check-history); default: beside this one.
+    /// The `inflight` binary (serve, proxy); default: beside this one.
     #[arg(long)]
     pub(crate) inflight: Option<PathBuf>,
     /// A Python with `inflight_client` installed, for Python holders (none without it).
@@ -124,20 +125,13 @@ pub(crate) fn run(args: RunArgs) -> crate::Result<bool> {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let (files, tickets) = run_one(&args, &runtime, &scenario, &inflight, &dir)?;
-        let (operations, admissions) = check::count(&files);
-        let verdict = check::check(&inflight, &files);
+        let verdict = inflight_history::check_files(&files);
         let waits = tickets.map(|tickets| Waits::read(&files, &[scenarios::KILLED], tickets));
-        let ok = judge(scenario.bound, &verdict)
-            .map(|ok| ok && waits.as_ref().is_none_or(Waits::within));
+        let ok = verdict.as_ref().ok().map(|report| {
+            judge(scenario.bound, report) && waits.as_ref().is_none_or(Waits::within)
+        });
         all_ok &= ok == Some(true);
-        let line = report(
-            &scenario,
-            (operations, admissions),
-            (&verdict, waits.as_ref()),
-            ok,
-            started,
-            &dir,
-        );
+        let line = report(&scenario, (&verdict, waits.as_ref()), ok, started, &dir);
         println!("{line}");
     }
     Ok(all_ok)
@@ -306,32 +300,28 @@ async fn statuses(url: &str, runner: &History) {
     }
 }
 
-/// Whether the verdict is within `bound`; `None` when there is no verdict. Leaks and tokens going
-/// backwards are over every bound.
-fn judge(bound: Bound, verdict: &Value) -> Option<bool> {
-    if verdict.get("error").is_some() {
-        return None;
-    }
-    let number = |name: &str| check::field(verdict, name).as_u64().unwrap_or(0);
+/// Whether the report is within `bound`. Leaks and tokens going backwards are over every bound.
+fn judge(bound: Bound, report: &Report) -> bool {
     let within = match bound {
-        Bound::Zero => number("over_admissions") == 0,
+        Bound::Zero => report.over_admissions == 0,
         // Over a key's limit by at most that limit (RELIABILITY.md, "Failover").
-        Bound::LostLeases => check::keys_over(verdict, |limit| limit).is_empty(),
-        Bound::MustExceed => return Some(number("over_admissions") > 0),
+        Bound::LostLeases => check::keys_over(report, |limit| limit).is_empty(),
+        Bound::MustExceed => return report.over_admissions > 0,
     };
-    Some(within && number("slots_leaked") == 0 && number("token_violations") == 0)
+    within && report.slots_leaked == 0 && report.token_violations == 0
 }
 
-/// The scenario's line, its fields in this order (a JSON object is unordered; people read it in order).
+/// The scenario's line, its fields in this order (a JSON object is unordered; people read it in order);
+/// the checker's figures are null when it could not read the histories.
 fn report(
     scenario: &Scenario,
-    (operations, admissions): (u64, u64),
-    (verdict, waits): (&Value, Option<&Waits>),
+    (verdict, waits): (&Result<Report, ReadError>, Option<&Waits>),
     ok: Option<bool>,
     started: Instant,
     dir: &std::path::Path,
 ) -> String {
-    let field = |name: &str| check::field(verdict, name);
+    let checked = verdict.as_ref().ok();
+    let field = |f: fn(&Report) -> u64| json!(checked.map(f));
     let result = match ok {
         Some(true) => "within bound",
         Some(false) => "OVER BOUND",
@@ -339,37 +329,27 @@ fn report(
     };
     let fields = [
         ("scenario", json!(scenario.name)),
-        // The checker's counts, or this run's own when it gave none.
-        (
-            "operations",
-            verdict
-                .get("operations")
-                .cloned()
-                .unwrap_or(json!(operations)),
-        ),
-        (
-            "admissions",
-            verdict
-                .get("admissions")
-                .cloned()
-                .unwrap_or(json!(admissions)),
-        ),
+        ("operations", field(|r| r.operations)),
+        ("admissions", field(|r| r.admissions)),
         (
             "over_admission",
-            json!({"count": field("over_admissions"), "largest_excess": field("largest_excess")}),
+            json!({"count": field(|r| r.over_admissions), "largest_excess": field(|r| r.largest_excess)}),
         ),
-        ("slots_leaked", field("slots_leaked")),
-        ("permits_lost", field("permits_lost")),
-        ("fault_ms", check::fault_ms(verdict)),
-        ("recovery_ms", check::recovery_ms(verdict)),
-        ("token_violations", field("token_violations")),
+        ("slots_leaked", field(|r| r.slots_leaked)),
+        ("permits_lost", field(|r| r.permits_lost)),
+        ("fault_ms", json!(checked.and_then(check::fault_ms))),
+        ("recovery_ms", json!(checked.and_then(check::recovery_ms))),
+        ("token_violations", field(|r| r.token_violations)),
         ("waiting", waits.map_or(Value::Null, Waits::json)),
         ("bound", json!(scenario.bound.text())),
         ("result", json!(result)),
-        ("keys_over", json!(check::keys_over(verdict, |_| 0))),
+        (
+            "keys_over",
+            json!(checked.map_or(Vec::new(), |r| check::keys_over(r, |_| 0))),
+        ),
         (
             "checker_error",
-            verdict.get("error").cloned().unwrap_or(Value::Null),
+            json!(verdict.as_ref().err().map(ToString::to_string)),
         ),
         ("seconds", json!(started.elapsed().as_secs())),
         ("histories", json!(dir.display().to_string())),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use inflight::{AcquireOptions, Limiter, RedisStore};
 use serde_json::{json, Value};
 
-use crate::history::{History, PermitInfo};
+use crate::history::{lines, History, PermitInfo};
 use crate::holder::keys_of;
 
 /// The keys a run's holders may queue on.
@@ -92,17 +92,11 @@ pub(crate) struct Waits {
 impl Waits {
     /// Reads the holders' histories among `files`; `killed` names the processes that did not survive.
     pub(crate) fn read(files: &[PathBuf], killed: &[&str], tickets: Tickets) -> Self {
-        let lines = |file: &PathBuf| -> Vec<Value> {
-            let text = std::fs::read_to_string(file).unwrap_or_default();
-            text.lines()
-                .filter_map(|line| serde_json::from_str(line).ok())
-                .collect()
-        };
         let fault_end = files
             .iter()
-            .flat_map(lines)
-            .filter(|line| line["op"] == "fault")
-            .filter_map(|line| line["complete_ns"].as_u64())
+            .flat_map(|file| lines(file))
+            .filter(|line| line.op == "fault")
+            .map(|line| line.complete_ns)
             .max()
             .unwrap_or(u64::MAX);
         let mut waits = Self {
@@ -111,19 +105,18 @@ impl Waits {
         };
         for file in files {
             let lines = lines(file);
-            let Some(process) = lines.first().and_then(|l| l["process"].as_str()) else {
+            let Some(process) = lines.first().map(|l| l.process.as_str()) else {
                 continue;
             };
             if !process.starts_with("rust-") {
                 continue;
             }
-            let acquires = lines.iter().filter(|l| l["op"] == "acquire");
+            let acquires = lines.iter().filter(|l| l.op == "acquire");
             let admitted_after = acquires
                 .clone()
-                .filter(|l| l["result"] == "admitted")
-                .filter(|l| l["invoke_ns"].as_u64().is_some_and(|t| t > fault_end))
+                .filter(|l| l.result == "admitted" && l.invoke_ns > fault_end)
                 .count() as u64;
-            waits.timeouts += acquires.filter(|l| l["result"] == "full").count() as u64;
+            waits.timeouts += acquires.filter(|l| l.result == "full").count() as u64;
             waits.admitted_after += admitted_after;
             if killed.contains(&process) {
                 continue;

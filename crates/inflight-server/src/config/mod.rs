@@ -67,7 +67,14 @@ pub enum Command {
     /// certain, fencing tokens going backwards, slots leaked at the end, permits lost and the recovery
     /// after each fault. Exits 0 (nothing certain went wrong), 1 (over-admission or a token going
     /// backwards) or 2 (a file or line that cannot be read, named).
-    CheckHistory(crate::history::CheckHistoryArgs),
+    CheckHistory {
+        /// History files, one JSON object a line ("-": standard input); read as one history.
+        #[arg(value_name = "FILE", required = true)]
+        files: Vec<std::path::PathBuf>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A setting that could not be used: names the setting and says why.

@@ -1,4 +1,5 @@
-//! `inflight check-history FILE...`: what a fault run's histories prove (docs/histories.md).
+//! What a fault run's histories prove (docs/histories.md): the line format the harness's writers share
+//! ([`Line`]), and the checker behind `inflight check-history`.
 //!
 //! Every client of a run logs one JSON line per operation: its process, op, keys, permit id, weight,
 //! lease, the limit it knows, the fencing token it was given, invoke and complete times on one clock,
@@ -16,47 +17,50 @@
 //! - Slots leaked at the end (the last status line), permits reported lost, the time to the first
 //!   admission after each fault (report.rs).
 //!
-//! O(n log n): sorts, then sweeps per slot and per key. Exit codes: [`OK`], [`FOUND`], [`UNREADABLE`].
+//! O(n log n): sorts, then sweeps per slot and per key.
+//!
+//! ```
+//! use inflight_history::{check_text, Line};
+//!
+//! let admitted = |process: &str, id: &str, at: u64| Line {
+//!     process: process.into(),
+//!     op: "acquire".into(),
+//!     keys: vec!["tenant:7".into()],
+//!     id: Some(id.into()),
+//!     lease_ms: Some(30_000),
+//!     limits: Some(vec![Some(1)]),
+//!     invoke_ns: at,
+//!     complete_ns: at + 1,
+//!     result: "admitted".into(),
+//!     ..Line::default()
+//! };
+//! let lines = [admitted("rust-1", "a1", 0), admitted("py-1", "b1", 10)];
+//! let text: Vec<String> = lines.iter().map(|l| serde_json::to_string(l).unwrap()).collect();
+//! let report = check_text("run.jsonl", &text.join("\n"))?;
+//! assert!(!report.ok);
+//! assert_eq!((report.over_admissions, report.largest_excess), (1, 1));
+//! # Ok::<(), inflight_history::ReadError>(())
+//! ```
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod check;
 mod held;
+mod line;
 mod read;
 mod report;
 mod text;
 mod tokens;
 
-#[cfg(test)]
-mod tests;
-
 use std::path::PathBuf;
-use std::process::ExitCode;
 
-use clap::Args;
+pub use line::Line;
+pub use read::{History, ReadError};
+pub use report::{ExampleLine, ExcessExample, FaultReport, KeyReport, Report, TokenExample};
 
-pub use read::ReadError;
-pub use report::{ExcessExample, FaultReport, KeyReport, Line, Report, TokenExample};
-
-/// Exit code: read, and nothing certain went wrong.
-pub const OK: u8 = 0;
-/// Exit code: a certain over-admission, or a token going backwards.
-pub const FOUND: u8 = 1;
-/// Exit code: a file could not be read or a line could not be used (and clap's usage errors).
-pub const UNREADABLE: u8 = 2;
-
-/// The arguments of `inflight check-history`.
-#[derive(Debug, Args)]
-pub struct CheckHistoryArgs {
-    /// History files, one JSON object a line ("-": standard input); read as one history.
-    #[arg(value_name = "FILE", required = true)]
-    pub files: Vec<PathBuf>,
-    /// Print one JSON object instead of text.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Reads and checks `files` as one history.
+/// Reads and checks `files` ("-": standard input) as one history.
 pub fn check_files(files: &[PathBuf]) -> Result<Report, ReadError> {
-    let mut history = read::History::default();
+    let mut history = History::default();
     for file in files {
         history.read_file(file)?;
     }
@@ -65,37 +69,15 @@ pub fn check_files(files: &[PathBuf]) -> Result<Report, ReadError> {
 
 /// Checks one history given as text (`name` in errors).
 pub fn check_text(name: &str, text: &str) -> Result<Report, ReadError> {
-    let mut history = read::History::default();
+    let mut history = History::default();
     history.read(name, text.as_bytes())?;
     Ok(check(&history))
 }
 
-fn check(history: &read::History) -> Report {
+/// What `history` proves.
+pub fn check(history: &History) -> Report {
     let held = held::held(history);
     let keys = check::over_admission(history, &held);
     let tokens = tokens::tokens(history, &held);
     report::report(history, keys, tokens)
-}
-
-/// Runs `inflight check-history`: prints the report on stdout, or what could not be read on stderr.
-pub fn run(args: &CheckHistoryArgs) -> ExitCode {
-    let report = match check_files(&args.files) {
-        Ok(report) => report,
-        Err(error) => {
-            eprintln!("inflight check-history: {error}");
-            return ExitCode::from(UNREADABLE);
-        }
-    };
-    if args.json {
-        match serde_json::to_string(&report) {
-            Ok(json) => println!("{json}"),
-            Err(error) => {
-                eprintln!("inflight check-history: {error}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", report.text());
-    }
-    ExitCode::from(if report.ok { OK } else { FOUND })
 }

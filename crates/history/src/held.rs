@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::read::{History, Kind, Op, Outcome, Sym};
+use crate::read::{History, Kind, Op, Outcome, Sym};
 
 /// A stretch of time in which a slot is certainly held, and the confirmation that proves it.
 #[derive(Clone, Copy, Debug)]

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::check::KeyCheck;
-use super::read::{History, Kind, Limit, Op, Outcome, Sym};
-use super::tokens::TokenCheck;
+use crate::check::KeyCheck;
+use crate::read::{History, Kind, Limit, Op, Outcome, Sym};
+use crate::tokens::TokenCheck;
 
 /// The findings over one or more history files.
 #[derive(Debug, Serialize)]
@@ -77,12 +77,12 @@ pub struct ExcessExample {
     /// The key's limit.
     pub limit: u32,
     /// Who held it (at most 16).
-    pub holders: Vec<Line>,
+    pub holders: Vec<ExampleLine>,
 }
 
 /// A line of a history, as examples name it.
 #[derive(Debug, Serialize)]
-pub struct Line {
+pub struct ExampleLine {
     /// `file:line`.
     pub at: String,
     /// Its op.
@@ -107,9 +107,9 @@ pub struct TokenExample {
     /// The key.
     pub key: String,
     /// The admission.
-    pub later: Line,
+    pub later: ExampleLine,
     /// The admission it came after, or the release or lost renewal that ended that one's lease.
-    pub earlier: Line,
+    pub earlier: ExampleLine,
 }
 
 /// A fault, and how long admissions took to resume after it.
@@ -134,7 +134,7 @@ pub(crate) fn report(history: &History, keys: Vec<KeyCheck>, tokens: TokenCheck)
     let line = |n: u32, key: Option<Sym>, weight: Option<u32>| {
         let op = &history.ops[n as usize];
         let pos = key.and_then(|key| op.keys.iter().position(|k| *k == key));
-        Line {
+        ExampleLine {
             at: format!("{}:{}", history.files[op.file as usize], op.line),
             op: match op.kind {
                 Kind::Acquire => "acquire",
@@ -231,11 +231,11 @@ pub(crate) fn report(history: &History, keys: Vec<KeyCheck>, tokens: TokenCheck)
         .iter()
         .map(|b| TokenExample {
             key: name(b.key),
-            later: Line {
+            later: ExampleLine {
                 token: Some(b.later_token),
                 ..line(b.later, Some(b.key), None)
             },
-            earlier: Line {
+            earlier: ExampleLine {
                 token: Some(b.earlier_token),
                 ..line(b.earlier, Some(b.key), None)
             },

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::report::{Line, Report};
+use crate::report::{ExampleLine, Report};
 
 /// Keys listed one per line; the others are counted (`--json` lists every key).
 const KEYS: usize = 20;
@@ -157,11 +157,11 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-fn holder(line: &Line) -> String {
+fn holder(line: &ExampleLine) -> String {
     format!("{} weight {}", who(line), line.weight)
 }
 
 /// "process id ID (file:line)".
-fn who(line: &Line) -> String {
+fn who(line: &ExampleLine) -> String {
     format!("{} {} id {} ({})", line.op, line.process, line.id, line.at)
 }

@@ -16,8 +16,8 @@
 
 use std::collections::HashMap;
 
-use super::held::Held;
-use super::read::{History, Kind, Outcome, Sym};
+use crate::held::Held;
+use crate::read::{History, Kind, Outcome, Sym};
 
 /// Examples kept.
 pub(crate) const EXAMPLES: usize = 10;

@@ -1,10 +1,7 @@
 //! The checker on small histories written here: each fault caught, each look-alike left alone.
 
-mod sim;
-
+use inflight_history::{check_text, Line, Report};
 use serde_json::{json, Value};
-
-use super::{check_text, Report};
 
 const MS: u64 = 1_000_000;
 
@@ -358,4 +355,28 @@ fn unreadable_lines_name_their_file_and_line() {
         error(&format!("{good}\n\u{0}\n")),
         "h.jsonl:2: not a history line: expected value (column 1)"
     );
+}
+
+#[test]
+fn a_line_is_read_as_written_and_as_other_writers_spell_it() {
+    let line = Line {
+        process: "runner".into(),
+        op: "status".into(),
+        keys: vec!["a".into()],
+        limits: Some(vec![Some(1)]),
+        invoke_ns: 5,
+        complete_ns: 6,
+        result: "ok".into(),
+        in_flight: vec![2],
+        ..Line::default()
+    };
+    let text = serde_json::to_string(&line).unwrap();
+    let written = r#"{"process":"runner","op":"status","keys":["a"],"limits":[1],"invoke_ns":5,"complete_ns":6,"result":"ok","in_flight":[2]}"#;
+    assert_eq!(text, written);
+    assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), line);
+    assert_eq!(check_text("h", &text).unwrap().slots_leaked, 2);
+    // Nulls for what a writer lacks, and fields the checker does not read.
+    let other = r#"{"process":"py-1","op":"fault","keys":null,"token":null,"in_flight":null,"invoke_ns":1,"complete_ns":2,"result":"ok","name":"pause","extra":1}"#;
+    let line: Line = serde_json::from_str(other).unwrap();
+    assert_eq!((line.keys.len(), line.name.as_deref()), (0, Some("pause")));
 }

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::held::Held;
-use super::read::{History, Limit, Sym};
+use crate::held::Held;
+use crate::read::{History, Limit, Sym};
 
 /// Examples kept per key (the first episodes, each at its peak).
 pub(crate) const EXAMPLES: usize = 3;

@@ -1,12 +1,11 @@
 //! Reading histories: one JSON object a line, each field checked; a line that cannot be used names its
 //! file and line. Unknown fields are ignored, so that a harness may log more than the checker reads.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::Path;
 
-use serde::Deserialize;
+use crate::line::Line;
 
 /// An interned name: a process, a permit id, a key, a fault's name.
 pub(crate) type Sym = u32;
@@ -100,9 +99,9 @@ pub(crate) enum Limit {
     At(u32),
 }
 
-/// Every line of every file, and what they say of the keys' limits.
+/// The lines of one or more files, each checked field by field, and what they say of the keys' limits.
 #[derive(Default)]
-pub(crate) struct History {
+pub struct History {
     pub(crate) files: Vec<String>,
     pub(crate) ops: Vec<Op>,
     pub(crate) names: Names,
@@ -121,40 +120,9 @@ pub struct ReadError {
     pub reason: String,
 }
 
-/// A line as written; checked into an [`Op`].
-#[derive(Deserialize)]
-struct Raw<'a> {
-    #[serde(borrow)]
-    process: Cow<'a, str>,
-    #[serde(borrow)]
-    op: Cow<'a, str>,
-    #[serde(borrow, default)]
-    keys: Option<Vec<Cow<'a, str>>>,
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(default)]
-    token: Option<u64>,
-    #[serde(default)]
-    tokens: Option<Vec<Option<u64>>>,
-    #[serde(default)]
-    weight: Option<u32>,
-    #[serde(default)]
-    lease_ms: Option<u64>,
-    #[serde(default)]
-    limits: Option<Vec<Option<u32>>>,
-    invoke_ns: u64,
-    complete_ns: u64,
-    #[serde(borrow)]
-    result: Cow<'a, str>,
-    #[serde(default)]
-    in_flight: Option<Vec<u32>>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-}
-
 impl History {
     /// Reads `path` ("-": standard input) into this history.
-    pub(crate) fn read_file(&mut self, path: &Path) -> Result<(), ReadError> {
+    pub fn read_file(&mut self, path: &Path) -> Result<(), ReadError> {
         let shown = path.display().to_string();
         let fail = |line, reason: String| ReadError {
             file: shown.clone(),
@@ -170,7 +138,7 @@ impl History {
     }
 
     /// Reads the lines of `input` (named `file` in errors) into this history.
-    pub(crate) fn read(&mut self, file: &str, mut input: impl BufRead) -> Result<(), ReadError> {
+    pub fn read(&mut self, file: &str, mut input: impl BufRead) -> Result<(), ReadError> {
         let index = u32::try_from(self.files.len()).expect("fewer than 2^32 files");
         self.files.push(file.to_owned());
         let mut buf = Vec::new();
@@ -194,7 +162,7 @@ impl History {
             if text.trim().is_empty() {
                 continue;
             }
-            let raw: Raw = serde_json::from_str(text).map_err(|e| {
+            let raw: Line = serde_json::from_str(text).map_err(|e| {
                 let text = e.to_string();
                 let reason = match text.rfind(" at line ") {
                     Some(at) => format!("{} (column {})", &text[..at], e.column()),
@@ -211,7 +179,7 @@ impl History {
     }
 
     /// The line as an [`Op`], or why it cannot be one; records the limits it reports.
-    fn check(&mut self, raw: Raw<'_>, file: u32, line: u32) -> Result<Op, String> {
+    fn check(&mut self, raw: Line, file: u32, line: u32) -> Result<Op, String> {
         use Outcome as O;
         let (kind, outcomes): (Kind, &[(&str, Outcome)]) = match &*raw.op {
             "acquire" => (
@@ -264,7 +232,7 @@ impl History {
         if raw.complete_ns < raw.invoke_ns {
             return Err("complete_ns is before invoke_ns".to_owned());
         }
-        let keys = raw.keys.unwrap_or_default();
+        let keys = raw.keys;
         if keys.is_empty() && kind != Kind::Fault {
             return Err(format!("`{}` without `keys`", raw.op));
         }
@@ -289,7 +257,7 @@ impl History {
             (None, Some(token)) => vec![Some(token)],
             (None, None) => Vec::new(),
         };
-        let in_flight = raw.in_flight.unwrap_or_default();
+        let in_flight = raw.in_flight;
         if kind == Kind::Status {
             aligned("in_flight", in_flight.len())?;
         }

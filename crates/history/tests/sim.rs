@@ -7,10 +7,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use inflight_history::check_text;
 use proptest::prelude::*;
 use serde_json::{json, Value};
-
-use super::super::check_text;
 
 const KEYS: [&str; 3] = ["a", "b", "c"];
 const US: u64 = 1_000;
