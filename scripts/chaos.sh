@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fault runs on loopback (issue 28; RELIABILITY.md, "Chaos runs"): real redis-server, Sentinel and Cluster
 # topologies, holders in Rust (the library), Python (clients/python), over `inflight serve`'s API and
-# through `inflight proxy`, each writing a history that the history checker (crates/history) judges. One JSON line per
-# scenario; exits non-zero when a scenario is over its bound.
+# through `inflight proxy`, each writing a history that the history checker (crates/history) judges. One
+# JSON line per scenario; exits non-zero when a scenario is over its bound.
 #   scripts/chaos.sh            every scenario (under 30 minutes on 2 cores)
 #   scripts/chaos.sh --quick    a subset with shorter runs (under 5 minutes; part of scripts/test.sh)
 #   scripts/chaos.sh --only NAME   the scenarios whose name contains NAME

@@ -89,11 +89,13 @@ fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
         return plan;
     }
     // Library waiters only: one killed, one paused, one cut, two left alone. Long enough after the
-    // faults (4 s from a third in) for the paused and cut ones to be admitted again.
-    let duration_ms = duration_ms.max(12_000);
+    // faults (3.5 s from a quarter in) for the paused and cut ones to be admitted again: at least two
+    // waits that run out (4 s each, most asks queue behind 15 others) and a reconnection (8.5 s at 16 s;
+    // with 4.5 s, a waiter on a loaded machine was now and then refused twice and counted as stalled).
+    let duration_ms = duration_ms.max(16_000);
     Plan {
         duration_ms,
-        fault_at_ms: duration_ms / 3,
+        fault_at_ms: duration_ms / 4,
         rust: 5,
         python: 0,
         http: 0,
