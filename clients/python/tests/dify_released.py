@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -288,8 +289,11 @@ def run(
             args = [url, kind, prefix, app, str(limit), repr(hold), str(log), serve]
             cmd = [sys.executable, __file__, "worker", *args]
             procs.append((subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE), log))
+        deadline = time.monotonic() + 60
         for proc, _ in procs:  # every worker set up before any enters
             assert proc.stdout is not None
+            if not select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise RuntimeError("a worker did not say it was ready within 60 s")
             if proc.stdout.readline() != b"ready\n":
                 raise RuntimeError("a worker did not start")
         for proc, _ in procs:

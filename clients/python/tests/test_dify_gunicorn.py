@@ -1,7 +1,8 @@
-"""The drop-in under a real gunicorn with gevent workers: as Dify's API runs it (its entrypoint, Dify
-1.14 to 1.16.1: no ``--preload``, the worker class ``GeventWebSocketWorker`` unless ``SERVER_WORKER_CLASS``
-says otherwise, so ``configure()`` runs in each worker after gevent's monkey-patching), and with
-``--preload -k gevent``, where ``configure()`` runs in the master, before the fork and the patching."""
+"""The drop-in under a real gunicorn with gevent workers: as Dify's API runs it (its entrypoint: no
+``--preload``, the worker class ``SERVER_WORKER_CLASS``, ``gevent`` in Dify's compose and
+``GeventWebSocketWorker`` when unset since 1.14, so ``configure()`` runs in each worker after gevent's
+monkey-patching), and with ``--preload -k gevent``, where ``configure()`` runs in the master, before the
+fork and the patching."""
 
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ def get(url: str) -> tuple[int, str]:
 
 
 SHAPES = {
+    # Dify's entrypoint (no --preload) with its compose's SERVER_WORKER_CLASS=gevent, and unset (1.14+).
+    "difys-compose": ["-k", "gevent", "--worker-connections", "10"],
     "difys-entrypoint": [
         "-k",
         "geventwebsocket.gunicorn.workers.GeventWebSocketWorker",

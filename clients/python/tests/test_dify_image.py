@@ -28,7 +28,8 @@ def test_the_images_patch_is_the_guides() -> None:
     )
     dockerfile = (CONTRIB / "Dockerfile").read_text()
     assert re.search(r"^FROM langgenius/dify-api:\$\{DIFY_VERSION\}$", dockerfile, re.M)
-    assert "sh /tmp/inflight/install.sh" in dockerfile and dockerfile.rstrip().endswith("USER dify")
+    assert "sh /tmp/inflight/install.sh" in dockerfile and dockerfile.rstrip().endswith("USER ${DIFY_USER}")
+    assert "ARG DIFY_USER=dify" in dockerfile
 
 
 def uv() -> str:

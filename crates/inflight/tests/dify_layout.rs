@@ -326,3 +326,43 @@ async fn an_admission_keeps_difys_limit_key_alive() {
     let ttl: i64 = conn.ttl(MAX).unwrap();
     assert_eq!(ttl, -1, "inflight's own override keeps no expiry");
 }
+
+/// With Dify's `REDIS_KEY_PREFIX`, every name is Dify's prefixed one: the hash, the limit key, the side
+/// keys after the hash, and the channel a release is announced on (which other processes' waiters hear).
+#[tokio::test]
+async fn with_a_key_prefix_every_name_follows_the_prefixed_hash() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let hash = format!("acme:{HASH}");
+    let mut subscriber = redis.client();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe(format!("{{{hash}}}:released")).unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let store = redis
+        .store_builder()
+        .dify()
+        .key_prefix(" acme\u{1f}")
+        .open()
+        .unwrap();
+    let _: () = conn.set(format!("acme:{MAX}"), 1).unwrap();
+    let limiter = limiter(store, 5);
+    let permit = limiter.try_acquire("app-1").await.unwrap();
+    assert_eq!(
+        permit.limit(),
+        inflight::Limit::Limited(1),
+        "the prefixed limit key is the app's"
+    );
+    let len: usize = conn.hlen(&hash).unwrap();
+    let keys: Vec<String> = conn.keys("*").unwrap();
+    assert_eq!(len, 1);
+    assert!(
+        keys.iter()
+            .all(|key| key.contains("acme:dify:rate_limit:app-1:")),
+        "{keys:?}"
+    );
+    permit.release().await.unwrap();
+    let message = pubsub.get_message().expect("the release announced");
+    assert_eq!(message.get_channel_name(), format!("{{{hash}}}:released"));
+}

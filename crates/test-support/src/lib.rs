@@ -33,25 +33,47 @@ pub struct TestRedis {
 }
 
 impl TestRedis {
-    /// Starts a redis-server on a free port and waits until it answers.
+    /// Starts a redis-server on a free port and waits until it answers. A port another test's server
+    /// took between the look-up and the start (what answers is then not this one) is given up for another.
     pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
-        let mut redis = Self {
-            server: None,
-            port,
-            dir: procs::scratch_dir("redis"),
-        };
-        redis.spawn();
-        redis
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("a free port")
+                .port();
+            let mut redis = Self {
+                server: None,
+                port,
+                dir: procs::scratch_dir("redis"),
+            };
+            if redis.try_spawn() {
+                return redis;
+            }
+        }
+        panic!("redis-server never started on a port of its own");
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server did not start on {}",
+            self.port
+        );
+    }
+
+    /// Starts the server on this port; false when what answers there is not it.
+    fn try_spawn(&mut self) -> bool {
         let debug = procs::debug_command_args("yes");
-        self.server = Some(procs::spawn_server(&self.dir, self.port, None, &debug));
+        let mut child = procs::spawn_server(&self.dir, self.port, None, &debug);
         procs::wait_ping(self.port);
+        let pid = procs::info_field(self.port, "server", "process_id");
+        if pid.as_deref() == Some(child.id().to_string().as_str()) {
+            self.server = Some(child);
+            return true;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
     }
 
     pub fn url(&self) -> String {

@@ -47,9 +47,9 @@ pub struct RedisSettings {
     #[arg(default_value = "600s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub dify_stale_after: Duration,
-    /// Under --layout dify: Dify's REDIS_KEY_PREFIX (read from that variable too), put before the
-    /// app's limit key as Dify's redis_client puts it (`<prefix>:dify:rate_limit:K:max_active_requests`;
-    /// the hash Dify's admission script counts in has none). Empty: none.
+    /// Under --layout dify: Dify's REDIS_KEY_PREFIX (Dify 1.14 and later; read from that variable too),
+    /// put before both of an app's keys as Dify's redis_client puts it
+    /// (`<prefix>:dify:rate_limit:K:active_requests` and `...:max_active_requests`). Empty: none.
     #[arg(long, env = "INFLIGHT_REDIS_KEY_PREFIX", value_name = "PREFIX")]
     #[arg(default_value = "")]
     pub redis_key_prefix: String,

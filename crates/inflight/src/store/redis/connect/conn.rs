@@ -102,8 +102,17 @@ impl Conn {
                 checked.get_or_try_init(check).await?;
             }
             Conn::Cluster { conn, checked, .. } => {
-                let check =
-                    || async { version::checked(Self::info_of_cluster(conn, "server").await) };
+                // INFO goes to every primary and fails when one cannot answer (down, failing over):
+                // that must not stop the commands of the others' slots, so the check is then skipped.
+                let check = || async {
+                    match Self::info_of_cluster(conn, "server").await {
+                        Ok(infos) => version::check(&infos),
+                        Err(error) => {
+                            tracing::warn!(%error, "cannot read every primary's Redis version; not checked");
+                            Ok(())
+                        }
+                    }
+                };
                 checked.get_or_try_init(check).await?;
             }
             Conn::Sentinel(_) => {}

@@ -51,7 +51,9 @@ impl DifyStoreBuilder {
     /// `<prefix>:dify:rate_limit:K:max_active_requests`. inflight's side keys follow the hash's name.
     /// Surrounding whitespace is dropped; empty: none.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into().trim().to_owned();
+        // As Python's str.strip(), which Dify uses: Unicode whitespace and the ASCII separators 0x1c-0x1f.
+        let space = |c: char| c.is_whitespace() || ('\x1c'..='\x1f').contains(&c);
+        self.key_prefix = prefix.into().trim_matches(space).to_owned();
         self
     }
 
