@@ -1,7 +1,7 @@
 //! Reserved floors: slots of a key that lower priority levels do not take while a level has demand.
 //!
 //! The rule lives in three places, which must agree: [`Floors::reserved`] here (the memory store's),
-//! `reserved` in `store/redis/scripts/queue.lua`, and the tests in `tests/waiting.rs`.
+//! `reserved` in `store/redis/scripts/queue.lua`, and the tests in `tests/waiting/queue.rs`.
 
 use crate::limit::PolicyError;
 
