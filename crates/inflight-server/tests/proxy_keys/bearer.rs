@@ -16,6 +16,27 @@ fn short_hash(text: &str) -> String {
         .collect()
 }
 
+/// `inflight proxy` in front of `upstream`, limit 1 per key formed by `template`, per-key metrics, a
+/// trace log.
+fn proxy(upstream: &Upstream, template: &str) -> (Running, String) {
+    let args = [
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &upstream.base,
+        "--default-limit",
+        "1",
+        "--metrics-per-key",
+        "true",
+        "--key",
+        template,
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    Running::start_with_env(&args, &[("INFLIGHT_LOG", "trace")])
+}
+
 /// The bearer token is hashed into the key and appears in no key, answer, metric or log line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
@@ -23,24 +44,7 @@ async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
     let hash = short_hash(TOKEN);
     let key = format!("user:{hash}");
     let upstream = Upstream::start().await;
-    let (mut server, started) = Running::start_with_env(
-        &[
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream.base,
-            "--default-limit",
-            "1",
-            "--metrics-per-key",
-            "true",
-            "--key",
-            "user:{bearer_hash}",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-        &[("INFLIGHT_LOG", "trace")],
-    );
+    let (mut server, started) = proxy(&upstream, "user:{bearer_hash}");
     let base = format!("http://{}", listen_of(&started));
     let admin = format!("http://{}", admin_of(&started));
     let http = Client::new();
@@ -115,21 +119,7 @@ async fn the_bearer_hash_is_the_key_and_the_token_is_nowhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_path_hash_is_the_key_and_the_path_is_in_no_key() {
     let upstream = Upstream::start().await;
-    let (_server, started) = Running::start(&[
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream.base,
-        "--default-limit",
-        "1",
-        "--metrics-per-key",
-        "true",
-        "--key",
-        "run:{path_hash}",
-        "--admin-listen",
-        "127.0.0.1:0",
-    ]);
+    let (_server, started) = proxy(&upstream, "run:{path_hash}");
     let base = format!("http://{}", listen_of(&started));
     let admin = format!("http://{}", admin_of(&started));
     let http = Client::new();
