@@ -156,6 +156,7 @@ impl Model {
                     expires_at_ms: 0,
                 }
             }
+            Op::Wait { .. } | Op::Leave { .. } => unreachable!("the model keeps no queue"),
             Op::Unhold { nth } => {
                 if self.holds.is_empty() {
                     return Outcome::Nothing;

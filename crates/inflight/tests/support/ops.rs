@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use inflight::store::{
     AcquireRequest, Admission, LocalAdmission, LocalSlots, OverrideChange, RenewRequest, Renewal,
+    Ticket,
 };
-use inflight::{ClassLimits as Policy, Limit, PermitId, Store};
+use inflight::{ClassLimits as Policy, Floors, Limit, PermitId, Store, Wakeups};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -46,6 +47,48 @@ pub enum Op {
     Advance {
         ms: u64,
     },
+    /// A waiter's ask on `key` with its ticket `ticket`, whose id, priority, flow and flow weight follow
+    /// from the ticket ([`waiter`]); `floored`: the key's class keeps a floor for the highest level.
+    Wait {
+        key: u8,
+        ticket: u8,
+        weight: u32,
+        lease_ms: u64,
+        floored: bool,
+    },
+    /// The waiter of `ticket` gives up its place on `key`.
+    Leave {
+        key: u8,
+        ticket: u8,
+    },
+}
+
+/// A waiter's id, priority, flow and flow weight, from its ticket: ids 10 and up (apart from the plain
+/// acquires'), three levels, two flows of weights 1 and 2.
+pub fn waiter(ticket: u8) -> (u8, u8, &'static str, u32) {
+    let flow = if ticket % 2 == 0 { "a" } else { "b" };
+    (10 + ticket, ticket / 2 % 3, flow, 1 + u32::from(ticket % 2))
+}
+
+/// The floor of [`Op::Wait`]'s `floored` classes: one slot kept for level 2.
+pub fn floors() -> Floors {
+    Floors::new(&[(2, 1)]).unwrap()
+}
+
+/// Coarse operations of waiters and others on two keys: waiters' asks (queued, admitted in turn),
+/// leaves, plain acquires (which may not pass the queue), releases of both, limits changed, time.
+/// `floored` decides for the whole sequence whether the keys' class has a floor.
+pub fn waits_op(floored: bool) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0..2u8, 0..6u8, prop_oneof![4 => Just(1u32), 1 => Just(2u32)], 0..3u64)
+            .prop_map(move |(key, ticket, weight, l)| Op::Wait { key, ticket, weight, lease_ms: (l + 1) * 2_000, floored }),
+        2 => (0..2u8, 0..4u8, 1..3u32, 0..3u64)
+            .prop_map(|(key, id, weight, l)| Op::Acquire { key, also: None, id, weight, lease_ms: (l + 1) * 2_000 }),
+        3 => (0..2u8, prop_oneof![0..4u8, 10..16u8]).prop_map(|(key, id)| Op::Release { key, id }),
+        1 => (0..2u8, 0..6u8).prop_map(|(key, ticket)| Op::Leave { key, ticket }),
+        1 => (0..2u8, 1..5u32).prop_map(|(key, limit)| Op::SetLimit { key, limit }),
+        2 => (0..4u64).prop_map(|steps| Op::Advance { ms: steps * 1_000 }),
+    ]
 }
 
 /// Operations; with `holds`, also permits without a lease (`Store::hold`: the memory store).
@@ -164,6 +207,12 @@ pub enum Outcome {
         expires_at_ms: u64,
     },
     Lost,
+    Queued {
+        index: usize,
+        limit: u32,
+        in_flight: u32,
+    },
+    Left(bool),
     Status {
         limit: Limit,
         in_flight: u32,
@@ -181,7 +230,7 @@ pub fn class(policy: Policy, k: u8) -> Policy {
 }
 
 /// Applies `op` to `store`; `advance` moves the store's clock.
-pub async fn apply_store<S: Store>(
+pub async fn apply_store<S: Store + Wakeups>(
     store: &S,
     advance: &dyn Fn(Duration),
     policy: Policy,
@@ -233,6 +282,72 @@ pub async fn apply_store<S: Store>(
                 Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
                 queued @ Admission::Queued { .. } => panic!("no ticket was asked for: {queued:?}"),
             }
+        }
+        Op::Wait {
+            key: k,
+            ticket,
+            weight,
+            lease_ms,
+            floored,
+        } => {
+            let (i, priority, flow, flow_weight) = waiter(ticket);
+            let (id, name) = (id(i), format!("ticket-{ticket}"));
+            let keys = [key(k)];
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let floors = [if floored { floors() } else { Floors::NONE }];
+            let req = AcquireRequest {
+                keys: &keys,
+                id: &id,
+                weight,
+                lease_ms,
+                limits: &[class(policy, k)],
+                generated: false,
+                ticket: Some(Ticket {
+                    name: &name,
+                    flow,
+                    flow_weight,
+                    lease_ms: inflight::TICKET_LEASE_MS,
+                }),
+                priority,
+                floors: if floored { &floors } else { &[] },
+            };
+            match store.acquire(req).await.unwrap() {
+                Admission::Admitted { grant, .. } => Outcome::Admitted {
+                    in_flight: grant.in_flight,
+                    expires_at_ms: grant.expires_at_ms,
+                },
+                Admission::Unlimited => Outcome::Unlimited,
+                Admission::Full {
+                    index,
+                    limit,
+                    in_flight,
+                    ..
+                } => Outcome::Full {
+                    index,
+                    limit,
+                    in_flight,
+                },
+                Admission::Queued {
+                    index,
+                    limit,
+                    in_flight,
+                    ..
+                } => Outcome::Queued {
+                    index,
+                    limit,
+                    in_flight,
+                },
+                Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
+            }
+        }
+        Op::Leave { key: k, ticket } => {
+            let keys = [Arc::from(key(k))];
+            Outcome::Left(
+                store
+                    .leave(&keys, &format!("ticket-{ticket}"))
+                    .await
+                    .unwrap(),
+            )
         }
         Op::Release { key: k, id: i } => {
             let keys = [Arc::from(key(k))];

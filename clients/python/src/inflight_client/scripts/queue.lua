@@ -42,6 +42,8 @@ local function queue()
     if member then redis.call('ZREM', t .. ':queue', member) end
     redis.call('HDEL', t .. ':tickets', ticket)
     redis.call('ZREM', t .. ':expiry', ticket)
+    -- The last ticket gone, the rounds start again (as the memory store's queue forgets its flows).
+    if member and redis.call('ZCARD', t .. ':queue') == 0 then redis.call('DEL', t .. ':flows') end
   end
 
   -- Removes the tickets whose lease ended; how many.
@@ -133,6 +135,7 @@ local function queue()
   local function take_ticket(key, w, limit)
     local ticket, weight, level, flow, ticket_ms = w.ticket, w.weight, w.level, w.flow, w.ms
     local t = tag_of(key)
+    expire_tickets(key) -- (a place whose lease ended is lost, also to its own waiter asking late)
     local deadline = string.format('%.0f', now + ticket_ms)
     local keep_ms = ticket_ms * 2 + 1000
     if not redis.call('HGET', t .. ':tickets', ticket) then

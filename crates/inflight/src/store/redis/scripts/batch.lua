@@ -187,7 +187,8 @@ while a <= #ARGV do
     a = b + (floors and 7 or 6)
   elseif kind == 'l' or kind == 'L' then -- a waiter gives up its ticket (the "id" is the ticket)
     local left = 0
-    for j = 1, n do
+    for j = 1, n do -- (a ticket whose lease ended is no longer there: dropped first, as any call drops it)
+      queue().expire_tickets(keys[j])
       if queue().leave(keys[j], id, 1, false) then left = 1 end
     end
     replies[r + 1] = left
