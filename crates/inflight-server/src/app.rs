@@ -112,8 +112,11 @@ impl App {
     ) -> Result<Permit, KeyRefused> {
         let first = keys.first().copied().unwrap_or_default();
         let outcome = if wait.is_zero() {
-            let admission = self.limiter.try_acquire_all(keys, options);
-            self.timed("acquire", admission).await
+            // Timed here rather than through `timed`: one future less to build and move per request.
+            let started = Instant::now();
+            let outcome = self.limiter.try_acquire_all(keys, options).await;
+            self.metrics.store_latency("acquire", started.elapsed());
+            outcome
         } else {
             let priority = options.priority_level();
             let admission = self.limiter.acquire_all(keys, options.max_wait(wait));

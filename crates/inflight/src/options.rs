@@ -38,6 +38,14 @@ pub struct AcquireOptions {
     pub(crate) weight: Option<u32>,
     pub(crate) lease: Option<Duration>,
     pub(crate) max_wait: Option<Duration>,
+    /// Where it queues, when anything of it is set: boxed, since most admissions set none of it and
+    /// every future that carries the options (the proxy's, nested several deep) carries this.
+    pub(crate) queue: Option<Box<Queueing>>,
+}
+
+/// Where a waiter queues: its priority level, its flow and the flow's weight, and its ticket.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Queueing {
     pub(crate) priority: u8,
     pub(crate) flow: Option<Arc<str>>,
     pub(crate) flow_weight: Option<u32>,
@@ -96,7 +104,7 @@ impl AcquireOptions {
     /// The waiter's priority level (default 0): where a key's waiters queue, higher levels are admitted
     /// first, and a request without a wait does not pass waiters of any level.
     pub fn priority(mut self, priority: u8) -> Self {
-        self.priority = priority;
+        self.queueing().priority = priority;
         self
     }
 
@@ -105,20 +113,35 @@ impl AcquireOptions {
     /// [`MAX_FLOW_WEIGHT`], else [`crate::AcquireError::Invalid`]. Give a flow the same weight in every
     /// request: each ticket takes the weight it is given.
     pub fn flow_weight(mut self, weight: u32) -> Self {
-        self.flow_weight = Some(weight);
+        self.queueing().flow_weight = Some(weight);
         self
     }
 
     /// The priority level asked for ([`AcquireOptions::priority`]; 0 unless set).
     pub fn priority_level(&self) -> u8 {
-        self.priority
+        self.queue.as_ref().map_or(0, |queue| queue.priority)
     }
 
     /// The waiter's flow (the tenant, say; default: the flow of waiters that name none): within a
     /// priority level, waiting flows are served in turn, so a flow with one waiter is not kept behind
     /// another's hundred. At most [`MAX_FLOW_LEN`] bytes, else [`crate::AcquireError::Invalid`].
     pub fn flow(mut self, flow: impl Into<Arc<str>>) -> Self {
-        self.flow = Some(flow.into());
+        self.queueing().flow = Some(flow.into());
         self
+    }
+
+    /// Where it queues, made on first use.
+    pub(crate) fn queueing(&mut self) -> &mut Queueing {
+        self.queue.get_or_insert_with(Box::default)
+    }
+
+    /// Its flow, if set.
+    pub(crate) fn flow_name(&self) -> Option<&Arc<str>> {
+        self.queue.as_ref().and_then(|queue| queue.flow.as_ref())
+    }
+
+    /// Its ticket, while it waits with one.
+    pub(crate) fn ticket(&self) -> Option<&Arc<TicketSlot>> {
+        self.queue.as_ref().and_then(|queue| queue.ticket.as_ref())
     }
 }

@@ -76,6 +76,7 @@ impl QueueTemplates {
 
     /// `options` with the priority and the flow of a request with `headers`, whose canonical path is
     /// `path` (read only for `{path}`).
+    #[inline]
     pub(super) fn options(
         &self,
         headers: &HeaderMap,
@@ -85,6 +86,18 @@ impl QueueTemplates {
         if self.priority.is_none() && self.flow.is_none() {
             return Ok(options);
         }
+        self.placed(headers, path, options)
+    }
+
+    /// [`QueueTemplates::options`] with a template set: out of line, so that a proxy without
+    /// `--priority` and `--flow` carries none of it.
+    #[inline(never)]
+    fn placed(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        options: AcquireOptions,
+    ) -> Result<AcquireOptions, ApiError> {
         let place = self.place(headers, path)?;
         let options = options.priority(place.priority);
         Ok(match place.flow {

@@ -133,14 +133,15 @@ impl<S: Store> Limiter<S> {
             return invalid("id must not be empty");
         }
         if options
-            .flow
-            .as_ref()
+            .flow_name()
             .is_some_and(|flow| flow.len() > MAX_FLOW_LEN)
         {
             return invalid("flow must be at most 256 bytes");
         }
         if options
-            .flow_weight
+            .queue
+            .as_ref()
+            .and_then(|queue| queue.flow_weight)
             .is_some_and(|weight| !(1..=MAX_FLOW_WEIGHT).contains(&weight))
         {
             return invalid("flow weight must be 1 to 1000");
@@ -152,7 +153,7 @@ impl<S: Store> Limiter<S> {
         // (A waiter with a ticket, or an admission on a key with floors, asks the store: its place, and
         // which level holds what, are there.)
         let given_id = options.id.is_some();
-        let held = match options.ticket.is_none() && floors.is_none() {
+        let held = match options.ticket().is_none() && floors.is_none() {
             true => core
                 .store
                 .hold(keys, &limits[..keys.len()], weight, given_id),
@@ -189,11 +190,14 @@ impl<S: Store> Limiter<S> {
         let given = options.id.take();
         let standing = Standing {
             ticket: options
-                .ticket
-                .clone()
-                .map(|slot| (slot, options.flow.clone())),
-            priority: options.priority,
-            flow_weight: options.flow_weight.unwrap_or(1),
+                .ticket()
+                .map(|slot| (slot.clone(), options.flow_name().cloned())),
+            priority: options.priority_level(),
+            flow_weight: options
+                .queue
+                .as_ref()
+                .and_then(|queue| queue.flow_weight)
+                .unwrap_or(1),
             floors,
         };
         Now::Store(Prepared {

@@ -71,6 +71,18 @@ impl<S: Wakeups> Limiter<S> {
         if max_wait.is_zero() {
             return self.try_acquire_all(keys, options).await;
         }
+        // Boxed: a wait's state (its ticket, its place, its timers) is several times the size of an
+        // admission that does not wait, and every caller's future would otherwise carry (and move) it.
+        Box::pin(self.wait_for_slot(keys, options, max_wait)).await
+    }
+
+    /// [`Limiter::acquire_all`] with a wait of `max_wait` (not zero).
+    async fn wait_for_slot(
+        &self,
+        keys: &[&str],
+        options: AcquireOptions,
+        max_wait: Duration,
+    ) -> Result<Permit, KeyRefused> {
         let deadline = Instant::now() + max_wait;
         // A store with one queue per key for every process: the waiter takes a ticket there.
         if let Some(turn) = self.core.store.ticket() {
@@ -91,7 +103,7 @@ impl<S: Wakeups> Limiter<S> {
             .as_ref()
             .map_or(keys[0], |r| r.key.as_str())
             .to_owned();
-        let standing = (options.priority, options.flow.clone());
+        let standing = (options.priority_level(), options.flow_name().cloned());
         let Some(place) = waiters.join(&queue_key, &self.core.stats.waiting, standing) else {
             return match refused {
                 Some(refused) => Err(refused),
@@ -179,7 +191,7 @@ impl<S: Wakeups> Limiter<S> {
             taken_out: AtomicBool::new(false),
         });
         let mut options = options.clone();
-        options.ticket = Some(slot.clone());
+        options.queueing().ticket = Some(slot.clone());
         // Given up in the store when this wait ends unadmitted or is dropped.
         let mut leaving = Leaving {
             store: Some(self.core.store.clone()),
@@ -218,7 +230,7 @@ impl<S: Wakeups> Limiter<S> {
             }
             if place.is_none() {
                 let waiters = &self.core.waiters;
-                let standing = (options.priority, options.flow.clone());
+                let standing = (options.priority_level(), options.flow_name().cloned());
                 match waiters.join(&refused.key, &self.core.stats.waiting, standing) {
                     Some(joined) => place = Some(joined),
                     None => return Some(Err(refused)),

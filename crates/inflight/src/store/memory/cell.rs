@@ -87,9 +87,14 @@ impl<C: Clock> LocalSlots for Cell<C> {
             let mut state = self.lock();
             state.in_flight -= weight;
             state.last_used_ms = self.time.coarse_ms();
-            state.called_after_release(weight)
+            // Only a key with waiters' tickets has any to call.
+            state
+                .has_tickets()
+                .then(|| state.called_after_release(weight))
         };
-        self.wakes.wake_tickets(&called);
+        if let Some(called) = called {
+            self.wakes.wake_tickets(&called);
+        }
         self.wakes.wake(&self.key);
     }
 
@@ -136,7 +141,7 @@ pub(super) struct Slot<'a, C> {
 /// for a request that must not pass the keys' queues; its priority level and the keys' floors, none
 /// for a hold); the first key's limit when all have room, else the refusal of the first key, in the
 /// request's order, that refuses.
-#[inline]
+#[inline(always)] // into each decision: a hold with no floors or ticket folds their checks away
 pub(super) fn admit<C>(
     slots: &[Slot<'_, C>],
     (limits, floors): (&[ClassLimits], &[Floors]),

@@ -47,6 +47,11 @@ impl KeyState {
         self.in_flight == 0 && self.override_limit.is_none() && self.queue.is_none()
     }
 
+    /// True when waiters' tickets queue on the key.
+    pub(super) fn has_tickets(&self) -> bool {
+        self.queue.is_some()
+    }
+
     pub(super) fn has_leases_or_tickets(&self) -> bool {
         !self.leases.is_empty() || self.queue.is_some()
     }
@@ -56,6 +61,16 @@ impl KeyState {
     /// returns how many.
     #[inline]
     pub(super) fn expire_tickets(&mut self, now: u64) -> u32 {
+        match self.queue.is_some() {
+            true => self.expire_queued(now),
+            false => 0,
+        }
+    }
+
+    /// [`KeyState::expire_tickets`] for a key with a queue: out of line, so that an admission on a key
+    /// without waiters carries none of it.
+    #[inline(never)]
+    fn expire_queued(&mut self, now: u64) -> u32 {
         let Some(queue) = &mut self.queue else {
             return 0;
         };
@@ -153,6 +168,19 @@ impl KeyState {
         if self.queue.is_none() && floors.is_empty() {
             return false;
         }
+        self.behind_queued(max, (id, ticket), weight, (level, floors))
+    }
+
+    /// [`KeyState::behind`] for a key with a queue or floors: out of line, so that an admission on a
+    /// key with neither carries none of it.
+    #[inline(never)]
+    fn behind_queued(
+        &self,
+        max: u32,
+        (id, ticket): (Option<&PermitId>, Option<&str>),
+        weight: u32,
+        (level, floors): (u8, &Floors),
+    ) -> bool {
         let reserve = match floors.is_empty() {
             true => 0,
             false => floors.reserved(level, |l| self.held_at(l), |l| self.waiting_at(l)),

@@ -144,7 +144,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// The cell of `key`, made if it has none.
-    #[inline]
+    #[inline(always)]
     pub(super) fn made_cell(&self, key: &str) -> Arc<Cell<C>> {
         if let Some(cell) = self.inner.keys.get(key) {
             return cell.clone();
