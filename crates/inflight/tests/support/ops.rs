@@ -264,23 +264,8 @@ pub async fn apply_store<S: Store + Wakeups>(
                 floors: &[],
             };
             match store.acquire(req).await.unwrap() {
-                Admission::Admitted { grant, .. } => Outcome::Admitted {
-                    in_flight: grant.in_flight,
-                    expires_at_ms: grant.expires_at_ms,
-                },
-                Admission::Unlimited => Outcome::Unlimited,
-                Admission::Full {
-                    index,
-                    limit,
-                    in_flight,
-                    ..
-                } => Outcome::Full {
-                    index,
-                    limit,
-                    in_flight,
-                },
-                Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
                 queued @ Admission::Queued { .. } => panic!("no ticket was asked for: {queued:?}"),
+                admission => outcome(admission),
             }
         }
         Op::Wait {
@@ -311,34 +296,7 @@ pub async fn apply_store<S: Store + Wakeups>(
                 priority,
                 floors: if floored { &floors } else { &[] },
             };
-            match store.acquire(req).await.unwrap() {
-                Admission::Admitted { grant, .. } => Outcome::Admitted {
-                    in_flight: grant.in_flight,
-                    expires_at_ms: grant.expires_at_ms,
-                },
-                Admission::Unlimited => Outcome::Unlimited,
-                Admission::Full {
-                    index,
-                    limit,
-                    in_flight,
-                    ..
-                } => Outcome::Full {
-                    index,
-                    limit,
-                    in_flight,
-                },
-                Admission::Queued {
-                    index,
-                    limit,
-                    in_flight,
-                    ..
-                } => Outcome::Queued {
-                    index,
-                    limit,
-                    in_flight,
-                },
-                Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
-            }
+            outcome(store.acquire(req).await.unwrap())
         }
         Op::Leave { key: k, ticket } => {
             let keys = [Arc::from(key(k))];
@@ -425,5 +383,37 @@ pub async fn apply_store<S: Store + Wakeups>(
             }
             Outcome::Nothing
         }
+    }
+}
+
+/// An admission as both stores must agree on it.
+fn outcome(admission: Admission) -> Outcome {
+    match admission {
+        Admission::Admitted { grant, .. } => Outcome::Admitted {
+            in_flight: grant.in_flight,
+            expires_at_ms: grant.expires_at_ms,
+        },
+        Admission::Unlimited => Outcome::Unlimited,
+        Admission::Full {
+            index,
+            limit,
+            in_flight,
+            ..
+        } => Outcome::Full {
+            index,
+            limit,
+            in_flight,
+        },
+        Admission::Queued {
+            index,
+            limit,
+            in_flight,
+            ..
+        } => Outcome::Queued {
+            index,
+            limit,
+            in_flight,
+        },
+        Admission::TooHeavy { index, limit } => Outcome::TooHeavy { index, limit },
     }
 }
