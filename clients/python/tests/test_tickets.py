@@ -354,3 +354,43 @@ def test_turns_are_heard_across_a_cluster(redis_cluster: list[int]) -> None:
         for limiter in limiters:
             limiter.close()
         client.close()
+
+
+def test_dify_layout_waiters_queue_beside_difys_hash(redis_url: str, r: redis.Redis) -> None:
+    """The Dify layout's waiters take tickets too: their queue is inflight's, beside the hash Dify counts
+    (never in it), and two limiters' waiters are admitted in arrival order."""
+    a, b = (RedisLimiter(redis.Redis.from_url(redis_url), layout="dify", default_limit=1) for _ in range(2))
+    try:
+        hash_name = "dify:rate_limit:k:active_requests"
+        queue = "{" + hash_name + "}:queue"
+        holder = a.try_acquire("k")
+        starts = [lambda lim=(a, b)[i % 2]: lim.acquire("k", BOUND) for i in range(4)]
+        seen: list[int] = []
+
+        def release() -> None:
+            seen.append(int(r.hlen(hash_name)))
+            holder.release()
+
+        order: list[int] = []
+        threads = []
+        for i in range(4):
+
+            def wait(i: int = i) -> None:
+                permit = starts[i]()
+                order.append(i)
+                permit.release()
+
+            thread = threading.Thread(target=wait, daemon=True)
+            thread.start()
+            threads.append(thread)
+            until(lambda i=i: r.zcard(queue) == i + 1, f"{i + 1} tickets beside Dify's hash")
+        release()
+        for thread in threads:
+            thread.join(BOUND)
+            assert not thread.is_alive(), "a waiter was never admitted"
+        assert order == [0, 1, 2, 3]
+        assert seen == [1], "only the holder's entry in Dify's hash while four waited"
+        assert r.zcard(queue) == 0
+    finally:
+        a.close()
+        b.close()

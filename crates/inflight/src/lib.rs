@@ -83,7 +83,7 @@ pub use floors::{Floors, MAX_FLOORS};
 pub use id::PermitId;
 pub use limiter::{
     Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, Queued, TryAcquire, DEFAULT_MAX_WAITERS,
-    RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
+    POLL, RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
 };
 pub use options::{
     AcquireOptions, DEFAULT_LEASE, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE,
@@ -92,7 +92,7 @@ pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};
 pub use store::{
-    AnyStore, BusyKeys, Interest, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups,
+    AnyStore, BusyKeys, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups,
 };
 #[cfg(feature = "redis")]
 pub use store::{DifyStore, DifyStoreBuilder, RedisStore, RedisStoreBuilder};

@@ -352,6 +352,61 @@ async fn waiters_of_two_processes_share_one_queue_per_key_on_a_cluster() {
     }
 }
 
+/// Keys in several slots: a waiter takes its ticket in the queue of the key that refuses it, so waiters
+/// of two processes on `[app, tenant]` are admitted in arrival order, and once all are admitted no
+/// ticket is left in any slot's queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_across_slots_queue_on_the_refusing_key() {
+    let cluster = TestCluster::shared();
+    let prefix = unique_prefix("slots");
+    let open = || cluster.store_builder(&prefix).open().unwrap();
+    let tenants = inflight::ClassLimits::new(1, 0);
+    let policy = || Policy::new(0, 0).rule("tenant:*", tenants).unwrap();
+    let handles = [
+        Limiter::builder(open()).policy(policy()).build(),
+        Limiter::builder(open()).policy(policy()).build(),
+    ];
+    let apps = ["app-a", "app-b", "app-c", "app-d"];
+    let mut slots: HashSet<u16> = apps.iter().map(|k| cluster.slot_of(k)).collect();
+    slots.insert(cluster.slot_of("tenant:t"));
+    assert!(slots.len() > 2, "keys in several slots");
+    let held = handles[0].try_acquire("tenant:t").await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (n, app) in apps.into_iter().enumerate() {
+        let (handle, order) = (handles[n % 2].clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let wait = AcquireOptions::new().max_wait(Duration::from_secs(60));
+            let permit = handle.acquire_all(&[app, "tenant:t"], wait).await.unwrap();
+            order.lock().unwrap().push(n);
+            permit.release().await.unwrap();
+        }));
+        let waiting = || {
+            let each = handles.iter().map(|h| h.stats().waiting.load(Ordering::SeqCst));
+            each.sum::<u64>()
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while waiting() != n as u64 + 1 {
+            assert!(Instant::now() < deadline, "waiter {n} queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    held.release().await.unwrap();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("admitted")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "arrival order");
+    let mut raw = cluster.raw();
+    for key in ["app-a", "app-b", "app-c", "app-d", "tenant:t"] {
+        let queue = format!("{prefix}{{{key}}}:queue");
+        let left: usize = raw.zcard(&queue).unwrap();
+        assert_eq!(left, 0, "{queue}");
+    }
+}
+
 /// Quotas on a cluster: each key's balance in its own slot, the index of metered keys in another; a
 /// key funded through one process is metered in another within moments, and a reservation, its
 /// commit and the balance agree across them.

@@ -328,18 +328,12 @@ async fn an_admission_keeps_difys_limit_key_alive() {
 }
 
 /// With Dify's `REDIS_KEY_PREFIX`, every name is Dify's prefixed one: the hash, the limit key, the side
-/// keys after the hash, and the channel a release is announced on (which other processes' waiters hear).
+/// keys after the hash, and the queue of waiters beside it.
 #[tokio::test]
 async fn with_a_key_prefix_every_name_follows_the_prefixed_hash() {
     let redis = TestRedis::start();
     let mut conn = redis.client();
     let hash = format!("acme:{HASH}");
-    let mut subscriber = redis.client();
-    let mut pubsub = subscriber.as_pubsub();
-    pubsub.subscribe(format!("{{{hash}}}:released")).unwrap();
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
     let store = redis
         .store_builder()
         .dify()
@@ -354,15 +348,30 @@ async fn with_a_key_prefix_every_name_follows_the_prefixed_hash() {
         inflight::Limit::Limited(1),
         "the prefixed limit key is the app's"
     );
+    let waiter = {
+        let limiter = limiter.clone();
+        let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
+        tokio::spawn(async move { limiter.acquire("app-1", wait).await })
+    };
+    let queue = format!("{{{hash}}}:queue");
+    for _ in 0..400 {
+        if conn.zcard::<_, usize>(&queue).unwrap() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let len: usize = conn.hlen(&hash).unwrap();
     let keys: Vec<String> = conn.keys("*").unwrap();
     assert_eq!(len, 1);
+    assert!(keys.contains(&queue), "{keys:?}");
     assert!(
         keys.iter()
             .all(|key| key.contains("acme:dify:rate_limit:app-1:")),
         "{keys:?}"
     );
     permit.release().await.unwrap();
-    let message = pubsub.get_message().expect("the release announced");
-    assert_eq!(message.get_channel_name(), format!("{{{hash}}}:released"));
+    let admitted = waiter.await.unwrap().unwrap();
+    let left: usize = conn.zcard(&queue).unwrap();
+    assert_eq!(left, 0, "the ticket left the queue");
+    drop(admitted);
 }

@@ -18,7 +18,7 @@ Arg = str | bytes | int
 
 
 # The scripts that also read a key's queue of waiters (``scripts.rs``).
-_QUEUED = ("batch.lua", "status.lua")
+_QUEUED = ("batch.lua", "status.lua", "dify.lua")
 
 
 def script_text(name: str) -> str:
@@ -164,11 +164,11 @@ def ints(reply: object, n: int) -> list[int]:
 
 
 def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None, int]:
-    """Reads ``batch.lua``'s answer (``dify.lua``'s: six numbers, no token): (limit, in_flight, expires_at_ms,
-    token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the refusal: a
-    waiter's is :class:`Queued` (its ticket waits in the refusing key's queue) or :class:`TooManyWaiters`
-    (the queue is at its bound)."""
-    numbers = ints(reply, 6 if isinstance(reply, list) and len(reply) == 6 else 12)
+    """Reads ``batch.lua``'s answer (``dify.lua``'s: seven numbers, no token): (limit, in_flight,
+    expires_at_ms, token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the
+    refusal: a waiter's is :class:`Queued` (its ticket waits in the refusing key's queue) or
+    :class:`TooManyWaiters` (the queue is at its bound)."""
+    numbers = ints(reply, 7 if isinstance(reply, list) and len(reply) == 7 else 12)
     decision, index, limit, in_flight, expires_at_ms = numbers[:5]
     token = numbers[6] if len(numbers) == 12 else 0
     if decision == 1:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ._core import Arg
+from ._core import Arg, Wait
 from ._policy import ClassLimits
 
 #: Dify's own age of a stale entry, seconds.
@@ -62,9 +62,18 @@ def key_names(keys: Sequence[str], key_prefix: str = "") -> list[str]:
 
 
 def args(
-    op: str, id: str, lease_ms: int, stale_ms: int, extra: str, limits: Sequence[ClassLimits]
+    op: str,
+    id: str,
+    lease_ms: int,
+    stale_ms: int,
+    extra: str,
+    limits: Sequence[ClassLimits],
+    wait: Wait | None = None,
 ) -> list[Arg]:
-    """``dify.lua``'s ARGV: operation, request id, clock offset, lease, stale age, ``extra``, terms."""
+    """``dify.lua``'s ARGV: operation, request id, clock offset, lease, stale age, ``extra``, terms; a
+    waiter's ticket, ``level:flow_weight``, flow and ticket lease."""
     out: list[Arg] = [op, id, 0, lease_ms, stale_ms, extra]
     out.extend(f"{c.default} {c.max}" for c in limits)
+    if wait is not None:
+        out.extend([wait.ticket, f"{wait.priority}:1", wait.flow, wait.lease_ms])
     return out

@@ -155,8 +155,6 @@ class RedisLimiter:
         limits = [self.policy.limits(k) for k in unique]
         if wait_ms == 0:
             return self._acquire(unique, id, weight, lease, limits)
-        if self.layout == "dify":
-            raise ValueError("waiting needs layout='inflight': the Dify layout keeps no queue of waiters")
         # Refused before a ticket is taken.
         if id is not None:
             _input.id(id)
@@ -215,7 +213,11 @@ class RedisLimiter:
             raise
 
     def _leave(self, keys: tuple[str, ...], ticket: str) -> None:
-        reply = self._call(self._batch, _core.key_names(self.prefix, keys), _core.leave_args(keys, ticket))
+        if self.layout == "dify":
+            reply = self._call_dify("l", keys, ticket, 0, "", [])
+        else:
+            names = _core.key_names(self.prefix, keys)
+            reply = self._call(self._batch, names, _core.leave_args(keys, ticket))
         _core.ints(reply, 1)
 
     def _acquire(
@@ -239,7 +241,7 @@ class RedisLimiter:
         held_before = self._holders.holds(keys, id)
         try:
             if self.layout == "dify":
-                reply = self._call_dify("a", keys, id, lease_ms, "", limits)
+                reply = self._call_dify("a", keys, id, lease_ms, "", limits, wait)
             else:
                 reply = self._call(
                     self._batch,
@@ -305,11 +307,18 @@ class RedisLimiter:
             self.release(held.keys, held.id, token)
 
     def _call_dify(
-        self, op: str, keys: Sequence[str], id: str, lease_ms: int, extra: str, limits: Sequence[ClassLimits]
+        self,
+        op: str,
+        keys: Sequence[str],
+        id: str,
+        lease_ms: int,
+        extra: str,
+        limits: Sequence[ClassLimits],
+        wait: _core.Wait | None = None,
     ) -> Any:
         names = _dify_layout.key_names(keys, self.dify_key_prefix)
         return self._call(
-            self._dify, names, _dify_layout.args(op, id, lease_ms, self._stale_ms, extra, limits)
+            self._dify, names, _dify_layout.args(op, id, lease_ms, self._stale_ms, extra, limits, wait)
         )
 
     def _renew_held(self, held: Held) -> bool:

@@ -24,4 +24,4 @@ pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub use queue::DEFAULT_MAX_WAITERS;
 pub(crate) use registry::Extend;
 pub(crate) use settler::{Attempt, Deferred, Unsettled};
-pub use wait::{RECHECK, TICKET_LEASE_MS};
+pub use wait::{POLL, RECHECK, TICKET_LEASE_MS};

@@ -1,16 +1,15 @@
-//! [`Waiters`]: the queues of this process's waiters, one per key that has any, in arrival order.
+//! [`Waiters`]: this process's waiters, by the key that refused them, as counted and bounded here (the
+//! order they are admitted in is the store's queue's).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-use tokio::sync::Notify;
 
 /// The most waiters on one key in one process unless [`crate::LimiterBuilder::max_waiters`] says otherwise.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
-/// A key's queue: each waiter's turn, in arrival order, with its priority and flow.
-type Queue = VecDeque<(Arc<Notify>, Standing)>;
+/// A key's waiters: each one's number and its priority and flow.
+type Queue = Vec<(u64, Standing)>;
 
 /// A waiter's priority level and flow, as [`Waiters::groups`] counts them.
 type Standing = (u8, Option<Arc<str>>);
@@ -18,9 +17,10 @@ type Standing = (u8, Option<Arc<str>>);
 /// The most groups [`Waiters::groups`] lists for one key.
 const MAX_GROUPS: usize = 16;
 
-/// The queues of this process's waiters, one per key that has any.
+/// This process's waiters, by key, for every key that has any.
 pub(super) struct Waiters {
     queues: Mutex<HashMap<Arc<str>, Queue>>,
+    next: AtomicU64,
     pub(super) max_per_key: usize,
 }
 
@@ -28,6 +28,7 @@ impl Waiters {
     pub(super) fn new(max_per_key: usize) -> Self {
         Self {
             queues: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
             max_per_key,
         }
     }
@@ -38,7 +39,7 @@ impl Waiters {
 
     /// How many of this process's waiters queue on `key`.
     pub(super) fn on(&self, key: &str) -> usize {
-        self.lock().get(key).map_or(0, VecDeque::len)
+        self.lock().get(key).map_or(0, Vec::len)
     }
 
     /// How many of this process's waiters on `key` wait at each priority level in each flow, the
@@ -63,13 +64,8 @@ impl Waiters {
         groups
     }
 
-    /// True when no waiter of this process waits on any of `keys`.
-    pub(super) fn idle(&self, keys: &[&str]) -> bool {
-        let queues = self.lock();
-        keys.iter().all(|key| !queues.contains_key(*key))
-    }
-
-    /// A place at the end of `key`'s queue, counted in `waiting` while it lasts; `None`: the queue is full.
+    /// A place among `key`'s waiters, counted in `waiting` while it lasts; `None`: the key has as many
+    /// as it may.
     pub(super) fn join<'a>(
         &'a self,
         key: &str,
@@ -77,7 +73,6 @@ impl Waiters {
         standing: Standing,
     ) -> Option<Place<'a>> {
         let mut queues = self.lock();
-        let turn = Arc::new(Notify::new());
         let queue = queues.entry(Arc::from(key)).or_default();
         if queue.len() >= self.max_per_key {
             if queue.is_empty() {
@@ -85,26 +80,23 @@ impl Waiters {
             }
             return None;
         }
-        queue.push_back((turn.clone(), standing));
-        if queue.len() == 1 {
-            turn.notify_one();
-        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        queue.push((n, standing));
         waiting.fetch_add(1, Ordering::Relaxed);
         Some(Place {
             waiters: self,
             key: Arc::from(key),
-            turn,
+            n,
             waiting,
         })
     }
 }
 
-/// A waiter's place in a queue; dropping it lets the next waiter be the head.
+/// A waiter's place; dropping it leaves.
 pub(super) struct Place<'a> {
     waiters: &'a Waiters,
     key: Arc<str>,
-    /// Notified (one stored permit) when this place becomes the head.
-    pub(super) turn: Arc<Notify>,
+    n: u64,
     waiting: &'a AtomicU64,
 }
 
@@ -115,16 +107,9 @@ impl Drop for Place<'_> {
         let Some(queue) = queues.get_mut(&self.key) else {
             return;
         };
-        let was_head = queue
-            .front()
-            .is_some_and(|(head, _)| Arc::ptr_eq(head, &self.turn));
-        queue.retain(|(turn, _)| !Arc::ptr_eq(turn, &self.turn));
-        match queue.front() {
-            None => {
-                queues.remove(&self.key);
-            }
-            Some((next, _)) if was_head => next.notify_one(),
-            Some(_) => {}
+        queue.retain(|(n, _)| *n != self.n);
+        if queue.is_empty() {
+            queues.remove(&self.key);
         }
     }
 }

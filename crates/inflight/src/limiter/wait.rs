@@ -1,7 +1,7 @@
-//! Waiting for a slot: [`Limiter::acquire`] and [`Limiter::acquire_all`]. A process's waiters on a key
-//! queue in arrival order; only the head of a queue asks the store, when a release on the key wakes it
-//! (from this process or, through the store, any other) or, in case a wake-up was lost, after
-//! [`RECHECK`].
+//! Waiting for a slot: [`Limiter::acquire`] and [`Limiter::acquire_all`]. A waiter takes a ticket in
+//! the store's queue of the key that refuses it, one queue for every process sharing the store; the store
+//! calls its turn when room is made for it, and it asks again then (or, in case a turn was lost, after
+//! [`RECHECK`]). A store that keeps no queues has its waiters ask again every [`POLL`] at most.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::queue::Place;
+use super::settler::{Deferred, Unsettled};
 use super::Limiter;
 use crate::error::{AcquireError, KeyRefused};
+use crate::id::PermitId;
 use crate::options::{AcquireOptions, TicketSlot};
 use crate::permit::Permit;
 use crate::store::{Turn, Wakeups};
@@ -23,6 +24,11 @@ pub const RECHECK: Duration = Duration::from_secs(1);
 /// How long a waiter's place in a store's queue lasts unless it asks again (it does every [`RECHECK`]):
 /// a waiter in a process that is killed stops holding its place within this, in milliseconds.
 pub const TICKET_LEASE_MS: u64 = 3_000;
+
+/// The longest a waiter in a store without queues waits before asking again; it first asks again after
+/// [`POLL_FIRST`], then twice as long each time.
+pub const POLL: Duration = Duration::from_millis(100);
+const POLL_FIRST: Duration = Duration::from_millis(5);
 
 impl<S: Wakeups> Limiter<S> {
     /// Admits one request under `key`, waiting up to the options' [`AcquireOptions::max_wait`] for a
@@ -76,7 +82,9 @@ impl<S: Wakeups> Limiter<S> {
         Box::pin(self.wait_for_slot(keys, options, max_wait)).await
     }
 
-    /// [`Limiter::acquire_all`] with a wait of `max_wait` (not zero).
+    /// [`Limiter::acquire_all`] with a wait of `max_wait` (not zero). With a ticket in the store's
+    /// queue of the key that refuses, asking again when its turn is called, when the policy changes, or
+    /// every [`RECHECK`] (which keeps the ticket); where the store takes none, every [`POLL`].
     async fn wait_for_slot(
         &self,
         keys: &[&str],
@@ -84,126 +92,26 @@ impl<S: Wakeups> Limiter<S> {
         max_wait: Duration,
     ) -> Result<Permit, KeyRefused> {
         let deadline = Instant::now() + max_wait;
-        // A store with one queue per key for every process: the waiter takes a ticket there.
-        if let Some(turn) = self.core.store.ticket() {
-            if let Some(decided) = self.wait_ticketed(keys, &options, turn, deadline).await {
-                return decided;
-            }
+        let core = &self.core;
+        let turn = core.store.ticket();
+        let mut options = options;
+        let mut leaving = None;
+        if let Some(turn) = &turn {
+            let slot = Arc::new(TicketSlot {
+                name: turn.name().to_owned(),
+                queued: AtomicBool::new(false),
+                taken_out: AtomicBool::new(false),
+            });
+            options.queueing().ticket = Some(slot.clone());
+            // Given up in the store when this wait ends unadmitted or is dropped.
+            leaving = Some((slot, Unsettled::new(&core.settler, Some(self.leave(keys, turn)))));
         }
-        let waiters = &self.core.waiters;
-        // Nobody of this process waits here: try at once; else queue behind those who do.
-        let mut refused = None;
-        if waiters.idle(keys) {
-            match self.try_acquire_all(keys, options.clone()).await {
-                Err(full) if is_full(&full) => refused = Some(full),
-                decided => return decided,
-            }
-        }
-        let queue_key = refused
-            .as_ref()
-            .map_or(keys[0], |r| r.key.as_str())
-            .to_owned();
-        let standing = (options.priority_level(), options.flow_name().cloned());
-        let Some(place) = waiters.join(&queue_key, &self.core.stats.waiting, standing) else {
-            return match refused {
-                Some(refused) => Err(refused),
-                None => self.try_acquire_all(keys, options).await,
-            };
-        };
-        // (The place is left when this future ends or is dropped.)
-        self.wait_in_line(keys, options, &place, queue_key, deadline)
-            .await
-    }
-
-    async fn wait_in_line(
-        &self,
-        keys: &[&str],
-        options: AcquireOptions,
-        place: &Place<'_>,
-        mut watched: String,
-        deadline: Instant,
-    ) -> Result<Permit, KeyRefused> {
-        let timed_out = || {
-            self.core
-                .stats
-                .wait_timeouts
-                .fetch_add(1, Ordering::Relaxed);
-        };
-        // Until this waiter is the head of its queue.
-        if tokio::time::timeout_at(deadline, place.turn.notified())
-            .await
-            .is_err()
-        {
-            timed_out();
-            return self.try_acquire_all(keys, options).await;
-        }
-        let mut interest = self.core.store.interest(&watched);
-        loop {
-            let refused = {
-                // Heard before asking (bounded: a subscription that cannot be made leaves the re-check).
-                let heard_by = (Instant::now() + RECHECK).min(deadline);
-                let _ = tokio::time::timeout_at(heard_by, interest.heard()).await;
-                let notified = interest.notified();
-                let replaced = self.core.policy.replaced();
-                tokio::pin!(notified, replaced);
-                // Enabled before asking: a release (or a new policy) while the store decides wakes this
-                // waiter all the same.
-                notified.as_mut().enable();
-                replaced.as_mut().enable();
-                let refused = match self.try_acquire_all(keys, options.clone()).await {
-                    Err(full) if is_full(&full) => full,
-                    decided => return decided,
-                };
-                if Instant::now() >= deadline {
-                    timed_out();
-                    return Err(refused);
-                }
-                let recheck = (Instant::now() + RECHECK).min(deadline);
-                tokio::select! {
-                    () = &mut notified => {}
-                    () = &mut replaced => {}
-                    () = tokio::time::sleep_until(recheck) => {}
-                }
-                refused
-            };
-            if refused.key != watched {
-                watched = refused.key;
-                interest = self.core.store.interest(&watched);
-            }
-        }
-    }
-}
-
-impl<S: Wakeups> Limiter<S> {
-    /// Waits with a ticket in the store's queue of the key that refuses, asking again when its turn is
-    /// called, when the policy changes, or every [`RECHECK`] (which keeps the ticket). `None`: the
-    /// store took no ticket (keys in several Cluster slots): the caller waits as without queues.
-    async fn wait_ticketed(
-        &self,
-        keys: &[&str],
-        options: &AcquireOptions,
-        turn: Turn,
-        deadline: Instant,
-    ) -> Option<Result<Permit, KeyRefused>> {
-        let slot = Arc::new(TicketSlot {
-            name: turn.name().to_owned(),
-            queued: AtomicBool::new(false),
-            taken_out: AtomicBool::new(false),
-        });
-        let mut options = options.clone();
-        options.queueing().ticket = Some(slot.clone());
-        // Given up in the store when this wait ends unadmitted or is dropped.
-        let mut leaving = Leaving {
-            store: Some(self.core.store.clone()),
-            keys: keys.iter().map(|key| Arc::from(*key)).collect(),
-            ticket: slot.name.clone(),
-        };
         let mut place = None;
         // Turns heard before the first ask: none of this ticket's can have gone unheard.
-        let mut heard = turn.is_heard();
-        let mut queued = false;
+        let mut heard = turn.as_ref().is_none_or(Turn::is_heard);
+        let mut poll = POLL_FIRST;
         loop {
-            let replaced = self.core.policy.replaced();
+            let replaced = core.policy.replaced();
             tokio::pin!(replaced);
             replaced.as_mut().enable();
             let refused = match self.try_acquire_all(keys, options.clone()).await {
@@ -211,38 +119,37 @@ impl<S: Wakeups> Limiter<S> {
                 Ok(permit) => {
                     // A store admission took the ticket out; any other (unlimited keys, the failure
                     // policy's) leaves it to be given up.
-                    if slot.taken_out.load(Ordering::Relaxed) {
-                        leaving.store = None;
+                    if let Some((slot, unsettled)) = &mut leaving {
+                        unsettled.disarm_unless(!slot.taken_out.load(Ordering::Relaxed));
                     }
-                    return Some(Ok(permit));
+                    return Ok(permit);
                 }
-                decided => return Some(decided),
+                decided => return decided,
             };
-            match (slot.queued.load(Ordering::Relaxed), queued) {
-                (true, _) => queued = true,
-                // The store took no ticket at first (keys in several Cluster slots): as without queues.
-                (false, false) => {
-                    leaving.store = None;
-                    return None;
-                }
-                // Refused by the failure policy while the store failed: the ticket waits on.
-                (false, true) => {}
-            }
             if place.is_none() {
-                let waiters = &self.core.waiters;
                 let standing = (options.priority_level(), options.flow_name().cloned());
-                match waiters.join(&refused.key, &self.core.stats.waiting, standing) {
+                match core.waiters.join(&refused.key, &core.stats.waiting, standing) {
                     Some(joined) => place = Some(joined),
-                    None => return Some(Err(refused)),
+                    None => return Err(refused),
                 }
             }
             if Instant::now() >= deadline {
-                self.core
-                    .stats
-                    .wait_timeouts
-                    .fetch_add(1, Ordering::Relaxed);
-                return Some(Err(refused));
+                core.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
+                return Err(refused);
             }
+            // (Refused by the failure policy while the store failed, a ticket waits on.)
+            let queued = leaving.as_ref().is_some_and(|(slot, _)| slot.queued.load(Ordering::Relaxed));
+            let turn = turn.as_ref().filter(|_| queued);
+            let Some(turn) = turn else {
+                // No ticket taken (a store without queues): asked again soon, then less often.
+                let again = (Instant::now() + poll).min(deadline);
+                poll = (poll * 2).min(POLL);
+                tokio::select! {
+                    () = &mut replaced => {}
+                    () = tokio::time::sleep_until(again) => {}
+                }
+                continue;
+            };
             if !heard {
                 // A turn called before the subscription was in force went unheard: asked again after.
                 heard = true;
@@ -258,33 +165,21 @@ impl<S: Wakeups> Limiter<S> {
             }
         }
     }
-}
 
-/// A ticket to give up in the store unless the wait was admitted (`store` taken).
-struct Leaving<S: Wakeups> {
-    store: Option<S>,
-    keys: Vec<Arc<str>>,
-    ticket: String,
-}
-
-impl<S: Wakeups> Drop for Leaving<S> {
-    fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
-            return;
-        };
-        // Off every runtime nothing can send it: the ticket ends with its lease.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (keys, ticket) = (
-            std::mem::take(&mut self.keys),
-            std::mem::take(&mut self.ticket),
-        );
-        runtime.spawn(async move {
-            if let Err(error) = store.leave(&keys, &ticket).await {
-                tracing::debug!(%error, "a ticket was not given up; it ends with its lease");
-            }
-        });
+    /// Gives up `turn`'s ticket in the queues of `keys`, for the [`crate::limiter::Settler`].
+    fn leave(&self, keys: &[&str], turn: &Turn) -> Deferred {
+        let keys: Arc<[Arc<str>]> = keys.iter().map(|key| Arc::from(*key)).collect();
+        let (store, ticket) = (self.core.store.clone(), Arc::<str>::from(turn.name()));
+        Deferred {
+            what: "leave",
+            key: keys[0].clone(),
+            id: PermitId::from(turn.name()),
+            within: Duration::from_millis(TICKET_LEASE_MS),
+            attempt: Box::new(move || {
+                let (store, keys, ticket) = (store.clone(), keys.clone(), ticket.clone());
+                Box::pin(async move { store.leave(&keys, &ticket).await.map(drop) })
+            }),
+        }
     }
 }
 

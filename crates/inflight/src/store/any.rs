@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::busy::{BusyKeys, BusyList};
-use super::wake::{Interest, Turn, Wakeups};
+use super::wake::{Turn, Wakeups};
 use super::{
     AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, MemoryStore, OverrideChange,
     Recorded, RenewRequest, Renewal, Store,
@@ -131,10 +131,6 @@ impl Store for AnyStore {
 }
 
 impl Wakeups for AnyStore {
-    fn interest(&self, key: &str) -> Interest {
-        each!(self, s => s.interest(key))
-    }
-
     fn ticket(&self) -> Option<Turn> {
         each!(self, s => s.ticket())
     }

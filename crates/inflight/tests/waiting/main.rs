@@ -2,7 +2,7 @@
 //! turn, priorities), woken by releases in other processes, cancel-safe; each scenario on the memory
 //! store (two limiters on one store stand for two processes) and on a real redis-server (two store
 //! handles, two connections). Woken, bounded and cancel-safe (wakeups.rs); one queue for every process,
-//! its order, floors and abandoned tickets (queue.rs).
+//! its order, floors and abandoned tickets (queue.rs). The waiters of Dify's layout take tickets too.
 #![allow(missing_docs)]
 
 mod queue;
@@ -13,7 +13,7 @@ mod wakeups;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use inflight::{AcquireOptions, Limiter, MemoryStore, Policy, RedisStore, Wakeups};
+use inflight::{AcquireOptions, DifyStore, Limiter, MemoryStore, Policy, RedisStore, Wakeups};
 use support::TestRedis;
 
 fn limiter<S: Wakeups>(store: S, limit: u32) -> Limiter<S> {
@@ -35,6 +35,13 @@ fn memory() -> (MemoryStore, MemoryStore) {
 fn redis() -> (RedisStore, RedisStore, TestRedis) {
     let server = TestRedis::start();
     (server.store(), server.store(), server)
+}
+
+/// Two handles on Dify's key layout, whose waiters queue beside Dify's hash.
+fn dify() -> (DifyStore, DifyStore, TestRedis) {
+    let server = TestRedis::start();
+    let open = || server.store_builder().dify().open().unwrap();
+    (open(), open(), server)
 }
 
 /// Waits (bounded) until `limiter` has `n` admissions waiting.

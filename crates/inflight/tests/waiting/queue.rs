@@ -130,6 +130,14 @@ async fn redis_one_queue_for_every_process() {
     one_queue_for_every_process(|| (server.store(), server.store())).await;
 }
 
+/// Dify's layout: one queue beside Dify's hash for every process, in the same order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dify_one_queue_for_every_process() {
+    let server = TestRedis::start();
+    let open = || server.store_builder().dify().open().unwrap();
+    one_queue_for_every_process(|| (open(), open())).await;
+}
+
 /// Limit 10 and a floor of 4 for priority 9: a low flood takes all 10 while the high level is idle;
 /// once it has demand, the low level holds at most 6 (it gives slots back by not being admitted
 /// again, never by preemption); idle again, the low level takes all 10.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy, Wakeups, RECHECK};
 
-use crate::{limiter, memory, redis, wait, waiting};
+use crate::{dify, limiter, memory, redis, wait, waiting};
 
 async fn a_waiter_is_admitted_by_a_release_in_another_process_or_times_out<S: Wakeups>(a: S, b: S) {
     let (one, two) = (limiter(a, 1), limiter(b, 1));
@@ -90,6 +90,18 @@ async fn waiters_are_admitted_in_arrival_order<S: Wakeups>(a: S, b: S) {
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4, 5]);
     assert_eq!(queue.status("model").await.unwrap().in_flight, 0);
+}
+
+#[tokio::test]
+async fn dify_a_waiter_is_admitted_by_a_release_in_another_process_or_times_out() {
+    let (a, b, _server) = dify();
+    a_waiter_is_admitted_by_a_release_in_another_process_or_times_out(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dify_dropped_waiters_hold_nothing() {
+    let (a, b, _server) = dify();
+    dropped_waiters_hold_nothing(a, b).await;
 }
 
 #[tokio::test]

@@ -94,10 +94,9 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
   end
 end
 
--- A release from every key: 1 when any held a live lease, 0 when all were gone. Each key whose lease
--- went is announced on '<prefix>{E}:released' while '<prefix>{E}:waiting' says that some process has
--- waiters on the key (they subscribe to it). A lease a later admission of the id took (another token)
--- stays.
+-- A release from every key: 1 when any held a live lease, 0 when all were gone. On a key with a queue,
+-- the tickets at its head that now fit hear their turn (queue.lua). A lease a later admission of the id
+-- took (another token) stays.
 local function release(keys, n, id, token)
   local released = 0
   for i = 1, n do
@@ -111,12 +110,7 @@ local function release(keys, n, id, token)
         redis.call('HDEL', key.permits, id)
       end
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
-      if key.waiting == nil then
-        key.tag = string.sub(key.leases, 1, -8)
-        key.waiting = redis.call('EXISTS', key.tag .. ':waiting') == 1
-      end
-      if key.waiting then redis.call('PUBLISH', key.tag .. ':released', '') end
-      if key.queued then queue().call_after_release(key, weight) end
+      if key.queued then queue().call_after_release(key, in_flight(load(key)), weight) end
     end
   end
   return released

@@ -4,13 +4,18 @@
 --   {H}:leases          sorted set: inflight's request ids -> lease deadline (ms); same slot as H
 --   {H}:lease_ms        hash: inflight's request ids -> lease length, for lengths other than the default
 --   Pdify:rate_limit:K:max_active_requests  string: the app's limit (Dify's), here its override
--- ARGV[1] 'a' acquire, 'r' release, 'n' renew, 's' status; ARGV[2] request id; ARGV[3] clock offset ms;
+-- Beside them, under the tag {H}, a queue of waiters as queue.lua keeps one ({H}:queue, ...), flagged in
+-- {H}:lease_ms (queue.lua's QUEUED).
+-- ARGV[1] 'a' acquire, 'r' release, 'n' renew, 's' status, 'l' a waiter gives up its ticket (ARGV[2]);
+-- ARGV[2] request id; ARGV[3] clock offset ms;
 -- ARGV[4] lease ms (renew: 0 keeps the lease's own); ARGV[5] age after which an entry without a lease
 -- (a Dify worker's) is stale, ms; ARGV[6] renew: re-add (1) or not (0); status: '' leave the override,
--- '0' clear it, 'n' set it; ARGV[6 + i] 'default max' of key i's class. Status only: KEYS[5]
+-- '0' clear it, 'n' set it; ARGV[6 + i] 'default max' of key i's class (n keys). Status only: KEYS[5]
 -- <prefix>overrides (hash: user key -> override, to bound them), ARGV[8] the bound (0: none), ARGV[9] K.
--- Returns as batch.lua's admission (6 numbers), {released}, renew.lua's 5 numbers, status.lua's 3
--- ({-1, bound, 0} when a new override would pass the bound).
+-- A waiter's admission: ARGV[7 + n] its ticket, ARGV[8 + n] 'level:flow_weight', ARGV[9 + n] its flow,
+-- ARGV[10 + n] the ticket's lease ms.
+-- Returns as batch.lua's admission (its first 6 numbers and the tickets found expired), {released},
+-- renew.lua's 5 numbers, status.lua's 3 ({-1, bound, 0} when a new override would pass the bound), {left}.
 -- Atomic for the reason Dify's HLEN-then-HSET is not: counting and adding must be one step.
 -- Every entry counts one (weight 1). inflight's entries carry, as Dify's "start time", the later of the
 -- Redis clock and their lease's end less the stale age, rewritten by every renewal: Dify's workers (which
@@ -21,9 +26,10 @@ local op, id, lease_ms, stale_ms = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber
 set_now(ARGV[3])
 local DAY_MS, FLUSH_MS = 86400000, 300000 -- Dify's expiry of its limit key; how often its workers renew it
 
-local keys, reclaimed = {}, 0
-for i = 1, math.floor(#KEYS / 4) do
-  local key = {hash = KEYS[i * 4 - 3], leases = KEYS[i * 4 - 2], lengths = KEYS[i * 4 - 1], limit = KEYS[i * 4]}
+local keys, reclaimed, n_keys = {}, 0, math.floor(#KEYS / 4)
+for i = 1, n_keys do
+  local lengths = KEYS[i * 4 - 1]
+  local key = {hash = KEYS[i * 4 - 3], leases = KEYS[i * 4 - 2], lengths = lengths, permits = lengths, limit = KEYS[i * 4]}
   -- inflight's expired leases go with their entries.
   local upto = string.format('%.0f', now)
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', key.leases, '-inf', upto)) do
@@ -33,6 +39,7 @@ for i = 1, math.floor(#KEYS / 4) do
   end
   redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
   key.n = redis.call('HLEN', key.hash)
+  if op ~= 'n' then key.queued = redis.call('HEXISTS', lengths, QUEUED) == 1 end
   override(key) -- (a value no client reads, such as one past 2^32 - 1, reads as none)
   if op == 'a' and key.override > 0 then
     local ttl = redis.call('PTTL', key.limit)
@@ -66,12 +73,7 @@ end
 
 local function own_length(key) return tonumber(redis.call('HGET', key.lengths, id) or DEFAULT_LEASE_MS) end
 
-local function put(key, ms) -- adds or refreshes id's entry and lease
-  local stamp = string.format('%.3f', math.max(now, now + ms - stale_ms) / 1000)
-  if redis.call('HSET', key.hash, id, stamp) == 1 then key.n = key.n + 1 end
-  redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
-  if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
-  -- The side keys outlive every lease (so a holder's crash is reclaimed); H is Dify's, left without expiry.
+local function keep_sides(key, ms) -- the side keys outlive every lease (so a holder's crash is reclaimed)
   -- Only ever extended: a short lease must not cut them below a longer lease's deadline (PTTL, not
   -- PEXPIRE's GT, which Redis 6 lacks and which never sets an expiry on a key that has none).
   local keep = math.max(ms * 2, stale_ms) + 1000
@@ -80,26 +82,61 @@ local function put(key, ms) -- adds or refreshes id's entry and lease
   end
 end
 
+local function put_entry(key, ms) -- adds or refreshes id's entry and lease (H is Dify's, left without expiry)
+  local stamp = string.format('%.3f', math.max(now, now + ms - stale_ms) / 1000)
+  if redis.call('HSET', key.hash, id, stamp) == 1 then key.n = key.n + 1 end
+  redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
+  if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
+  keep_sides(key, ms)
+end
+
 if op == 'a' then
-  local any = false
+  local b, w = 6 + n_keys, nil -- a waiter's ticket, as batch.lua's 'w' takes it
+  if ARGV[b + 1] then
+    local level, flow_weight = string.match(ARGV[b + 2], '^(%d+):(%d+)$')
+    w = {ticket = ARGV[b + 1], level = tonumber(level), flow_weight = tonumber(flow_weight), flow = ARGV[b + 3],
+      ms = tonumber(ARGV[b + 4]), weight = 1}
+  end
+  local ticket, any = w and w.ticket, false
   for i, key in ipairs(keys) do
     if key.limit_now > 0 then
       any = true
-      if not held(key) and not room(key) then return {0, i - 1, key.limit_now, key.n, 0, reclaimed} end
+      -- No room, or none behind the tickets ahead (queue.lua); a held id needs none.
+      if not held(key) and not (room(key) and (not key.queued or queue().in_turn(key, key.limit_now - key.n, 1, ticket))) then
+        local decision = 0
+        if ticket then -- its ticket waits here, and in no other key's queue
+          for j, other in ipairs(keys) do
+            if j ~= i and other.queued then queue().leave(other, ticket, 1, false) end
+          end
+          if queue().take_ticket(key, w, key.limit_now) == 1 then decision = 4 else decision = 5 end
+          keep_sides(key, DEFAULT_LEASE_MS)
+        end
+        return {decision, i - 1, key.limit_now, key.n, 0, reclaimed, tickets_expired}
+      end
     end
   end
-  if not any then return {2, -1, 0, 0, 0, reclaimed} end
+  if not any then return {2, -1, 0, 0, 0, reclaimed, tickets_expired} end
   for _, key in ipairs(keys) do
-    if key.limit_now > 0 then put(key, lease_ms) end
+    if key.limit_now > 0 then put_entry(key, lease_ms) end
+    -- Admitted: its ticket leaves, and the next in line hear their turn if there is room.
+    if ticket and key.queued then queue().leave(key, ticket, key.limit_now - key.n, true) end
   end
   local first = keys[1]
-  return {1, -1, first.limit_now, first.limit_now > 0 and first.n or 0, now + lease_ms, reclaimed}
+  return {1, -1, first.limit_now, first.limit_now > 0 and first.n or 0, now + lease_ms, reclaimed, tickets_expired}
+elseif op == 'l' then
+  local left = 0
+  for _, key in ipairs(keys) do -- (a ticket whose lease ended is no longer there: dropped first)
+    queue().expire_tickets(key)
+    if queue().leave(key, id, 1, false) then left = 1 end
+  end
+  return {left}
 elseif op == 'r' then
   local released = 0
   for _, key in ipairs(keys) do
     if redis.call('ZREM', key.leases, id) == 1 then released = 1 end
     if redis.call('HDEL', key.hash, id) == 1 then
-      redis.call('PUBLISH', '{' .. key.hash .. '}:released', '') -- for waiters (see batch.lua)
+      key.n = key.n - 1
+      if key.queued then queue().call_after_release(key, key.n, 1) end
     end
     redis.call('HDEL', key.lengths, id)
   end
@@ -124,7 +161,7 @@ elseif op == 'n' then
     outcome = 2
   end
   for i, key in ipairs(keys) do
-    if has[i] or (key.limit_now > 0 and (outcome == 2 or held(key) or room(key))) then put(key, lease_ms) end
+    if has[i] or (key.limit_now > 0 and (outcome == 2 or held(key) or room(key))) then put_entry(key, lease_ms) end
   end
   local first = keys[1]
   return {outcome, first.limit_now, first.limit_now > 0 and first.n or 0, 1, now + lease_ms}
@@ -146,6 +183,11 @@ else
     key.override = tonumber(value)
     local default_limit, max_limit = string.match(ARGV[7], '^(%d+) (%d+)$')
     key.limit_now = resolve(key.override, tonumber(default_limit), tonumber(max_limit))
+    -- Room a new limit makes goes to the queue's head: its waiters hear their turn.
+    if key.queued and key.limit_now > key.n then
+      queue().expire_tickets(key)
+      queue().call_turns(key, key.limit_now - key.n)
+    end
   end
   return {key.limit_now, key.override, key.n}
 end

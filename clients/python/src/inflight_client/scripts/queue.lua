@@ -1,4 +1,5 @@
--- queue.lua: a key's queue of waiters, one for every process sharing the store (batch.lua, status.lua).
+-- queue.lua: a key's queue of waiters, one for every process sharing the store (batch.lua, status.lua,
+-- dify.lua).
 -- A waiter refused as full takes a ticket, in the step that refused it; the order of the tickets
 -- decides who is admitted next, whichever process they wait in. Beside common.lua's names, under the
 -- key's tag T (<prefix>{E}):
@@ -12,7 +13,8 @@
 --   T:flows    hash: 'level flow' -> the flow's next round * FLOW_STEP + the tickets it took in that
 --              round (a flow of weight w takes w tickets a round); 'level' -> the last round admitted.
 --   permits QUEUED (common.lua) is there while the key may have a queue (whoever finds it empty clears it): one more
---   field of reads the scripts make anyway tells an admission or a release that nobody waits.
+--   field of reads the scripts make anyway tells an admission or a release that nobody waits. (dify.lua:
+--   key.permits is its hash of lease lengths.)
 -- A ticket is '<channel>#<n>': its process hears its turn on <channel> (PUBLISH '<n> <n2> ...').
 -- Order: priority (higher first), then round (each flow of a level takes the next round it has not
 -- had, so flows are served in turn however many tickets one of them holds), then arrival.
@@ -75,14 +77,13 @@ local function queue()
     for _, channel in ipairs(order) do redis.call('PUBLISH', channel, table.concat(by[channel], ' ')) end
   end
 
-  -- After a release on a key with a queue: the tickets at the head that fit in the slots now free under
-  -- the limit its waiters last met (at least the one the release freed) hear their turn, so that several
-  -- slots freed before their waiters ask go to as many waiters.
-  local function call_after_release(key, weight)
+  -- After a release on a key with a queue, which leaves `count` slots in use: the tickets at the head that
+  -- fit in the slots now free under the limit its waiters last met (at least the `weight` the release
+  -- freed) hear their turn, so that several slots freed before their waiters ask go to as many waiters.
+  local function call_after_release(key, count, weight)
     expire_tickets(key) -- (a dead head is not called)
-    load(key)
     local limit = num(redis.call('HGET', tag_of(key) .. ':tickets', 'L'))
-    call_turns(key, math.max(limit - in_flight(key), weight))
+    call_turns(key, math.max(limit - count, weight))
   end
 
   -- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the

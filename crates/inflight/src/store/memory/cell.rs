@@ -49,7 +49,7 @@ pub(super) struct Cell<C> {
     pub(super) key: Arc<str>,
     pub(super) state: Mutex<KeyState>,
     pub(super) time: Arc<Time<C>>,
-    /// Told of every slot given back, for waiters.
+    /// Wakes the tickets a slot given back calls.
     pub(super) wakes: Arc<Wakes>,
 }
 
@@ -95,7 +95,6 @@ impl<C: Clock> LocalSlots for Cell<C> {
         if let Some(called) = called {
             self.wakes.wake_tickets(&called);
         }
-        self.wakes.wake(&self.key);
     }
 
     fn hand_off(&self, id: &PermitId, weight: u32, lease_ms: u64, token: u64) -> u64 {

@@ -219,7 +219,6 @@ impl<C: Clock> MemoryStore<C> {
                     .map_or_else(Vec::new, |slot| slot.state.called(slot.state.room(limits)))
             });
             self.inner.wakes.wake_tickets(&called);
-            self.inner.wakes.wake(key);
         }
         status
     }
@@ -252,9 +251,6 @@ impl<C: Clock> Store for MemoryStore<C> {
             released
         });
         self.inner.wakes.wake_tickets(&called);
-        if released {
-            keys.iter().for_each(|key| self.inner.wakes.wake(key));
-        }
         ready(Ok(released))
     }
 

@@ -22,7 +22,7 @@ use super::key::KeyState;
 use crate::clock::{millis, Clock, SystemClock};
 use crate::error::StoreError;
 use crate::policy::ClassLimits;
-use crate::store::wake::{Interest, Turn, Wakes, Wakeups};
+use crate::store::wake::{Turn, Wakes, Wakeups};
 
 /// How long a key with nothing in flight and no override is kept before maintenance forgets it.
 const DEFAULT_IDLE_TTL: Duration = Duration::from_secs(10);
@@ -272,14 +272,9 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 impl<C: Clock> Wakeups for MemoryStore<C> {
-    /// Woken by every slot given back through this store or its clones.
-    fn interest(&self, key: &str) -> Interest {
-        self.inner.wakes.interest(key)
-    }
-
     /// A ticket in the keys' queues, shared by every limiter on this store or its clones.
     fn ticket(&self) -> Option<Turn> {
-        self.inner.wakes.ticket()
+        Some(self.inner.wakes.ticket())
     }
 
     fn tickets_expired(&self) -> u64 {

@@ -7,6 +7,9 @@
 //! trip). The fixed order means two admissions on the same keys never hold one each and refuse each
 //! other. Keys that share a hash tag share a slot (`{t1}:app:a1` and `{t1}:tenant`) and one script.
 //!
+//! A waiter takes its ticket in the queue of the key that refuses it, in its group's script, and leaves
+//! the queues of the groups after it (those before it admitted it, which took its ticket out there).
+//!
 //! A release goes to every group; a renewal renews every group and answers as one (held where any
 //! group held it). Overrides and their index (in a slot of its own) follow `index.lua`'s order.
 
@@ -16,11 +19,11 @@ use super::batch::{Op, Reply};
 use super::connect::slot;
 use super::naming::KeyNames;
 use super::overrides;
-use super::store::{number, RedisStore};
+use super::store::{number, wait_args, RedisStore};
 use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
-use crate::store::{KeyStatus, OverrideChange, RenewRequest, Renewal};
+use crate::store::{AcquireRequest, KeyStatus, OverrideChange, RenewRequest, Renewal};
 
 /// The indices of `names` grouped by slot, groups in slot order, each in the request's order (so the
 /// group of the first key starts with it); one group when every key shares a slot.
@@ -61,24 +64,28 @@ impl RedisStore {
         &self,
         names: Vec<KeyNames>,
         groups: Vec<Vec<usize>>,
-        id: &PermitId,
+        req: &AcquireRequest<'_>,
         terms: (u32, u64, Vec<ClassLimits>),
-        generated: bool,
     ) -> Result<Reply, StoreError> {
         let (weight, lease_ms, limits) = terms;
+        let (id, generated) = (req.id, req.generated);
         // Each group taken, with the token it gave and what the id held there before.
         let mut taken: Vec<Taken> = Vec::new();
         let (mut reclaimed, mut first, mut expires_at_ms, mut token) = (0, None, 0, 0);
         let mut expired = 0; // tickets found expired on the way
         let mut counted = 0i64; // bit i: key i recorded the lease
-        for group in &groups {
+        for (g, group) in groups.iter().enumerate() {
+            let floors = match req.floors.is_empty() {
+                true => Vec::new(),
+                false => pick(req.floors, group),
+            };
             let op = Op::Acquire {
                 names: pick(&names, group),
                 id: id.clone(),
                 terms: (weight, lease_ms, pick(&limits, group)),
                 keep: token,
                 generated,
-                wait: None,
+                wait: wait_args(req, &floors),
             };
             let reply = match self.batcher.run(op).await {
                 Ok(reply) => reply,
@@ -114,8 +121,12 @@ impl RedisStore {
                     }
                 }
                 2 => {}
-                0 | 3 => {
+                0 | 3 | 4 | 5 => {
                     self.roll_back(&names, &taken, id).await;
+                    if let (4, Some(ticket)) = (decision, &req.ticket) {
+                        // Its ticket waits here: a place an earlier refusal gave it further on goes.
+                        self.leave_across(&names, &groups[g + 1..], ticket.name).await?;
+                    }
                     let index = group[usize::try_from(index).unwrap_or(0)];
                     return Ok([
                         decision,
@@ -132,7 +143,11 @@ impl RedisStore {
                         expired,
                     ]);
                 }
-                _ => return Ok(reply),
+                _ => {
+                    return Err(StoreError::Protocol(format!(
+                        "acquire answered decision {decision}"
+                    )))
+                }
             }
         }
         if taken.is_empty() {
@@ -174,6 +189,27 @@ impl RedisStore {
                 tracing::warn!(%error, "a refused admission across slots could not give back a slot; its lease will expire");
             }
         }
+    }
+
+    /// A waiter gives up its ticket in the queues of the keys of `groups`; whether any held it.
+    pub(super) async fn leave_across(
+        &self,
+        names: &[KeyNames],
+        groups: &[Vec<usize>],
+        ticket: &str,
+    ) -> Result<bool, StoreError> {
+        let leaves = groups.iter().map(|group| {
+            let ticket = ticket.to_owned();
+            self.batcher.run(Op::Leave {
+                names: pick(names, group),
+                ticket,
+            })
+        });
+        let mut left = false;
+        for result in futures_util::future::join_all(leaves).await {
+            left |= result?[0] == 1;
+        }
+        Ok(left)
     }
 
     /// A release from every group; true when any held a live lease.

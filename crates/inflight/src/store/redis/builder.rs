@@ -8,7 +8,6 @@ use super::batch::{Batcher, Durability};
 use super::connect::{Conn, ConnOptions};
 use super::keeper::{self, Metered};
 use super::lane::ListingLane;
-use super::naming::KeyNames;
 use super::overrides::{Names, View};
 use super::store::RedisStore;
 use super::wakeups;
@@ -124,13 +123,8 @@ impl RedisStoreBuilder {
     /// must keep running for as long as the store is used. Outside a runtime it is an error.
     pub fn open(self) -> Result<RedisStore, StoreError> {
         let (conn, target) = Conn::open(&self.conn)?;
-        let (prefix, cluster) = (self.prefix.clone(), conn.is_cluster());
-        let marker_prefix = prefix.clone();
-        let released = move |key: &str| KeyNames::new(&prefix, key, cluster).released();
-        let waiting = move |key: &str| KeyNames::new(&marker_prefix, key, cluster).waiting();
         // This handle's waiters hear their turns (queue.lua) on a channel of its own.
-        let turns = format!("{}turns:{}", self.prefix, uuid::Uuid::new_v4().simple());
-        let wakes = wakeups::start(conn.clone(), released, Some(Box::new(waiting)), Some(turns));
+        let wakes = wakeups::start(conn.clone(), self.turns_channel());
         let store = self.assemble(conn, target, wakes);
         keeper::start(
             store.conn.clone(),
@@ -138,6 +132,11 @@ impl RedisStoreBuilder {
             &store.view,
         );
         Ok(store)
+    }
+
+    /// A channel of this store handle's own, on which its waiters hear their turns.
+    pub(super) fn turns_channel(&self) -> String {
+        format!("{}turns:{}", self.prefix, uuid::Uuid::new_v4().simple())
     }
 
     /// The store on `conn`, waking waiters through `wakes`; its view of overrides not started.

@@ -50,17 +50,6 @@ impl KeyNames {
         &self.tag
     }
 
-    /// The channel its releases are announced on, for waiters (`batch.lua`).
-    pub(super) fn released(&self) -> String {
-        format!("{}:released", self.tag)
-    }
-
-    /// The marker that says some process has waiters on the key: releases are announced only while it
-    /// is there (`batch.lua`).
-    pub(super) fn waiting(&self) -> String {
-        format!("{}:waiting", self.tag)
-    }
-
     /// Adds the key's three names to a script invocation, in the order the scripts read them.
     pub(super) fn declare(&self, invocation: &mut redis::ScriptInvocation<'_>) {
         invocation

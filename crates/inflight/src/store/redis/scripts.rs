@@ -14,7 +14,7 @@ macro_rules! script {
 pub(super) static BATCH: LazyLock<Script> = script!("scripts/queue.lua", "scripts/batch.lua");
 pub(super) static RENEW: LazyLock<Script> = script!("scripts/renew.lua");
 pub(super) static STATUS: LazyLock<Script> = script!("scripts/queue.lua", "scripts/status.lua");
-pub(super) static DIFY: LazyLock<Script> = script!("scripts/dify.lua");
+pub(super) static DIFY: LazyLock<Script> = script!("scripts/queue.lua", "scripts/dify.lua");
 /// Alone (it reads no user key): the index of overrides on Redis Cluster.
 pub(super) static INDEX: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/index.lua")));

@@ -14,9 +14,10 @@ use super::naming::{KeyNames, Member};
 use super::overrides::{Names, View};
 use super::scripts;
 use crate::error::StoreError;
+use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
-use crate::store::wake::{Interest, Turn, Wakes, Wakeups};
+use crate::store::wake::{Turn, Wakes, Wakeups};
 use crate::store::{
     AcquireRequest, Admission, Grant, IndexOp, KeyStatus, LocalAdmission, OverrideChange, Recorded,
     RenewRequest, Renewal, Store,
@@ -213,15 +214,16 @@ pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, Store
     }
 }
 
-/// A waiter's ticket and the admission's floors as `batch.lua` takes them; `None` when it has neither.
-fn wait_args(req: &AcquireRequest<'_>) -> Option<WaitArgs> {
-    let floored = req.floors.iter().any(|floors| !floors.is_empty());
+/// A waiter's ticket and the floors of `floors` (the classes of some of its keys, in their order) as
+/// `batch.lua` takes them; `None` when it has neither.
+pub(super) fn wait_args(req: &AcquireRequest<'_>, floors_of: &[Floors]) -> Option<WaitArgs> {
+    let floored = floors_of.iter().any(|floors| !floors.is_empty());
     if req.ticket.is_none() && !floored {
         return None;
     }
     let mut floors = String::new();
     if floored {
-        for (i, class) in req.floors.iter().enumerate() {
+        for (i, class) in floors_of.iter().enumerate() {
             if i > 0 {
                 String::push(&mut floors, ';');
             }
@@ -247,10 +249,7 @@ impl Store for RedisStore {
         let terms = (req.weight, req.lease_ms, req.limits.to_vec());
         let id = req.id.clone();
         let reply = match self.across(&names) {
-            Some(groups) => {
-                self.acquire_across(names, groups, &id, terms, req.generated)
-                    .await?
-            }
+            Some(groups) => self.acquire_across(names, groups, &req, terms).await?,
             None => {
                 self.batcher
                     .run(Op::Acquire {
@@ -259,7 +258,7 @@ impl Store for RedisStore {
                         terms,
                         keep: 0,
                         generated: req.generated,
-                        wait: wait_args(&req),
+                        wait: wait_args(&req, req.floors),
                     })
                     .await?
             }
@@ -282,10 +281,6 @@ impl Store for RedisStore {
                 self.batcher.run(Op::Release { names, id, token }).await?[0] == 1
             }
         };
-        // Heard here at once; other processes hear it through the key's channel.
-        if released {
-            keys.iter().for_each(|key| self.wakes.wake(key));
-        }
         Ok(released)
     }
 
@@ -341,15 +336,9 @@ impl Store for RedisStore {
 }
 
 impl Wakeups for RedisStore {
-    /// Woken by releases of this handle at once, and by those of every other process through the key's
-    /// channel (subscribed while the interest lives).
-    fn interest(&self, key: &str) -> Interest {
-        self.wakes.interest(key)
-    }
-
     /// A ticket in the keys' queues (`queue.lua`), whose turn this handle hears on a channel of its own.
     fn ticket(&self) -> Option<Turn> {
-        self.wakes.ticket()
+        Some(self.wakes.ticket())
     }
 
     fn tickets_expired(&self) -> u64 {
@@ -358,11 +347,12 @@ impl Wakeups for RedisStore {
 
     async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError> {
         let names = self.names(keys);
-        let ticket = ticket.to_owned();
-        // (On a cluster, keys in several slots take no ticket: see `acquire`.)
         match self.across(&names) {
-            Some(_) => Ok(false),
-            None => Ok(self.batcher.run(Op::Leave { names, ticket }).await?[0] == 1),
+            Some(groups) => self.leave_across(&names, &groups, ticket).await,
+            None => {
+                let ticket = ticket.to_owned();
+                Ok(self.batcher.run(Op::Leave { names, ticket }).await?[0] == 1)
+            }
         }
     }
 }

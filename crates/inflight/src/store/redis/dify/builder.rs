@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::store::{released, DifyStore};
+use super::store::DifyStore;
 use crate::clock::millis;
 use crate::error::StoreError;
 use crate::store::redis::builder::RedisStoreBuilder;
@@ -72,14 +72,7 @@ impl DifyStoreBuilder {
             "" => "".into(),
             prefix => format!("{prefix}:").into(),
         };
-        // dify.lua announces every release: no markers.
-        let channels = Arc::clone(&key_prefix);
-        let wakes = wakeups::start(
-            conn.clone(),
-            move |key| released(&channels, key),
-            None,
-            None,
-        );
+        let wakes = wakeups::start(conn.clone(), self.plain.turns_channel());
         Ok(DifyStore {
             plain: self.plain.assemble(conn, target, wakes),
             stale_ms: millis(self.stale_after),

@@ -11,6 +11,8 @@
 //! - Every permit weighs 1; a heavier one is [`StoreError::Unsupported`], and so is a key with `{` or `}`.
 //! - No Redis Cluster (an app's two Dify keys hash to different slots); opening one there is refused.
 //! - No listing of busy keys ([`BusyKeys`] answers [`StoreError::Unsupported`]).
+//! - Waiters queue as on [`RedisStore`], in keys of inflight's own beside Dify's hash (`{H}:queue`, ...);
+//!   a Dify worker's request never waits, and so never queues.
 //! - No batches, and every admission asks Redis, unlimited keys included (Dify's workers write limits
 //!   that no view in this process hears of).
 //! - A Dify worker's entry older than the stale age (default 600 s) is evicted, only by an admission
@@ -34,7 +36,7 @@ use crate::store::redis::error::invoke;
 use crate::store::redis::scripts;
 use crate::store::redis::status::{change_arg, status_of};
 use crate::store::redis::store::{admission_of, fields, renewal_of, RedisStore};
-use crate::store::wake::{Interest, Wakeups};
+use crate::store::wake::{Turn, Wakeups};
 use crate::store::{
     AcquireRequest, Admission, IndexOp, KeyStatus, OverrideChange, Recorded, RenewRequest, Renewal,
     Store,
@@ -57,7 +59,7 @@ use crate::store::{
 /// ```
 #[derive(Clone, Debug)]
 pub struct DifyStore {
-    /// The connection, the prefix of inflight's own keys, the wake-ups (on Dify's channels) and
+    /// The connection, the prefix of inflight's own keys, the waiters' turns and
     /// everything this store does as the plain one does.
     pub(crate) plain: RedisStore,
     /// How old a Dify worker's entry must be to be stale, ms.
@@ -72,11 +74,6 @@ pub(super) fn active_requests(key_prefix: &str, key: &str) -> String {
     format!("{key_prefix}dify:rate_limit:{key}:active_requests")
 }
 
-/// The channel a release on `key` is announced on (`dify.lua`: the hash's name in braces).
-pub(super) fn released(key_prefix: &str, key: &str) -> String {
-    format!("{{{}}}:released", active_requests(key_prefix, key))
-}
-
 impl DifyStore {
     /// For tests of leases: as `RedisStore::advance_clock` does.
     #[cfg(feature = "test-util")]
@@ -84,7 +81,7 @@ impl DifyStore {
         self.plain.advance_clock(by);
     }
 
-    /// Prepares `op` ('a', 'r', 'n' or 's') on `keys` for `id`; `extra` is ARGV[6] (see `dify.lua`).
+    /// Prepares `op` ('a', 'r', 'n', 's' or 'l') on `keys` for `id`; `extra` is ARGV[6] (see `dify.lua`).
     fn call<K: AsRef<str>>(
         &self,
         op: &str,
@@ -151,14 +148,22 @@ impl Store for DifyStore {
                 "the Dify layout counts every permit as one: weights must be 1".into(),
             ));
         }
-        let call = self.call("a", req.keys, req.id, req.lease_ms, "", req.limits)?;
+        let mut call = self.call("a", req.keys, req.id, req.lease_ms, "", req.limits)?;
+        if let Some(ticket) = &req.ticket {
+            call.arg(ticket.name)
+                .arg(format!("{}:{}", req.priority, ticket.flow_weight))
+                .arg(ticket.flow)
+                .arg(ticket.lease_ms);
+        }
         let out = self.run(call).await?;
-        let reply: [i64; 6] = out
+        let reply: [i64; 7] = out
             .as_slice()
             .try_into()
             .map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
         let mut padded = [0; 12];
-        padded[..6].copy_from_slice(&reply);
+        padded[..6].copy_from_slice(&reply[..6]);
+        padded[11] = reply[6];
+        self.plain.wakes.count_expired(reply[6]);
         admission_of(padded, req.weight)
     }
 
@@ -171,10 +176,6 @@ impl Store for DifyStore {
     ) -> Result<bool, StoreError> {
         let call = self.call("r", keys, id, 0, "", &[])?;
         let [released] = fields(&self.run(call).await?)?;
-        // Heard here at once; other processes hear it through the key's channel.
-        if released == 1 {
-            keys.iter().for_each(|key| self.plain.wakes.wake(key));
-        }
         Ok(released == 1)
     }
 
@@ -207,11 +208,19 @@ impl Store for DifyStore {
 }
 
 impl Wakeups for DifyStore {
-    /// Woken by releases of this handle at once, and by those of every other process (inflight's) through
-    /// the key's channel. A Dify worker's release announces nothing: waiters hear of it when they check
-    /// again.
-    fn interest(&self, key: &str) -> Interest {
-        self.plain.interest(key)
+    /// A ticket in the queues beside Dify's hashes (`dify.lua`), as [`RedisStore`]'s.
+    fn ticket(&self) -> Option<Turn> {
+        self.plain.ticket()
+    }
+
+    fn tickets_expired(&self) -> u64 {
+        self.plain.tickets_expired()
+    }
+
+    async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError> {
+        let call = self.call("l", keys, &PermitId::from(ticket), 0, "", &[])?;
+        let [left] = fields(&self.run(call).await?)?;
+        Ok(left == 1)
     }
 }
 

@@ -8,8 +8,6 @@
 --                        first admission of an id generated for it, weight 1, the default lease) has no
 --                        entry: its id was never used before, so no other admission's release can name
 --                        it, and any later admission of the id (a re-sent one) writes its entry.
---   <prefix>{E}:waiting  string, while some process has waiters on the key (it keeps it alive): only
---                        then is a release announced on <prefix>{E}:released.
 --   permits QUEUED ('\254q': no permit id, which is UTF-8 text or starts with 0xFF, can be it): while
 --                        the key may have a queue of tickets (queue.lua).
 -- Tokens (fencing): each admission gets one, larger than every token its keys gave before: the Redis

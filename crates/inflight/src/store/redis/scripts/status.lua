@@ -36,9 +36,6 @@ if ARGV[3] ~= '' then
   elseif indexed then
     version = tonumber(redis.call('GET', KEYS[5]) or '0')
   end
-  -- A new limit may admit waiters at once: announced as a release is (while some process waits).
-  local tag = string.sub(KEYS[1], 1, -8)
-  if redis.call('EXISTS', tag .. ':waiting') == 1 then redis.call('PUBLISH', tag .. ':released', '') end
 end
 local key = view(KEYS[1], KEYS[2], KEYS[3])
 local limit = resolve(override(key), tonumber(ARGV[1]), tonumber(ARGV[2]))
