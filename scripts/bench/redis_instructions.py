@@ -6,8 +6,10 @@ the count moves by well under 1 % between runs, so a change to the scripts of a 
     python3 scripts/bench/redis_instructions.py parts   # where a busy key's pair goes (below)
 
 SCRIPTS_DIR and OP compare another version's scripts (`git worktree add /tmp/old COMMIT`, then
-`.../redis_instructions.py 100 /tmp/old/crates/inflight/src/store/redis/scripts a`: before 'g' existed,
-every admission was 'a').
+`.../redis_instructions.py 100 /tmp/old/crates/inflight/src/store/redis/scripts g`). Scripts with a
+`manifest` are composed as it says and sent records (kind, flags, keys: `batch.lua`); older ones
+(before the manifest) are composed as scripts.rs then did and sent OP letters ('g', or 'a' before 'g'
+existed).
 
 Each shape sends BATCHES pairs of calls of `batch.lua` (as the library sends them: generated ids, weight 1,
 the default lease): one call of N admissions, then one of their N releases. Shapes: one key with a standing
@@ -93,10 +95,18 @@ def main() -> None:
                 time.sleep(0.1)
         else:
             raise SystemExit("redis-server under valgrind did not start")
-        common, batch_lua = open(f"{scripts}/common.lua").read(), open(f"{scripts}/batch.lua").read()
-        # batch.lua follows queue.lua where the scripts have it (scripts.rs), as the library loads it.
-        if os.path.exists(f"{scripts}/queue.lua"):
-            common += open(f"{scripts}/queue.lua").read()
+        records = os.path.exists(f"{scripts}/manifest")
+        if records:
+            # The batch entry point's files (the manifest's), batch.lua last.
+            line = next(x for x in open(f"{scripts}/manifest").read().splitlines() if x.startswith("batch = "))
+            files = line.split(" = ")[1].split(" ")
+            common = "".join(open(f"{scripts}/{f}").read() for f in files[:-1])
+            batch_lua = open(f"{scripts}/{files[-1]}").read()
+        else:
+            common, batch_lua = open(f"{scripts}/common.lua").read(), open(f"{scripts}/batch.lua").read()
+            # batch.lua follows queue.lua where the scripts have it (scripts.rs then), as the library loaded it.
+            if os.path.exists(f"{scripts}/queue.lua"):
+                common += open(f"{scripts}/queue.lua").read()
         batch = r.call("SCRIPT", "LOAD", common + batch_lua).decode()
         nothing = r.call("SCRIPT", "LOAD", "return 1").decode()
 
@@ -119,8 +129,12 @@ def main() -> None:
                 admit, release = [0], [0]
                 for i, id in enumerate(ids):
                     place = i + 1 if spread else 1
-                    admit += [op, place, id, "1 30000 1000000 0", 0]
-                    release += ["r", place, id, 0]
+                    if records:
+                        admit += ["a", 1, 1, place, id, "1 30000 1000000 0", 0]
+                        release += ["r", 0, 1, place, id, 0]
+                    else:
+                        admit += [op, place, id, "1 30000 1000000 0", 0]
+                        release += ["r", place, id, 0]
                 return admit, release
 
             if standing:

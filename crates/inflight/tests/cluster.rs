@@ -382,7 +382,9 @@ async fn waiters_across_slots_queue_on_the_refusing_key() {
             permit.release().await.unwrap();
         }));
         let waiting = || {
-            let each = handles.iter().map(|h| h.stats().waiting.load(Ordering::SeqCst));
+            let each = handles
+                .iter()
+                .map(|h| h.stats().waiting.load(Ordering::SeqCst));
             each.sum::<u64>()
         };
         let deadline = Instant::now() + Duration::from_secs(20);

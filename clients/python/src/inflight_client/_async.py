@@ -286,9 +286,9 @@ class AsyncRedisLimiter:
         self.prefix = prefix
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
-        self._batch = redis_client.register_script(_core.script_text("batch.lua"))
-        self._renew = redis_client.register_script(_core.script_text("renew.lua"))
-        self._status = redis_client.register_script(_core.script_text("status.lua"))
+        self._batch = redis_client.register_script(_core.script_text("batch"))
+        self._renew = redis_client.register_script(_core.script_text("renew"))
+        self._status = redis_client.register_script(_core.script_text("status"))
         self._holders = Holders()
         self._renewer = AsyncRenewer(self._renew_held, self._release_held)
         self._turns = AsyncTurns(redis_client, prefix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
+from typing import NamedTuple
 
 from . import _input, _keys
 from ._errors import TooManyRequests, TooManyWaiters, UnexpectedAnswer, WeightExceedsLimit
@@ -17,16 +18,37 @@ __all__ = ["MAX_KEYS", "MAX_LEASE_MS", "MIN_LEASE_MS", "MAX_OVERRIDE"]
 Arg = str | bytes | int
 
 
-# The scripts that also read a key's queue of waiters (``scripts.rs``).
-_QUEUED = ("batch.lua", "status.lua", "dify.lua")
-
-
 def script_text(name: str) -> str:
-    """The script as inflight runs it: ``common.lua`` (and ``queue.lua`` where ``scripts.rs`` adds it)
-    followed by its own file."""
+    """The entry point ``name`` as inflight runs it: the files ``scripts/manifest`` names for it, in order
+    (as ``scripts.rs`` reads the same manifest)."""
     folder = resources.files("inflight_client") / "scripts"
-    parts = ["common.lua", "queue.lua", name] if name in _QUEUED else ["common.lua", name]
-    return "".join((folder / part).read_text("utf-8") for part in parts)
+    for line in (folder / "manifest").read_text("utf-8").splitlines():
+        entry, _, files = line.partition(" = ")
+        if entry == name:
+            return "".join((folder / part).read_text("utf-8") for part in files.split(" "))
+    raise LookupError(f"scripts/manifest names no entry point {name}")
+
+
+class Answer(NamedTuple):
+    """A script's answer to one admission, in ``common.lua``'s ``answer``'s order (``answer.rs``'s
+    ``Answer``): ``batch.lua``'s and ``dify.lua``'s alike."""
+
+    decision: int
+    index: int
+    limit: int
+    in_flight: int
+    expires_at_ms: int
+    reclaimed: int
+    token: int
+    held_weight: int
+    held_lease_ms: int
+    held_token: int
+    counted: int
+    tickets_expired: int
+
+
+# ``Answer.decision`` (``common.lua``'s names).
+FULL, ADMITTED, UNLIMITED, TOO_HEAVY, WAITS, WAITERS_BOUND = range(6)
 
 
 @dataclass(frozen=True)
@@ -84,7 +106,7 @@ class Wait:
 
 
 class Queued(TooManyRequests):
-    """``batch.lua``'s decision 4: the key is full and the waiter's ticket is in its queue (taken, or its
+    """``batch.lua``'s decision WAITS: the key is full and the waiter's ticket is in its queue (taken, or its
     lease renewed). The waiting acquires' own: they wait for their turn, and time out with the plain
     :class:`TooManyRequests` this is."""
 
@@ -98,41 +120,29 @@ def acquire_args(
     generated: bool = False,
     wait: Wait | None = None,
 ) -> list[Arg]:
-    """``batch.lua``'s ARGV for one admission: clock offset, ``a`` (or ``A n``; ``g``/``G`` when the id was
-    generated for this admission, whose lease then need not record its token), key places, member, terms,
-    and 0 (the lease keeps the token it gets). A waiter's (``wait``) is ``w`` (``W n``), followed by its
-    ticket, priority, flow, the ticket's lease and whether the id was generated (1/0), as ``batch.rs``
-    sends it."""
-    args: list[Arg] = [0]
-    kind = "w" if wait is not None else "g" if generated else "a"
-    args.extend([kind] if len(keys) == 1 else [kind.upper(), len(keys)])
-    args.extend(range(1, len(keys) + 1))
+    """``batch.lua``'s ARGV for one admission (``batch.rs`` sends the same records): clock offset, then the
+    record: ``a``, its flags (1: the id was generated for it, whose lease then need not record its token;
+    2: a waiter's standing follows), the number of keys and their places, member, terms, and 0 (the lease
+    keeps the token it gets); a waiter's (``wait``) ticket, ``level:flow_weight``, flow and ticket lease."""
+    flags = (1 if generated else 0) | (2 if wait is not None else 0)
+    args: list[Arg] = [0, "a", flags, len(keys), *range(1, len(keys) + 1)]
     args.append(_keys.member(id))
     args.append(" ".join([str(weight), str(lease_ms)] + [f"{c.default} {c.max}" for c in limits]))
     args.append(0)
     if wait is not None:
-        args.extend([wait.ticket, wait.priority, wait.flow, wait.lease_ms, 1 if generated else 0])
+        args.extend([wait.ticket, f"{wait.priority}:1", wait.flow, wait.lease_ms])
     return args
 
 
 def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:
-    """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (``l``, or ``L n``): the ticket
-    stands where an id would."""
-    args: list[Arg] = [0]
-    args.extend(["l"] if len(keys) == 1 else ["L", len(keys)])
-    args.extend(range(1, len(keys) + 1))
-    args.append(ticket)
-    return args
+    """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (an ``l`` record)."""
+    return [0, "l", 0, len(keys), *range(1, len(keys) + 1), ticket]
 
 
 def release_args(keys: Sequence[str], id: str, token: int = 0) -> list[Arg]:
-    """``batch.lua``'s ARGV for one release: of the admission that got ``token`` (0: the id's lease)."""
-    args: list[Arg] = [0]
-    args.extend(["r"] if len(keys) == 1 else ["R", len(keys)])
-    args.extend(range(1, len(keys) + 1))
-    args.append(_keys.member(id))
-    args.append(check_token(token))
-    return args
+    """``batch.lua``'s ARGV for one release (an ``r`` record): of the admission that got ``token`` (0: the
+    id's lease)."""
+    return [0, "r", 0, len(keys), *range(1, len(keys) + 1), _keys.member(id), check_token(token)]
 
 
 def renew_args(
@@ -164,26 +174,24 @@ def ints(reply: object, n: int) -> list[int]:
 
 
 def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None, int]:
-    """Reads ``batch.lua``'s answer (``dify.lua``'s: seven numbers, no token): (limit, in_flight,
-    expires_at_ms, token), ``expires_at_ms`` None when the keys are unlimited (nothing recorded); raises the
-    refusal: a waiter's is :class:`Queued` (its ticket waits in the refusing key's queue) or
-    :class:`TooManyWaiters` (the queue is at its bound)."""
-    numbers = ints(reply, 7 if isinstance(reply, list) and len(reply) == 7 else 12)
-    decision, index, limit, in_flight, expires_at_ms = numbers[:5]
-    token = numbers[6] if len(numbers) == 12 else 0
-    if decision == 1:
-        return limit or None, in_flight, expires_at_ms, token
-    if decision == 2:
+    """Reads an admission's :class:`Answer`: (limit, in_flight, expires_at_ms, token), ``expires_at_ms``
+    None when the keys are unlimited (nothing recorded); raises the refusal: a waiter's is :class:`Queued`
+    (its ticket waits in the refusing key's queue) or :class:`TooManyWaiters` (the queue is at its bound)."""
+    answer = Answer(*ints(reply, len(Answer._fields)))
+    limit, in_flight, key = answer.limit, answer.in_flight, keys[answer.index]
+    if answer.decision == ADMITTED:
+        return limit or None, in_flight, answer.expires_at_ms, answer.token
+    if answer.decision == UNLIMITED:
         return None, 0, None, 0
-    if decision == 0:
-        raise TooManyRequests(limit, in_flight, keys[index])
-    if decision == 3:
-        raise WeightExceedsLimit(limit, weight, keys[index])
-    if decision == 4:
-        raise Queued(limit, in_flight, keys[index])
-    if decision == 5:
-        raise TooManyWaiters(limit, in_flight, keys[index])
-    raise UnexpectedAnswer(f"acquire answered decision {decision}")
+    if answer.decision == FULL:
+        raise TooManyRequests(limit, in_flight, key)
+    if answer.decision == TOO_HEAVY:
+        raise WeightExceedsLimit(limit, weight, key)
+    if answer.decision == WAITS:
+        raise Queued(limit, in_flight, key)
+    if answer.decision == WAITERS_BOUND:
+        raise TooManyWaiters(limit, in_flight, key)
+    raise UnexpectedAnswer(f"acquire answered decision {answer.decision}")
 
 
 def status(reply: object, key: str, numbers: int = 3) -> KeyStatus:

@@ -19,6 +19,24 @@
 -- the latest deadline, so that idle keys leave nothing behind.
 local DEFAULT_LEASE_MS = 30000
 local QUEUED = '\254q'
+
+-- An admission's answer, one structure for every script that admits (batch.lua, dify.lua): written into
+-- `out` after its first `at` numbers; returns how many it then holds. Named once here, in this order, as
+-- crates/inflight/src/store/redis/answer.rs's `Answer` and the Python client's `_core.Answer` name it.
+-- decision: FULL, ADMITTED, UNLIMITED (nothing recorded), TOO_HEAVY (the weight is over the limit), WAITS
+-- (full, and the waiter's ticket is in the refusing key's queue), WAITERS_BOUND (full, the queue at its
+-- bound); index: the refusing key's place among the operation's (0-based; -1); limit and in_flight: that
+-- key's, or the first's; held_*: what the id held before on the first limited key (weight 0: nothing);
+-- counted: which keys recorded the lease (bit i - 1: key i); tickets_expired: tickets of its keys'
+-- queues it found expired (their waiters' processes stopped renewing them).
+local FULL, ADMITTED, UNLIMITED, TOO_HEAVY, WAITS, WAITERS_BOUND = 0, 1, 2, 3, 4, 5
+local function answer(out, at, decision, index, limit, in_flight, expires_at_ms, reclaimed, token, held_weight,
+    held_lease_ms, held_token, counted, tickets_expired)
+  out[at + 1], out[at + 2], out[at + 3], out[at + 4] = decision, index, limit, in_flight
+  out[at + 5], out[at + 6], out[at + 7], out[at + 8] = expires_at_ms, reclaimed, token, held_weight
+  out[at + 9], out[at + 10], out[at + 11], out[at + 12] = held_lease_ms, held_token, counted, tickets_expired
+  return at + 12
+end
 local clock_ms, now, now_us = 0, 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
 local function set_now(offset) -- (ARGV's text; tonumber costs Redis about as much as a TIME call)
   local offset_ms = offset == '0' and 0 or tonumber(offset)

@@ -14,7 +14,7 @@
 -- <prefix>overrides (hash: user key -> override, to bound them), ARGV[8] the bound (0: none), ARGV[9] K.
 -- A waiter's admission: ARGV[7 + n] its ticket, ARGV[8 + n] 'level:flow_weight', ARGV[9 + n] its flow,
 -- ARGV[10 + n] the ticket's lease ms.
--- Returns as batch.lua's admission (its first 6 numbers and the tickets found expired), {released},
+-- Returns an admission's answer (common.lua's), {released},
 -- renew.lua's 5 numbers, status.lua's 3 ({-1, bound, 0} when a new override would pass the bound), {left}.
 -- Atomic for the reason Dify's HLEN-then-HSET is not: counting and adding must be one step.
 -- Every entry counts one (weight 1). inflight's entries carry, as Dify's "start time", the later of the
@@ -90,8 +90,15 @@ local function put_entry(key, ms) -- adds or refreshes id's entry and lease (H i
   keep_sides(key, ms)
 end
 
+-- An admission's answer (common.lua's): no token, nothing held before (Dify's entries keep neither).
+local function reply(decision, index, limit, in_flight, expires_at_ms)
+  local out = {}
+  answer(out, 0, decision, index, limit, in_flight, expires_at_ms, reclaimed, 0, 0, 0, 0, 0, count_expired())
+  return out
+end
+
 if op == 'a' then
-  local b, w = 6 + n_keys, nil -- a waiter's ticket, as batch.lua's 'w' takes it
+  local b, w = 6 + n_keys, nil -- a waiter's standing, as batch.lua takes it
   if ARGV[b + 1] then
     local level, flow_weight = string.match(ARGV[b + 2], '^(%d+):(%d+)$')
     w = {ticket = ARGV[b + 1], level = tonumber(level), flow_weight = tonumber(flow_weight), flow = ARGV[b + 3],
@@ -103,26 +110,26 @@ if op == 'a' then
       any = true
       -- No room, or none behind the tickets ahead (queue.lua); a held id needs none.
       if not held(key) and not (room(key) and (not key.queued or queue().in_turn(key, key.limit_now - key.n, 1, ticket))) then
-        local decision = 0
+        local decision = FULL
         if ticket then -- its ticket waits here, and in no other key's queue
           for j, other in ipairs(keys) do
             if j ~= i and other.queued then queue().leave(other, ticket, 1, false) end
           end
-          if queue().take_ticket(key, w, key.limit_now) == 1 then decision = 4 else decision = 5 end
+          decision = queue().take_ticket(key, w, key.limit_now) == 1 and WAITS or WAITERS_BOUND
           keep_sides(key, DEFAULT_LEASE_MS)
         end
-        return {decision, i - 1, key.limit_now, key.n, 0, reclaimed, tickets_expired}
+        return reply(decision, i - 1, key.limit_now, key.n, 0)
       end
     end
   end
-  if not any then return {2, -1, 0, 0, 0, reclaimed, tickets_expired} end
+  if not any then return reply(UNLIMITED, -1, 0, 0, 0) end
   for _, key in ipairs(keys) do
     if key.limit_now > 0 then put_entry(key, lease_ms) end
     -- Admitted: its ticket leaves, and the next in line hear their turn if there is room.
     if ticket and key.queued then queue().leave(key, ticket, key.limit_now - key.n, true) end
   end
   local first = keys[1]
-  return {1, -1, first.limit_now, first.limit_now > 0 and first.n or 0, now + lease_ms, reclaimed, tickets_expired}
+  return reply(ADMITTED, -1, first.limit_now, first.limit_now > 0 and first.n or 0, now + lease_ms)
 elseif op == 'l' then
   local left = 0
   for _, key in ipairs(keys) do -- (a ticket whose lease ended is no longer there: dropped first)

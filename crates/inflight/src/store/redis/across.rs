@@ -15,7 +15,8 @@
 
 use std::sync::Arc;
 
-use super::batch::{Op, Reply};
+use super::answer::{decision, Answer};
+use super::batch::Op;
 use super::connect::slot;
 use super::naming::KeyNames;
 use super::overrides;
@@ -66,7 +67,7 @@ impl RedisStore {
         groups: Vec<Vec<usize>>,
         req: &AcquireRequest<'_>,
         terms: (u32, u64, Vec<ClassLimits>),
-    ) -> Result<Reply, StoreError> {
+    ) -> Result<Answer, StoreError> {
         let (weight, lease_ms, limits) = terms;
         let (id, generated) = (req.id, req.generated);
         // Each group taken, with the token it gave and what the id held there before.
@@ -87,7 +88,7 @@ impl RedisStore {
                 generated,
                 wait: wait_args(req, &floors),
             };
-            let reply = match self.batcher.run(op).await {
+            let reply = match self.batcher.admit(op).await {
                 Ok(reply) => reply,
                 Err(error) => {
                     // Perhaps taken before the answer was lost, by a token not known here: the others
@@ -97,79 +98,69 @@ impl RedisStore {
                     return Err(error);
                 }
             };
-            let [decision, index, limit, in_flight, expires, group_reclaimed, .., group_expired] =
-                reply;
-            reclaimed += group_reclaimed;
-            expired += group_expired;
-            match decision {
-                1 => {
-                    let [.., given, held, held_ms, held_token, group_counted, _] = reply;
+            reclaimed += reply.reclaimed;
+            expired += reply.tickets_expired;
+            match reply.decision {
+                decision::ADMITTED => {
                     for (j, &i) in group.iter().enumerate() {
-                        if group_counted >> j & 1 == 1 {
+                        if reply.counted >> j & 1 == 1 {
                             counted |= 1 << i;
                         }
                     }
-                    let before = [held, held_ms, held_token].map(|n| n.max(0).unsigned_abs());
-                    taken.push((group, given.max(0).unsigned_abs(), before));
-                    expires_at_ms = expires;
+                    let before = reply.held.map(|n| n.max(0).unsigned_abs());
+                    let given = reply.token.max(0).unsigned_abs();
+                    taken.push((group, given, before));
+                    expires_at_ms = reply.expires_at_ms;
                     // The permit's token is its first group's (in slot order), kept by the others.
                     if token == 0 {
-                        token = given.max(0).unsigned_abs();
+                        token = given;
                     }
                     if group[0] == 0 {
-                        first = Some((limit, in_flight));
+                        first = Some((reply.limit, reply.in_flight));
                     }
                 }
-                2 => {}
-                0 | 3 | 4 | 5 => {
+                decision::UNLIMITED => {}
+                refused => {
                     self.roll_back(&names, &taken, id).await;
-                    if let (4, Some(ticket)) = (decision, &req.ticket) {
+                    if let (decision::WAITS, Some(ticket)) = (refused, &req.ticket) {
                         // Its ticket waits here: a place an earlier refusal gave it further on goes.
-                        self.leave_across(&names, &groups[g + 1..], ticket.name).await?;
+                        self.leave_across(&names, &groups[g + 1..], ticket.name)
+                            .await?;
                     }
-                    let index = group[usize::try_from(index).unwrap_or(0)];
-                    return Ok([
-                        decision,
-                        index as i64,
-                        limit,
-                        in_flight,
-                        0,
+                    let index = group[usize::try_from(reply.index).unwrap_or(0)];
+                    return Ok(Answer {
+                        index: index as i64,
                         reclaimed,
-                        0,
-                        0,
-                        0,
-                        0,
-                        0,
-                        expired,
-                    ]);
-                }
-                _ => {
-                    return Err(StoreError::Protocol(format!(
-                        "acquire answered decision {decision}"
-                    )))
+                        tickets_expired: expired,
+                        ..reply
+                    });
                 }
             }
         }
         if taken.is_empty() {
-            return Ok([2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0, expired]);
+            let unlimited = Answer {
+                decision: decision::UNLIMITED,
+                index: -1,
+                reclaimed,
+                tickets_expired: expired,
+                ..Answer::default()
+            };
+            return Ok(unlimited);
         }
         // The first key's figures; (0, 0) when its own group was unlimited.
         let (limit, in_flight) = first.unwrap_or((0, 0));
-        let token = i64::try_from(token).unwrap_or(i64::MAX);
-        Ok([
-            1,
-            -1,
+        Ok(Answer {
+            decision: decision::ADMITTED,
+            index: -1,
             limit,
             in_flight,
             expires_at_ms,
             reclaimed,
-            token,
-            0,
-            0,
-            0,
+            token: i64::try_from(token).unwrap_or(i64::MAX),
+            held: [0; 3],
             counted,
-            expired,
-        ])
+            tickets_expired: expired,
+        })
     }
 
     /// Undoes what a refused admission took: each group's lease removed, or what the id held there
@@ -207,7 +198,7 @@ impl RedisStore {
         });
         let mut left = false;
         for result in futures_util::future::join_all(leaves).await {
-            left |= result?[0] == 1;
+            left |= result?;
         }
         Ok(left)
     }
@@ -229,7 +220,7 @@ impl RedisStore {
         });
         let mut released = false;
         for result in futures_util::future::join_all(releases).await {
-            released |= result?[0] == 1;
+            released |= result?;
         }
         Ok(released)
     }

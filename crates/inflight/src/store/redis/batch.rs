@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
+use super::answer::Answer;
 use super::connect::slot;
 use super::connect::Conn;
 use super::error::retried;
@@ -72,8 +73,9 @@ pub(super) enum Op {
     },
 }
 
-/// A waiter's ticket (`""`: none), and the admission's priority and its keys' floors, as `batch.lua`
-/// takes them: `floors` is `"p:slots p:slots;..."`, one group per key in order (`""`: none).
+/// An admission's standing, as `batch.lua` takes it (flags 2 and 4): a waiter's ticket (`""`: none), its
+/// priority and flow, and its keys' floors: `"p:slots p:slots;..."`, one group per key in order (`""`:
+/// none).
 pub(super) struct WaitArgs {
     pub(super) ticket: String,
     pub(super) priority: u8,
@@ -96,20 +98,27 @@ impl Op {
     /// How many numbers `batch.lua` answers it with.
     fn reply_len(&self) -> usize {
         match self {
-            Op::Acquire { .. } => 12,
+            Op::Acquire { .. } => Answer::LEN,
             Op::Release { .. } | Op::Undo { .. } | Op::Leave { .. } => 1,
         }
     }
-}
 
-/// A waiter's level as `batch.lua` takes it: `level`, or `level:flow_weight` for a flow weight over 1.
-struct Level(u8, u32);
-
-impl redis::ToRedisArgs for Level {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+    /// Its record's kind and flags (see `batch.lua`).
+    fn kind(&self) -> (&'static str, u8) {
         match self {
-            Level(level, 0 | 1) => out.write_arg_fmt(level),
-            Level(level, weight) => out.write_arg_fmt(format_args!("{level}:{weight}")),
+            Op::Acquire {
+                generated, wait, ..
+            } => {
+                let standing = match wait {
+                    Some(WaitArgs { floors, .. }) if !floors.is_empty() => 6,
+                    Some(_) => 2,
+                    None => 0,
+                };
+                ("a", u8::from(*generated) | standing)
+            }
+            Op::Release { .. } => ("r", 0),
+            Op::Undo { .. } => ("u", 0),
+            Op::Leave { .. } => ("l", 0),
         }
     }
 }
@@ -136,12 +145,10 @@ impl redis::ToRedisArgs for Terms<'_> {
     }
 }
 
-/// What `batch.lua` answered one operation (a release or an undo uses the first number only).
-pub(super) type Reply = [i64; 12];
-
 struct Job {
     op: Op,
-    reply: oneshot::Sender<Result<Reply, StoreError>>,
+    /// Its numbers of the batch's reply.
+    reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
 }
 
 fn stopped() -> StoreError {
@@ -167,8 +174,17 @@ impl Batcher {
         Self { jobs }
     }
 
-    /// Runs `op` in the next batch; its reply from `batch.lua`.
-    pub(super) async fn run(&self, op: Op) -> Result<Reply, StoreError> {
+    /// Runs an admission in the next batch.
+    pub(super) async fn admit(&self, op: Op) -> Result<Answer, StoreError> {
+        Answer::read(&self.send(op).await?)
+    }
+
+    /// Runs a release, an undo or a leave in the next batch: whether it changed anything.
+    pub(super) async fn run(&self, op: Op) -> Result<bool, StoreError> {
+        Ok(self.send(op).await? == [1])
+    }
+
+    async fn send(&self, op: Op) -> Result<Vec<i64>, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs.send(Job { op, reply }).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
@@ -233,26 +249,8 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     let mut places: HashMap<&str, usize> = HashMap::new();
     for job in &jobs {
         let names = job.op.names();
-        let kind = match &job.op {
-            Op::Acquire {
-                wait: Some(WaitArgs { floors, .. }),
-                ..
-            } if !floors.is_empty() => ["f", "F"],
-            Op::Acquire { wait: Some(_), .. } => ["w", "W"],
-            Op::Acquire {
-                generated: false, ..
-            } => ["a", "A"],
-            Op::Acquire {
-                generated: true, ..
-            } => ["g", "G"],
-            Op::Release { .. } => ["r", "R"],
-            Op::Undo { .. } => ["u", "U"],
-            Op::Leave { .. } => ["l", "L"],
-        };
-        match names.len() {
-            1 => invocation.arg(kind[0]),
-            n => invocation.arg(kind[1]).arg(n),
-        };
+        let (kind, flags) = job.op.kind();
+        invocation.arg(kind).arg(flags).arg(names.len());
         for key in names {
             let next = places.len() + 1;
             let place = *places.entry(key.tag()).or_insert_with(|| {
@@ -267,17 +265,16 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
                 terms,
                 keep,
                 wait,
-                generated,
                 ..
             } => {
                 invocation.arg(Member(id)).arg(Terms(terms)).arg(keep);
                 if let Some(wait) = wait {
+                    let level = format!("{}:{}", wait.priority, wait.flow_weight.max(1));
                     invocation
                         .arg(&wait.ticket)
-                        .arg(Level(wait.priority, wait.flow_weight))
+                        .arg(level)
                         .arg(&wait.flow)
-                        .arg(wait.lease_ms)
-                        .arg(u8::from(*generated));
+                        .arg(wait.lease_ms);
                     if !wait.floors.is_empty() {
                         invocation.arg(&wait.floors);
                     }
@@ -318,9 +315,7 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     for job in jobs {
         let (mine, others) = rest.split_at(job.op.reply_len());
         rest = others;
-        let mut reply = Reply::default();
-        reply[..mine.len()].copy_from_slice(mine);
-        let _ = job.reply.send(Ok(reply));
+        let _ = job.reply.send(Ok(mine.to_vec()));
     }
 }
 

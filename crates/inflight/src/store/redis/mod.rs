@@ -6,6 +6,7 @@
 //! [`RedisStore`] uses inflight's own keys; [`DifyStore`], Dify's, shared with its workers during a migration.
 
 mod across;
+mod answer;
 mod batch;
 mod builder;
 mod connect;

@@ -5,7 +5,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use super::batch::{Batcher, Op, Reply, WaitArgs};
+use super::answer::{decision, Answer};
+use super::batch::{Batcher, Op, WaitArgs};
 use super::connect::Conn;
 use super::error::{invoke, retried};
 use super::keeper::Metered;
@@ -173,38 +174,37 @@ pub(super) fn number<T: TryFrom<i64>>(n: i64) -> Result<T, StoreError> {
 /// The most tickets in one key's queue (`queue.lua`'s MAX_TICKETS).
 const MAX_TICKETS: u32 = 10_000;
 
-/// An admission's answer (`batch.lua`'s numbers, `dify.lua`'s), for a permit of `weight`.
-pub(super) fn admission_of(reply: Reply, weight: u32) -> Result<Admission, StoreError> {
-    let [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, .., counted, _] =
-        reply;
-    let reclaimed = number(reclaimed)?;
-    match decision {
-        1 => Ok(Admission::Admitted {
+/// An admission's answer (`batch.lua`'s, `dify.lua`'s), for a permit of `weight`.
+pub(super) fn admission_of(answer: Answer, weight: u32) -> Result<Admission, StoreError> {
+    let reclaimed = number(answer.reclaimed)?;
+    let (index, limit, in_flight) = (answer.index, answer.limit, answer.in_flight);
+    match answer.decision {
+        decision::ADMITTED => Ok(Admission::Admitted {
             grant: Grant {
                 limit: Limit::from_u32(number(limit)?),
                 in_flight: number(in_flight)?,
                 weight,
-                expires_at_ms: number(expires_at_ms)?,
-                token: number(token)?,
-                counted: number(counted)?,
+                expires_at_ms: number(answer.expires_at_ms)?,
+                token: number(answer.token)?,
+                counted: number(answer.counted)?,
             },
             reclaimed,
         }),
-        0 => Ok(Admission::Full {
+        decision::FULL => Ok(Admission::Full {
             index: number(index)?,
             limit: number(limit)?,
             in_flight: number(in_flight)?,
             reclaimed,
         }),
-        4 => Ok(Admission::Queued {
+        decision::WAITS => Ok(Admission::Queued {
             index: number(index)?,
             limit: number(limit)?,
             in_flight: number(in_flight)?,
             reclaimed,
         }),
-        5 => Err(StoreError::TooManyWaiters { max: MAX_TICKETS }),
-        2 => Ok(Admission::Unlimited),
-        3 => Ok(Admission::TooHeavy {
+        decision::WAITERS_BOUND => Err(StoreError::TooManyWaiters { max: MAX_TICKETS }),
+        decision::UNLIMITED => Ok(Admission::Unlimited),
+        decision::TOO_HEAVY => Ok(Admission::TooHeavy {
             index: number(index)?,
             limit: number(limit)?,
         }),
@@ -252,7 +252,7 @@ impl Store for RedisStore {
             Some(groups) => self.acquire_across(names, groups, &req, terms).await?,
             None => {
                 self.batcher
-                    .run(Op::Acquire {
+                    .admit(Op::Acquire {
                         names,
                         id,
                         terms,
@@ -263,7 +263,7 @@ impl Store for RedisStore {
                     .await?
             }
         };
-        self.wakes.count_expired(reply[11]);
+        self.wakes.count_expired(reply.tickets_expired);
         admission_of(reply, req.weight)
     }
 
@@ -278,7 +278,7 @@ impl Store for RedisStore {
             Some(groups) => self.release_across(names, groups, id, token).await?,
             None => {
                 let id = id.clone();
-                self.batcher.run(Op::Release { names, id, token }).await?[0] == 1
+                self.batcher.run(Op::Release { names, id, token }).await?
             }
         };
         Ok(released)
@@ -351,7 +351,7 @@ impl Wakeups for RedisStore {
             Some(groups) => self.leave_across(&names, &groups, ticket).await,
             None => {
                 let ticket = ticket.to_owned();
-                Ok(self.batcher.run(Op::Leave { names, ticket }).await?[0] == 1)
+                self.batcher.run(Op::Leave { names, ticket }).await
             }
         }
     }

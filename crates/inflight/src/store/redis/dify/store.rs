@@ -32,6 +32,7 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
 use crate::store::busy::{BusyKeys, BusyList};
+use crate::store::redis::answer::Answer;
 use crate::store::redis::error::invoke;
 use crate::store::redis::scripts;
 use crate::store::redis::status::{change_arg, status_of};
@@ -155,16 +156,9 @@ impl Store for DifyStore {
                 .arg(ticket.flow)
                 .arg(ticket.lease_ms);
         }
-        let out = self.run(call).await?;
-        let reply: [i64; 7] = out
-            .as_slice()
-            .try_into()
-            .map_err(|_| StoreError::Protocol(format!("dify.lua answered {out:?}")))?;
-        let mut padded = [0; 12];
-        padded[..6].copy_from_slice(&reply[..6]);
-        padded[11] = reply[6];
-        self.plain.wakes.count_expired(reply[6]);
-        admission_of(padded, req.weight)
+        let answer = Answer::read(&self.run(call).await?)?;
+        self.plain.wakes.count_expired(answer.tickets_expired);
+        admission_of(answer, req.weight)
     }
 
     /// By id alone: Dify's entries keep no token (see the module's doc).

@@ -1,51 +1,42 @@
--- batch.lua: the admissions and releases waiting to be sent, in one call.
+-- batch.lua: the admissions, releases, undos and leaves waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then the operations in order: 'a' (an admission on one key), 'w' (a waiter's,
--- 'f' one with floors: see below), 'l' (a waiter gives up its ticket), 'g' (one under
--- an id generated for it: no earlier admission used the id), 'r' (a release from one key) or 'u' (an
--- undo: a refused admission across Cluster slots gives back what it took on one), or 'A', 'G', 'R' or
--- 'U' and n (on n keys); the places of its keys among the KEYS (1 for the
--- first three, ...); the permit id; then for an admission its terms 'weight lease_ms d1 m1 d2 m2 ...'
--- (the default and max limits of each key's class, in the operation's order) and the token its lease
--- keeps (0: the one it gets; across Cluster slots, the first slot's), for a release the token
--- of the admission released (0: whichever the id holds), for an undo the token the admission got and
--- what the id held before it, 'weight lease_ms token' ('0 0 0': nothing).
--- Returns the replies in one flat array: 12 numbers an admission, 1 a release, an undo or a leave.
+-- ARGV[1] clock offset ms; then one record per operation, in order: its kind ('a' acquire, 'r' release,
+-- 'u' undo, 'l' leave), its flags (a number), the number n of its keys and their places among the KEYS
+-- (1 for the first three, ...), then its fields:
+--   a  id; terms 'weight lease_ms d1 m1 d2 m2 ...' (the default and max limits of each key's class, in the
+--      operation's order); the token its lease keeps (0: the one it gets; across Cluster slots, the first
+--      slot's). Flags: 1 the id was generated for it (no earlier admission used it); 2 its standing
+--      follows: ticket ('' none), 'level:flow_weight', flow, ticket lease ms; 4 (with 2) then the floors
+--      of each key's class ('level:slots ...', ';' between keys).
+--   r  id; the token of the admission released (0: whichever the id holds).
+--   u  id; the token the admission got; what the id held before it, 'weight lease_ms token' ('0 0 0':
+--      nothing). A refused admission across Cluster slots gives back what it took on one.
+--   l  the ticket a waiter gives up.
+-- Returns the answers in one flat array: an admission's (common.lua's answer), one number for the others.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
 -- call per operation.
 
--- An admission on every key or on none: decision (1 admitted, 0 full, 2 unlimited: nothing recorded,
--- 3 weight over the limit, 4 full and the ticket queues, 5 full and the queue at its bound), the refusing key's index (0-based; -1), limit and in_flight (of that key,
--- or of the first), expires_at_ms, reclaimed, token, what the id held before on the first limited key
--- (weight, 0 when nothing; lease_ms; token), which keys recorded the lease (bit i - 1: key i), and how
--- many tickets of its keys' queues it found expired (their waiters' processes stopped renewing them).
--- Unlimited keys record nothing.
 local limits, limited = {}, {} -- of the operation's keys, by place: reused, each operation writing its own
 local replies, r = {}, 0 -- every operation's numbers, in order; r: how many so far
-local function reply(...) -- an admission's 12 (the last: tickets found expired, see below)
-  local out = {...}
-  for j = 1, 11 do replies[r + j] = out[j] end
-  replies[r + 12] = tickets_expired
-  r = r + 12
-end
 
--- A refusal by key i; a waiter (w) takes or keeps its ticket there (decision 4), unless the queue is
--- at its bound (5), and leaves the queue of any other key of the admission.
+-- A refusal by key i; a waiter (w) takes or keeps its ticket there, unless the queue is at its bound,
+-- and leaves the queue of any other key of the admission.
 local function refuse(keys, n, i, limit, count, reclaimed, w)
-  local decision = 0
+  local decision = FULL
   if w and w.ticket then
     for j = 1, n do
       if j ~= i then queue().leave(keys[j], w.ticket, 1, false) end
     end
-    decision = queue().take_ticket(keys[i], w, limit) == 1 and 4 or 5
+    decision = queue().take_ticket(keys[i], w, limit) == 1 and WAITS or WAITERS_BOUND
   end
-  return reply(decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0)
+  r = answer(replies, r, decision, i - 1, limit, count, 0, reclaimed, 0, 0, 0, 0, 0, count_expired())
 end
 
+-- An admission on every key or on none. Unlimited keys record nothing.
 local function acquire(keys, n, id, t, keep, generated, w, floors)
   local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
-  tickets_expired = 0
+  count_expired()
   local ticket, level = w and w.ticket, w and w.level or 0
   for i = 1, n do
     local key = load(keys[i])
@@ -54,7 +45,10 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
     limits[i] = limit
     if limit > 0 then
       any = true
-      if weight > limit then return reply(3, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
+      if weight > limit then
+        r = answer(replies, r, TOO_HEAVY, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0, count_expired())
+        return
+      end
       -- No room for a new lease, or none behind the tickets ahead (queue.lua); a retry of a held id
       -- never needs more than it has.
       local reserve = floors and floors[i] and queue().reserved(key, level, floors[i]) or 0
@@ -68,7 +62,10 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
       end
     end
   end
-  if not any then return reply(2, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0) end
+  if not any then
+    r = answer(replies, r, UNLIMITED, -1, 0, 0, 0, reclaimed, 0, 0, 0, 0, 0, count_expired())
+    return
+  end
   local m, counted = 0, 0
   for i = 1, n do
     if limits[i] > 0 then m, counted = m + 1, counted + 2 ^ (i - 1); limited[m] = keys[i] end
@@ -78,12 +75,6 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
   local plain = generated and weight == 1 and lease_ms == DEFAULT_LEASE_MS
   local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token, plain)
   for i = 2, m do put(limited[i], id, weight, lease_ms, token, plain) end
-  local first = keys[1]
-  replies[r + 1], replies[r + 2], replies[r + 3] = 1, -1, limits[1]
-  replies[r + 4], replies[r + 5], replies[r + 6] = limits[1] > 0 and first.n + first.extra or 0, now + lease_ms, reclaimed
-  replies[r + 7], replies[r + 8], replies[r + 9], replies[r + 10], replies[r + 11] = token, held, old_ms, old_token, counted
-  replies[r + 12] = tickets_expired
-  r = r + 12
   for i = 1, n do
     if floors and floors[i] and limits[i] > 0 then queue().hold_at(keys[i], level, floors[i], id, weight) end
   end
@@ -92,6 +83,9 @@ local function acquire(keys, n, id, t, keep, generated, w, floors)
       if keys[i].queued then queue().leave(keys[i], ticket, limits[i] - in_flight(keys[i]), true) end
     end
   end
+  local first = keys[1]
+  r = answer(replies, r, ADMITTED, -1, limits[1], limits[1] > 0 and in_flight(first) or 0, now + lease_ms,
+    reclaimed, token, held, old_ms, old_token, counted, count_expired())
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. On a key with a queue,
@@ -135,65 +129,62 @@ local function undo(keys, n, id, token, before)
   return changed
 end
 
+-- A waiter's standing (flags 2) from ARGV[b]: its ticket, level, flow and the ticket's lease.
+local function standing(b, weight)
+  local level, flow_weight = string.match(ARGV[b + 1], '^(%d+):(%d+)$')
+  return {ticket = ARGV[b] ~= '' and ARGV[b] or nil, level = tonumber(level), flow = ARGV[b + 2],
+    ms = tonumber(ARGV[b + 3]), weight = weight, flow_weight = tonumber(flow_weight)}
+end
+
+-- The floors of each key's class (flags 4): {{{level, slots}, ...}, ...}.
+local function floors_of(text)
+  local floors = {}
+  for group in string.gmatch(text .. ';', '([^;]*);') do
+    local class = {}
+    for lv, slots in string.gmatch(group, '(%d+):(%d+)') do class[#class + 1] = {tonumber(lv), tonumber(slots)} end
+    floors[#floors + 1] = class
+  end
+  return floors
+end
+
+local function number(text) return text == '0' and 0 or tonumber(text) end
+
 set_now(ARGV[1])
 local a, terms, keys = 2, {}, {}
 while a <= #ARGV do
-  local kind, n = ARGV[a], 1
-  if kind == 'A' or kind == 'G' or kind == 'W' or kind == 'F' or kind == 'R' or kind == 'U' or kind == 'L' then
-    a, n = a + 1, tonumber(ARGV[a + 1])
-  end
+  local kind, flags, n = ARGV[a], number(ARGV[a + 1]), ARGV[a + 2] == '1' and 1 or tonumber(ARGV[a + 2])
   for j = 1, n do
-    local place = ARGV[a + j]
+    local place = ARGV[a + 2 + j]
     local k = (place == '1' and 1 or tonumber(place)) * 3
     keys[j] = glance(KEYS[k - 2], KEYS[k - 1], KEYS[k])
   end
-  local id = ARGV[a + n + 1]
-  if kind == 'a' or kind == 'A' or kind == 'g' or kind == 'G' then
-    local t = terms[ARGV[a + n + 2]] -- the operations of a batch mostly share their terms: read once
+  local f = a + n + 3 -- the operation's first field
+  if kind == 'a' then
+    local t = terms[ARGV[f + 1]] -- the operations of a batch mostly share their terms: read once
     if not t then
       t = {}
-      for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
-      terms[ARGV[a + n + 2]] = t
+      for x in string.gmatch(ARGV[f + 1], '%d+') do t[#t + 1] = tonumber(x) end
+      terms[ARGV[f + 1]] = t
     end
-    local keep = ARGV[a + n + 3]
-    acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), kind == 'g' or kind == 'G')
-    a = a + n + 4
-  elseif kind == 'w' or kind == 'W' or kind == 'f' or kind == 'F' then
-    -- A waiter's: then its ticket ('' none), level ('level:flow_weight' for a flow weight over 1), flow,
-    -- ticket lease, generated; and for 'f' the
-    -- floors of each key's class ('level:slots ...', one group per key, ';' between).
-    local t = {}
-    for x in string.gmatch(ARGV[a + n + 2], '%d+') do t[#t + 1] = tonumber(x) end
-    local keep, b = ARGV[a + n + 3], a + n + 3
-    local level, flow_weight = string.match(ARGV[b + 2], '^(%d+):?(%d*)$')
-    local w = {ticket = ARGV[b + 1] ~= '' and ARGV[b + 1] or nil, level = tonumber(level), flow = ARGV[b + 3],
-      ms = tonumber(ARGV[b + 4]), weight = t[1], flow_weight = flow_weight ~= '' and tonumber(flow_weight) or 1}
-    local floors = nil
-    if kind == 'f' or kind == 'F' then
-      floors = {}
-      for group in string.gmatch(ARGV[b + 6] .. ';', '([^;]*);') do
-        local class = {}
-        for lv, slots in string.gmatch(group, '(%d+):(%d+)') do class[#class + 1] = {tonumber(lv), tonumber(slots)} end
-        floors[#floors + 1] = class
-      end
-    end
-    acquire(keys, n, id, t, keep == '0' and 0 or tonumber(keep), ARGV[b + 5] == '1', w, floors)
-    a = b + (floors and 7 or 6)
-  elseif kind == 'l' or kind == 'L' then -- a waiter gives up its ticket (the "id" is the ticket)
+    local w, floors = nil, nil
+    a = f + 3
+    if flags >= 2 then w, a = standing(a, t[1]), a + 4 end
+    if flags >= 4 then floors, a = floors_of(ARGV[a]), a + 1 end
+    acquire(keys, n, ARGV[f], t, number(ARGV[f + 2]), flags % 2 == 1, w, floors)
+  elseif kind == 'r' then
+    r, a = r + 1, f + 2
+    replies[r] = release(keys, n, ARGV[f], number(ARGV[f + 1]))
+  elseif kind == 'u' then
+    r, a = r + 1, f + 3
+    replies[r] = undo(keys, n, ARGV[f], tonumber(ARGV[f + 1]), ARGV[f + 2])
+  else -- 'l' (a ticket whose lease ended is no longer there: dropped first, as any call drops it)
     local left = 0
-    for j = 1, n do -- (a ticket whose lease ended is no longer there: dropped first, as any call drops it)
+    for j = 1, n do
       queue().expire_tickets(keys[j])
-      if queue().leave(keys[j], id, 1, false) then left = 1 end
+      if queue().leave(keys[j], ARGV[f], 1, false) then left = 1 end
     end
-    replies[r + 1] = left
-    r, a = r + 1, a + n + 2
-  elseif kind == 'r' or kind == 'R' then
-    local token = ARGV[a + n + 2]
-    replies[r + 1] = release(keys, n, id, token == '0' and 0 or tonumber(token))
-    r, a = r + 1, a + n + 3
-  else
-    replies[r + 1] = undo(keys, n, id, tonumber(ARGV[a + n + 2]), ARGV[a + n + 3])
-    r, a = r + 1, a + n + 4
+    r, a = r + 1, f + 1
+    replies[r] = left
   end
 end
 settle()

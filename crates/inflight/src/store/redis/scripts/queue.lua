@@ -22,7 +22,14 @@
 -- no barging) leave room for it too.
 local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
 local FLOW_STEP = 1024 -- a flow's entry: its next round * FLOW_STEP + the tickets it took in that round
-local tickets_expired = 0 -- by the operation under way (an admission reports it)
+local tickets_expired = 0 -- since the last count_expired()
+
+-- How many tickets were found expired since the last call (an admission reports those it found).
+local function count_expired()
+  local n = tickets_expired
+  tickets_expired = 0
+  return n
+end
 
 -- The queue's functions, made on a call's first use of a queue (Lua makes every function of a script's
 -- top level on every call: a call that meets no queue, as most do, does not pay for these).
