@@ -130,8 +130,8 @@ def main() -> None:
                 for i, id in enumerate(ids):
                     place = i + 1 if spread else 1
                     if records:
-                        admit += ["a", 1, 1, place, id, "1 30000 1000000 0", 0]
-                        release += ["r", 0, 1, place, id, 0]
+                        admit += ["a1", place, id, "1 30000 0 1000000 0"]
+                        release += ["r0", place, id, 0]
                     else:
                         admit += [op, place, id, "1 30000 1000000 0", 0]
                         release += ["r", place, id, 0]

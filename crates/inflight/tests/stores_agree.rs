@@ -8,13 +8,32 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use inflight::{ClassLimits as Policy, ManualClock, MemoryStore, RedisStore};
+use inflight::{
+    ClassLimits as Policy, DifyStore, ManualClock, MemoryStore, RedisStore, Store, Wakeups,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::ops::{
     apply_store, coarse_op, crowded_op, crowded_sequences, policy, waits_op, Op, Outcome, CROWD,
 };
 use support::TestRedis;
+
+/// A Redis store whose clock the tests move.
+trait Advance {
+    fn advance_clock(&self, by: Duration);
+}
+
+impl Advance for RedisStore {
+    fn advance_clock(&self, by: Duration) {
+        RedisStore::advance_clock(self, by);
+    }
+}
+
+impl Advance for DifyStore {
+    fn advance_clock(&self, by: Duration) {
+        DifyStore::advance_clock(self, by);
+    }
+}
 
 thread_local! {
     /// The most permits on a key that a compared decision reported, on this test's thread.
@@ -55,6 +74,19 @@ fn agree(
     sequences: impl Strategy<Value = (Policy, Vec<Op>)>,
     batched: bool,
 ) -> Result<(), proptest::test_runner::TestError<(Policy, Vec<Op>)>> {
+    agree_with(cases, sequences, batched, |redis, prefix| {
+        let store = RedisStore::builder(redis.url()).prefix(prefix).open();
+        store.unwrap()
+    })
+}
+
+/// [`agree`], with the Redis store `open` makes (under a prefix of its own, on the test's Redis).
+fn agree_with<S: Store + Wakeups + Advance>(
+    cases: u32,
+    sequences: impl Strategy<Value = (Policy, Vec<Op>)>,
+    batched: bool,
+    open: impl Fn(&TestRedis, String) -> S,
+) -> Result<(), proptest::test_runner::TestError<(Policy, Vec<Op>)>> {
     let redis = TestRedis::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -66,10 +98,7 @@ fn agree(
         let _guard = rt.enter();
         let clock = ManualClock::new(1_000_000);
         let memory = MemoryStore::with_clock(clock.clone());
-        let shared = RedisStore::builder(redis.url())
-            .prefix(format!("case{case}:"))
-            .open()
-            .unwrap();
+        let shared = open(&redis, format!("case{case}:"));
         let on_memory = |holds: &mut _, op| {
             rt.block_on(apply_store(
                 &memory,
@@ -173,4 +202,57 @@ fn redis_and_memory_queue_and_admit_waiters_alike() {
     });
     agree(64, sequences, false).unwrap();
     assert!(QUEUED.get() > 64, "waiters queued: {}", QUEUED.get());
+}
+
+/// The Dify layout's queue (queue.lua beside Dify's hash) against the memory store's: waiters of weight 1
+/// (the layout's only weight), without floors (the layout keeps none), each case under a Dify key prefix
+/// of its own.
+#[test]
+fn dify_and_memory_queue_and_admit_waiters_alike() {
+    let light = |op: Op| match op {
+        Op::Wait {
+            key,
+            ticket,
+            lease_ms,
+            ..
+        } => Op::Wait {
+            key,
+            ticket,
+            weight: 1,
+            lease_ms,
+            floored: false,
+        },
+        Op::Acquire {
+            key,
+            also,
+            id,
+            lease_ms,
+            ..
+        } => Op::Acquire {
+            key,
+            also,
+            id,
+            weight: 1,
+            lease_ms,
+        },
+        other => other,
+    };
+    let sequences = (
+        policy(),
+        prop::collection::vec(waits_op(false).prop_map(light), 1..80),
+    );
+    let queued = QUEUED.get();
+    agree_with(48, sequences, false, |redis, prefix| {
+        let store = redis
+            .store_builder()
+            .dify()
+            .key_prefix(prefix.trim_end_matches(':'));
+        store.open().unwrap()
+    })
+    .unwrap();
+    assert!(
+        QUEUED.get() - queued > 48,
+        "waiters queued: {}",
+        QUEUED.get() - queued
+    );
 }

@@ -121,28 +121,33 @@ def acquire_args(
     wait: Wait | None = None,
 ) -> list[Arg]:
     """``batch.lua``'s ARGV for one admission (``batch.rs`` sends the same records): clock offset, then the
-    record: ``a``, its flags (1: the id was generated for it, whose lease then need not record its token;
-    2: a waiter's standing follows), the number of keys and their places, member, terms, and 0 (the lease
-    keeps the token it gets); a waiter's (``wait``) ticket, ``level:flow_weight``, flow and ticket lease."""
+    record: its head (``a`` and its flags: 1 the id was generated for it, whose lease then need not record
+    its token; 2 a waiter's standing follows; ``x`` and the number of keys when several), the keys' places,
+    member, terms (weight, lease, 0: the lease keeps the token it gets, each key's limits); a waiter's
+    (``wait``) ticket, ``level:flow_weight``, flow and ticket lease."""
     flags = (1 if generated else 0) | (2 if wait is not None else 0)
-    args: list[Arg] = [0, "a", flags, len(keys), *range(1, len(keys) + 1)]
+    args: list[Arg] = [0, head("a", flags, len(keys)), *range(1, len(keys) + 1)]
     args.append(_keys.member(id))
-    args.append(" ".join([str(weight), str(lease_ms)] + [f"{c.default} {c.max}" for c in limits]))
-    args.append(0)
+    args.append(" ".join([str(weight), str(lease_ms), "0"] + [f"{c.default} {c.max}" for c in limits]))
     if wait is not None:
         args.extend([wait.ticket, f"{wait.priority}:1", wait.flow, wait.lease_ms])
     return args
 
 
+def head(kind: str, flags: int, keys: int) -> str:
+    """A record's head as ``batch.lua`` reads it: ``a1`` (an acquire, flags 1, one key), ``r0x3``."""
+    return f"{kind}{flags}" if keys == 1 else f"{kind}{flags}x{keys}"
+
+
 def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:
     """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (an ``l`` record)."""
-    return [0, "l", 0, len(keys), *range(1, len(keys) + 1), ticket]
+    return [0, head("l", 0, len(keys)), *range(1, len(keys) + 1), ticket]
 
 
 def release_args(keys: Sequence[str], id: str, token: int = 0) -> list[Arg]:
     """``batch.lua``'s ARGV for one release (an ``r`` record): of the admission that got ``token`` (0: the
     id's lease)."""
-    return [0, "r", 0, len(keys), *range(1, len(keys) + 1), _keys.member(id), check_token(token)]
+    return [0, head("r", 0, len(keys)), *range(1, len(keys) + 1), _keys.member(id), check_token(token)]
 
 
 def renew_args(

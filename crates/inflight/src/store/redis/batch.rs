@@ -104,7 +104,7 @@ impl Op {
     }
 
     /// Its record's kind and flags (see `batch.lua`).
-    fn kind(&self) -> (&'static str, u8) {
+    fn kind(&self) -> (char, u8) {
         match self {
             Op::Acquire {
                 generated, wait, ..
@@ -114,29 +114,41 @@ impl Op {
                     Some(_) => 2,
                     None => 0,
                 };
-                ("a", u8::from(*generated) | standing)
+                ('a', u8::from(*generated) | standing)
             }
-            Op::Release { .. } => ("r", 0),
-            Op::Undo { .. } => ("u", 0),
-            Op::Leave { .. } => ("l", 0),
+            Op::Release { .. } => ('r', 0),
+            Op::Undo { .. } => ('u', 0),
+            Op::Leave { .. } => ('l', 0),
         }
     }
 }
 
-/// An admission's terms as one argument, written straight into the command.
-struct Terms<'a>(&'a (u32, u64, Vec<ClassLimits>));
+/// A record's head: its kind and flags, and the number of its keys when it has several (`batch.lua`).
+struct Head(char, u8, usize);
+
+impl redis::ToRedisArgs for Head {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Head(kind, flags, 1) => out.write_arg_fmt(format_args!("{kind}{flags}")),
+            Head(kind, flags, n) => out.write_arg_fmt(format_args!("{kind}{flags}x{n}")),
+        }
+    }
+}
+
+/// An admission's terms and the token its lease keeps, as one argument written straight into the command.
+struct Terms<'a>(&'a (u32, u64, Vec<ClassLimits>), u64);
 
 impl redis::ToRedisArgs for Terms<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        let (weight, lease_ms, limits) = self.0;
+        let ((weight, lease_ms, limits), keep) = (self.0, self.1);
         if let [limits] = limits.as_slice() {
             let (default_limit, max_limit) = (limits.default_limit, limits.max_limit);
             out.write_arg_fmt(format_args!(
-                "{weight} {lease_ms} {default_limit} {max_limit}"
+                "{weight} {lease_ms} {keep} {default_limit} {max_limit}"
             ));
             return;
         }
-        let mut terms = format!("{weight} {lease_ms}");
+        let mut terms = format!("{weight} {lease_ms} {keep}");
         for limits in limits {
             let (default_limit, max_limit) = (limits.default_limit, limits.max_limit);
             let _ = write!(terms, " {default_limit} {max_limit}");
@@ -250,7 +262,7 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     for job in &jobs {
         let names = job.op.names();
         let (kind, flags) = job.op.kind();
-        invocation.arg(kind).arg(flags).arg(names.len());
+        invocation.arg(Head(kind, flags, names.len()));
         for key in names {
             let next = places.len() + 1;
             let place = *places.entry(key.tag()).or_insert_with(|| {
@@ -267,7 +279,7 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
                 wait,
                 ..
             } => {
-                invocation.arg(Member(id)).arg(Terms(terms)).arg(keep);
+                invocation.arg(Member(id)).arg(Terms(terms, *keep));
                 if let Some(wait) = wait {
                     let level = format!("{}:{}", wait.priority, wait.flow_weight.max(1));
                     invocation

@@ -1,13 +1,14 @@
 -- batch.lua: the admissions, releases, undos and leaves waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
--- ARGV[1] clock offset ms; then one record per operation, in order: its kind ('a' acquire, 'r' release,
--- 'u' undo, 'l' leave), its flags (a number), the number n of its keys and their places among the KEYS
--- (1 for the first three, ...), then its fields:
---   a  id; terms 'weight lease_ms d1 m1 d2 m2 ...' (the default and max limits of each key's class, in the
---      operation's order); the token its lease keeps (0: the one it gets; across Cluster slots, the first
---      slot's). Flags: 1 the id was generated for it (no earlier admission used it); 2 its standing
---      follows: ticket ('' none), 'level:flow_weight', flow, ticket lease ms; 4 (with 2) then the floors
---      of each key's class ('level:slots ...', ';' between keys).
+-- ARGV[1] clock offset ms; then one record per operation, in order: its head, the kind ('a' acquire,
+-- 'r' release, 'u' undo, 'l' leave) and its flags (a digit) in one word, with 'x' and the number of its
+-- keys when it has several ('a1': an acquire, flags 1, one key; 'r0x3': a release on three); its keys'
+-- places among the KEYS (1 for the first three, ...); then its fields:
+--   a  id; terms 'weight lease_ms keep d1 m1 d2 m2 ...': keep the token its lease keeps (0: the one it
+--      gets; across Cluster slots, the first slot's), d and m the default and max limits of each key's
+--      class, in the operation's order. Flags: 1 the id was generated for it (no earlier admission used
+--      it); 2 its standing follows: ticket ('' none), 'level:flow_weight', flow, ticket lease ms; 4 (with
+--      2) then the floors of each key's class ('level:slots ...', ';' between keys).
 --   r  id; the token of the admission released (0: whichever the id holds).
 --   u  id; the token the admission got; what the id held before it, 'weight lease_ms token' ('0 0 0':
 --      nothing). A refused admission across Cluster slots gives back what it took on one.
@@ -34,14 +35,14 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
 end
 
 -- An admission on every key or on none. Unlimited keys record nothing.
-local function acquire(keys, n, id, t, keep, generated, w, floors)
-  local reclaimed, any, weight, lease_ms = 0, false, t[1], t[2]
+local function acquire(keys, n, id, t, generated, w, floors)
+  local reclaimed, any, weight, lease_ms, keep = 0, false, t[1], t[2], t[3]
   count_expired()
   local ticket, level = w and w.ticket, w and w.level or 0
   for i = 1, n do
     local key = load(keys[i])
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
-    local limit, count = resolve(override(key), t[2 * i + 1], t[2 * i + 2]), key.n + key.extra
+    local limit, count = resolve(override(key), t[2 * i + 2], t[2 * i + 3]), key.n + key.extra
     limits[i] = limit
     if limit > 0 then
       any = true
@@ -149,16 +150,21 @@ end
 
 local function number(text) return text == '0' and 0 or tonumber(text) end
 
+-- A record's head: its kind, flags (one digit) and number of keys.
+local function head(word)
+  return string.sub(word, 1, 1), string.byte(word, 2) - 48, #word > 2 and tonumber(string.sub(word, 4)) or 1
+end
+
 set_now(ARGV[1])
 local a, terms, keys = 2, {}, {}
 while a <= #ARGV do
-  local kind, flags, n = ARGV[a], number(ARGV[a + 1]), ARGV[a + 2] == '1' and 1 or tonumber(ARGV[a + 2])
+  local kind, flags, n = head(ARGV[a])
   for j = 1, n do
-    local place = ARGV[a + 2 + j]
+    local place = ARGV[a + j]
     local k = (place == '1' and 1 or tonumber(place)) * 3
     keys[j] = glance(KEYS[k - 2], KEYS[k - 1], KEYS[k])
   end
-  local f = a + n + 3 -- the operation's first field
+  local f = a + n + 1 -- the operation's first field
   if kind == 'a' then
     local t = terms[ARGV[f + 1]] -- the operations of a batch mostly share their terms: read once
     if not t then
@@ -167,10 +173,10 @@ while a <= #ARGV do
       terms[ARGV[f + 1]] = t
     end
     local w, floors = nil, nil
-    a = f + 3
+    a = f + 2
     if flags >= 2 then w, a = standing(a, t[1]), a + 4 end
     if flags >= 4 then floors, a = floors_of(ARGV[a]), a + 1 end
-    acquire(keys, n, ARGV[f], t, number(ARGV[f + 2]), flags % 2 == 1, w, floors)
+    acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors)
   elseif kind == 'r' then
     r, a = r + 1, f + 2
     replies[r] = release(keys, n, ARGV[f], number(ARGV[f + 1]))
