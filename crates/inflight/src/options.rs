@@ -1,6 +1,5 @@
 //! [`AcquireOptions`]: what a caller may ask of one admission.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,24 +42,12 @@ pub struct AcquireOptions {
     pub(crate) queue: Option<Box<Queueing>>,
 }
 
-/// Where a waiter queues: its priority level, its flow and the flow's weight, and its ticket.
+/// Where a waiter queues: its priority level, its flow and the flow's weight.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Queueing {
     pub(crate) priority: u8,
     pub(crate) flow: Option<Arc<str>>,
     pub(crate) flow_weight: Option<u32>,
-    /// Set by [`crate::Limiter::acquire`] while it waits with a ticket.
-    pub(crate) ticket: Option<Arc<TicketSlot>>,
-}
-
-/// A waiter's ticket as its admissions carry it: its name, and whether the store's last answer kept it
-/// in a queue ([`crate::store::Admission::Queued`]) or took it out (admitted).
-#[derive(Debug)]
-pub(crate) struct TicketSlot {
-    pub(crate) name: String,
-    pub(crate) queued: AtomicBool,
-    /// The store's last answer admitted it, which takes the ticket out of its queue.
-    pub(crate) taken_out: AtomicBool,
 }
 
 /// The longest flow name, in bytes.
@@ -138,10 +125,5 @@ impl AcquireOptions {
     /// Its flow, if set.
     pub(crate) fn flow_name(&self) -> Option<&Arc<str>> {
         self.queue.as_ref().and_then(|queue| queue.flow.as_ref())
-    }
-
-    /// Its ticket, while it waits with one.
-    pub(crate) fn ticket(&self) -> Option<&Arc<TicketSlot>> {
-        self.queue.as_ref().and_then(|queue| queue.ticket.as_ref())
     }
 }

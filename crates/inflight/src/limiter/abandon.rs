@@ -1,13 +1,15 @@
 //! An admission under a given id that its caller abandons while the store decides (a timeout wrapped
-//! around `acquire`, a client gone): the decision is finished in the background and, if it admitted, its
-//! lease is released by the admission's own token, which names no other admission of the id. (Under a
+//! around `acquire`, a client gone): the decision is finished by the limiter's settler and, if it
+//! admitted, its lease is released by the admission's own token, which names no other admission of the id. (Under a
 //! generated id the release needs no token: see `admission.rs`.)
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::core::Core;
+use super::settler::{Attempt, Deferred};
 use super::standing::Standing;
 use crate::error::StoreError;
 use crate::id::PermitId;
@@ -72,25 +74,43 @@ impl<S: Store> Deciding<S> {
 }
 
 impl<S: Store> Drop for Deciding<S> {
+    /// Hands the decision to the settler: once it answers, a lease it made is released by its token.
     fn drop(&mut self) {
         let Some(decision) = self.decision.take() else {
             return;
         };
-        // Off every runtime nothing can finish it: a lease it made ends at its deadline.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (core, keys, id, lease_ms) = (
-            self.core.clone(),
-            self.keys.clone(),
-            self.id.clone(),
-            self.lease_ms,
-        );
-        runtime.spawn(async move {
-            if let Ok(Admission::Admitted { grant, .. }) = decision.await {
-                let release = core.release_of(keys, id, lease_ms, grant.token);
-                core.settler.settle(release);
-            }
+        let decision = Arc::new(Mutex::new(Some(decision)));
+        // The admission's token once known; `None` until the decision answers, and when it made no lease.
+        let made: Arc<Mutex<Option<u64>>> = Arc::default();
+        let (store, keys, id) = (self.core.store.clone(), self.keys.clone(), self.id.clone());
+        let attempt_id = id.clone();
+        let attempt: Attempt = Box::new(move || {
+            let deciding = decision.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let (store, keys, id, made) = (
+                store.clone(),
+                keys.clone(),
+                attempt_id.clone(),
+                made.clone(),
+            );
+            Box::pin(async move {
+                if let Some(deciding) = deciding {
+                    if let Ok(Admission::Admitted { grant, .. }) = deciding.await {
+                        *made.lock().unwrap_or_else(|e| e.into_inner()) = Some(grant.token);
+                    }
+                }
+                let token = *made.lock().unwrap_or_else(|e| e.into_inner());
+                match token {
+                    Some(token) => store.release(&keys, &id, token).await.map(drop),
+                    None => Ok(()),
+                }
+            })
+        });
+        self.core.settler.settle(Deferred {
+            what: "abandoned admission",
+            key: self.keys[0].clone(),
+            id,
+            within: Duration::from_millis(self.lease_ms),
+            attempt,
         });
     }
 }

@@ -67,7 +67,7 @@ impl<S: Store> Future for TryAcquire<'_, S> {
         if !this.started {
             this.started = true;
             let (limiter, key) = (this.limiter, this.key);
-            match limiter.acquire_now(&[key], &mut this.options) {
+            match limiter.acquire_now(&[key], &mut this.options, None) {
                 Now::Local {
                     slots,
                     grant,
@@ -77,7 +77,7 @@ impl<S: Store> Future for TryAcquire<'_, S> {
                 Now::Store(prepared) => {
                     this.store = Some(Box::pin(async move {
                         let keys = [key];
-                        let decided = limiter.acquire_in_store(&keys, prepared).await;
+                        let (decided, _) = limiter.acquire_in_store(&keys, prepared).await;
                         decided.map_err(|(_, error)| error)
                     }));
                 }

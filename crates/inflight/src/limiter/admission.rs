@@ -22,6 +22,17 @@ const MAX_KEYS: usize = 16;
 /// A refusal, with the place among the admission's keys of the key that refused.
 pub(super) type Refused = (usize, AcquireError);
 
+/// What the store's answer did with a waiter's ticket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TicketState {
+    /// No ticket, or one the store did not keep (a store without queues, the failure policy's answer).
+    Untaken,
+    /// Refused as full: the ticket waits in the refusing key's queue.
+    Queued,
+    /// Admitted by the store, which took the ticket out of its queue.
+    Admitted,
+}
+
 /// What [`Limiter::acquire_now`] decided.
 pub(super) enum Now {
     /// Held in this process's store: the caller turns it into a permit at once, with [`Permit::local`].
@@ -74,8 +85,19 @@ impl<S: Store> Limiter<S> {
     pub async fn try_acquire_all(
         &self,
         keys: &[&str],
-        mut options: AcquireOptions,
+        options: AcquireOptions,
     ) -> Result<Permit, KeyRefused> {
+        self.acquire_keys(keys, options, None).await.0
+    }
+
+    /// [`Limiter::try_acquire_all`], for a waiter with `ticket` (its name) when it has one; what the
+    /// store did with the ticket.
+    pub(super) async fn acquire_keys(
+        &self,
+        keys: &[&str],
+        mut options: AcquireOptions,
+        ticket: Option<&Arc<str>>,
+    ) -> (Result<Permit, KeyRefused>, TicketState) {
         let mut unique: Vec<&str> = Vec::with_capacity(keys.len().min(MAX_KEYS + 1));
         for key in keys {
             if !unique.contains(key) {
@@ -95,27 +117,37 @@ impl<S: Store> Limiter<S> {
             let key = keys
                 .first()
                 .map_or_else(String::new, |key| (*key).to_owned());
-            return Err(KeyRefused { key, error });
+            return (Err(KeyRefused { key, error }), TicketState::Untaken);
         }
-        let decided = match self.acquire_now(&unique, &mut options) {
+        let (decided, ticket) = match self.acquire_now(&unique, &mut options, ticket) {
             Now::Local {
                 slots,
                 grant,
                 lease_ms,
-            } => Ok(Permit::local(slots, None, grant, lease_ms)),
-            Now::Decided(decided) => decided,
+            } => (
+                Ok(Permit::local(slots, None, grant, lease_ms)),
+                TicketState::Untaken,
+            ),
+            Now::Decided(decided) => (decided, TicketState::Untaken),
             Now::Store(prepared) => self.acquire_in_store(&unique, prepared).await,
         };
-        decided.map_err(|(index, error)| KeyRefused {
+        let refused = |(index, error): Refused| KeyRefused {
             key: unique[index].to_owned(),
             error,
-        })
+        };
+        (decided.map_err(refused), ticket)
     }
 
     /// The part of an admission that needs no waiting: checks the options, then admits without I/O when
-    /// the store lives in this process; otherwise hands back what the store must decide.
+    /// the store lives in this process; otherwise hands back what the store must decide (with a waiter's
+    /// `ticket`, always).
     #[inline]
-    pub(super) fn acquire_now(&self, keys: &[&str], options: &mut AcquireOptions) -> Now {
+    pub(super) fn acquire_now(
+        &self,
+        keys: &[&str],
+        options: &mut AcquireOptions,
+        ticket: Option<&Arc<str>>,
+    ) -> Now {
         let invalid = |why| Now::Decided(Err((0, AcquireError::Invalid(why))));
         let weight = match options.weight {
             None => 1,
@@ -153,7 +185,7 @@ impl<S: Store> Limiter<S> {
         // (A waiter with a ticket, or an admission on a key with floors, asks the store: its place, and
         // which level holds what, are there.)
         let given_id = options.id.is_some();
-        let held = match options.ticket().is_none() && floors.is_none() {
+        let held = match ticket.is_none() && floors.is_none() {
             true => core
                 .store
                 .hold(keys, &limits[..keys.len()], weight, given_id),
@@ -189,9 +221,7 @@ impl<S: Store> Limiter<S> {
         }
         let given = options.id.take();
         let standing = Standing {
-            ticket: options
-                .ticket()
-                .map(|slot| (slot.clone(), options.flow_name().cloned())),
+            ticket: ticket.map(|name| (name.clone(), options.flow_name().cloned())),
             priority: options.priority_level(),
             flow_weight: options
                 .queue
@@ -210,12 +240,12 @@ impl<S: Store> Limiter<S> {
         })
     }
 
-    /// The part of an admission that the store decides.
+    /// The part of an admission that the store decides; what it did with a waiter's ticket.
     pub(super) async fn acquire_in_store(
         &self,
         keys: &[&str],
         prepared: Prepared,
-    ) -> Result<Permit, Refused> {
+    ) -> (Result<Permit, Refused>, TicketState) {
         let Prepared {
             limits,
             id,
@@ -238,7 +268,7 @@ impl<S: Store> Limiter<S> {
         if let Some(joined) = &joined {
             if (joined.weight(), joined.lease_ms()) != (weight, lease_ms) {
                 let why = "the id is held here with another weight or lease";
-                return Err((0, AcquireError::Invalid(why)));
+                return (Err((0, AcquireError::Invalid(why))), TicketState::Untaken);
             }
         }
         let answer = if generated || joined.is_some() {
@@ -279,13 +309,12 @@ impl<S: Store> Limiter<S> {
             .answer()
             .await
         };
-        if let Some((slot, _)) = &standing.ticket {
-            let queued = matches!(answer, Ok(Admission::Queued { .. }));
-            slot.queued.store(queued, Ordering::Relaxed);
-            let taken_out = matches!(answer, Ok(Admission::Admitted { .. }));
-            slot.taken_out.store(taken_out, Ordering::Relaxed);
-        }
-        match answer {
+        let ticket = match (&standing.ticket, &answer) {
+            (Some(_), Ok(Admission::Queued { .. })) => TicketState::Queued,
+            (Some(_), Ok(Admission::Admitted { .. })) => TicketState::Admitted,
+            _ => TicketState::Untaken,
+        };
+        let decided = match answer {
             Ok(admission) => {
                 core.breaker.reset();
                 let leased = (shared, id);
@@ -297,7 +326,8 @@ impl<S: Store> Limiter<S> {
                 self.store_failed(keys, Some(id), weight, lease_ms, error)
             }
             Err(error) => Err((0, AcquireError::Store(error))),
-        }
+        };
+        (decided, ticket)
     }
 
     /// Applies the failure policy to an admission the store could not decide.

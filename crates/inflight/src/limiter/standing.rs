@@ -4,14 +4,13 @@ use std::sync::Arc;
 
 use super::wait::TICKET_LEASE_MS;
 use crate::floors::Floors;
-use crate::options::TicketSlot;
 use crate::store::Ticket;
 
-/// Where an admission stands among others: a waiter's ticket and flow, its priority, and the floors of
-/// its keys' classes (none when no class has floors).
+/// Where an admission stands among others: a waiter's ticket (its name) and flow, its priority, and the
+/// floors of its keys' classes (none when no class has floors).
 #[derive(Clone, Default)]
 pub(super) struct Standing {
-    pub(super) ticket: Option<(Arc<TicketSlot>, Option<Arc<str>>)>,
+    pub(super) ticket: Option<(Arc<str>, Option<Arc<str>>)>,
     pub(super) priority: u8,
     pub(super) flow_weight: u32,
     pub(super) floors: Option<Arc<[Floors]>>,
@@ -19,8 +18,8 @@ pub(super) struct Standing {
 
 impl Standing {
     pub(super) fn ticket(&self) -> Option<Ticket<'_>> {
-        self.ticket.as_ref().map(|(slot, flow)| Ticket {
-            name: &slot.name,
+        self.ticket.as_ref().map(|(name, flow)| Ticket {
+            name,
             flow: flow.as_deref().unwrap_or(""),
             flow_weight: self.flow_weight,
             lease_ms: TICKET_LEASE_MS,

@@ -3,17 +3,18 @@
 //! calls its turn when room is made for it, and it asks again then (or, in case a turn was lost, after
 //! [`RECHECK`]). A store that keeps no queues has its waiters ask again every [`POLL`] at most.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::admission::TicketState;
 use super::settler::{Deferred, Unsettled};
 use super::Limiter;
 use crate::error::{AcquireError, KeyRefused};
 use crate::id::PermitId;
-use crate::options::{AcquireOptions, TicketSlot};
+use crate::options::AcquireOptions;
 use crate::permit::Permit;
 use crate::store::{Turn, Wakeups};
 
@@ -94,41 +95,36 @@ impl<S: Wakeups> Limiter<S> {
         let deadline = Instant::now() + max_wait;
         let core = &self.core;
         let turn = core.store.ticket();
-        let mut options = options;
-        let mut leaving = None;
-        if let Some(turn) = &turn {
-            let slot = Arc::new(TicketSlot {
-                name: turn.name().to_owned(),
-                queued: AtomicBool::new(false),
-                taken_out: AtomicBool::new(false),
-            });
-            options.queueing().ticket = Some(slot.clone());
-            // Given up in the store when this wait ends unadmitted or is dropped.
-            leaving = Some((
-                slot,
-                Unsettled::new(&core.settler, Some(self.leave(keys, turn))),
-            ));
-        }
+        let name = turn.as_ref().map(|turn| Arc::<str>::from(turn.name()));
+        // Given up in the store (by the settler) when this wait ends unadmitted or is dropped.
+        let mut leaving = turn
+            .as_ref()
+            .map(|turn| Unsettled::new(&core.settler, Some(self.leave(keys, turn))));
         let mut place = None;
         // Turns heard before the first ask: none of this ticket's can have gone unheard.
         let mut heard = turn.as_ref().is_none_or(Turn::is_heard);
-        let mut poll = POLL_FIRST;
+        let (mut poll, mut queued) = (POLL_FIRST, false);
         loop {
             let replaced = core.policy.replaced();
             tokio::pin!(replaced);
             replaced.as_mut().enable();
-            let refused = match self.try_acquire_all(keys, options.clone()).await {
+            let (decided, ticket) = self
+                .acquire_keys(keys, options.clone(), name.as_ref())
+                .await;
+            let refused = match decided {
                 Err(full) if is_full(&full) => full,
                 Ok(permit) => {
                     // A store admission took the ticket out; any other (unlimited keys, the failure
                     // policy's) leaves it to be given up.
-                    if let Some((slot, unsettled)) = &mut leaving {
-                        unsettled.disarm_unless(!slot.taken_out.load(Ordering::Relaxed));
+                    if let Some(leaving) = &mut leaving {
+                        leaving.disarm_unless(ticket != TicketState::Admitted);
                     }
                     return Ok(permit);
                 }
                 decided => return decided,
             };
+            // (Refused by the failure policy while the store failed, a ticket waits on.)
+            queued |= ticket == TicketState::Queued;
             if place.is_none() {
                 let standing = (options.priority_level(), options.flow_name().cloned());
                 match core
@@ -143,12 +139,7 @@ impl<S: Wakeups> Limiter<S> {
                 core.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(refused);
             }
-            // (Refused by the failure policy while the store failed, a ticket waits on.)
-            let queued = leaving
-                .as_ref()
-                .is_some_and(|(slot, _)| slot.queued.load(Ordering::Relaxed));
-            let turn = turn.as_ref().filter(|_| queued);
-            let Some(turn) = turn else {
+            let Some(turn) = turn.as_ref().filter(|_| queued) else {
                 // No ticket taken (a store without queues): asked again soon, then less often.
                 let again = (Instant::now() + poll).min(deadline);
                 poll = (poll * 2).min(POLL);
