@@ -185,8 +185,8 @@ impl ProxySettings {
     }
 
     /// The templates of the priority and the flow each request waits with, where set.
-    pub fn queue(&self) -> Result<crate::proxy::QueueTemplates, ConfigError> {
-        let mut queue = crate::proxy::QueueTemplates::default().levels(&self.serve.priorities);
+    pub fn queue(&self) -> Result<crate::proxy::StandingTemplates, ConfigError> {
+        let mut queue = crate::proxy::StandingTemplates::default().levels(&self.serve.priorities);
         if let Some(template) = &self.priority {
             queue = queue
                 .priority(template)

@@ -9,7 +9,7 @@ mod forward;
 mod headers;
 mod paths;
 mod pool;
-mod queue;
+mod standing;
 mod templates;
 
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use http::{HeaderValue, Uri};
 
 pub use forward::Proxy;
 pub use paths::LimitPaths;
-pub use queue::QueueTemplates;
+pub use standing::StandingTemplates;
 pub use templates::{KeyTemplates, OnMissingKey, MAX_KEYS};
 
 /// Where and how to forward.
@@ -34,7 +34,7 @@ pub struct Upstream {
     /// Which requests are limited (empty: all of them).
     pub limit_paths: LimitPaths,
     /// The priority and the flow each request waits with (`--priority`, `--flow`).
-    pub queue: QueueTemplates,
+    pub queue: StandingTemplates,
     /// The key each limited request is charged 1 to, if any (its template's one key).
     pub quota_key: Option<KeyTemplates>,
     /// How long a request may take upstream until its response headers (connecting and sending it included).

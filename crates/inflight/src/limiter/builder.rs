@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use super::core::{Core, LimiterStats};
 use super::handle::Limiter;
-use super::queue::{self, DEFAULT_MAX_WAITERS};
 use super::registry::Registry;
 use super::renewer;
 use super::settler::Settler;
+use super::waiters::{self, DEFAULT_MAX_WAITERS};
 use crate::clock::millis;
 use crate::failure::{Breaker, FailurePolicy};
 use crate::options::{DEFAULT_LEASE, MAX_LEASE, MIN_LEASE};
@@ -105,7 +105,7 @@ impl<S: Store> LimiterBuilder<S> {
             on_store_failure: self.on_store_failure,
             breaker: Breaker::new(!self.store_breaker),
             fallback,
-            waiters: queue::Waiters::new(self.max_waiters),
+            waiters: waiters::Waiters::new(self.max_waiters),
         });
         tokio::spawn(renewer::run(Arc::downgrade(&core)));
         Limiter { core }

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::queue;
 use super::registry::Registry;
 use super::settler::{self, Deferred, Settler, Unsettled};
+use super::waiters;
 use crate::error::StoreError;
 use crate::failure::{Breaker, FailurePolicy};
 use crate::id::PermitId;
@@ -42,7 +42,7 @@ pub(super) struct Core<S> {
     pub(super) breaker: Breaker,
     /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
     pub(super) fallback: Option<MemoryStore>,
-    pub(super) waiters: queue::Waiters,
+    pub(super) waiters: waiters::Waiters,
 }
 
 impl<S> Core<S> {

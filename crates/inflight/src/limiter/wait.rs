@@ -126,11 +126,8 @@ impl<S: Wakeups> Limiter<S> {
             // (Refused by the failure policy while the store failed, a ticket waits on.)
             queued |= ticket == TicketState::Queued;
             if place.is_none() {
-                let standing = (options.priority_level(), options.flow_name().cloned());
-                match core
-                    .waiters
-                    .join(&refused.key, &core.stats.waiting, standing)
-                {
+                let group = (options.priority_level(), options.flow_name().cloned());
+                match core.waiters.join(&refused.key, &core.stats.waiting, group) {
                     Some(joined) => place = Some(joined),
                     None => return Err(refused),
                 }

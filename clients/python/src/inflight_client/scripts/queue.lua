@@ -166,7 +166,7 @@ local function queue()
       redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
       if not key.queued then
         redis.call('HSET', key.permits, QUEUED, 1)
-        key.queued, key.dirty = true, true -- (settle() gives a hash made here its expiry)
+        key.queued, key.dirty = true, true -- (write_tokens() gives a hash made here its expiry)
       end
     end
     redis.call('ZADD', t .. ':expiry', deadline, ticket)

@@ -59,5 +59,5 @@ for i, key in ipairs(keys) do
     put(key, id, weight, lease_ms, token)
   end
 end
-settle()
+write_tokens()
 return {outcome, limits[1], limits[1] > 0 and in_flight(keys[1]) or 0, weight, now + lease_ms, held, token}

@@ -193,5 +193,5 @@ while a <= #ARGV do
     replies[r] = left
   end
 end
-settle()
+write_tokens()
 return replies

@@ -200,7 +200,7 @@ local function keep(key, lease_ms, fresh)
 end
 
 -- The next token of an admission on `keys` (the first n): each key's last from now on (written once a
--- script, by settle()).
+-- script, by write_tokens()).
 local function next_token(keys, n)
   local token = now_us
   for i = 1, n do token = math.max(token, keys[i].last + 1) end
@@ -210,7 +210,7 @@ end
 
 -- At the script's end: each key's last token written where it moved (with the extra weight, so that the
 -- hash keeps both fields), and a hash made just now given the expiry of the key's leases.
-local function settle()
+local function write_tokens()
   for _, key in pairs(seen) do
     if key.dirty then
       local made = not key.hashed

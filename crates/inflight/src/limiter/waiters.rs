@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
 /// A key's waiters: each one's number and its priority and flow.
-type Queue = Vec<(u64, Standing)>;
+type Queue = Vec<(u64, Group)>;
 
 /// A waiter's priority level and flow, as [`Waiters::groups`] counts them.
-type Standing = (u8, Option<Arc<str>>);
+type Group = (u8, Option<Arc<str>>);
 
 /// The most groups [`Waiters::groups`] lists for one key.
 const MAX_GROUPS: usize = 16;
@@ -70,7 +70,7 @@ impl Waiters {
         &'a self,
         key: &str,
         waiting: &'a AtomicU64,
-        standing: Standing,
+        group: Group,
     ) -> Option<Place<'a>> {
         let mut queues = self.lock();
         let queue = queues.entry(Arc::from(key)).or_default();
@@ -81,7 +81,7 @@ impl Waiters {
             return None;
         }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        queue.push((n, standing));
+        queue.push((n, group));
         waiting.fetch_add(1, Ordering::Relaxed);
         Some(Place {
             waiters: self,

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 
 /// The `--priority` and `--flow` templates of a proxy, parsed (either may be unset).
 #[derive(Clone, Debug, Default)]
-pub struct QueueTemplates {
+pub struct StandingTemplates {
     priority: Option<Template>,
     flow: Option<Template>,
     /// The levels a request may ask for (`--priorities`; empty: any).
@@ -29,7 +29,7 @@ pub(super) struct Place {
     pub(super) flow: Option<String>,
 }
 
-impl QueueTemplates {
+impl StandingTemplates {
     /// With only `levels` (`--priorities`) allowed, unless it is empty; set before the templates.
     pub fn levels(self, levels: &[u8]) -> Self {
         Self {
@@ -89,7 +89,7 @@ impl QueueTemplates {
         self.placed(headers, path, options)
     }
 
-    /// [`QueueTemplates::options`] with a template set: out of line, so that a proxy without
+    /// [`StandingTemplates::options`] with a template set: out of line, so that a proxy without
     /// `--priority` and `--flow` carries none of it.
     #[inline(never)]
     fn placed(
@@ -127,7 +127,7 @@ impl QueueTemplates {
     }
 }
 
-impl QueueTemplates {
+impl StandingTemplates {
     /// The level `text` names ([`level`]), if it is one of the levels allowed.
     fn level(&self, text: &str) -> Result<u8, String> {
         let level = level(text)?;
@@ -188,8 +188,8 @@ mod tests {
         map
     }
 
-    fn queue(priority: &str, flow: &str) -> QueueTemplates {
-        QueueTemplates::default()
+    fn queue(priority: &str, flow: &str) -> StandingTemplates {
+        StandingTemplates::default()
             .priority(priority)
             .unwrap()
             .flow(flow)
@@ -218,14 +218,14 @@ mod tests {
 
     #[test]
     fn only_the_configured_levels_are_taken() {
-        let queue = QueueTemplates::default()
+        let queue = StandingTemplates::default()
             .levels(&[0, 5, 9])
             .priority("{header:X-Priority}")
             .unwrap();
         let place = |level: &str| queue.place(&headers(&[("x-priority", level)]), "/");
         assert_eq!(place("9").unwrap().priority, 9);
         assert_eq!(place("6").unwrap_err().code(), "invalid_priority");
-        let fixed = QueueTemplates::default().levels(&[0, 5]).priority("7");
+        let fixed = StandingTemplates::default().levels(&[0, 5]).priority("7");
         assert!(
             fixed.is_err(),
             "a fixed level outside them is refused at start-up"
@@ -266,7 +266,7 @@ mod tests {
             }
         );
         // Unset templates: the defaults, nothing rendered.
-        let unset = QueueTemplates::default();
+        let unset = StandingTemplates::default();
         let place = unset
             .place(&headers(&[("x-priority", "abc")]), "/")
             .unwrap();
@@ -305,7 +305,7 @@ mod tests {
 
     #[test]
     fn bad_templates_are_refused_at_start_up() {
-        let none = QueueTemplates::default;
+        let none = StandingTemplates::default;
         for (bad, why) in [
             ("300", "0 to 255"),
             ("", "0 to 255"),
