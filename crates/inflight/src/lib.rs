@@ -82,8 +82,8 @@ pub use failure::FailurePolicy;
 pub use floors::{Floors, MAX_FLOORS};
 pub use id::PermitId;
 pub use limiter::{
-    Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, Queued, TryAcquire, DEFAULT_MAX_WAITERS,
-    POLL, RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
+    Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, Queued, RemoteLease, TryAcquire,
+    DEFAULT_MAX_WAITERS, POLL, RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
 };
 pub use options::{
     AcquireOptions, DEFAULT_LEASE, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE,
@@ -91,8 +91,6 @@ pub use options::{
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};
-pub use store::{
-    AnyStore, BusyKeys, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups,
-};
+pub use store::{AnyStore, BusyKeys, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
 #[cfg(feature = "redis")]
 pub use store::{DifyStore, DifyStoreBuilder, RedisStore, RedisStoreBuilder};

@@ -23,5 +23,6 @@ pub use core::LimiterStats;
 pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub use queue::DEFAULT_MAX_WAITERS;
 pub(crate) use registry::Extend;
+pub use remote::RemoteLease;
 pub(crate) use settler::{Attempt, Deferred, Unsettled};
 pub use wait::{POLL, RECHECK, TICKET_LEASE_MS};

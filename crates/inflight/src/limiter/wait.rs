@@ -104,7 +104,10 @@ impl<S: Wakeups> Limiter<S> {
             });
             options.queueing().ticket = Some(slot.clone());
             // Given up in the store when this wait ends unadmitted or is dropped.
-            leaving = Some((slot, Unsettled::new(&core.settler, Some(self.leave(keys, turn)))));
+            leaving = Some((
+                slot,
+                Unsettled::new(&core.settler, Some(self.leave(keys, turn))),
+            ));
         }
         let mut place = None;
         // Turns heard before the first ask: none of this ticket's can have gone unheard.
@@ -128,7 +131,10 @@ impl<S: Wakeups> Limiter<S> {
             };
             if place.is_none() {
                 let standing = (options.priority_level(), options.flow_name().cloned());
-                match core.waiters.join(&refused.key, &core.stats.waiting, standing) {
+                match core
+                    .waiters
+                    .join(&refused.key, &core.stats.waiting, standing)
+                {
                     Some(joined) => place = Some(joined),
                     None => return Err(refused),
                 }
@@ -138,7 +144,9 @@ impl<S: Wakeups> Limiter<S> {
                 return Err(refused);
             }
             // (Refused by the failure policy while the store failed, a ticket waits on.)
-            let queued = leaving.as_ref().is_some_and(|(slot, _)| slot.queued.load(Ordering::Relaxed));
+            let queued = leaving
+                .as_ref()
+                .is_some_and(|(slot, _)| slot.queued.load(Ordering::Relaxed));
             let turn = turn.as_ref().filter(|_| queued);
             let Some(turn) = turn else {
                 // No ticket taken (a store without queues): asked again soon, then less often.

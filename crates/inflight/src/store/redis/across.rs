@@ -125,7 +125,8 @@ impl RedisStore {
                     self.roll_back(&names, &taken, id).await;
                     if let (4, Some(ticket)) = (decision, &req.ticket) {
                         // Its ticket waits here: a place an earlier refusal gave it further on goes.
-                        self.leave_across(&names, &groups[g + 1..], ticket.name).await?;
+                        self.leave_across(&names, &groups[g + 1..], ticket.name)
+                            .await?;
                     }
                     let index = group[usize::try_from(index).unwrap_or(0)];
                     return Ok([
