@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inflight::store::IndexOp;
+use inflight::store::{IndexOp, Recorded};
 use inflight::{
     AcquireError, AcquireOptions, AnyStore, KeyRefused, Keys, Lease, Limiter, Permit, PermitId,
-    Renewal, Store, StoreError,
+    RemoteLease, Renewal, Store, StoreError,
 };
 
 use crate::metrics::{AdmissionResult, Metrics};
@@ -135,30 +135,44 @@ impl App {
         lease
     }
 
-    /// Renews a lease handed out over HTTP, and extends the reservation recorded with it, if any (a
-    /// failed lookup of the record is logged, and the renewal answered all the same).
+    /// Renews a lease handed out over HTTP and extends the reservation recorded with it, if any; its
+    /// keys and the renewal, or `None` when it is named by its id alone and nothing is recorded. (A
+    /// failed read of the record of a lease named by its keys is logged, and the renewal answered.)
     pub async fn renew(
         &self,
-        key: &str,
-        id: &PermitId,
-        token: u64,
-        lease: Option<Duration>,
-    ) -> Result<Renewal, StoreError> {
-        let renewal = self.timed("renew", self.limiter.renew(key, id, token, lease));
-        let record = self.timed("record", self.limiter.store().index(id, IndexOp::Get));
-        let (renewal, record) = futures_util::future::join(renewal, record).await;
-        let renewal = renewal?;
-        self.count_renewal(key, id, &renewal);
-        let record = record.unwrap_or_else(|error| {
-            tracing::warn!(%error, %id, "a renewed permit's record could not be read: a reservation it has is not extended");
-            None
+        lease: &RemoteLease,
+        length: Option<Duration>,
+    ) -> Result<Option<(Keys, Renewal)>, StoreError> {
+        let renewal = self.timed("renew", self.limiter.renew(lease, length));
+        let (renewed, record) = futures_util::future::join(renewal, self.record_of(lease)).await;
+        let (renewal, found) = renewed?;
+        let recorded = found.or_else(|| {
+            record.unwrap_or_else(|error| {
+                tracing::warn!(%error, id = %lease.id, "a renewed permit's record could not be read: a reservation it has is not extended");
+                None
+            })
         });
-        let charged = record.filter(|recorded| *recorded.keys == [Arc::from(key)]);
-        if let (Some(recorded), Renewal::Renewed(_) | Renewal::Readded(_)) = (charged, &renewal) {
-            let lease = lease.unwrap_or(Duration::from_millis(recorded.lease_ms));
-            self.keep_lent(&recorded, id, lease).await;
+        let found_keys = recorded.as_ref().map(|found| &found.keys);
+        let Some(keys) = lease.keys.as_ref().or(found_keys).cloned() else {
+            return Ok(None);
+        };
+        self.count_renewal(&keys[0], &lease.id, &renewal);
+        if let (Some(recorded), Renewal::Renewed(_) | Renewal::Readded(_)) = (&recorded, &renewal) {
+            let length = length.unwrap_or(Duration::from_millis(recorded.lease_ms));
+            self.keep_lent(recorded, &lease.id, length).await;
         }
-        Ok(renewal)
+        Ok(Some((keys, renewal)))
+    }
+
+    /// The record of a lease named by its keys, when it has one on the same keys (a charged permit's,
+    /// with a reservation to extend or settle). The limiter finds that of a lease named by its id.
+    async fn record_of(&self, lease: &RemoteLease) -> Result<Option<Recorded>, StoreError> {
+        let Some(keys) = &lease.keys else {
+            return Ok(None);
+        };
+        let record = self.limiter.store().index(&lease.id, IndexOp::Get);
+        let found = self.timed("record", record).await?;
+        Ok(found.filter(|recorded| recorded.keys == *keys))
     }
 
     /// A lent lease renewed (its new deadline) or found gone (no longer in flight).
@@ -180,16 +194,6 @@ impl App {
         }
     }
 
-    /// Releases a lease handed out over HTTP (that the admission with `token` took; 0: whichever the id
-    /// holds); returns whether it was held (and then counts the release).
-    pub async fn release(&self, key: &str, id: &PermitId, token: u64) -> Result<bool, StoreError> {
-        let held = self
-            .timed("release", self.limiter.release(key, id, token))
-            .await?;
-        self.count_release(key, id, held);
-        Ok(held)
-    }
-
     /// Hands a permit on several keys over to an HTTP client, recording its keys under its id so that
     /// any process can renew or release it by id alone. A permit that holds nothing (every key
     /// unlimited) is not recorded: there is nothing to renew or release, and no store to ask. A counted
@@ -205,33 +209,11 @@ impl App {
         if !counted {
             return Ok(lease_out);
         }
-        let recorded = self.limiter.record(keys, &lease_out.id, lease);
+        let recorded = self.limiter.record(keys, &lease_out.id, lease, None);
         if let Err(error) = self.timed("record", recorded).await {
-            self.release_all_lent(keys, &lease_out).await;
+            self.release_unanswered(keys, &lease_out).await;
             return Err(error);
         }
         Ok(lease_out)
-    }
-
-    /// Renews a lease on several keys handed out over HTTP, found by its id; `None` when it is gone.
-    pub async fn renew_recorded(
-        &self,
-        id: &PermitId,
-        token: u64,
-        lease: Option<Duration>,
-    ) -> Result<Option<(Keys, Renewal)>, StoreError> {
-        let found = self
-            .timed("renew", self.limiter.renew_recorded(id, token, lease))
-            .await?;
-        let Some((recorded, renewal)) = found else {
-            return Ok(None);
-        };
-        self.count_renewal(&recorded.keys[0], id, &renewal);
-        if let Renewal::Renewed(_) | Renewal::Readded(_) = renewal {
-            // (The limiter wrote the record again for its lease; a reservation's may be longer.)
-            self.keep_lent(&recorded, id, Duration::from_millis(recorded.lease_ms))
-                .await;
-        }
-        Ok(Some((recorded.keys, renewal)))
     }
 }

@@ -82,8 +82,8 @@ pub use failure::FailurePolicy;
 pub use floors::{Floors, MAX_FLOORS};
 pub use id::PermitId;
 pub use limiter::{
-    Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, Queued, TryAcquire, DEFAULT_MAX_WAITERS,
-    POLL, RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
+    Busiest, Busy, Limiter, LimiterBuilder, LimiterStats, Queued, RemoteLease, TryAcquire,
+    DEFAULT_MAX_WAITERS, POLL, RECHECK, SHUTDOWN_DRAIN, TICKET_LEASE_MS,
 };
 pub use options::{
     AcquireOptions, DEFAULT_LEASE, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inflight::{AcquireOptions, Limiter, Policy, RedisStore};
+use inflight::{AcquireOptions, Limiter, Policy, RedisStore, RemoteLease};
 use redis::Commands;
 use support::{unique_prefix, TestCluster};
 
@@ -476,11 +476,8 @@ async fn a_refused_re_entry_across_slots_leaves_the_held_lease_as_it_was() {
     );
     assert_eq!(limiter.status(second).await.unwrap().in_flight, 2);
     // Still the held admission's lease: its token releases it.
-    let keys: Vec<Arc<str>> = pair.iter().map(|key| Arc::from(*key)).collect();
-    assert!(limiter
-        .release_all(&keys, &held.id, held.token)
-        .await
-        .unwrap());
+    let held = RemoteLease::new(&pair, held.id, held.token);
+    assert!(limiter.release(&held).await.unwrap().0);
     assert_eq!(limiter.status(first).await.unwrap().in_flight, 0);
     assert_eq!(limiter.status(second).await.unwrap().in_flight, 1);
 }

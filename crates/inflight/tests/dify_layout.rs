@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use inflight::{AcquireError, AcquireOptions, DifyStore, Limiter, Policy, Renewal};
+use inflight::{AcquireError, AcquireOptions, DifyStore, Limiter, Policy, RemoteLease, Renewal};
 use redis::Commands;
 use support::TestRedis;
 
@@ -145,12 +145,10 @@ async fn inflights_entries_carry_the_redis_clock_and_renewals_keep_them_from_dif
     assert!((now - written).abs() < 5.0, "{written} vs {now}");
     // A stream of 20 minutes: renewed every 20 s of its (moved) clock, never evicted by Dify's flush.
     let lease = permit.detach();
+    let remote = RemoteLease::new(&["app-1"], lease.id, lease.token);
     for step in 1..=60u32 {
         store.advance_clock(Duration::from_secs(20));
-        let renewal = limiter
-            .renew("app-1", &lease.id, lease.token, None)
-            .await
-            .unwrap();
+        let renewal = limiter.renew(&remote, None).await.unwrap().0;
         assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
         let dify_now = now + f64::from(step) * 20.0;
         assert!(dify_flush(&mut conn, dify_now).is_empty(), "step {step}");
@@ -161,10 +159,7 @@ async fn inflights_entries_carry_the_redis_clock_and_renewals_keep_them_from_dif
         .parse()
         .unwrap();
     assert!(refreshed - written > 1_100.0, "{refreshed} vs {written}");
-    assert!(limiter
-        .release("app-1", &lease.id, lease.token)
-        .await
-        .unwrap());
+    assert!(limiter.release(&remote).await.unwrap().0);
     let left: usize = conn.hlen(HASH).unwrap();
     assert_eq!(left, 0);
 }

@@ -8,7 +8,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use inflight::quota::IdempotencyKey;
-use inflight::AcquireOptions;
+use inflight::{AcquireOptions, PermitId, RemoteLease};
 use serde::de::DeserializeOwned;
 
 use crate::config::{MAX_LEASE, MIN_LEASE};
@@ -47,6 +47,39 @@ pub(super) fn checked_key_and_id(
     check_name(&key).map_err(ApiError::invalid_key)?;
     check_name(&id).map_err(ApiError::invalid_request)?;
     Ok((key, id))
+}
+
+/// A lent permit's id and, when its path names it, its key.
+type Named = (PermitId, Option<String>);
+
+/// The path of a lent permit: `/v1/keys/{key}/permits/{id}` names its key, `/v1/permits/{id}` its id
+/// alone (its keys are recorded under it).
+pub(super) trait PermitPath: DeserializeOwned + Send + 'static {
+    /// The permit's id and key, checked.
+    fn checked(path: Result<Path<Self>, PathRejection>) -> Result<Named, ApiError>;
+}
+
+impl PermitPath for (String, String) {
+    fn checked(path: Result<Path<Self>, PathRejection>) -> Result<Named, ApiError> {
+        let (key, id) = checked_key_and_id(path)?;
+        Ok((PermitId::from(id), Some(key)))
+    }
+}
+
+impl PermitPath for String {
+    fn checked(path: Result<Path<Self>, PathRejection>) -> Result<Named, ApiError> {
+        let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
+        check_name(&id).map_err(ApiError::invalid_request)?;
+        Ok((PermitId::from(id), None))
+    }
+}
+
+/// The lease a path names, of the admission `token`.
+pub(super) fn remote(id: PermitId, key: Option<&str>, token: u64) -> RemoteLease {
+    match key {
+        Some(key) => RemoteLease::new(&[key], id, token),
+        None => RemoteLease::recorded(id, token),
+    }
 }
 
 /// A JSON body; an empty body is the defaults.

@@ -22,14 +22,15 @@ pub use listing::BusyJson;
 pub fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
         .route("/v1/keys/{key}/permits", post(permits::acquire))
+        .route("/v1/permits", post(permits::acquire_all))
+        // One handler per verb: the key route names the permit's key, the id route finds its keys.
         .route(
             "/v1/keys/{key}/permits/{id}",
-            put(permits::renew).delete(permits::release),
+            put(permits::renew::<(String, String)>).delete(permits::release::<(String, String)>),
         )
-        .route("/v1/permits", post(permits::acquire_all))
         .route(
             "/v1/permits/{id}",
-            put(permits::renew_recorded).delete(permits::release_recorded),
+            put(permits::renew::<String>).delete(permits::release::<String>),
         )
         .route("/v1/keys", get(listing::list))
         .route("/v1/keys/{key}", get(limits::status))

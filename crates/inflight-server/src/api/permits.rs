@@ -1,5 +1,6 @@
-//! Permits: on one key (`POST /v1/keys/{key}/permits`, `PUT|DELETE .../permits/{id}`), and on several
-//! (`POST /v1/permits`, and `PUT|DELETE /v1/permits/{id}` by id alone).
+//! Permits: acquired on one key (`POST /v1/keys/{key}/permits`) or on several (`POST /v1/permits`);
+//! renewed and released by one handler each, by their key and id (`PUT|DELETE .../permits/{id}`) or by
+//! their id alone (`PUT|DELETE /v1/permits/{id}`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,12 +11,12 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inflight::store::IndexOp;
+use inflight::store::{Grant, IndexOp};
 use inflight::{Lease, Limit, PermitId, Renewal, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 use super::input::{
-    body, check_name, checked_key, checked_key_and_id, lease, options, queue, wait,
+    body, check_name, checked_key, lease, options, queue, remote, wait, PermitPath,
 };
 use super::limits::KeyJson;
 use super::quotas::{self, release_query, QuotaBody, ReservationJson};
@@ -61,14 +62,19 @@ pub(super) struct PermitJson {
 }
 
 pub(super) fn permit_json(lease: Lease) -> PermitJson {
+    let held = Held::from(&lease);
+    one_json(lease.id.to_string(), lease.key.to_string(), held)
+}
+
+fn one_json(id: String, key: String, held: Held) -> PermitJson {
     PermitJson {
-        id: lease.id.to_string(),
-        key: lease.key.to_string(),
-        weight: lease.weight,
-        limit: lease.limit.get(),
-        in_flight: lease.in_flight,
-        lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
-        token: lease.token,
+        id,
+        key,
+        weight: held.weight,
+        limit: held.first.0,
+        in_flight: held.first.1,
+        lease_expires_at_ms: held.lease_expires_at_ms,
+        token: held.token,
         reservation: None,
     }
 }
@@ -153,55 +159,55 @@ fn permit_not_found() -> ApiError {
     )
 }
 
-pub(super) async fn renew(
+/// `PUT` of a lent permit: renewed, and answered as it was acquired (its key's figures, or its keys').
+pub(super) async fn renew<P: PermitPath>(
     State(app): State<Arc<App>>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<P>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<PermitJson>, ApiError> {
-    let (key, id) = checked_key_and_id(path)?;
+) -> Result<Response, ApiError> {
+    let (id, key) = P::checked(path)?;
     let request: RenewBody = body(bytes)?;
-    let lease = lease(request.lease_ms)?;
-    let id = PermitId::from(id);
-    let token = request.token.unwrap_or(0);
-    let renewed = app.renew(&key, &id, token, lease).await?;
-    let (weight, limit, in_flight, expires, token) = match renewed {
-        Renewal::Renewed(grant) | Renewal::Readded(grant) => (
-            grant.weight,
-            grant.limit.get(),
-            grant.in_flight,
-            Some(grant.expires_at_ms),
-            grant.token,
-        ),
-        Renewal::Lost => {
-            // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
-            let status = app.timed("status", app.limiter.status(&key)).await?;
+    let length = lease(request.lease_ms)?;
+    let remote = remote(id, key.as_deref(), request.token.unwrap_or(0));
+    let (keys, held) = match app.renew(&remote, length).await? {
+        Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
+            (keys, Held::from(grant))
+        }
+        // An unlimited key's permits are never recorded: there is nothing to renew, and nothing lost.
+        Some((keys, Renewal::Lost)) if key.is_some() => {
+            let status = app.timed("status", app.limiter.status(&keys[0])).await?;
             if status.limit != Limit::Unlimited {
                 return Err(permit_not_found());
             }
-            (1, None, status.in_flight, None, 0)
+            let first = (None, status.in_flight);
+            let held = Held {
+                weight: 1,
+                first,
+                lease_expires_at_ms: None,
+                token: 0,
+            };
+            (keys, held)
         }
+        _ => return Err(permit_not_found()),
     };
-    Ok(Json(PermitJson {
-        id: id.to_string(),
-        key,
-        weight,
-        limit,
-        in_flight,
-        lease_expires_at_ms: expires,
-        token,
-        reservation: None,
-    }))
+    let id = remote.id.to_string();
+    Ok(match key {
+        Some(key) => Json(one_json(id, key, held)).into_response(),
+        None => Json(permit_all_json(&app, id, &keys, held).await).into_response(),
+    })
 }
 
-pub(super) async fn release(
+/// `DELETE` of a lent permit: released, and its reservation settled as `?outcome=` says; 204 also when
+/// it was released already.
+pub(super) async fn release<P: PermitPath>(
     State(app): State<Arc<App>>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    path: Result<Path<P>, PathRejection>,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
-    let (key, id) = checked_key_and_id(path)?;
+    let (id, key) = P::checked(path)?;
     let (settle, token) = release_query(&uri)?;
-    let id = PermitId::from(id);
-    app.release_settled(&key, &id, token, settle).await?;
+    app.release(&remote(id, key.as_deref(), token), settle)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -287,7 +293,7 @@ pub(super) async fn acquire_all(
             let recorded = app.quota.record_lent(&keys, &lent.id, lease, &charge.key);
             let recorded = app.timed("record", recorded).await;
             if let Err(error) = recorded {
-                app.release_all_lent(&keys, &lent).await;
+                app.release_unanswered(&keys, &lent).await;
                 return Err(error.into());
             }
             lent
@@ -299,32 +305,47 @@ pub(super) async fn acquire_all(
             Ok(handed) => Some(quotas::reservation_json(&handed)),
             Err(error) => {
                 // Not committed at admission: the client gets no permit to renew, nor a charge.
-                app.release_all_lent(&keys, &lent).await;
+                app.release_unanswered(&keys, &lent).await;
                 return Err(error.into());
             }
         },
         None => None,
     };
-    let first = (lent.limit.get(), lent.in_flight);
-    let expires = (lent.expires_at_ms > 0).then_some(lent.expires_at_ms);
-    let held = Held {
-        weight: lent.weight,
-        first,
-        lease_expires_at_ms: expires,
-        token: lent.token,
-    };
+    let held = Held::from(&lent);
     let mut body = permit_all_json(&app, lent.id.to_string(), &keys, held).await;
     body.reservation = reservation;
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
 
-/// What the store answered of a permit on several keys: its weight, its first key's limit and
-/// in-flight count, its lease's end and its token.
+/// What the store answered of a permit: its weight, its first key's limit and in-flight count, its
+/// lease's end (none: nothing held) and its token.
 struct Held {
     weight: u32,
     first: (Option<u32>, u32),
     lease_expires_at_ms: Option<u64>,
     token: u64,
+}
+
+impl From<&Lease> for Held {
+    fn from(lease: &Lease) -> Self {
+        Self {
+            weight: lease.weight,
+            first: (lease.limit.get(), lease.in_flight),
+            lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
+            token: lease.token,
+        }
+    }
+}
+
+impl From<Grant> for Held {
+    fn from(grant: Grant) -> Self {
+        Self {
+            weight: grant.weight,
+            first: (grant.limit.get(), grant.in_flight),
+            lease_expires_at_ms: (grant.expires_at_ms > 0).then_some(grant.expires_at_ms),
+            token: grant.token,
+        }
+    }
 }
 
 /// The answer's figures: the first key's as the store gave them, the others' read now (for a permit
@@ -367,47 +388,4 @@ async fn permit_all_json(app: &App, id: String, keys: &[Arc<str>], held: Held) -
         token,
         reservation: None,
     }
-}
-
-pub(super) async fn renew_recorded(
-    State(app): State<Arc<App>>,
-    path: Result<Path<String>, PathRejection>,
-    bytes: Result<Bytes, BytesRejection>,
-) -> Result<Json<PermitAllJson>, ApiError> {
-    let id = recorded_id(path)?;
-    let request: RenewBody = body(bytes)?;
-    let lease = lease(request.lease_ms)?;
-    let token = request.token.unwrap_or(0);
-    match app.renew_recorded(&id, token, lease).await? {
-        Some((keys, Renewal::Renewed(grant) | Renewal::Readded(grant))) => {
-            let held = Held {
-                weight: grant.weight,
-                first: (grant.limit.get(), grant.in_flight),
-                lease_expires_at_ms: (grant.expires_at_ms > 0).then_some(grant.expires_at_ms),
-                token: grant.token,
-            };
-            Ok(Json(
-                permit_all_json(&app, id.to_string(), &keys, held).await,
-            ))
-        }
-        Some((_, Renewal::Lost)) | None => Err(permit_not_found()),
-    }
-}
-
-pub(super) async fn release_recorded(
-    State(app): State<Arc<App>>,
-    path: Result<Path<String>, PathRejection>,
-    uri: Uri,
-) -> Result<StatusCode, ApiError> {
-    let id = recorded_id(path)?;
-    let (settle, token) = release_query(&uri)?;
-    app.release_recorded_settled(&id, token, settle).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// The id of `/v1/permits/{id}`, checked.
-fn recorded_id(path: Result<Path<String>, PathRejection>) -> Result<PermitId, ApiError> {
-    let Path(id) = path.map_err(|_| ApiError::invalid_request("The id is not valid UTF-8."))?;
-    check_name(&id).map_err(ApiError::invalid_request)?;
-    Ok(PermitId::from(id))
 }

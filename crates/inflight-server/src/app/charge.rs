@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use http::StatusCode;
 use inflight::quota::{QuotaError, Settle, Settlement};
-use inflight::store::{IndexOp, Recorded};
+use inflight::store::Recorded;
 use inflight::{
-    AcquireOptions, KeyRefused, Lease, Permit, PermitId, Reservation, Store, StoreError,
+    AcquireOptions, KeyRefused, Lease, Permit, PermitId, RemoteLease, Reservation, StoreError,
 };
 
 use super::App;
@@ -93,9 +93,15 @@ impl App {
         }
     }
 
-    /// Releases a lease on `keys` lent a moment ago whose record (to renew it by id) could not be written.
-    pub async fn release_all_lent(&self, keys: &[Arc<str>], lent: &Lease) {
-        if let Ok(held) = self.limiter.release_all(keys, &lent.id, lent.token).await {
+    /// Releases a lease lent a moment ago that its client never got (its record, or its reservation,
+    /// could not be written).
+    pub async fn release_unanswered(&self, keys: &[Arc<str>], lent: &Lease) {
+        let lease = RemoteLease {
+            id: lent.id.clone(),
+            token: lent.token,
+            keys: Some(Arc::from(keys)),
+        };
+        if let Ok((held, _)) = self.limiter.release(&lease).await {
             self.count_release(&keys[0], &lent.id, held);
         }
     }
@@ -111,46 +117,27 @@ impl App {
             .await
     }
 
-    /// Releases a lease on `key` handed out over HTTP and settles the reservation recorded with it, if
-    /// any, as `settle` says; returns whether the lease was held.
-    pub async fn release_settled(
-        &self,
-        key: &str,
-        id: &PermitId,
-        token: u64,
-        settle: Settle,
-    ) -> Result<bool, StoreError> {
-        let record = self.timed("record", self.limiter.store().index(id, IndexOp::Get));
-        let release = self.release(key, id, token);
-        let (held, record) = futures_util::future::join(release, record).await;
-        let held = held?;
-        if let Some(recorded) = record?.filter(|recorded| *recorded.keys == [Arc::from(key)]) {
-            let settled = self.quota.settle_lent(id, &recorded, settle);
+    /// Releases a lease handed out over HTTP (that the admission `lease.token` took; 0: whichever the
+    /// id holds) and settles the reservation recorded with it, if any, as `settle` says; returns whether
+    /// it was held (and then counts the release).
+    pub async fn release(&self, lease: &RemoteLease, settle: Settle) -> Result<bool, StoreError> {
+        let release = self.timed("release", self.limiter.release(lease));
+        let (released, record) = futures_util::future::join(release, self.record_of(lease)).await;
+        let (held, found) = released?;
+        let found_keys = found.as_ref().map(|found| &found.keys);
+        let Some(keys) = lease.keys.as_ref().or(found_keys) else {
+            return Ok(false); // Named by its id alone, and nothing recorded.
+        };
+        self.count_release(&keys[0], &lease.id, held);
+        // (The limiter forgets a record it found, unless a reservation on it remains to settle.)
+        let unsettled = match found {
+            Some(found) => found.quota.is_some().then_some(found),
+            None => record?,
+        };
+        if let Some(recorded) = unsettled {
+            let settled = self.quota.settle_lent(&lease.id, &recorded, settle);
             self.timed("quota", settled).await?;
         }
         Ok(held)
-    }
-
-    /// [`App::release_settled`] for a lease on several keys, found by its id.
-    pub async fn release_recorded_settled(
-        &self,
-        id: &PermitId,
-        token: u64,
-        settle: Settle,
-    ) -> Result<(), StoreError> {
-        let store = self.limiter.store();
-        let Some(recorded) = self.timed("record", store.index(id, IndexOp::Get)).await? else {
-            return Ok(());
-        };
-        // Released first: a release retried after a lost answer still finds the record.
-        let held = self
-            .timed(
-                "release",
-                self.limiter.release_all(&recorded.keys, id, token),
-            )
-            .await?;
-        self.count_release(&recorded.keys[0], id, held);
-        let settled = self.quota.settle_lent(id, &recorded, settle);
-        self.timed("quota", settled).await
     }
 }

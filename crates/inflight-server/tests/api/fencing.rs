@@ -83,6 +83,14 @@ async fn one_id_names_one_permit_on_several_keys<M: Make>() {
     // The same keys again: the same permit (taken over by the later admission).
     let again = post(&http, &url, json!({"keys": ["a", "b"], "id": "Z"})).await;
     assert!(again["token"].as_u64() > first["token"].as_u64());
+    // A late release of the first admission by id leaves the later one's lease and its record.
+    let late = server.url(&format!("/v1/permits/Z?token={}", first["token"]));
+    let late = http.delete(late).send().await.unwrap();
+    assert_eq!(late.status(), StatusCode::NO_CONTENT);
+    assert_eq!(server.in_flight("a").await, 1);
+    let renewal = json!({"token": again["token"]});
+    let renewed = http.put(server.url("/v1/permits/Z")).json(&renewal);
+    assert_eq!(renewed.send().await.unwrap().status(), StatusCode::OK);
     let released = http
         .delete(server.url("/v1/permits/Z"))
         .send()

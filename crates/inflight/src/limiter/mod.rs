@@ -22,6 +22,7 @@ pub use busiest::{Busiest, Busy, Queued};
 pub use core::LimiterStats;
 pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub(crate) use registry::Extend;
+pub use remote::RemoteLease;
 pub(crate) use settler::{Attempt, Deferred, Unsettled};
 pub use wait::{POLL, RECHECK, TICKET_LEASE_MS};
 pub use waiters::DEFAULT_MAX_WAITERS;

@@ -62,7 +62,7 @@ impl<S: Store + QuotaStore> Quota<S> {
         quota_key: &str,
     ) -> Result<(), StoreError> {
         let charge = Some((quota_key, self.ttl()));
-        self.limiter().record_with(keys, id, lease, charge).await
+        self.limiter().record(keys, id, lease, charge).await
     }
 
     /// A lent permit was renewed for `lease`: extends the reservation recorded with it by the quota's

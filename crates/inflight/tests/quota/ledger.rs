@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use inflight::quota::{Fund, QuotaError, Settlement};
-use inflight::PermitId;
+use inflight::{PermitId, RemoteLease};
 
 use crate::scenarios::{figures, settles_to};
 use crate::{Fixture, TTL};
@@ -168,7 +168,7 @@ pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f:
     let keys: Vec<Arc<str>> = vec![Arc::from("app:a1"), Arc::from("global")];
     let quota = Some(("tenant:t1", TTL));
     limiter
-        .record_with(&keys, &permit.id, lease, quota)
+        .record(&keys, &permit.id, lease, quota)
         .await
         .unwrap();
     let store = f.store();
@@ -180,10 +180,8 @@ pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f:
     assert_eq!(recorded.quota.as_deref(), Some("tenant:t1"));
     assert_eq!(&*recorded.keys, keys.as_slice());
     f.advance(lease / 2);
-    limiter
-        .renew_recorded(&permit.id, permit.token, None)
-        .await
-        .unwrap();
+    let by_id = RemoteLease::recorded(permit.id.clone(), permit.token);
+    limiter.renew(&by_id, None).await.unwrap();
     let renewed = store
         .index(&permit.id, IndexOp::Get)
         .await
@@ -196,7 +194,7 @@ pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f:
     );
     // A record outlives the lease when its reservation does: whoever releases the permit settles it.
     limiter
-        .record_with(&keys, &permit.id, lease, quota)
+        .record(&keys, &permit.id, lease, quota)
         .await
         .unwrap();
     f.advance(lease * 3);
@@ -205,7 +203,10 @@ pub async fn a_permits_record_keeps_its_quota_key_across_renewals<F: Fixture>(f:
         .await
         .unwrap()
         .is_some());
-    limiter.record(&keys, &permit.id, lease).await.unwrap();
+    limiter
+        .record(&keys, &permit.id, lease, None)
+        .await
+        .unwrap();
     let plain = store
         .index(&permit.id, IndexOp::Get)
         .await

@@ -4,7 +4,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use inflight::store::OverrideChange;
-use inflight::{AcquireError, AcquireOptions, Limiter, Policy, RedisStore, Store};
+use inflight::{AcquireError, AcquireOptions, Limiter, Policy, RedisStore, RemoteLease, Store};
 
 use crate::support::TestRedis;
 
@@ -230,7 +230,8 @@ async fn batches_sent_again_after_a_script_flush_never_uncount_a_later_admission
         let first = limiter.try_acquire_with("k", options()).await.unwrap();
         let first = first.detach();
         redis::cmd("SCRIPT").arg("FLUSH").exec(&mut plain).unwrap();
-        let release = limiter.release("k", &first.id, first.token);
+        let first = RemoteLease::new(&["k"], first.id, first.token);
+        let release = limiter.release(&first);
         let (_, second) = tokio::join!(release, limiter.try_acquire_with("k", options()));
         let second = second.expect("the id's own slot").detach();
         let status = limiter.status("k").await.unwrap();
@@ -239,9 +240,7 @@ async fn batches_sent_again_after_a_script_flush_never_uncount_a_later_admission
             "round {round}: the later admission is counted"
         );
         assert!(limiter.try_acquire("k").await.unwrap_err().is_full());
-        assert!(limiter
-            .release("k", &second.id, second.token)
-            .await
-            .unwrap());
+        let second = RemoteLease::new(&["k"], second.id, second.token);
+        assert!(limiter.release(&second).await.unwrap().0);
     }
 }

@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use inflight::store::OverrideChange;
-use inflight::{AcquireError, ClassLimits, FailurePolicy, Limiter, Policy, RedisStore, Store};
+use inflight::{
+    AcquireError, ClassLimits, FailurePolicy, Limiter, Policy, RedisStore, RemoteLease, Store,
+};
 
 use crate::support::TestRedis;
 use crate::timing_sensitive;
@@ -142,10 +144,9 @@ async fn fail_open_local_admits_under_a_per_process_cap_while_redis_is_down() {
         );
     }
     assert!(limiter.try_acquire("handed").await.unwrap_err().is_full());
-    assert!(limiter
-        .release("handed", &leases[0].id, leases[0].token)
-        .await
-        .expect("released from the fallback"));
+    let handed = RemoteLease::new(&["handed"], leases[0].id.clone(), leases[0].token);
+    let released = limiter.release(&handed).await;
+    assert!(released.expect("released from the fallback").0);
     let again = limiter
         .try_acquire("handed")
         .await

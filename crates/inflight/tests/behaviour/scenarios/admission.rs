@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use inflight::{AcquireError, AcquireOptions, Limit, PermitId, Policy, Renewal};
+use inflight::{AcquireError, AcquireOptions, Limit, PermitId, Policy, RemoteLease, Renewal};
 
 use super::{settle, LEASE};
 use crate::fixtures::Fixture;
@@ -55,17 +55,10 @@ pub async fn generated_ids_are_uuids_and_given_ids_are_kept<F: Fixture>(f: F) {
     assert_eq!(given.id().to_string(), "req-123");
     // The given id is what the store holds: releasing it by id frees it.
     let lease = given.detach();
-    assert!(limiter
-        .release("app", &lease.id, lease.token)
-        .await
-        .unwrap());
-    assert!(
-        !limiter
-            .release("app", &lease.id, lease.token)
-            .await
-            .unwrap(),
-        "second release is a no-op"
-    );
+    let lease = RemoteLease::new(&["app"], lease.id, lease.token);
+    assert!(limiter.release(&lease).await.unwrap().0);
+    let again = limiter.release(&lease).await.unwrap().0;
+    assert!(!again, "second release is a no-op");
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 2);
 }
 
@@ -80,12 +73,9 @@ pub async fn an_empty_id_is_refused_and_never_matches<F: Fixture>(f: F) {
         .await
         .unwrap_err();
     assert!(matches!(err, AcquireError::Invalid(_)), "{err:?}");
-    let empty = PermitId::from("");
-    assert!(!limiter.release("app", &empty, 0).await.unwrap());
-    assert_eq!(
-        limiter.renew("app", &empty, 0, None).await.unwrap(),
-        Renewal::Lost
-    );
+    let empty = RemoteLease::new(&["app"], "", 0);
+    assert!(!limiter.release(&empty).await.unwrap().0);
+    assert_eq!(limiter.renew(&empty, None).await.unwrap().0, Renewal::Lost);
     assert_eq!(
         limiter.status("app").await.unwrap().in_flight,
         3,
@@ -167,10 +157,8 @@ pub async fn status_of_an_unknown_key_is_empty<F: Fixture>(f: F) {
         (status.limit, status.override_limit, status.in_flight),
         (Limit::Limited(7), None, 0)
     );
-    assert!(!limiter
-        .release("never-seen", &PermitId::generate(), 0)
-        .await
-        .unwrap());
+    let unknown = RemoteLease::new(&["never-seen"], PermitId::generate(), 0);
+    assert!(!limiter.release(&unknown).await.unwrap().0);
 }
 
 pub async fn keys_are_opaque<F: Fixture>(f: F) {

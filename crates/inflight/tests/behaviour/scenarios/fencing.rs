@@ -1,10 +1,9 @@
 //! Fencing tokens: each admission's grows on its keys, whichever process admits, and a renewal or a
 //! release that names an earlier admission of an id never acts on a later admission's lease.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use inflight::{AcquireOptions, PermitId, Policy, Renewal};
+use inflight::{AcquireOptions, Policy, RemoteLease, Renewal};
 
 use crate::fixtures::Fixture;
 
@@ -19,10 +18,8 @@ pub async fn tokens_grow_with_every_admission_on_a_key<F: Fixture>(f: F) {
         last = permit.token();
         let lease = permit.detach();
         assert_eq!(lease.token, last, "a lease handed out keeps its token");
-        assert!(limiter
-            .release("app", &lease.id, lease.token)
-            .await
-            .unwrap());
+        let remote = RemoteLease::new(&["app"], lease.id, lease.token);
+        assert!(limiter.release(&remote).await.unwrap().0);
     }
     // A permit on several keys: larger than every token of each.
     let both = one
@@ -40,28 +37,20 @@ pub async fn a_late_release_of_an_earlier_admission_leaves_a_later_ones_lease<F:
     let limiter = f.limiter(Policy::new(1, 0));
     let admit = || limiter.try_acquire_with("app", AcquireOptions::new().id("job-7"));
     let first = admit().await.unwrap().detach();
-    assert!(limiter
-        .release("app", &first.id, first.token)
-        .await
-        .unwrap());
+    let first = RemoteLease::new(&["app"], first.id, first.token);
+    assert!(limiter.release(&first).await.unwrap().0);
     let second = admit().await.unwrap().detach();
     assert!(second.token > first.token);
     // The first release again (late, or sent twice): the later admission's lease stays.
-    assert!(!limiter
-        .release("app", &first.id, first.token)
-        .await
-        .unwrap());
+    assert!(!limiter.release(&first).await.unwrap().0);
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 1);
     assert!(limiter.try_acquire("app").await.unwrap_err().is_full());
     // Nor does a renewal naming the first admission renew (or re-add) anything.
-    let renewal = limiter.renew("app", &first.id, first.token, None).await;
-    assert_eq!(renewal.unwrap(), Renewal::Lost);
-    let renewed = limiter.renew("app", &second.id, second.token, None).await;
-    assert!(matches!(renewed.unwrap(), Renewal::Renewed(grant) if grant.token == second.token));
-    assert!(limiter
-        .release("app", &second.id, second.token)
-        .await
-        .unwrap());
+    assert_eq!(limiter.renew(&first, None).await.unwrap().0, Renewal::Lost);
+    let second = RemoteLease::new(&["app"], second.id, second.token);
+    let renewed = limiter.renew(&second, None).await.unwrap().0;
+    assert!(matches!(renewed, Renewal::Renewed(grant) if grant.token == second.token));
+    assert!(limiter.release(&second).await.unwrap().0);
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 0);
 }
 
@@ -86,10 +75,12 @@ pub async fn a_later_admission_of_an_id_takes_its_lease_over<F: Fixture>(f: F) {
         .detach();
     assert_eq!(second.in_flight, 1, "the same id counts once");
     assert!(second.token > first.token);
-    assert!(!one.release("app", &first.id, first.token).await.unwrap());
+    let first = RemoteLease::new(&["app"], first.id, first.token);
+    assert!(!one.release(&first).await.unwrap().0);
     assert_eq!(one.status("app").await.unwrap().in_flight, 1);
     // Token 0 names whichever lease the id holds (a caller that knows no token).
-    assert!(two.release("app", &second.id, 0).await.unwrap());
+    let any = RemoteLease::new(&["app"], second.id, 0);
+    assert!(two.release(&any).await.unwrap().0);
     assert_eq!(one.status("app").await.unwrap().in_flight, 0);
 }
 
@@ -104,9 +95,6 @@ pub async fn in_process_permits_of_one_id_release_with_the_latest_token<F: Fixtu
     drop(second);
     first.release().await.unwrap();
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 0);
-    let keys: Arc<[Arc<str>]> = Arc::from([Arc::from("app")]);
-    assert!(!limiter
-        .release_all(&keys, &PermitId::from("shared"), 0)
-        .await
-        .unwrap());
+    let shared = RemoteLease::new(&["app"], "shared", 0);
+    assert!(!limiter.release(&shared).await.unwrap().0);
 }

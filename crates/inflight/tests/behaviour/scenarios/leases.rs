@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use inflight::{AcquireError, AcquireOptions, Limit, PermitId, Policy, Renewal};
+use inflight::{AcquireError, AcquireOptions, Limit, Policy, RemoteLease, Renewal};
 
 use super::settle;
 use crate::fixtures::Fixture;
@@ -99,12 +99,9 @@ pub async fn a_renewal_without_a_length_keeps_the_leases_own<F: Fixture>(f: F) {
         .await
         .unwrap()
         .detach();
+    let remote = RemoteLease::new(&["app"], lease.id.clone(), lease.token);
     f.advance(Duration::from_secs(40));
-    let Renewal::Renewed(grant) = limiter
-        .renew("app", &lease.id, lease.token, None)
-        .await
-        .unwrap()
-    else {
+    let (Renewal::Renewed(grant), None) = limiter.renew(&remote, None).await.unwrap() else {
         panic!("held");
     };
     assert!(
@@ -115,15 +112,10 @@ pub async fn a_renewal_without_a_length_keeps_the_leases_own<F: Fixture>(f: F) {
     f.advance(Duration::from_secs(45));
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 1);
     // A renewal with a length changes it for the renewals after it too.
-    limiter
-        .renew("app", &lease.id, lease.token, Some(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let length = Some(Duration::from_secs(5));
+    limiter.renew(&remote, length).await.unwrap();
     f.advance(Duration::from_secs(4));
-    limiter
-        .renew("app", &lease.id, lease.token, None)
-        .await
-        .unwrap();
+    limiter.renew(&remote, None).await.unwrap();
     f.advance(Duration::from_secs(6));
     assert_eq!(limiter.status("app").await.unwrap().in_flight, 0);
 }
@@ -190,10 +182,8 @@ pub async fn a_renewal_readds_a_lease_the_store_lost<F: Fixture>(f: F) {
         .await
         .unwrap();
     // The store forgets the lease (as a Redis restarted empty would).
-    assert!(holder
-        .release("app", permit.id(), permit.token())
-        .await
-        .unwrap());
+    let remote = RemoteLease::new(&["app"], permit.id().clone(), permit.token());
+    assert!(holder.release(&remote).await.unwrap().0);
     assert_eq!(holder.status("app").await.unwrap().in_flight, 0);
     holder.renew_now().await;
     assert_eq!(holder.status("app").await.unwrap().in_flight, 1, "re-added");
@@ -235,11 +225,13 @@ pub async fn remote_renewal_of_a_gone_lease_says_lost<F: Fixture>(f: F) {
         .await
         .unwrap()
         .detach();
+    let remote = RemoteLease::new(&["app"], lease.id.clone(), lease.token);
     f.advance(Duration::from_secs(4));
     match limiter
-        .renew("app", &lease.id, lease.token, Some(Duration::from_secs(5)))
+        .renew(&remote, Some(Duration::from_secs(5)))
         .await
         .unwrap()
+        .0
     {
         Renewal::Renewed(grant) => {
             assert_eq!(
@@ -251,18 +243,11 @@ pub async fn remote_renewal_of_a_gone_lease_says_lost<F: Fixture>(f: F) {
         other => panic!("expected Renewed, got {other:?}"),
     }
     f.advance(Duration::from_secs(4));
-    assert!(matches!(
-        limiter
-            .renew("app", &lease.id, lease.token, None)
-            .await
-            .unwrap(),
-        Renewal::Renewed(_)
-    ));
-    let unknown = PermitId::from("never-acquired");
-    assert_eq!(
-        limiter.renew("app", &unknown, 0, None).await.unwrap(),
-        Renewal::Lost
-    );
+    let renewed = limiter.renew(&remote, None).await.unwrap().0;
+    assert!(matches!(renewed, Renewal::Renewed(_)));
+    let unknown = RemoteLease::new(&["app"], "never-acquired", 0);
+    let lost = limiter.renew(&unknown, None).await.unwrap();
+    assert_eq!(lost, (Renewal::Lost, None));
     assert_eq!(
         limiter.status("app").await.unwrap().in_flight,
         1,

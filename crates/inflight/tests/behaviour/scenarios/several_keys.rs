@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream;
-use inflight::{AcquireError, AcquireOptions, ClassLimits, Limit, Policy, Renewal};
+use inflight::{AcquireError, AcquireOptions, ClassLimits, Limit, Policy, RemoteLease, Renewal};
 
 use super::{classes, settle, LEASE};
 use crate::fixtures::Fixture;
@@ -58,7 +58,11 @@ pub async fn several_limits_are_taken_together_or_not_at_all<F: Fixture>(f: F) {
     settle(&limiter, "app:b", 0).await;
     settle(&limiter, "global", 2).await;
     assert!(
-        !limiter.release("global", &id, 0).await.unwrap(),
+        !limiter
+            .release(&RemoteLease::new(&["global"], id.clone(), 0))
+            .await
+            .unwrap()
+            .0,
         "already released"
     );
     a1.release().await.unwrap();
@@ -95,66 +99,50 @@ pub async fn a_permit_on_several_keys_is_renewed_and_released_by_its_recorded_id
         .unwrap()
         .detach();
     let names: Vec<Arc<str>> = keys.iter().map(|key| Arc::from(*key)).collect();
-    limiter.record(&names, &lease.id, LEASE).await.unwrap();
+    limiter
+        .record(&names, &lease.id, LEASE, None)
+        .await
+        .unwrap();
+    let by_id = RemoteLease::recorded(lease.id.clone(), lease.token);
     // Renewed on every key for as long as the caller renews, found from the id alone.
     for _ in 0..3 {
         f.advance(LEASE / 2);
-        let (found, renewal) = limiter
-            .renew_recorded(&lease.id, lease.token, None)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&*found.keys, names.as_slice());
+        let (renewal, found) = limiter.renew(&by_id, None).await.unwrap();
+        assert_eq!(&*found.unwrap().keys, names.as_slice());
         assert!(matches!(renewal, Renewal::Renewed(grant) if grant.in_flight == 1));
     }
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);
     assert_eq!(limiter.status("tenant:t").await.unwrap().in_flight, 1);
-    let (found, held) = limiter
-        .release_recorded(&lease.id, lease.token)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((found.len(), held), (3, true));
+    let (held, found) = limiter.release(&by_id).await.unwrap();
+    assert_eq!((found.unwrap().keys.len(), held), (3, true));
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 0);
     assert_eq!(limiter.status("tenant:t").await.unwrap().in_flight, 0);
-    assert!(limiter
-        .renew_recorded(&lease.id, lease.token, None)
-        .await
-        .unwrap()
-        .is_none());
-    assert!(
-        limiter
-            .release_recorded(&lease.id, lease.token)
-            .await
-            .unwrap()
-            .is_none(),
-        "twice: no error"
-    );
-    // A record whose lease ended goes with it; renew_all and release_all take the keys directly.
+    let gone = limiter.renew(&by_id, None).await.unwrap();
+    assert_eq!(gone, (Renewal::Lost, None));
+    let twice = limiter.release(&by_id).await.unwrap();
+    assert_eq!(twice, (false, None), "twice: no error");
+    // A record whose lease ended goes with it; a lease named by its keys is renewed and released alone.
     let options = AcquireOptions::new().id("req-2").lease(LEASE);
     let lease = limiter
         .try_acquire_all(&keys, options)
         .await
         .unwrap()
         .detach();
-    limiter.record(&names, &lease.id, LEASE).await.unwrap();
-    assert!(matches!(
-        limiter
-            .renew_all(&names, &lease.id, lease.token, Some(LEASE * 2))
-            .await
-            .unwrap(),
-        Renewal::Renewed(_)
-    ));
-    f.advance(LEASE * 3);
-    let gone = limiter
-        .renew_recorded(&lease.id, lease.token, None)
+    limiter
+        .record(&names, &lease.id, LEASE, None)
         .await
         .unwrap();
-    assert!(matches!(gone, None | Some((_, Renewal::Lost))), "{gone:?}");
-    assert!(!limiter
-        .release_all(&names, &lease.id, lease.token)
-        .await
-        .unwrap());
+    let by_keys = RemoteLease::new(&keys, lease.id.clone(), lease.token);
+    let renewed = limiter.renew(&by_keys, Some(LEASE * 2)).await.unwrap();
+    assert!(
+        matches!(renewed, (Renewal::Renewed(_), None)),
+        "{renewed:?}"
+    );
+    f.advance(LEASE * 3);
+    let by_id = RemoteLease::recorded(lease.id.clone(), lease.token);
+    let gone = limiter.renew(&by_id, None).await.unwrap();
+    assert!(matches!(gone.0, Renewal::Lost), "{gone:?}");
+    assert_eq!(limiter.release(&by_keys).await.unwrap(), (false, None));
 }
 
 /// With `a` full, admissions on `[b, a]` are refused again and again while a probe takes `b` alone: the
@@ -224,7 +212,6 @@ pub async fn a_refused_admission_on_several_keys_never_takes_a_slot_for_a_moment
 /// is renewed on its other keys, and taken on that key too once there is room.
 pub async fn a_permit_stays_held_when_one_of_its_keys_becomes_limited<F: Fixture>(f: F) {
     let limiter = f.limiter(classes());
-    let names: Vec<Arc<str>> = ["app:a", "user:u"].into_iter().map(Arc::from).collect();
     let options = AcquireOptions::new().id("p1").lease(LEASE);
     let lease = limiter
         .try_acquire_all(&["app:a", "user:u"], options)
@@ -234,10 +221,8 @@ pub async fn a_permit_stays_held_when_one_of_its_keys_becomes_limited<F: Fixture
     limiter.set_limit("user:u", 1).await.unwrap();
     let other = limiter.try_acquire("user:u").await.unwrap();
     assert!(other.is_counted());
-    let renewal = limiter
-        .renew_all(&names, &lease.id, lease.token, None)
-        .await
-        .unwrap();
+    let remote = RemoteLease::new(&["app:a", "user:u"], lease.id.clone(), lease.token);
+    let (renewal, _) = limiter.renew(&remote, None).await.unwrap();
     assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
     assert_eq!(limiter.status("app:a").await.unwrap().in_flight, 1);
     assert_eq!(
@@ -246,20 +231,14 @@ pub async fn a_permit_stays_held_when_one_of_its_keys_becomes_limited<F: Fixture
         "no room: uncounted there"
     );
     other.release().await.unwrap();
-    let renewal = limiter
-        .renew_all(&names, &lease.id, lease.token, None)
-        .await
-        .unwrap();
+    let (renewal, _) = limiter.renew(&remote, None).await.unwrap();
     assert!(matches!(renewal, Renewal::Renewed(_)), "{renewal:?}");
     assert_eq!(
         limiter.status("user:u").await.unwrap().in_flight,
         1,
         "taken once it fits"
     );
-    assert!(limiter
-        .release_all(&names, &lease.id, lease.token)
-        .await
-        .unwrap());
+    assert!(limiter.release(&remote).await.unwrap().0);
     // The same for a permit the limiter renews itself: a reload limits one of its keys, which is full.
     let held = limiter
         .try_acquire_all(&["app:b", "user:v"], AcquireOptions::new().id("p2"))
