@@ -130,29 +130,15 @@ local function undo(keys, n, id, token, before)
   return changed
 end
 
--- A waiter's standing (flags 2) from ARGV[b]: its ticket, level, flow and the ticket's lease.
-local function standing(b, weight)
-  local level, flow_weight = string.match(ARGV[b + 1], '^(%d+):(%d+)$')
-  return {ticket = ARGV[b] ~= '' and ARGV[b] or nil, level = tonumber(level), flow = ARGV[b + 2],
-    ms = tonumber(ARGV[b + 3]), weight = weight, flow_weight = tonumber(flow_weight)}
-end
-
--- The floors of each key's class (flags 4): {{{level, slots}, ...}, ...}.
-local function floors_of(text)
-  local floors = {}
-  for group in string.gmatch(text .. ';', '([^;]*);') do
-    local class = {}
-    for lv, slots in string.gmatch(group, '(%d+):(%d+)') do class[#class + 1] = {tonumber(lv), tonumber(slots)} end
-    floors[#floors + 1] = class
-  end
-  return floors
-end
-
-local function number(text) return text == '0' and 0 or tonumber(text) end
-
--- A record's head: its kind, flags (one digit) and number of keys.
+-- A record's head: its kind, flags (one digit) and number of keys; a batch's records mostly share theirs.
+local heads = {}
 local function head(word)
-  return string.sub(word, 1, 1), string.byte(word, 2) - 48, #word > 2 and tonumber(string.sub(word, 4)) or 1
+  local h = heads[word]
+  if not h then
+    h = {string.sub(word, 1, 1), string.byte(word, 2) - 48, #word > 2 and tonumber(string.sub(word, 4)) or 1}
+    heads[word] = h
+  end
+  return h[1], h[2], h[3]
 end
 
 set_now(ARGV[1])
@@ -174,12 +160,25 @@ while a <= #ARGV do
     end
     local w, floors = nil, nil
     a = f + 2
-    if flags >= 2 then w, a = standing(a, t[1]), a + 4 end
-    if flags >= 4 then floors, a = floors_of(ARGV[a]), a + 1 end
+    if flags >= 2 then -- a waiter's standing: ticket, level, flow and the ticket's lease
+      local level, flow_weight = string.match(ARGV[a + 1], '^(%d+):(%d+)$')
+      w = {ticket = ARGV[a] ~= '' and ARGV[a] or nil, level = tonumber(level), flow = ARGV[a + 2],
+        ms = tonumber(ARGV[a + 3]), weight = t[1], flow_weight = tonumber(flow_weight)}
+      a = a + 4
+    end
+    if flags >= 4 then -- the floors of each key's class: {{{level, slots}, ...}, ...}
+      floors = {}
+      for group in string.gmatch(ARGV[a] .. ';', '([^;]*);') do
+        local class = {}
+        for lv, slots in string.gmatch(group, '(%d+):(%d+)') do class[#class + 1] = {tonumber(lv), tonumber(slots)} end
+        floors[#floors + 1] = class
+      end
+      a = a + 1
+    end
     acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors)
   elseif kind == 'r' then
     r, a = r + 1, f + 2
-    replies[r] = release(keys, n, ARGV[f], number(ARGV[f + 1]))
+    replies[r] = release(keys, n, ARGV[f], ARGV[f + 1] == '0' and 0 or tonumber(ARGV[f + 1]))
   elseif kind == 'u' then
     r, a = r + 1, f + 3
     replies[r] = undo(keys, n, ARGV[f], tonumber(ARGV[f + 1]), ARGV[f + 2])

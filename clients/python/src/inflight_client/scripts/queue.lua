@@ -60,7 +60,7 @@ local function queue()
     if key.expired then return 0 end
     key.expired = true
     local t = tag_of(key)
-    local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%.0f', now))
+    local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%d', now))
     for _, ticket in ipairs(gone) do drop_ticket(t, ticket, redis.call('HGET', t .. ':tickets', ticket)) end
     tickets_expired = tickets_expired + #gone
     return #gone
@@ -144,7 +144,7 @@ local function queue()
     local ticket, weight, level, flow, ticket_ms = w.ticket, w.weight, w.level, w.flow, w.ms
     local t = tag_of(key)
     expire_tickets(key) -- (a place whose lease ended is lost, also to its own waiter asking late)
-    local deadline = string.format('%.0f', now + ticket_ms)
+    local deadline = string.format('%d', now + ticket_ms)
     local keep_ms = ticket_ms * 2 + 1000
     if not redis.call('HGET', t .. ':tickets', ticket) then
       if redis.call('ZCARD', t .. ':queue') >= MAX_TICKETS then return 0 end
@@ -159,7 +159,7 @@ local function queue()
       if round > next then used = 0 end
       used = used + 1
       local entry = used >= w.flow_weight and (round + 1) * FLOW_STEP or round * FLOW_STEP + used
-      redis.call('HSET', t .. ':flows', field, string.format('%.0f', entry))
+      redis.call('HSET', t .. ':flows', field, string.format('%d', entry))
       local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
       local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
       redis.call('ZADD', t .. ':queue', 0, member)

@@ -5,7 +5,7 @@
 -- count and are left for the next admission to reclaim. One script so that the count and its weights
 -- are read at one moment, on the Redis clock.
 set_now(ARGV[1])
-local upto = '(' .. string.format('%.0f', now)
+local upto = '(' .. string.format('%d', now)
 local out = {}
 for i = 1, #KEYS, 3 do
   local key = {leases = KEYS[i], permits = KEYS[i + 1], limit = KEYS[i + 2]}

@@ -85,7 +85,7 @@ end
 local function record(key, id, held, old_ms, weight, lease_ms, token)
   add_extra(key, (weight - 1) - math.max(held - 1, 0))
   if token ~= 0 then
-    local entry = weight .. ' ' .. lease_ms .. ' ' .. string.format('%.0f', token)
+    local entry = weight .. ' ' .. lease_ms .. ' ' .. string.format('%d', token)
     redis.call('HSET', key.permits, id, entry, '', key.extra)
     hashed(key)
   elseif weight ~= 1 or lease_ms ~= DEFAULT_LEASE_MS then
@@ -133,7 +133,7 @@ local function reclaim(key)
   -- Ranges over the expired only when the earliest deadline has passed (mostly none has).
   local first = redis.call('ZRANGE', key.leases, 0, 0, 'WITHSCORES')
   if not (first[2] and tonumber(first[2]) <= now) then return end
-  local upto = string.format('%.0f', now)
+  local upto = string.format('%d', now)
   if key.hashed then
     local expired = redis.call('ZRANGEBYSCORE', key.leases, '-inf', upto)
     for _, id in ipairs(expired) do forget(key, id) end
@@ -178,7 +178,7 @@ end
 local function override_arg(text)
   local n = string.match(text, '^%d+$') and tonumber(text)
   if not n or n > MAX_OVERRIDE then return nil end
-  return string.format('%.0f', n)
+  return string.format('%d', n)
 end
 local OVERRIDE_RANGE = 'ERR an override is a whole number from 0 (clear) to 4294967295' -- (MAX_OVERRIDE: a literal, since
 -- a concatenation would format the number on every call of every script)
@@ -214,7 +214,7 @@ local function write_tokens()
   for _, key in pairs(seen) do
     if key.dirty then
       local made = not key.hashed
-      redis.call('HSET', key.permits, '#', string.format('%.0f', key.last), '', key.extra)
+      redis.call('HSET', key.permits, '#', string.format('%d', key.last), '', key.extra)
       if made then
         hashed(key)
         keep(key, key.longest or DEFAULT_LEASE_MS, false)
@@ -228,7 +228,7 @@ local deadlines = {} -- as ZADD takes them, by lease length: formatted once a sc
 -- this admission, weight 1, the default lease) keeps no entry when new. Returns what it was before:
 -- weight (0: not held), length and token.
 local function put(key, id, weight, lease_ms, token, plain)
-  deadlines[lease_ms] = deadlines[lease_ms] or string.format('%.0f', now + lease_ms)
+  deadlines[lease_ms] = deadlines[lease_ms] or string.format('%d', now + lease_ms)
   local held, old_ms, old_token, empty = 0, DEFAULT_LEASE_MS, 0, key.n == 0
   if redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1 then
     key.n = key.n + 1

@@ -31,7 +31,7 @@ for i = 1, n_keys do
   local lengths = KEYS[i * 4 - 1]
   local key = {hash = KEYS[i * 4 - 3], leases = KEYS[i * 4 - 2], lengths = lengths, permits = lengths, limit = KEYS[i * 4]}
   -- inflight's expired leases go with their entries.
-  local upto = string.format('%.0f', now)
+  local upto = string.format('%d', now)
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', key.leases, '-inf', upto)) do
     redis.call('HDEL', key.hash, gone)
     redis.call('HDEL', key.lengths, gone)
@@ -85,7 +85,7 @@ end
 local function put_entry(key, ms) -- adds or refreshes id's entry and lease (H is Dify's, left without expiry)
   local stamp = string.format('%.3f', math.max(now, now + ms - stale_ms) / 1000)
   if redis.call('HSET', key.hash, id, stamp) == 1 then key.n = key.n + 1 end
-  redis.call('ZADD', key.leases, string.format('%.0f', now + ms), id)
+  redis.call('ZADD', key.leases, string.format('%d', now + ms), id)
   if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
   keep_sides(key, ms)
 end
