@@ -273,6 +273,21 @@ async fn the_dify_layout_is_refused_on_a_cluster_with_the_reason() {
     assert!(refused.to_string().contains("different slots"), "{refused}");
 }
 
+/// Waits (bounded) until `n` admissions wait in `handles` together.
+async fn waiting_in(handles: &[Limiter<RedisStore>], n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let waiting = || {
+        let each = handles
+            .iter()
+            .map(|h| h.stats().waiting.load(Ordering::SeqCst));
+        each.sum::<u64>()
+    };
+    while waiting() != n {
+        assert!(Instant::now() < deadline, "never {n} waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_a_release_in_another_process_on_a_cluster() {
     let cluster = TestCluster::shared();
@@ -329,17 +344,7 @@ async fn waiters_of_two_processes_share_one_queue_per_key_on_a_cluster() {
                 order.lock().unwrap().push(n);
                 permit.release().await.unwrap();
             }));
-            let waiting = || {
-                handles
-                    .iter()
-                    .map(|h| h.stats().waiting.load(Ordering::SeqCst))
-                    .sum::<u64>()
-            };
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while waiting() != n as u64 + 1 {
-                assert!(Instant::now() < deadline, "waiter {n} queued");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            waiting_in(&handles, n as u64 + 1).await;
         }
         held.release().await.unwrap();
         for waiter in waiters {
@@ -381,17 +386,7 @@ async fn waiters_across_slots_queue_on_the_refusing_key() {
             order.lock().unwrap().push(n);
             permit.release().await.unwrap();
         }));
-        let waiting = || {
-            let each = handles
-                .iter()
-                .map(|h| h.stats().waiting.load(Ordering::SeqCst));
-            each.sum::<u64>()
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while waiting() != n as u64 + 1 {
-            assert!(Instant::now() < deadline, "waiter {n} queued");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        waiting_in(&handles, n as u64 + 1).await;
     }
     held.release().await.unwrap();
     for waiter in waiters {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::abandon::Deciding;
 use super::settler::Unsettled;
-use super::standing::Standing;
+use super::standing::{Standing, TicketState};
 use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
@@ -21,17 +21,6 @@ const MAX_KEYS: usize = 16;
 
 /// A refusal, with the place among the admission's keys of the key that refused.
 pub(super) type Refused = (usize, AcquireError);
-
-/// What the store's answer did with a waiter's ticket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum TicketState {
-    /// No ticket, or one the store did not keep (a store without queues, the failure policy's answer).
-    Untaken,
-    /// Refused as full: the ticket waits in the refusing key's queue.
-    Queued,
-    /// Admitted by the store, which took the ticket out of its queue.
-    Admitted,
-}
 
 /// What [`Limiter::acquire_now`] decided.
 pub(super) enum Now {

@@ -24,5 +24,6 @@ pub use handle::{Limiter, SHUTDOWN_DRAIN};
 pub(crate) use registry::Extend;
 pub use remote::RemoteLease;
 pub(crate) use settler::{Attempt, Deferred, Unsettled};
-pub use wait::{POLL, RECHECK, TICKET_LEASE_MS};
+pub use standing::TICKET_LEASE_MS;
+pub use wait::{POLL, RECHECK};
 pub use waiters::DEFAULT_MAX_WAITERS;

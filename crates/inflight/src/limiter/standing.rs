@@ -2,9 +2,24 @@
 
 use std::sync::Arc;
 
-use super::wait::TICKET_LEASE_MS;
 use crate::floors::Floors;
 use crate::store::Ticket;
+
+/// How long a waiter's place in a store's queue lasts unless it asks again (it does every
+/// [`crate::RECHECK`]): a waiter in a process that is killed stops holding its place within this, in
+/// milliseconds.
+pub const TICKET_LEASE_MS: u64 = 3_000;
+
+/// What the store's answer did with a waiter's ticket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TicketState {
+    /// No ticket, or one the store did not keep (a store without queues, the failure policy's answer).
+    Untaken,
+    /// Refused as full: the ticket waits in the refusing key's queue.
+    Queued,
+    /// Admitted by the store, which took the ticket out of its queue.
+    Admitted,
+}
 
 /// Where an admission stands among others: a waiter's ticket (its name) and flow, its priority, and the
 /// floors of its keys' classes (none when no class has floors).

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::admission::TicketState;
 use super::settler::{Deferred, Unsettled};
+use super::standing::{TicketState, TICKET_LEASE_MS};
 use super::Limiter;
 use crate::error::{AcquireError, KeyRefused};
 use crate::id::PermitId;
@@ -21,10 +21,6 @@ use crate::store::{Turn, Wakeups};
 /// How long the head of a queue waits at most before asking the store again, in case the wake-up of a
 /// release was lost (a subscription that broke) or a lease expired (which no one announces).
 pub const RECHECK: Duration = Duration::from_secs(1);
-
-/// How long a waiter's place in a store's queue lasts unless it asks again (it does every [`RECHECK`]):
-/// a waiter in a process that is killed stops holding its place within this, in milliseconds.
-pub const TICKET_LEASE_MS: u64 = 3_000;
 
 /// The longest a waiter in a store without queues waits before asking again; it first asks again after
 /// [`POLL_FIRST`], then twice as long each time.
