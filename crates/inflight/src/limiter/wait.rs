@@ -23,7 +23,7 @@ use crate::store::{Turn, Wakeups};
 pub const RECHECK: Duration = Duration::from_secs(1);
 
 /// The longest a waiter in a store without queues waits before asking again; it first asks again after
-/// [`POLL_FIRST`], then twice as long each time.
+/// 5 ms, then twice as long each time.
 pub const POLL: Duration = Duration::from_millis(100);
 const POLL_FIRST: Duration = Duration::from_millis(5);
 
