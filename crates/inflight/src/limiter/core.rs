@@ -129,10 +129,10 @@ impl<S: Store> Owner for Core<S> {
     }
 
     fn detach(&self, state: &Arc<PermitState>) {
-        // No longer this limiter's to renew once no permit here holds it: a renewal already on its way
-        // must not re-add it, nor shutdown release it.
+        // No longer this limiter's to renew once no permit here holds it, nor shutdown's to release. Not
+        // marked released: a renewal already on its way would then give back the lease its holder keeps.
         if state.leave() {
-            self.registry.remove(state);
+            self.registry.forget(state);
         }
     }
 }

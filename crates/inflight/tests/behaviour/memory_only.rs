@@ -15,13 +15,17 @@ use inflight::{
 };
 
 /// A memory store that counts the calls that would be I/O in a remote store, fails the first `failures`
-/// releases as a store that is briefly away would, and, unless `local`, has no in-process fast path.
+/// releases as a store that is briefly away would, and, unless `local`, has no in-process fast path;
+/// `gated`, its renewals wait for `gate` (and say so on `entered`), as a slow store's would.
 #[derive(Clone, Default)]
 struct Double {
     inner: MemoryStore,
     calls: Arc<AtomicUsize>,
     failures: Arc<AtomicUsize>,
     local: bool,
+    gated: bool,
+    gate: Arc<tokio::sync::Notify>,
+    entered: Arc<tokio::sync::Notify>,
 }
 
 impl Double {
@@ -58,12 +62,13 @@ impl Store for Double {
         }
         self.inner.release(keys, id, token).await
     }
-    fn renew(
-        &self,
-        batch: &[RenewRequest],
-    ) -> impl Future<Output = Result<Vec<Renewal>, StoreError>> + Send {
+    async fn renew(&self, batch: &[RenewRequest]) -> Result<Vec<Renewal>, StoreError> {
         self.count();
-        self.inner.renew(batch)
+        if self.gated {
+            self.entered.notify_one();
+            self.gate.notified().await;
+        }
+        self.inner.renew(batch).await
     }
     fn status(
         &self,
@@ -105,6 +110,37 @@ async fn settle<S: Store>(limiter: &Limiter<S>, key: &str, want: u32) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A permit detached while its renewal is on its way keeps its lease for whoever holds the detached lease:
+/// the renewal's answer does not release it (it did: detaching marked the permit released, as a release
+/// does, and a renewal that answers after a release gives the lease back).
+#[tokio::test]
+async fn a_permit_detached_while_its_renewal_is_on_its_way_keeps_its_lease() {
+    let store = Double {
+        gated: true,
+        ..Double::default()
+    };
+    let limiter = Limiter::builder(store.clone())
+        .policy(Policy::new(1, 0))
+        .build();
+    let permit = limiter.try_acquire("app").await.unwrap();
+    let renewing = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.renew_now().await })
+    };
+    store.entered.notified().await;
+    let lease = permit.detach();
+    store.gate.notify_one();
+    renewing.await.unwrap();
+    let status = store
+        .inner
+        .status("app", ClassLimits::new(1, 0), OverrideChange::Keep);
+    assert_eq!(
+        status.await.unwrap().in_flight,
+        1,
+        "still held for {lease:?}"
+    );
 }
 
 #[tokio::test]
