@@ -4,6 +4,7 @@ the count moves by well under 1 % between runs, so a change to the scripts of a 
 
     python3 scripts/bench/redis_instructions.py [BATCHES [SCRIPTS_DIR [OP]]]   # default 100, this tree's, g
     python3 scripts/bench/redis_instructions.py parts   # where a busy key's pair goes (below)
+    python3 scripts/bench/redis_instructions.py costs   # what a lone admission's call pays for (below)
 
 SCRIPTS_DIR and OP compare another version's scripts (`git worktree add /tmp/old COMMIT`, then
 `.../redis_instructions.py 100 /tmp/old/crates/inflight/src/store/redis/scripts g`). Scripts with a
@@ -22,6 +23,13 @@ share is not counted). Standard library only; needs valgrind and redis-server.
 without the admission's ZADD, without the release's HGET and ZREM), with the server's sorted sets kept as
 skiplists (`zset-max-listpack-entries 0`) instead of listpacks, and one pair per call to the scripts' top
 level alone (every function defined, nothing run), beside a script that only returns.
+
+`costs` counts, per call of a script, what Lua itself costs Redis (making 30 functions with no upvalue, 30
+that capture five of forty locals, 30 stored in a table; `string.format` of a microsecond count with
+`%.0f` and with `%d`, ten each; each less a script that only returns), then one admission per call into an
+emptied key (the one-pair shape's admission) with `batch.lua` cut short after each of its steps: its top
+level, the clock, reading the key, recording the lease (the admission returns there; the script still
+writes the key's token at its end), all of it but the token's write, all of it.
 """
 
 import glob
@@ -76,7 +84,8 @@ def free_port() -> int:
 
 def main() -> None:
     parts = sys.argv[1:2] == ["parts"]
-    batches = 100 if parts or len(sys.argv) < 2 else int(sys.argv[1])
+    costs = sys.argv[1:2] == ["costs"]
+    batches = 100 if parts or costs or len(sys.argv) < 2 else int(sys.argv[1])
     scripts = sys.argv[2] if len(sys.argv) > 2 else SCRIPTS
     op = sys.argv[3] if len(sys.argv) > 3 else "g"
     out = tempfile.mkdtemp()
@@ -164,6 +173,49 @@ def main() -> None:
             assert old in text, old
             return text.replace(old, new)
 
+        if costs:
+            def per_call(text: str, keys: list[str], args: list[object], n: int = 200) -> float:
+                sha = r.call("SCRIPT", "LOAD", text).decode()
+                r.call("FLUSHALL")
+                calls = [[f(i) if callable(f) else f for f in args] for i in range(n)]
+                return counted(lambda: [r.call("EVALSHA", sha, len(keys), *keys, *a) for a in calls]) / n
+
+            bare = per_call("return 1", [], [])
+            locals40 = "\n".join(f"local v{i} = {i}" for i in range(40))
+            lua = [
+                ("30 functions with no upvalue", "\n".join(f"local function f{i}(a, b) return a + b end" for i in range(30))),
+                ("30 functions capturing five of forty locals", locals40 + "\n" + "\n".join(
+                    f"local function f{i}(a) return a + v{i % 40} + v{(i + 7) % 40} + v{(i + 13) % 40}"
+                    f" + v{(i + 21) % 40} + v{(i + 33) % 40} end" for i in range(30))),
+                ("30 functions stored in a table", "local t = {}\n" + "\n".join(
+                    f"t.f{i} = function(a, b) return a + b end" for i in range(30))),
+                ("10 string.format('%.0f', us)", "local x = 1733570000123456 for i = 1, 10 do local s = string.format('%.0f', x + i) end"),
+                ("10 string.format('%d', us)", "local x = 1733570000123456 for i = 1, 10 do local s = string.format('%d', x + i) end"),
+            ]
+            print("| in a script call | instructions in redis-server |")
+            print("|---|---|")
+            for label, body in lua:
+                print(f"| {label} | {per_call(body + ' return 1', [], []) - bare:,.0f} |")
+            keys = ["inflight:{k0}:leases", "inflight:{k0}:permits", "inflight:{k0}:limit"]
+            admit = [0, "a1", 1, lambda i: b"\xff" + uuid.uuid4().bytes, "1 30000 0 1000000 0"]
+            full = common + batch_lua
+            cut = "do return {1} end\n"
+            steps = [
+                ("its top level (and the call)", full.replace("set_now(ARGV[1])\n", cut)),
+                ("and the clock", edited(full, "set_now(ARGV[1])\n", "set_now(ARGV[1])\n" + cut)),
+                ("and reading the key", edited(full, "    local key = load(keys[i])\n",
+                                               "    local key = load(keys[i])\n    " + cut)),
+                ("and recording the lease (and, at the end, the token's write)", edited(full, "plain)\n  for i = 2, m do",
+                                                   "plain)\n  " + cut + "  for i = 2, m do")),
+                ("all but the token's write", edited(full, "write_tokens()\nreturn replies", "return replies")),
+                ("all of it", full),
+            ]
+            print()
+            print("| one admission per call into an emptied key, batch.lua through | instructions in redis-server |")
+            print("|---|---|")
+            for label, text in steps:
+                print(f"| {label} | {per_call(text, keys, admit, 100):,.0f} |")
+            return
         print("| per acquire+release pair | instructions in redis-server |")
         print("|---|---|")
         if parts:

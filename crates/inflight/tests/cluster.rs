@@ -273,6 +273,40 @@ async fn the_dify_layout_is_refused_on_a_cluster_with_the_reason() {
     assert!(refused.to_string().contains("different slots"), "{refused}");
 }
 
+/// Waiters 0 to `count` - 1, in turn from each of `handles`, each asking with `ask` once the one before
+/// waits; then `held` is released: the waiters in the order they were admitted (each releases at once).
+async fn admission_order<F, A>(
+    handles: &[Limiter<RedisStore>; 2],
+    held: inflight::Permit,
+    count: usize,
+    ask: F,
+) -> Vec<usize>
+where
+    F: Fn(Limiter<RedisStore>, usize) -> A,
+    A: std::future::Future<Output = inflight::Permit> + Send + 'static,
+{
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for n in 0..count {
+        let (asked, order) = (ask(handles[n % 2].clone(), n), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let permit = asked.await;
+            order.lock().unwrap().push(n);
+            permit.release().await.unwrap();
+        }));
+        waiting_in(handles, n as u64 + 1).await;
+    }
+    held.release().await.unwrap();
+    for waiter in waiters {
+        tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("admitted")
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
 /// Waits (bounded) until `n` admissions wait in `handles` together.
 async fn waiting_in(handles: &[Limiter<RedisStore>], n: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -331,29 +365,15 @@ async fn waiters_of_two_processes_share_one_queue_per_key_on_a_cluster() {
     ];
     for key in ["queue-a", "queue-b", "queue-c"] {
         let held = handles[0].try_acquire(key).await.unwrap();
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut waiters = Vec::new();
-        for n in 0..6usize {
-            let (handle, order) = (handles[n % 2].clone(), order.clone());
+        let order = admission_order(&handles, held, 6, move |handle, n| async move {
             let priority = if n == 5 { 9 } else { 0 };
             let wait = AcquireOptions::new()
                 .max_wait(Duration::from_secs(60))
                 .priority(priority);
-            waiters.push(tokio::spawn(async move {
-                let permit = handle.acquire(key, wait).await.unwrap();
-                order.lock().unwrap().push(n);
-                permit.release().await.unwrap();
-            }));
-            waiting_in(&handles, n as u64 + 1).await;
-        }
-        held.release().await.unwrap();
-        for waiter in waiters {
-            tokio::time::timeout(Duration::from_secs(60), waiter)
-                .await
-                .expect("admitted")
-                .unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), [5, 0, 1, 2, 3, 4], "{key}");
+            handle.acquire(key, wait).await.unwrap()
+        })
+        .await;
+        assert_eq!(order, [5, 0, 1, 2, 3, 4], "{key}");
     }
 }
 
@@ -376,26 +396,13 @@ async fn waiters_across_slots_queue_on_the_refusing_key() {
     slots.insert(cluster.slot_of("tenant:t"));
     assert!(slots.len() > 2, "keys in several slots");
     let held = handles[0].try_acquire("tenant:t").await.unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for (n, app) in apps.into_iter().enumerate() {
-        let (handle, order) = (handles[n % 2].clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let wait = AcquireOptions::new().max_wait(Duration::from_secs(60));
-            let permit = handle.acquire_all(&[app, "tenant:t"], wait).await.unwrap();
-            order.lock().unwrap().push(n);
-            permit.release().await.unwrap();
-        }));
-        waiting_in(&handles, n as u64 + 1).await;
-    }
-    held.release().await.unwrap();
-    for waiter in waiters {
-        tokio::time::timeout(Duration::from_secs(60), waiter)
-            .await
-            .expect("admitted")
-            .unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "arrival order");
+    let order = admission_order(&handles, held, apps.len(), move |handle, n| async move {
+        let wait = AcquireOptions::new().max_wait(Duration::from_secs(60));
+        let keys = [apps[n], "tenant:t"];
+        handle.acquire_all(&keys, wait).await.unwrap()
+    })
+    .await;
+    assert_eq!(order, [0, 1, 2, 3], "arrival order");
     let mut raw = cluster.raw();
     for key in ["app-a", "app-b", "app-c", "app-d", "tenant:t"] {
         let queue = format!("{prefix}{{{key}}}:queue");

@@ -173,20 +173,8 @@ pub(super) fn level(text: &str) -> Result<u8, String> {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, HeaderValue};
-
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
-        map
-    }
+    use crate::proxy::templates::tests::headers;
 
     fn queue(priority: &str, flow: &str) -> StandingTemplates {
         StandingTemplates::default()

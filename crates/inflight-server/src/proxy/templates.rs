@@ -269,12 +269,13 @@ pub(super) fn short_hash(text: &str) -> [u8; 16] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use http::HeaderValue;
 
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    /// A request's headers, as `pairs` give them (the proxy's template tests share it).
+    pub(in crate::proxy) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
             map.append(

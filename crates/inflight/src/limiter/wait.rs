@@ -93,9 +93,9 @@ impl<S: Wakeups> Limiter<S> {
         let turn = core.store.ticket();
         let name = turn.as_ref().map(|turn| Arc::<str>::from(turn.name()));
         // Given up in the store (by the settler) when this wait ends unadmitted or is dropped.
-        let mut leaving = turn
+        let mut leaving = name
             .as_ref()
-            .map(|turn| Unsettled::new(&core.settler, Some(self.leave(keys, turn))));
+            .map(|name| Unsettled::new(&core.settler, Some(self.leave(keys, name))));
         let mut place = None;
         // Turns heard before the first ask: none of this ticket's can have gone unheard.
         let mut heard = turn.as_ref().is_none_or(Turn::is_heard);
@@ -158,14 +158,14 @@ impl<S: Wakeups> Limiter<S> {
         }
     }
 
-    /// Gives up `turn`'s ticket in the queues of `keys`, for the [`crate::limiter::Settler`].
-    fn leave(&self, keys: &[&str], turn: &Turn) -> Deferred {
+    /// Gives up the ticket `name` in the queues of `keys`, for the [`crate::limiter::Settler`].
+    fn leave(&self, keys: &[&str], name: &Arc<str>) -> Deferred {
         let keys: Arc<[Arc<str>]> = keys.iter().map(|key| Arc::from(*key)).collect();
-        let (store, ticket) = (self.core.store.clone(), Arc::<str>::from(turn.name()));
+        let (store, ticket) = (self.core.store.clone(), name.clone());
         Deferred {
             what: "leave",
             key: keys[0].clone(),
-            id: PermitId::from(turn.name()),
+            id: PermitId::from(&**name),
             within: Duration::from_millis(TICKET_LEASE_MS),
             attempt: Box::new(move || {
                 let (store, keys, ticket) = (store.clone(), keys.clone(), ticket.clone());

@@ -159,8 +159,14 @@ impl redis::ToRedisArgs for Terms<'_> {
 
 struct Job {
     op: Op,
-    /// Its numbers of the batch's reply.
-    reply: oneshot::Sender<Result<Vec<i64>, StoreError>>,
+    reply: oneshot::Sender<Result<Reply, StoreError>>,
+}
+
+/// What `batch.lua` answered one operation: an admission's answer, or whether a release, an undo or a
+/// leave changed anything.
+enum Reply {
+    Admission(Answer),
+    Done(bool),
 }
 
 fn stopped() -> StoreError {
@@ -188,15 +194,25 @@ impl Batcher {
 
     /// Runs an admission in the next batch.
     pub(super) async fn admit(&self, op: Op) -> Result<Answer, StoreError> {
-        Answer::read(&self.send(op).await?)
+        match self.send(op).await? {
+            Reply::Admission(answer) => Ok(answer),
+            Reply::Done(_) => Err(StoreError::Protocol(
+                "an admission answered one number".into(),
+            )),
+        }
     }
 
     /// Runs a release, an undo or a leave in the next batch: whether it changed anything.
     pub(super) async fn run(&self, op: Op) -> Result<bool, StoreError> {
-        Ok(self.send(op).await? == [1])
+        match self.send(op).await? {
+            Reply::Done(done) => Ok(done),
+            Reply::Admission(_) => Err(StoreError::Protocol(
+                "a release answered an admission".into(),
+            )),
+        }
     }
 
-    async fn send(&self, op: Op) -> Result<Vec<i64>, StoreError> {
+    async fn send(&self, op: Op) -> Result<Reply, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.jobs.send(Job { op, reply }).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
@@ -327,7 +343,11 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     for job in jobs {
         let (mine, others) = rest.split_at(job.op.reply_len());
         rest = others;
-        let _ = job.reply.send(Ok(mine.to_vec()));
+        let reply = match job.op {
+            Op::Acquire { .. } => Answer::read(mine).map(Reply::Admission),
+            _ => Ok(Reply::Done(mine == [1])),
+        };
+        let _ = job.reply.send(reply);
     }
 }
 

@@ -19,9 +19,13 @@ const FILES: [(&str, &str); 10] = [
     ("manifest", include_str!("scripts/manifest")),
 ];
 
+/// The script file `name`.
+fn file(name: &str) -> Option<&'static str> {
+    FILES.iter().find(|file| file.0 == name).map(|file| file.1)
+}
+
 /// The text of the entry point `name`: its files (`scripts/manifest`) in order.
 fn text(name: &str) -> String {
-    let file = |wanted: &str| FILES.iter().find(|(name, _)| *name == wanted).map(|f| f.1);
     let manifest = file("manifest").unwrap_or_default();
     let entry = manifest
         .lines()
@@ -57,7 +61,7 @@ pub(super) static BUSY: LazyLock<Script> = entry!("busy");
 mod tests {
     #[test]
     fn every_entry_of_the_manifest_is_made_of_known_files() {
-        let manifest = super::FILES[9].1;
+        let manifest = super::file("manifest").unwrap();
         for line in manifest.lines().filter(|line| line.contains(" = ")) {
             let (name, _) = line.split_once(" = ").unwrap();
             assert!(!super::text(name).is_empty(), "{name}");

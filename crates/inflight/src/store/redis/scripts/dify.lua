@@ -39,7 +39,7 @@ for i = 1, n_keys do
   end
   redis.call('ZREMRANGEBYSCORE', key.leases, '-inf', upto)
   key.n = redis.call('HLEN', key.hash)
-  if op ~= 'n' then key.queued = redis.call('HEXISTS', lengths, QUEUED) == 1 end
+  if op == 'a' or op == 'r' or op == 's' then key.queued = redis.call('HEXISTS', lengths, QUEUED) == 1 end
   override(key) -- (a value no client reads, such as one past 2^32 - 1, reads as none)
   if op == 'a' and key.override > 0 then
     local ttl = redis.call('PTTL', key.limit)
