@@ -205,8 +205,8 @@ fn redis_and_memory_queue_and_admit_waiters_alike() {
 }
 
 /// The Dify layout's queue (queue.lua beside Dify's hash) against the memory store's: waiters of weight 1
-/// (the layout's only weight), without floors (the layout keeps none), each case under a Dify key prefix
-/// of its own.
+/// (the layout's only weight), without floors (the layout keeps none) and without hand-offs (the layout
+/// makes none), each case under a Dify key prefix of its own.
 #[test]
 fn dify_and_memory_queue_and_admit_waiters_alike() {
     let light = |op: Op| match op {
@@ -221,6 +221,7 @@ fn dify_and_memory_queue_and_admit_waiters_alike() {
             weight: 1,
             lease_ms,
             floored: false,
+            handoff: false,
         },
         Op::Acquire {
             key,

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::abandon::Deciding;
+use super::renewer;
 use super::settler::Unsettled;
-use super::standing::{Standing, TicketState};
+use super::standing::{Standing, TicketState, Waiting};
 use super::Limiter;
 use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused, StoreError};
@@ -15,7 +16,9 @@ use crate::id::PermitId;
 use crate::options::{AcquireOptions, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE};
 use crate::permit::{Hold, Owner, Permit, PermitState};
 use crate::policy::{ClassLimits, Limit};
-use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
+use crate::store::{
+    AcquireRequest, Admission, Grant, Handed, Keys, LocalAdmission, LocalSlots, Store,
+};
 
 const MAX_KEYS: usize = 16;
 
@@ -85,7 +88,7 @@ impl<S: Store> Limiter<S> {
         &self,
         keys: &[&str],
         mut options: AcquireOptions,
-        ticket: Option<&Arc<str>>,
+        ticket: Option<&Waiting>,
     ) -> (Result<Permit, KeyRefused>, TicketState) {
         let mut unique: Vec<&str> = Vec::with_capacity(keys.len().min(MAX_KEYS + 1));
         for key in keys {
@@ -135,7 +138,7 @@ impl<S: Store> Limiter<S> {
         &self,
         keys: &[&str],
         options: &mut AcquireOptions,
-        ticket: Option<&Arc<str>>,
+        ticket: Option<&Waiting>,
     ) -> Now {
         let invalid = |why| Now::Decided(Err((0, AcquireError::Invalid(why))));
         let weight = match options.weight {
@@ -210,7 +213,7 @@ impl<S: Store> Limiter<S> {
         }
         let given = options.id.take();
         let standing = Standing {
-            ticket: ticket.map(|name| (name.clone(), options.flow_name().cloned())),
+            ticket: ticket.map(|waiting| (waiting.clone(), options.flow_name().cloned())),
             priority: options.priority_level(),
             flow_weight: options
                 .queue
@@ -319,6 +322,30 @@ impl<S: Store> Limiter<S> {
         (decided, ticket)
     }
 
+    /// The permit of the lease a release handed a waiter's ticket (`Ticket::handoff`): `id` on `keys`,
+    /// recorded by the store for as long as the ticket would have lasted, claimed (renewed to
+    /// `lease_ms`) at once.
+    pub(super) fn handed(
+        &self,
+        keys: &[&str],
+        id: PermitId,
+        (weight, lease_ms): (u32, u64),
+        handed: Handed,
+    ) -> Permit {
+        let grant = Grant {
+            limit: Limit::from_u32(handed.limit),
+            in_flight: handed.in_flight,
+            weight,
+            expires_at_ms: handed.expires_at_ms,
+            token: handed.token,
+            counted: 1,
+        };
+        let keys = keys.iter().map(|key| Arc::from(*key)).collect();
+        let state = self.lease_state(keys, id, lease_ms, &grant);
+        renewer::claim(&self.core, state.clone());
+        self.permit(state).granted(grant)
+    }
+
     /// Applies the failure policy to an admission the store could not decide.
     fn store_failed(
         &self,
@@ -370,20 +397,7 @@ impl<S: Store> Limiter<S> {
                     let keys = keys.iter().map(|key| Arc::from(*key)).collect();
                     (keys, PermitId::generate())
                 });
-                let state = Arc::new(PermitState {
-                    keys,
-                    id,
-                    weight: grant.weight,
-                    lease_ms,
-                    holders: AtomicUsize::new(1),
-                    expires_at_ms: AtomicU64::new(grant.expires_at_ms),
-                    token: AtomicU64::new(grant.token),
-                    counted: grant.counted,
-                    renew_at_ms: AtomicU64::new(self.core.registry.renew_at(lease_ms)),
-                    lost: AtomicBool::new(false),
-                    released: AtomicBool::new(false),
-                });
-                Ok(self.permit(self.core.registry.insert(state)).granted(grant))
+                Ok(self.leased(keys, id, lease_ms, grant))
             }
             Admission::Unlimited => {
                 let id = leased.map(|(_, id)| id);
@@ -408,6 +422,36 @@ impl<S: Store> Limiter<S> {
                 Err((index, AcquireError::WeightExceedsLimit { weight, limit }))
             }
         }
+    }
+
+    /// The permit of `grant`, the lease of `id` on `keys` in the store, renewed by the renewal task.
+    fn leased(&self, keys: Keys, id: PermitId, lease_ms: u64, grant: Grant) -> Permit {
+        let state = self.lease_state(keys, id, lease_ms, &grant);
+        self.permit(state).granted(grant)
+    }
+
+    /// The state of the lease `grant` of `id` on `keys`, registered for renewal.
+    fn lease_state(
+        &self,
+        keys: Keys,
+        id: PermitId,
+        lease_ms: u64,
+        grant: &Grant,
+    ) -> Arc<PermitState> {
+        let state = Arc::new(PermitState {
+            keys,
+            id,
+            weight: grant.weight,
+            lease_ms,
+            holders: AtomicUsize::new(1),
+            expires_at_ms: AtomicU64::new(grant.expires_at_ms),
+            token: AtomicU64::new(grant.token),
+            counted: grant.counted,
+            renew_at_ms: AtomicU64::new(self.core.registry.renew_at(lease_ms)),
+            lost: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+        });
+        self.core.registry.insert(state)
     }
 
     fn count_reclaimed(&self, reclaimed: u32) {

@@ -75,6 +75,38 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
     }
 }
 
+/// Claims a lease a release handed a waiter (`Ticket::handoff`), off the waiter's path: the store
+/// recorded it for as long as the waiter's ticket would have lasted (a dead waiter's holds its slot no
+/// longer), and this renews it to its own length. Never re-added: a lease released (here or by the
+/// holder it was detached to) before the claim arrives stays released. Failing, it is due at once for
+/// the renewal task's next pass.
+pub(super) fn claim<S: Store>(core: &Arc<Core<S>>, permit: Arc<PermitState>) {
+    let core = core.clone();
+    tokio::spawn(async move {
+        let request = RenewRequest {
+            keys: permit.keys.clone(),
+            id: permit.id.clone(),
+            lease_ms: Some(permit.lease_ms),
+            limits: core.limits_of(&permit.keys),
+            readd_weight: None,
+            token: permit.token.load(Ordering::Acquire),
+            counted: permit.counted,
+        };
+        match core.store.renew(std::slice::from_ref(&request)).await {
+            // (Lost once detached: its holder released it first, nothing this process holds.)
+            Ok(mut outcomes) => match outcomes.pop() {
+                Some(Renewal::Lost) if permit.holders.load(Ordering::Acquire) == 0 => {}
+                Some(outcome) => apply(&core, &permit, outcome),
+                None => {}
+            },
+            Err(error) => {
+                tracing::warn!(%error, "claiming a handed lease failed");
+                permit.renew_at_ms.store(0, Ordering::Relaxed);
+            }
+        }
+    });
+}
+
 /// Extends every reservation kept open whose extension is due by `now` (limiter clock), together.
 async fn extend_due(registry: &Registry, now: u64) {
     let due: Vec<_> = registry

@@ -21,11 +21,19 @@ pub(super) enum TicketState {
     Admitted,
 }
 
-/// Where an admission stands among others: a waiter's ticket (its name) and flow, its priority, and the
-/// floors of its keys' classes (none when no class has floors).
+/// A waiter's ticket as its admissions carry it: its name, and whether a release may hand it the slot
+/// ([`Ticket::handoff`]).
+#[derive(Clone, Debug)]
+pub(super) struct Waiting {
+    pub(super) name: Arc<str>,
+    pub(super) handoff: bool,
+}
+
+/// Where an admission stands among others: a waiter's ticket and flow, its priority, and the floors of
+/// its keys' classes (none when no class has floors).
 #[derive(Clone, Default)]
 pub(super) struct Standing {
-    pub(super) ticket: Option<(Arc<str>, Option<Arc<str>>)>,
+    pub(super) ticket: Option<(Waiting, Option<Arc<str>>)>,
     pub(super) priority: u8,
     pub(super) flow_weight: u32,
     pub(super) floors: Option<Arc<[Floors]>>,
@@ -33,8 +41,9 @@ pub(super) struct Standing {
 
 impl Standing {
     pub(super) fn ticket(&self) -> Option<Ticket<'_>> {
-        self.ticket.as_ref().map(|(name, flow)| Ticket {
-            name,
+        self.ticket.as_ref().map(|(waiting, flow)| Ticket {
+            name: &waiting.name,
+            handoff: waiting.handoff,
             flow: flow.as_deref().unwrap_or(""),
             flow_weight: self.flow_weight,
             lease_ms: TICKET_LEASE_MS,

@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::settler::{Deferred, Unsettled};
-use super::standing::{TicketState, TICKET_LEASE_MS};
+use super::standing::{TicketState, Waiting, TICKET_LEASE_MS};
 use super::Limiter;
+use crate::clock::millis;
 use crate::error::{AcquireError, KeyRefused};
 use crate::id::PermitId;
 use crate::options::AcquireOptions;
@@ -91,11 +92,22 @@ impl<S: Wakeups> Limiter<S> {
         let deadline = Instant::now() + max_wait;
         let core = &self.core;
         let turn = core.store.ticket();
-        let name = turn.as_ref().map(|turn| Arc::<str>::from(turn.name()));
+        let mut options = options;
+        // One key, no floors, no id of the caller's: a release may hand this waiter the slot, under an
+        // id of the wait's own (the same at every ask).
+        let one_key = keys.iter().all(|key| *key == keys[0]);
+        let handoff = options.id.is_none() && one_key && core.policy.floors_of(keys).is_none();
+        let id = handoff.then(PermitId::generate);
+        options.id = options.id.or_else(|| id.clone());
+        let waiting = turn.as_ref().map(|turn| Waiting {
+            name: Arc::from(turn.name()),
+            handoff,
+        });
         // Given up in the store (by the settler) when this wait ends unadmitted or is dropped.
-        let mut leaving = name
-            .as_ref()
-            .map(|name| Unsettled::new(&core.settler, Some(self.leave(keys, name))));
+        let mut leaving = waiting.as_ref().map(|waiting| {
+            let leave = self.leave(keys, &waiting.name, id.clone());
+            Unsettled::new(&core.settler, Some(leave))
+        });
         let mut place = None;
         // Turns heard before the first ask: none of this ticket's can have gone unheard.
         let mut heard = turn.as_ref().is_none_or(Turn::is_heard);
@@ -105,7 +117,7 @@ impl<S: Wakeups> Limiter<S> {
             tokio::pin!(replaced);
             replaced.as_mut().enable();
             let (decided, ticket) = self
-                .acquire_keys(keys, options.clone(), name.as_ref())
+                .acquire_keys(keys, options.clone(), waiting.as_ref())
                 .await;
             let refused = match decided {
                 Err(full) if is_full(&full) => full,
@@ -155,21 +167,33 @@ impl<S: Wakeups> Limiter<S> {
                 () = &mut replaced => {}
                 () = tokio::time::sleep_until(recheck) => {}
             }
+            // Handed the slot by a release: held, without asking again.
+            if let (Some(handed), Some(id)) = (turn.handed(), &id) {
+                if let Some(leaving) = &mut leaving {
+                    leaving.disarm_unless(false);
+                }
+                let weight = options.weight.unwrap_or(1);
+                let lease_ms = options.lease.map_or(core.lease_ms, millis);
+                return Ok(self.handed(&keys[..1], id.clone(), (weight, lease_ms), handed));
+            }
         }
     }
 
-    /// Gives up the ticket `name` in the queues of `keys`, for the [`crate::limiter::Settler`].
-    fn leave(&self, keys: &[&str], name: &Arc<str>) -> Deferred {
+    /// Gives up the ticket `name` in the queues of `keys`, for the [`crate::limiter::Settler`]; with the
+    /// wait's `id`, a slot a release handed it before it heard is given back.
+    fn leave(&self, keys: &[&str], name: &Arc<str>, id: Option<PermitId>) -> Deferred {
         let keys: Arc<[Arc<str>]> = keys.iter().map(|key| Arc::from(*key)).collect();
         let (store, ticket) = (self.core.store.clone(), name.clone());
         Deferred {
             what: "leave",
             key: keys[0].clone(),
             id: PermitId::from(&**name),
+            // (Past the ticket's lease it is gone; a slot handed to it, at the longest lease.)
             within: Duration::from_millis(TICKET_LEASE_MS),
             attempt: Box::new(move || {
-                let (store, keys, ticket) = (store.clone(), keys.clone(), ticket.clone());
-                Box::pin(async move { store.leave(&keys, &ticket).await.map(drop) })
+                let (store, keys, ticket, id) =
+                    (store.clone(), keys.clone(), ticket.clone(), id.clone());
+                Box::pin(async move { store.leave(&keys, &ticket, id.as_ref()).await.map(drop) })
             }),
         }
     }

@@ -140,7 +140,7 @@ impl Wakeups for AnyStore {
     }
 
     forward! { d => d;
-        async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError>;
+        async fn leave(&self, keys: &[Arc<str>], ticket: &str, handed: Option<&PermitId>) -> Result<bool, StoreError>;
     }
 }
 

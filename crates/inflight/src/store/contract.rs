@@ -48,6 +48,11 @@ pub struct Ticket<'a> {
     pub flow_weight: u32,
     /// How long the place is kept unless its waiter asks again, in milliseconds.
     pub lease_ms: u64,
+    /// The waiter takes the slot a release frees for it without asking again: the store records the
+    /// admission's lease (under its id, weight and lease, with a token of its own) in the release's step
+    /// and tells the waiter ([`crate::store::Turn::handed`]). Only for an admission on one key whose class
+    /// has no floors, under an id no other admission uses; a store may call its turn instead.
+    pub handoff: bool,
 }
 
 /// A lease as the store sees it after an admission or a renewal (of its first key).

@@ -24,4 +24,4 @@ pub use contract::{
     OverrideChange, Recorded, RenewRequest, Renewal, Store, Ticket,
 };
 pub use memory::MemoryStore;
-pub use wake::{Turn, Wakeups};
+pub use wake::{Handed, Turn, Wakeups};

@@ -28,13 +28,15 @@ pub trait Wakeups: Store {
     }
 
     /// Gives up `ticket`'s place in the queues of `keys` (a waiter that stops waiting unadmitted);
-    /// whether it held one.
+    /// whether it held one. With `handed`, the waiter's id: a lease a release handed it
+    /// ([`Ticket::handoff`](crate::store::Ticket::handoff)) before it heard is released.
     fn leave(
         &self,
         keys: &[Arc<str>],
         ticket: &str,
+        handed: Option<&crate::id::PermitId>,
     ) -> impl std::future::Future<Output = Result<bool, crate::error::StoreError>> + Send {
-        let _ = (keys, ticket);
+        let _ = (keys, ticket, handed);
         std::future::ready(Ok(false))
     }
 }
@@ -42,13 +44,58 @@ pub trait Wakeups: Store {
 /// Subscribes to the store's turns (Redis): called once, at the first ticket.
 pub(crate) type Hook = Box<dyn Fn() + Send + Sync>;
 
+/// A slot a release handed a ticket ([`crate::store::Ticket::handoff`]): the lease recorded for its
+/// waiter, and the key's limit and in-flight count then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handed {
+    /// The token of the lease.
+    pub token: u64,
+    /// When the lease ends unless renewed (the store's clock, ms).
+    pub expires_at_ms: u64,
+    /// The key's limit then.
+    pub limit: u32,
+    /// The key's in-flight count then, this lease's weight included.
+    pub in_flight: u32,
+}
+
+impl Handed {
+    /// `token:expires_at_ms:limit:in_flight`, as `queue.lua` publishes it.
+    fn parse(text: &str) -> Option<Self> {
+        let mut numbers = text.split(':').map(str::parse::<u64>);
+        let mut next = || numbers.next()?.ok();
+        let (token, expires_at_ms, limit, in_flight) = (next()?, next()?, next()?, next()?);
+        Some(Handed {
+            token,
+            expires_at_ms,
+            limit: u32::try_from(limit).ok()?,
+            in_flight: u32::try_from(in_flight).ok()?,
+        })
+    }
+}
+
+/// A ticket's wake-up, and the slot a release handed it if one did.
+#[derive(Default)]
+struct Called {
+    notify: Notify,
+    handed: Mutex<Option<Handed>>,
+}
+
+impl Called {
+    fn call(&self, handed: Option<Handed>) {
+        if handed.is_some() {
+            *self.handed.lock().unwrap_or_else(|e| e.into_inner()) = handed;
+        }
+        self.notify.notify_one();
+    }
+}
+
 /// The tickets of one store handle and their wake-ups.
 #[derive(Default)]
 pub(crate) struct Wakes {
     hook: Option<Hook>,
     /// The tickets' channel; a ticket is named `<channel>#<n>`.
     channel: String,
-    turns: Mutex<HashMap<u64, Arc<Notify>>>,
+    turns: Mutex<HashMap<u64, Arc<Called>>>,
     next_turn: AtomicU64,
     /// Whether turns are heard now (the channel's subscription is in force).
     turns_heard: AtomicBool,
@@ -78,29 +125,29 @@ impl Wakes {
         }
     }
 
-    /// Wakes the tickets named (`<channel>#<n>`).
-    pub(crate) fn wake_tickets(&self, names: &[Arc<str>]) {
-        if names.is_empty() {
+    /// Wakes the tickets named (`<channel>#<n>`), with the slot handed to each, if any.
+    pub(crate) fn wake_tickets(&self, called: &[(Arc<str>, Option<Handed>)]) {
+        if called.is_empty() {
             return;
         }
         let turns = self.turns();
-        for name in names {
+        for (name, handed) in called {
             let n = name.rsplit('#').next().and_then(|n| n.parse::<u64>().ok());
             if let Some(turn) = n.and_then(|n| turns.get(&n)) {
-                turn.notify_one();
+                turn.call(*handed);
             }
         }
     }
 
-    fn turns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Notify>>> {
+    fn turns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Called>>> {
         self.turns.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A new ticket.
     pub(crate) fn ticket(self: &Arc<Self>) -> Turn {
         let n = self.next_turn.fetch_add(1, Ordering::Relaxed);
-        let notify = Arc::new(Notify::new());
-        self.turns().insert(n, notify.clone());
+        let called = Arc::new(Called::default());
+        self.turns().insert(n, called.clone());
         if !self.turns_wanted.swap(true, Ordering::AcqRel) {
             if let Some(hook) = &self.hook {
                 hook();
@@ -110,7 +157,7 @@ impl Wakes {
             wakes: self.clone(),
             n,
             name: format!("{}#{n}", self.channel),
-            notify,
+            called,
         }
     }
 
@@ -125,12 +172,16 @@ impl Wakes {
         self.tickets_expired.load(Ordering::Relaxed)
     }
 
-    /// Wakes the tickets a message on the channel names (`<n> <n2> ...`).
+    /// Wakes the tickets a message on the channel names (`<n> <n2>=<handed> ...`, see `queue.lua`).
     pub(crate) fn wake_turns(&self, message: &str) {
         let turns = self.turns();
-        for n in message.split(' ').filter_map(|n| n.parse::<u64>().ok()) {
-            if let Some(turn) = turns.get(&n) {
-                turn.notify_one();
+        for called in message.split(' ') {
+            let (n, handed) = match called.split_once('=') {
+                Some((n, handed)) => (n, Handed::parse(handed)),
+                None => (called, None),
+            };
+            if let Some(turn) = n.parse::<u64>().ok().and_then(|n| turns.get(&n)) {
+                turn.call(handed);
             }
         }
     }
@@ -142,7 +193,7 @@ impl Wakes {
         if heard {
             self.turns_subscribed.notify_waiters();
             for turn in self.turns().values() {
-                turn.notify_one();
+                turn.notify.notify_one();
             }
         }
     }
@@ -160,7 +211,7 @@ pub struct Turn {
     wakes: Arc<Wakes>,
     n: u64,
     name: String,
-    notify: Arc<Notify>,
+    called: Arc<Called>,
 }
 
 impl Turn {
@@ -171,7 +222,16 @@ impl Turn {
 
     /// Completes at the ticket's next turn, or at once if one came since the last (a wake-up is kept).
     pub async fn called(&self) {
-        self.notify.notified().await;
+        self.called.notify.notified().await;
+    }
+
+    /// The slot a release handed this ticket, if one did since the last call.
+    pub fn handed(&self) -> Option<Handed> {
+        self.called
+            .handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// True when turns are heard now (the store's subscription is in force).

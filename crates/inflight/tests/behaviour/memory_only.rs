@@ -11,7 +11,7 @@ use inflight::store::{
 };
 use inflight::{
     AcquireError, AcquireOptions, ClassLimits, Limiter, ManualClock, MemoryStore, PermitId, Policy,
-    Store, StoreError,
+    RemoteLease, Store, StoreError, Wakeups,
 };
 
 /// A memory store that counts the calls that would be I/O in a remote store, fails the first `failures`
@@ -100,6 +100,20 @@ impl Store for Double {
     }
 }
 
+impl Wakeups for Double {
+    fn ticket(&self) -> Option<inflight::store::Turn> {
+        self.inner.ticket()
+    }
+    fn leave(
+        &self,
+        keys: &[Arc<str>],
+        ticket: &str,
+        handed: Option<&PermitId>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.inner.leave(keys, ticket, handed)
+    }
+}
+
 /// Waits (up to 5 s) until `key` has `want` in flight in `limiter`'s store.
 async fn settle<S: Store>(limiter: &Limiter<S>, key: &str, want: u32) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -141,6 +155,48 @@ async fn a_permit_detached_while_its_renewal_is_on_its_way_keeps_its_lease() {
         1,
         "still held for {lease:?}"
     );
+}
+
+/// A lease a release handed a waiter, detached and released by its new holder before the claim that
+/// takes it to its own length arrives: the claim finds it gone and leaves it gone (a renewal re-adds a
+/// lease it finds gone), and no lease is counted lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_lease_released_before_its_claim_stays_released() {
+    let store = Double {
+        gated: true,
+        ..Double::default()
+    };
+    let limiter = Limiter::builder(store.clone())
+        .policy(Policy::new(1, 0))
+        .build();
+    let held = limiter.try_acquire("app").await.unwrap();
+    let waiter = {
+        let limiter = limiter.clone();
+        let wait = AcquireOptions::new().max_wait(Duration::from_secs(60));
+        tokio::spawn(async move { limiter.acquire("app", wait).await })
+    };
+    while limiter.stats().waiting.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.release().await.unwrap();
+    let handed = tokio::time::timeout(Duration::from_secs(30), waiter);
+    let handed = handed.await.unwrap().unwrap().unwrap();
+    store.entered.notified().await; // the claim, held at the gate
+    let lease = handed.detach();
+    let remote = RemoteLease::new(&[&lease.key], lease.id.clone(), lease.token);
+    limiter.release(&remote).await.unwrap();
+    settle(&limiter, "app", 0).await;
+    store.gate.notify_one();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            limiter.status("app").await.unwrap().in_flight,
+            0,
+            "not re-added"
+        );
+    }
+    assert_eq!(limiter.stats().lost.load(Ordering::SeqCst), 0);
+    assert_eq!(limiter.stats().readded.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]

@@ -48,13 +48,15 @@ pub enum Op {
         ms: u64,
     },
     /// A waiter's ask on `key` with its ticket `ticket`, whose id, priority, flow and flow weight follow
-    /// from the ticket ([`waiter`]); `floored`: the key's class keeps a floor for the highest level.
+    /// from the ticket ([`waiter`]); `floored`: the key's class keeps a floor for the highest level;
+    /// `handoff`: a release may hand it the slot (`Ticket::handoff`).
     Wait {
         key: u8,
         ticket: u8,
         weight: u32,
         lease_ms: u64,
         floored: bool,
+        handoff: bool,
     },
     /// The waiter of `ticket` gives up its place on `key`.
     Leave {
@@ -81,7 +83,7 @@ pub fn floors() -> Floors {
 pub fn waits_op(floored: bool) -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0..2u8, 0..6u8, prop_oneof![4 => Just(1u32), 1 => Just(2u32)], 0..3u64)
-            .prop_map(move |(key, ticket, weight, l)| Op::Wait { key, ticket, weight, lease_ms: (l + 1) * 2_000, floored }),
+            .prop_map(move |(key, ticket, weight, l)| Op::Wait { key, ticket, weight, lease_ms: (l + 1) * 2_000, floored, handoff: !floored }),
         2 => (0..2u8, 0..4u8, 1..3u32, 0..3u64)
             .prop_map(|(key, id, weight, l)| Op::Acquire { key, also: None, id, weight, lease_ms: (l + 1) * 2_000 }),
         3 => (0..2u8, prop_oneof![0..4u8, 10..16u8]).prop_map(|(key, id)| Op::Release { key, id }),
@@ -274,6 +276,7 @@ pub async fn apply_store<S: Store + Wakeups>(
             weight,
             lease_ms,
             floored,
+            handoff,
         } => {
             let (i, priority, flow, flow_weight) = waiter(ticket);
             let (id, name) = (id(i), format!("ticket-{ticket}"));
@@ -292,6 +295,7 @@ pub async fn apply_store<S: Store + Wakeups>(
                     flow,
                     flow_weight,
                     lease_ms: inflight::TICKET_LEASE_MS,
+                    handoff,
                 }),
                 priority,
                 floors: if floored { &floors } else { &[] },
@@ -300,12 +304,10 @@ pub async fn apply_store<S: Store + Wakeups>(
         }
         Op::Leave { key: k, ticket } => {
             let keys = [Arc::from(key(k))];
-            Outcome::Left(
-                store
-                    .leave(&keys, &format!("ticket-{ticket}"))
-                    .await
-                    .unwrap(),
-            )
+            // With its id: a slot a release handed it is given back.
+            let (handed, name) = (id(waiter(ticket).0), format!("ticket-{ticket}"));
+            let left = store.leave(&keys, &name, Some(&handed));
+            Outcome::Left(left.await.unwrap())
         }
         Op::Release { key: k, id: i } => {
             let keys = [Arc::from(key(k))];

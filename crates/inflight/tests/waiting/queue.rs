@@ -268,6 +268,7 @@ async fn an_abandoned_ticket_expires_after_its_lease<S: Wakeups>(
             flow: "",
             flow_weight: 1,
             lease_ms: inflight::TICKET_LEASE_MS,
+            handoff: false,
         }),
         priority: 0,
         floors: &[],
@@ -327,6 +328,7 @@ async fn flows_that_left_do_not_fill_the_bound<S: Wakeups>(store: S) {
                     flow: &flow,
                     flow_weight: 1,
                     lease_ms: 60_000,
+                    handoff: false,
                 }),
                 priority: 0,
                 floors: &[],
@@ -345,7 +347,7 @@ async fn flows_that_left_do_not_fill_the_bound<S: Wakeups>(store: S) {
             matches!(asked, Ok(Admission::Queued { .. })),
             "flow {n}: {asked:?}"
         );
-        assert!(store.leave(&keys, turn.name()).await.unwrap());
+        assert!(store.leave(&keys, turn.name(), None).await.unwrap());
     }
 }
 
@@ -358,4 +360,85 @@ async fn memory_flows_that_left_do_not_fill_the_bound() {
 async fn redis_flows_that_left_do_not_fill_the_bound() {
     let server = TestRedis::start();
     flows_that_left_do_not_fill_the_bound(server.store()).await;
+}
+
+/// A release hands the freed slot to the head waiter in its own step: the slot is the waiter's as soon
+/// as the release has returned (before, it stayed free until the waiter's process heard and asked
+/// again), and the waiter, in another process, holds it without asking. Leased at first for as long as
+/// its ticket would have lasted, the lease is then claimed for its own length.
+async fn a_release_hands_the_slot_to_the_head_waiter<S: Wakeups>((a, b): (S, S)) {
+    let (holder, other) = (limiter(a, 1), limiter(b, 1));
+    let held = holder.try_acquire("model").await.unwrap();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { other.acquire("model", wait(60_000)).await })
+    };
+    waiting(&other, 1).await;
+    held.release().await.unwrap();
+    let status = holder.status("model").await.unwrap();
+    assert_eq!(status.in_flight, 1, "the waiter's already");
+    let permit = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("admitted")
+        .unwrap()
+        .unwrap();
+    assert!(permit.token() > 0);
+    // (Both stores' clocks are this machine's.)
+    let left = || {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now = u64::try_from(now.unwrap().as_millis()).unwrap();
+        permit.expires_at_ms().saturating_sub(now)
+    };
+    // (Within the ticket's lease, which the handed lease lasts unclaimed: the renewal task alone would
+    // come a third of the way through 30 s, too late.)
+    for _ in 0..inflight::TICKET_LEASE_MS / 5 {
+        if left() > inflight::TICKET_LEASE_MS + 5_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        left() > inflight::TICKET_LEASE_MS + 5_000,
+        "claimed for the limiter's 30 s lease: {} ms left",
+        left()
+    );
+    permit.release().await.unwrap();
+    assert_eq!(holder.status("model").await.unwrap().in_flight, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_release_hands_the_slot_to_the_head_waiter() {
+    a_release_hands_the_slot_to_the_head_waiter(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_release_hands_the_slot_to_the_head_waiter() {
+    let (a, b, _server) = redis();
+    a_release_hands_the_slot_to_the_head_waiter((a, b)).await;
+}
+
+/// A waiter gone (its future dropped) between the release that handed it the slot and hearing of it:
+/// its leave gives the slot back, so nothing stays held.
+#[tokio::test]
+async fn memory_a_slot_handed_to_a_waiter_gone_before_hearing_is_given_back() {
+    let (a, b) = memory();
+    let (holder, other) = (limiter(a, 1), limiter(b, 1));
+    let held = holder.try_acquire("model").await.unwrap();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { other.acquire("model", wait(60_000)).await })
+    };
+    waiting(&other, 1).await;
+    // (One thread: the waiter's task does not run between the release and its abort.)
+    held.release().await.unwrap();
+    assert_eq!(holder.status("model").await.unwrap().in_flight, 1, "handed");
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    for _ in 0..400 {
+        if holder.status("model").await.unwrap().in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the handed slot was not given back");
 }

@@ -88,9 +88,10 @@ impl<C: Clock> LocalSlots for Cell<C> {
             state.in_flight -= weight;
             state.last_used_ms = self.time.coarse_ms();
             // Only a key with waiters' tickets has any to call.
+            let (now, time) = (self.time.now_ms(), &self.time);
             state
                 .has_tickets()
-                .then(|| state.called_after_release(weight))
+                .then(|| state.called_after_release(weight, now, || time.token(now)))
         };
         if let Some(called) = called {
             self.wakes.wake_tickets(&called);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::cell::{admit, grant, Cells, Slot};
 use super::key::Lease;
-use super::queue::MAX_TICKETS;
+use super::queue::{HandOff, MAX_TICKETS};
 use super::MemoryStore;
 use crate::clock::{millis, Clock};
 use crate::error::StoreError;
@@ -47,11 +47,21 @@ impl<C: Clock> MemoryStore<C> {
                             called.extend(slot.state.called(1));
                         }
                     }
+                    // One key and no floors: a release may hand it the slot (`Ticket::handoff`).
+                    let handoff = (ticket.handoff && req.keys.len() == 1)
+                        .then(|| req.floors.iter().all(|floors| floors.is_empty()))
+                        .filter(|none| *none)
+                        .map(|_| HandOff {
+                            id: req.id.clone(),
+                            // (For as long as its ticket would have lasted: its waiter renews it.)
+                            lease_ms: req.lease_ms.min(ticket.lease_ms),
+                            limits: req.limits[0],
+                        });
+                    let terms = (req.priority, req.weight, limit);
                     let refusing = slots.iter_mut().find(|slot| slot.index == index);
-                    if !refusing.is_some_and(|slot| {
-                        slot.state
-                            .take_ticket(ticket, (req.priority, req.weight, limit), now)
-                    }) {
+                    if !refusing
+                        .is_some_and(|slot| slot.state.take_ticket(ticket, terms, now, handoff))
+                    {
                         let max = MAX_TICKETS as u32;
                         return Err(StoreError::TooManyWaiters { max });
                     }
@@ -91,6 +101,26 @@ impl<C: Clock> MemoryStore<C> {
         });
         self.inner.wakes.wake_tickets(&called);
         decided
+    }
+
+    /// [`Store::release`], at once.
+    pub(super) fn release_now(&self, keys: &[Arc<str>], id: &PermitId, token: u64) -> bool {
+        let mut called = Vec::new();
+        let time = &self.inner.time;
+        let released = self.locked(keys, false, false, |slots, now, _| {
+            let mut released = false;
+            for slot in slots.iter_mut() {
+                let weight = slot.state.lease(id).map_or(0, |lease| lease.weight);
+                if slot.state.release(id, token) {
+                    released = true;
+                    let token = || time.token(now);
+                    called.extend(slot.state.called_after_release(weight, now, token));
+                }
+            }
+            released
+        });
+        self.inner.wakes.wake_tickets(&called);
+        released
     }
 
     fn renew_one(&self, req: &RenewRequest) -> Renewal {
@@ -238,20 +268,7 @@ impl<C: Clock> Store for MemoryStore<C> {
         id: &PermitId,
         token: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let mut called = Vec::new();
-        let released = self.locked(keys, false, false, |slots, _, _| {
-            let mut released = false;
-            for slot in slots.iter_mut() {
-                let weight = slot.state.lease(id).map_or(0, |lease| lease.weight);
-                if slot.state.release(id, token) {
-                    released = true;
-                    called.extend(slot.state.called_after_release(weight));
-                }
-            }
-            released
-        });
-        self.inner.wakes.wake_tickets(&called);
-        ready(Ok(released))
+        ready(Ok(self.release_now(keys, id, token)))
     }
 
     fn renew(

@@ -1,13 +1,14 @@
 //! One key's state and the rules the memory store applies to it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::hash::Hasher;
-use super::queue::Queue;
+use super::queue::{HandOff, Queue};
 use crate::floors::Floors;
 use crate::id::PermitId;
 use crate::policy::{ClassLimits, Limit};
-use crate::store::{KeyStatus, Ticket};
+use crate::store::{Handed, KeyStatus, Ticket};
 
 /// A key's leases, its in-process holds and its override.
 #[derive(Default)]
@@ -218,25 +219,82 @@ impl KeyState {
             .is_some_and(|queue| queue.waiting_at(level))
     }
 
-    /// Keeps (or takes) `ticket`'s place in the key's queue; false at the queue's bound.
+    /// Keeps (or takes) `ticket`'s place in the key's queue, with the admission a release may hand the
+    /// slot to; false at the queue's bound.
     pub(super) fn take_ticket(
         &mut self,
         ticket: &Ticket<'_>,
         (level, weight, limit): (u8, u32, u32),
         now: u64,
+        handoff: Option<HandOff>,
     ) -> bool {
-        self.queue
-            .get_or_insert_with(Box::default)
-            .take(ticket, (level, weight, limit), now)
+        self.queue.get_or_insert_with(Box::default).take(
+            ticket,
+            (level, weight, limit),
+            now,
+            handoff,
+        )
     }
 
-    /// After `weight` was given back: the tickets whose turn it is, in the slots free under the limit
-    /// the waiters last met (at least `weight`), as `queue.lua`'s `call_after_release`.
-    pub(super) fn called_after_release(&self, weight: u32) -> Vec<std::sync::Arc<str>> {
-        match &self.queue {
-            Some(queue) => queue.called(queue.limit.saturating_sub(self.in_flight).max(weight)),
-            None => Vec::new(),
+    /// After `weight` was given back: the tickets at the head that fit in the slots free under the limit
+    /// the waiters last met (at least `weight`), as `queue.lua`'s `call_after_release`: the front ones
+    /// that registered their admission are handed the slot (their lease added here, with a token of
+    /// `token`'s), up to the first that did not, which is called with those behind it.
+    pub(super) fn called_after_release(
+        &mut self,
+        weight: u32,
+        now: u64,
+        token: impl Fn() -> u64,
+    ) -> Vec<(Arc<str>, Option<Handed>)> {
+        let Some(queue) = &self.queue else {
+            return Vec::new();
+        };
+        let head = queue.head(queue.limit.saturating_sub(self.in_flight).max(weight));
+        let mut hand = true;
+        let mut called = Vec::with_capacity(head.len());
+        for (name, level, weight, handoff) in head {
+            let handed = match (hand, handoff) {
+                (true, Some(handoff)) => {
+                    self.hand_off(&name, (level, weight), &handoff, now, &token)
+                }
+                _ => None,
+            };
+            hand = handed.is_some();
+            called.push((name, handed));
         }
+        called
+    }
+
+    /// Hands `ticket` the slot, as `queue.lua`'s `hand_off`: unless its limit leaves no room for it.
+    fn hand_off(
+        &mut self,
+        ticket: &str,
+        (level, weight): (u8, u32),
+        handoff: &HandOff,
+        now: u64,
+        token: impl Fn() -> u64,
+    ) -> Option<Handed> {
+        let Limit::Limited(max) = self.limit(handoff.limits) else {
+            return None;
+        };
+        if u64::from(self.in_flight) + u64::from(weight) > u64::from(max) {
+            return None;
+        }
+        let lease = Lease {
+            weight,
+            expires_at_ms: now.saturating_add(handoff.lease_ms),
+            lease_ms: handoff.lease_ms,
+            token: token(),
+            level,
+        };
+        self.add(&handoff.id, lease);
+        self.leave_ticket(ticket, true);
+        Some(Handed {
+            token: lease.token,
+            expires_at_ms: lease.expires_at_ms,
+            limit: max,
+            in_flight: self.in_flight,
+        })
     }
 
     /// `ticket` leaves the key's queue (`admitted`, or given up); `Some(true)` when it was the head.
@@ -250,9 +308,9 @@ impl KeyState {
     }
 
     /// The tickets whose turn it is when `room` slots are free (none without a queue).
-    pub(super) fn called(&self, room: u32) -> Vec<std::sync::Arc<str>> {
+    pub(super) fn called(&self, room: u32) -> Vec<(Arc<str>, Option<Handed>)> {
         match &self.queue {
-            Some(queue) if room > 0 => queue.called(room),
+            Some(queue) if room > 0 => queue.head(room).into_iter().map(|h| (h.0, None)).collect(),
             _ => Vec::new(),
         }
     }

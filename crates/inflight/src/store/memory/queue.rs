@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::hash::Hasher;
+use crate::id::PermitId;
+use crate::policy::ClassLimits;
 use crate::store::Ticket;
 
 /// The most tickets in one key's queue, and the most flows with a round there.
@@ -24,7 +26,20 @@ struct Waiter {
     name: Arc<str>,
     weight: u32,
     expires_at_ms: u64,
+    handoff: Option<HandOff>,
 }
+
+/// A waiter's admission, registered for a release to hand it the slot ([`Ticket::handoff`]; `queue.lua`'s
+/// terms): its id, its lease and its key's class limits.
+#[derive(Clone)]
+pub(super) struct HandOff {
+    pub(super) id: PermitId,
+    pub(super) lease_ms: u64,
+    pub(super) limits: ClassLimits,
+}
+
+/// A ticket at the head: its name, level and weight, and its registered admission.
+pub(super) type Head = (Arc<str>, u8, u32, Option<HandOff>);
 
 /// One key's tickets.
 #[derive(Default)]
@@ -94,6 +109,7 @@ impl Queue {
         ticket: &Ticket<'_>,
         (level, weight, limit): (u8, u32, u32),
         now: u64,
+        handoff: Option<HandOff>,
     ) -> bool {
         let expires_at_ms = now.saturating_add(ticket.lease_ms);
         self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
@@ -130,6 +146,7 @@ impl Queue {
             name,
             weight,
             expires_at_ms,
+            handoff,
         };
         self.order.insert(place, waiter);
         true
@@ -172,16 +189,18 @@ impl Queue {
     }
 
     /// The tickets at the head that fit in `room` slots (the head's at least): whose turn it is.
-    pub(super) fn called(&self, room: u32) -> Vec<Arc<str>> {
+    pub(super) fn head(&self, room: u32) -> Vec<Head> {
         let mut used = 0u64;
-        let mut called = Vec::new();
-        for waiter in self.order.values().take(room.clamp(1, SCAN) as usize) {
+        let mut head = Vec::new();
+        for ((Reverse(level), _, _), waiter) in self.order.iter().take(room.clamp(1, SCAN) as usize)
+        {
             used += u64::from(waiter.weight);
-            if !called.is_empty() && used > u64::from(room) {
+            if !head.is_empty() && used > u64::from(room) {
                 break;
             }
-            called.push(waiter.name.clone());
+            let (name, handoff) = (waiter.name.clone(), waiter.handoff.clone());
+            head.push((name, *level, waiter.weight, handoff));
         }
-        called
+        head
     }
 }

@@ -285,6 +285,7 @@ impl<C: Clock> Wakeups for MemoryStore<C> {
         &self,
         keys: &[Arc<str>],
         ticket: &str,
+        handed: Option<&crate::id::PermitId>,
     ) -> impl std::future::Future<Output = Result<bool, StoreError>> + Send {
         let mut called = Vec::new();
         let left = self.locked(keys, false, false, |slots, _, _| {
@@ -299,6 +300,10 @@ impl<C: Clock> Wakeups for MemoryStore<C> {
             left
         });
         self.inner.wakes.wake_tickets(&called);
+        // No longer queued: a release may have handed it a slot it never heard of.
+        if let (false, Some(id)) = (left, handed) {
+            self.release_now(keys, id, 0);
+        }
         std::future::ready(Ok(left))
     }
 }

@@ -194,6 +194,7 @@ impl RedisStore {
             self.batcher.run(Op::Leave {
                 names: pick(names, group),
                 ticket,
+                handed: None,
             })
         });
         let mut left = false;

@@ -52,10 +52,12 @@ pub(super) enum Op {
         /// A waiter's ticket (`AcquireRequest::ticket`): kept in the refusing key's queue.
         wait: Option<WaitArgs>,
     },
-    /// A waiter gives up its ticket on these keys.
+    /// A waiter gives up its ticket on these keys; with its id (`handed`), a lease a release handed it
+    /// is released when the ticket is no longer queued.
     Leave {
         names: Vec<KeyNames>,
         ticket: String,
+        handed: Option<PermitId>,
     },
     /// A release of the lease the admission that got `token` (0: any) holds.
     Release {
@@ -78,6 +80,8 @@ pub(super) enum Op {
 /// none).
 pub(super) struct WaitArgs {
     pub(super) ticket: String,
+    /// A release may hand the waiter the slot (`Ticket::handoff`; flags 8).
+    pub(super) handoff: bool,
     pub(super) priority: u8,
     pub(super) flow: String,
     pub(super) flow_weight: u32,
@@ -111,6 +115,7 @@ impl Op {
             } => {
                 let standing = match wait {
                     Some(WaitArgs { floors, .. }) if !floors.is_empty() => 6,
+                    Some(WaitArgs { handoff: true, .. }) => 10,
                     Some(_) => 2,
                     None => 0,
                 };
@@ -118,19 +123,20 @@ impl Op {
             }
             Op::Release { .. } => ('r', 0),
             Op::Undo { .. } => ('u', 0),
-            Op::Leave { .. } => ('l', 0),
+            Op::Leave { handed, .. } => ('l', if handed.is_some() { 8 } else { 0 }),
         }
     }
 }
 
-/// A record's head: its kind and flags, and the number of its keys when it has several (`batch.lua`).
+/// A record's head: its kind and flags (a hex digit), and the number of its keys when it has several
+/// (`batch.lua`).
 struct Head(char, u8, usize);
 
 impl redis::ToRedisArgs for Head {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         match self {
-            Head(kind, flags, 1) => out.write_arg_fmt(format_args!("{kind}{flags}")),
-            Head(kind, flags, n) => out.write_arg_fmt(format_args!("{kind}{flags}x{n}")),
+            Head(kind, flags, 1) => out.write_arg_fmt(format_args!("{kind}{flags:x}")),
+            Head(kind, flags, n) => out.write_arg_fmt(format_args!("{kind}{flags:x}x{n}")),
         }
     }
 }
@@ -320,8 +326,11 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
                     .arg(token)
                     .arg(format!("{weight} {lease_ms} {old}"));
             }
-            Op::Leave { ticket, .. } => {
+            Op::Leave { ticket, handed, .. } => {
                 invocation.arg(ticket);
+                if let Some(id) = handed {
+                    invocation.arg(Member(id));
+                }
             }
         }
     }

@@ -233,8 +233,10 @@ pub(super) fn wait_args(req: &AcquireRequest<'_>, floors_of: &[Floors]) -> Optio
         }
     }
     let ticket = req.ticket.as_ref();
+    let handoff = ticket.is_some_and(|ticket| ticket.handoff) && req.keys.len() == 1 && !floored;
     Some(WaitArgs {
         ticket: ticket.map_or_else(String::new, |ticket| ticket.name.to_owned()),
+        handoff,
         priority: req.priority,
         flow: ticket.map_or_else(String::new, |ticket| ticket.flow.to_owned()),
         flow_weight: ticket.map_or(1, |ticket| ticket.flow_weight),
@@ -345,13 +347,24 @@ impl Wakeups for RedisStore {
         self.wakes.tickets_expired()
     }
 
-    async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError> {
+    async fn leave(
+        &self,
+        keys: &[Arc<str>],
+        ticket: &str,
+        handed: Option<&PermitId>,
+    ) -> Result<bool, StoreError> {
         let names = self.names(keys);
         match self.across(&names) {
+            // (A waiter on keys of several slots is handed no slot.)
             Some(groups) => self.leave_across(&names, &groups, ticket).await,
             None => {
-                let ticket = ticket.to_owned();
-                self.batcher.run(Op::Leave { names, ticket }).await
+                let (ticket, handed) = (ticket.to_owned(), handed.cloned());
+                let leave = Op::Leave {
+                    names,
+                    ticket,
+                    handed,
+                };
+                self.batcher.run(leave).await
             }
         }
     }

@@ -211,9 +211,19 @@ impl Wakeups for DifyStore {
         self.plain.tickets_expired()
     }
 
-    async fn leave(&self, keys: &[Arc<str>], ticket: &str) -> Result<bool, StoreError> {
+    /// (No slot is handed under the Dify layout; a lease `handed` names is released all the same when
+    /// the ticket is no longer queued, as every store does.)
+    async fn leave(
+        &self,
+        keys: &[Arc<str>],
+        ticket: &str,
+        handed: Option<&PermitId>,
+    ) -> Result<bool, StoreError> {
         let call = self.call("l", keys, &PermitId::from(ticket), 0, "", &[])?;
         let [left] = fields(&self.run(call).await?)?;
+        if let (0, Some(id)) = (left, handed) {
+            self.release(keys, id, 0).await?;
+        }
         Ok(left == 1)
     }
 }

@@ -1,18 +1,20 @@
 -- batch.lua: the admissions, releases, undos and leaves waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
 -- ARGV[1] clock offset ms; then one record per operation, in order: its head, the kind ('a' acquire,
--- 'r' release, 'u' undo, 'l' leave) and its flags (a digit) in one word, with 'x' and the number of its
+-- 'r' release, 'u' undo, 'l' leave) and its flags (a hex digit) in one word, with 'x' and the number of its
 -- keys when it has several ('a1': an acquire, flags 1, one key; 'r0x3': a release on three); its keys'
 -- places among the KEYS (1 for the first three, ...); then its fields:
 --   a  id; terms 'weight lease_ms keep d1 m1 d2 m2 ...': keep the token its lease keeps (0: the one it
 --      gets; across Cluster slots, the first slot's), d and m the default and max limits of each key's
 --      class, in the operation's order. Flags: 1 the id was generated for it (no earlier admission used
 --      it); 2 its standing follows: ticket ('' none), 'level:flow_weight', flow, ticket lease ms; 4 (with
---      2) then the floors of each key's class ('level:slots ...', ';' between keys).
+--      2) then the floors of each key's class ('level:slots ...', ';' between keys); 8 (with 2, one key,
+--      no floors) a release may hand the waiter the slot (queue.lua's hand_off).
 --   r  id; the token of the admission released (0: whichever the id holds).
 --   u  id; the token the admission got; what the id held before it, 'weight lease_ms token' ('0 0 0':
 --      nothing). A refused admission across Cluster slots gives back what it took on one.
---   l  the ticket a waiter gives up.
+--   l  the ticket a waiter gives up; flags 8: then the waiter's id, whose lease a release handed it is
+--      released when the ticket is no longer in the queue (its waiter went before hearing of it).
 -- Returns the answers in one flat array: an admission's (common.lua's answer), one number for the others.
 -- Each operation is one atomic decision, as it must be (reading the override, counting and adding in
 -- separate round trips lets N workers go N - 1 over the limit); batching only spares Redis a script
@@ -130,12 +132,13 @@ local function undo(keys, n, id, token, before)
   return changed
 end
 
--- A record's head: its kind, flags (one digit) and number of keys; a batch's records mostly share theirs.
+-- A record's head: its kind, flags (one hex digit) and number of keys; a batch's records mostly share theirs.
 local heads = {}
 local function head(word)
   local h = heads[word]
   if not h then
-    h = {string.sub(word, 1, 1), string.byte(word, 2) - 48, #word > 2 and tonumber(string.sub(word, 4)) or 1}
+    local flags = string.byte(word, 2)
+    h = {string.sub(word, 1, 1), flags < 58 and flags - 48 or flags - 87, #word > 2 and tonumber(string.sub(word, 4)) or 1}
     heads[word] = h
   end
   return h[1], h[2], h[3]
@@ -160,13 +163,15 @@ while a <= #ARGV do
     end
     local w, floors = nil, nil
     a = f + 2
-    if flags >= 2 then -- a waiter's standing: ticket, level, flow and the ticket's lease
+    if flags % 4 >= 2 then -- a waiter's standing: ticket, level, flow and the ticket's lease
       local level, flow_weight = string.match(ARGV[a + 1], '^(%d+):(%d+)$')
       w = {ticket = ARGV[a] ~= '' and ARGV[a] or nil, level = tonumber(level), flow = ARGV[a + 2],
         ms = tonumber(ARGV[a + 3]), weight = t[1], flow_weight = tonumber(flow_weight)}
+      -- (A slot handed to it is leased for as long as its ticket would have lasted: its waiter renews it.)
+      if flags >= 8 then w.id, w.terms = ARGV[f], string.format('%d %d %d %d', t[1], math.min(t[2], w.ms), t[4], t[5]) end
       a = a + 4
     end
-    if flags >= 4 then -- the floors of each key's class: {{{level, slots}, ...}, ...}
+    if flags % 8 >= 4 then -- the floors of each key's class: {{{level, slots}, ...}, ...}
       floors = {}
       for group in string.gmatch(ARGV[a] .. ';', '([^;]*);') do
         local class = {}
@@ -189,6 +194,10 @@ while a <= #ARGV do
       if queue().leave(keys[j], ARGV[f], 1, false) then left = 1 end
     end
     r, a = r + 1, f + 1
+    if flags >= 8 then
+      if left == 0 then release(keys, n, ARGV[f + 1], 0) end
+      a = a + 1
+    end
     replies[r] = left
   end
 end

@@ -49,7 +49,7 @@ local function queue()
 
   local function drop_ticket(t, ticket, member)
     if member then redis.call('ZREM', t .. ':queue', member) end
-    redis.call('HDEL', t .. ':tickets', ticket)
+    redis.call('HDEL', t .. ':tickets', ticket, '>' .. ticket, '+' .. ticket)
     redis.call('ZREM', t .. ':expiry', ticket)
     -- The last ticket gone, the rounds start again (as the memory store's queue forgets its flows).
     if member and redis.call('ZCARD', t .. ':queue') == 0 then redis.call('DEL', t .. ':flows') end
@@ -66,8 +66,29 @@ local function queue()
     return #gone
   end
 
-  -- The processes of the tickets at the head that fit in `room` slots (the head's at least) hear their turn.
-  local function call_turns(key, room)
+  local leave -- (below)
+
+  -- A ticket handed the slot (its admission registered: one key, no floors): its lease recorded under
+  -- its id with a token of its own, the ticket out of the queue; what its process is told
+  -- ('token:expires_at_ms:limit:in_flight'), or nil when it did not register or does not fit its limit.
+  local function hand_off(key, t, ticket)
+    local terms = redis.call('HMGET', t .. ':tickets', '>' .. ticket, '+' .. ticket)
+    if not terms[1] then return nil end
+    local weight, lease_ms, d, m = string.match(terms[2], '^(%d+) (%d+) (%d+) (%d+)$')
+    weight, lease_ms = tonumber(weight), tonumber(lease_ms)
+    local limit = resolve(override(key), tonumber(d), tonumber(m))
+    if limit == 0 or in_flight(key) + weight > limit then return nil end
+    local token = next_token({key}, 1)
+    put(key, terms[1], weight, lease_ms, token, false)
+    leave(key, ticket, 0, true)
+    return string.format('%d:%d:%d:%d', token, now + lease_ms, limit, in_flight(key))
+  end
+
+  -- The processes of the tickets at the head that fit in `room` slots (the head's at least) hear their
+  -- turn, on their channel ('<n> <n2> ...'); with `hand`, the front ones that registered their
+  -- admission are handed the slot instead ('<n>=<token>:<expires_at_ms>:<limit>:<in_flight>'), up to
+  -- the first that did not (it asks, and those behind it with it).
+  local function call_turns(key, room, hand)
     local t = tag_of(key)
     local head = redis.call('ZRANGE', t .. ':queue', 0, math.max(math.min(room, SCAN), 1) - 1)
     local by, order, used = {}, {}, 0
@@ -75,10 +96,12 @@ local function queue()
       local w, ticket = parse_member(member)
       used = used + w
       if i > 1 and used > room then break end
+      local handed = hand and hand_off(key, t, ticket) or nil
+      hand = handed ~= nil
       local channel, n = string.match(ticket, '^(.*)#(%d+)$')
       if channel then
         if not by[channel] then by[channel], order[#order + 1] = {}, channel end
-        table.insert(by[channel], n)
+        table.insert(by[channel], handed and n .. '=' .. handed or n)
       end
     end
     for _, channel in ipairs(order) do redis.call('PUBLISH', channel, table.concat(by[channel], ' ')) end
@@ -86,11 +109,12 @@ local function queue()
 
   -- After a release on a key with a queue, which leaves `count` slots in use: the tickets at the head that
   -- fit in the slots now free under the limit its waiters last met (at least the `weight` the release
-  -- freed) hear their turn, so that several slots freed before their waiters ask go to as many waiters.
+  -- freed) are handed them, or hear their turn, so that several slots freed before their waiters ask go
+  -- to as many waiters.
   local function call_after_release(key, count, weight)
     expire_tickets(key) -- (a dead head is not called)
     local limit = num(redis.call('HGET', tag_of(key) .. ':tickets', 'L'))
-    call_turns(key, math.max(limit - count, weight))
+    call_turns(key, math.max(limit - count, weight), true)
   end
 
   -- Whether an admission of `weight` by `ticket` (false: one without) fits in `free` slots behind the
@@ -163,7 +187,11 @@ local function queue()
       local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
       local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
       redis.call('ZADD', t .. ':queue', 0, member)
-      redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
+      if w.id then -- its admission registered, for a release to hand it the slot (hand_off)
+        redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit, '>' .. ticket, w.id, '+' .. ticket, w.terms)
+      else
+        redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
+      end
       if not key.queued then
         redis.call('HSET', key.permits, QUEUED, 1)
         key.queued, key.dirty = true, true -- (write_tokens() gives a hash made here its expiry)
@@ -180,7 +208,7 @@ local function queue()
 
   -- The ticket leaves the key's queue (`admitted`, or given up); when it was the head, the tickets next
   -- that fit in `room` slots hear their turn (none when 0). Whether it was there.
-  local function leave(key, ticket, room, admitted)
+  function leave(key, ticket, room, admitted)
     local t = tag_of(key)
     local member = redis.call('HGET', t .. ':tickets', ticket)
     if not member then return false end
