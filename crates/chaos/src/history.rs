@@ -59,16 +59,12 @@ pub(crate) struct History {
     file: Mutex<File>,
 }
 
-/// What a line says about a permit: its keys, id, weight, lease and the limits the client knows.
+/// What a line says about a permit (and, from its keys, the limits the client knows).
 #[derive(Debug, Clone)]
 pub(crate) struct PermitInfo {
-    /// The keys, in the order given.
     pub(crate) keys: Vec<String>,
-    /// The permit id.
     pub(crate) id: String,
-    /// Its weight.
     pub(crate) weight: u32,
-    /// Its lease.
     pub(crate) lease_ms: u64,
 }
 

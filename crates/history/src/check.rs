@@ -14,7 +14,7 @@ pub(crate) const EXAMPLES: usize = 3;
 const HOLDERS: usize = 16;
 
 /// What the sweep found on one key.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct KeyCheck {
     pub(crate) key: Sym,
     /// The most weight certainly held at once.
@@ -67,10 +67,7 @@ fn key(
     };
     let mut check = KeyCheck {
         key,
-        peak: 0,
-        episodes: 0,
-        largest_excess: 0,
-        examples: Vec::new(),
+        ..KeyCheck::default()
     };
     let (mut total, mut in_episode, mut episode_peak) = (0u64, false, 0u64);
     for instant in events.chunk_by(|a, b| a.1 == b.1) {

@@ -96,12 +96,9 @@ pub(crate) fn held(history: &History) -> Held {
 struct Scratch {
     /// (process, complete, invoke, the token a later line of the process names) of admissions.
     admits: Vec<(Sym, u64, u64, Option<u64>)>,
-    enders: Vec<Event>,
-    setters: Vec<Event>,
-    by_complete: Vec<Event>,
+    enders: Sweep,
+    setters: Sweep,
     confirmations: Vec<Event>,
-    active_enders: Active,
-    active_setters: Active,
 }
 
 impl Scratch {
@@ -136,8 +133,8 @@ impl Scratch {
             }
             admit.3 = unknown_until.is_none().then_some(largest);
         }
-        self.enders.clear();
-        self.setters.clear();
+        self.enders.by_invoke.clear();
+        self.setters.by_invoke.clear();
         let mut weight = u32::MAX;
         for &(_, n, pos) in group {
             let op = &ops[n as usize];
@@ -151,7 +148,7 @@ impl Scratch {
             };
             match (op.kind, op.outcome) {
                 (Kind::Release, _) | (Kind::Renew, Outcome::Lost) => {
-                    self.enders.push(event);
+                    self.enders.by_invoke.push(event);
                     // After it, the lease of the token it names is gone: its own token, or (a
                     // release of one key that removed a lease) its process's last lease. A lost
                     // renewal of several keys may have found some of them.
@@ -174,17 +171,17 @@ impl Scratch {
                 (Kind::Acquire, Outcome::Admitted | Outcome::Error)
                 | (Kind::Renew, Outcome::Renewed | Outcome::Readded | Outcome::Error) => {
                     weight = weight.min(op.weight);
-                    self.setters.push(event);
+                    self.setters.by_invoke.push(event);
                 }
                 _ => {}
             }
         }
         held.weights[slot as usize] = weight;
-        self.enders.sort_unstable_by_key(|e| e.invoke);
-        self.setters.sort_unstable_by_key(|e| e.invoke);
+        self.enders.start();
+        self.setters.start();
         self.confirmations.clear();
-        self.confirmations
-            .extend(self.setters.iter().filter(|e| !e.unknown));
+        let known = self.setters.by_invoke.iter().filter(|e| !e.unknown);
+        self.confirmations.extend(known);
         self.cut(end, slot, held);
     }
 
@@ -207,62 +204,25 @@ impl Scratch {
 
     /// Each confirmation's piece, cut by the enders and setters that may have run after it.
     fn cut(&mut self, end: u64, slot: u32, held: &mut Held) {
-        self.active_enders.clear();
-        self.active_setters.clear();
-        let (mut ender, mut setter) = (0, 0);
-        let (mut ender_done, mut setter_done) = (0, 0);
-        // Enders, then setters, by complete: known outcomes leave the active sets when they complete.
-        self.by_complete.clear();
-        self.by_complete
-            .extend(self.enders.iter().filter(|e| !e.unknown));
-        let known_enders = self.by_complete.len();
-        self.by_complete[..known_enders].sort_unstable_by_key(|e| e.complete);
-        self.by_complete
-            .extend(self.setters.iter().filter(|e| !e.unknown));
-        self.by_complete[known_enders..].sort_unstable_by_key(|e| e.complete);
         for c in &self.confirmations {
-            // Operations invoked before this one that may still run after it: in flight at its invoke
-            // (completed at or after it), or of unknown outcome.
-            while ender < self.enders.len() && self.enders[ender].invoke < c.invoke {
-                self.active_enders.add(self.enders[ender].token, 0);
-                ender += 1;
-            }
-            while ender_done < known_enders && self.by_complete[ender_done].complete < c.invoke {
-                self.active_enders
-                    .remove(self.by_complete[ender_done].token, 0);
-                ender_done += 1;
-            }
-            while setter < self.setters.len() && self.setters[setter].invoke < c.invoke {
-                let s = &self.setters[setter];
-                self.active_setters.add(s.token, s.lease);
-                setter += 1;
-            }
-            let done = &self.by_complete[known_enders..];
-            while setter_done < done.len() && done[setter_done].complete < c.invoke {
-                self.active_setters
-                    .remove(done[setter_done].token, done[setter_done].lease);
-                setter_done += 1;
-            }
-            if self.active_enders.min(c.token).is_some() {
+            self.enders.advance(c.invoke);
+            self.setters.advance(c.invoke);
+            if self.enders.active.min(c.token).is_some() {
                 continue;
             }
             let mut until = end.min(c.invoke.saturating_add(c.lease));
-            if let Some(lease) = self.active_setters.min(c.token) {
+            if let Some(lease) = self.setters.active.min(c.token) {
                 until = until.min(c.invoke.saturating_add(lease));
             }
             // Operations invoked at or after it, while the piece lasts.
-            let from = self.enders.partition_point(|e| e.invoke < c.invoke);
-            for e in &self.enders[from..] {
-                if e.invoke >= until {
-                    break;
-                }
-                if agree(e.token, c.token) {
-                    until = e.invoke;
-                    break;
-                }
+            let enders = self.enders.from(c.invoke).iter();
+            let first = enders
+                .take_while(|e| e.invoke < until)
+                .find(|e| agree(e.token, c.token));
+            if let Some(e) = first {
+                until = e.invoke;
             }
-            let from = self.setters.partition_point(|e| e.invoke < c.invoke);
-            for s in &self.setters[from..] {
+            for s in self.setters.from(c.invoke) {
                 if s.invoke >= until {
                     break;
                 }
@@ -279,6 +239,48 @@ impl Scratch {
                 });
             }
         }
+    }
+}
+
+/// Enders or setters of one slot by invoke, and those of known outcome by complete: `active` holds those
+/// invoked before the instant swept to that may still run after it (in flight then, or of unknown
+/// outcome), at their lease (for enders, only whether any agree counts).
+#[derive(Default)]
+struct Sweep {
+    by_invoke: Vec<Event>,
+    by_complete: Vec<Event>,
+    active: Active,
+    /// How many of `by_invoke` entered `active`, and of `by_complete` left it.
+    entered: usize,
+    left: usize,
+}
+
+impl Sweep {
+    /// Sorts `by_invoke`; the sweep starts.
+    fn start(&mut self) {
+        self.by_invoke.sort_unstable_by_key(|e| e.invoke);
+        self.by_complete.clear();
+        let known = self.by_invoke.iter().filter(|e| !e.unknown);
+        self.by_complete.extend(known);
+        self.by_complete.sort_unstable_by_key(|e| e.complete);
+        (self.active, self.entered, self.left) = (Active::default(), 0, 0);
+    }
+
+    /// Moves the sweep on to `at` (never back).
+    fn advance(&mut self, at: u64) {
+        while let Some(e) = self.by_invoke.get(self.entered).filter(|e| e.invoke < at) {
+            self.active.add(e.token, e.lease);
+            self.entered += 1;
+        }
+        while let Some(e) = self.by_complete.get(self.left).filter(|e| e.complete < at) {
+            self.active.remove(e.token, e.lease);
+            self.left += 1;
+        }
+    }
+
+    /// Those invoked at or after `at`.
+    fn from(&self, at: u64) -> &[Event] {
+        &self.by_invoke[self.by_invoke.partition_point(|e| e.invoke < at)..]
     }
 }
 
@@ -299,12 +301,6 @@ struct Active {
 }
 
 impl Active {
-    fn clear(&mut self) {
-        self.all.0.clear();
-        self.unknown.0.clear();
-        self.by_token.clear();
-    }
-
     fn add(&mut self, token: Option<u64>, value: u64) {
         self.all.add(value);
         match token {

@@ -43,6 +43,30 @@ pub(crate) enum Kind {
     Fault,
 }
 
+/// Each op: its name, its kind and the results it may have.
+const OPS: [(&str, Kind, &[&str]); 5] = [
+    (
+        "acquire",
+        Kind::Acquire,
+        &["admitted", "full", "unlimited", "error"],
+    ),
+    ("release", Kind::Release, &["released", "gone", "error"]),
+    (
+        "renew",
+        Kind::Renew,
+        &["renewed", "readded", "lost", "error"],
+    ),
+    ("status", Kind::Status, &["ok"]),
+    ("fault", Kind::Fault, &["ok"]),
+];
+
+impl Kind {
+    /// Its op's name.
+    pub(crate) fn name(self) -> &'static str {
+        OPS.iter().find(|op| op.1 == self).expect("every kind").0
+    }
+}
+
 /// How it ended (`Error`: unknown).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -181,54 +205,30 @@ impl History {
     /// The line as an [`Op`], or why it cannot be one; records the limits it reports.
     fn check(&mut self, raw: Line, file: u32, line: u32) -> Result<Op, String> {
         use Outcome as O;
-        let (kind, outcomes): (Kind, &[(&str, Outcome)]) = match &*raw.op {
-            "acquire" => (
-                Kind::Acquire,
-                &[
-                    ("admitted", O::Admitted),
-                    ("full", O::Full),
-                    ("unlimited", O::Unlimited),
-                    ("error", O::Error),
-                ],
-            ),
-            "release" => (
-                Kind::Release,
-                &[
-                    ("released", O::Released),
-                    ("gone", O::Gone),
-                    ("error", O::Error),
-                ],
-            ),
-            "renew" => (
-                Kind::Renew,
-                &[
-                    ("renewed", O::Renewed),
-                    ("readded", O::Readded),
-                    ("lost", O::Lost),
-                    ("error", O::Error),
-                ],
-            ),
-            "status" => (Kind::Status, &[("ok", O::Ok)]),
-            "fault" => (Kind::Fault, &[("ok", O::Ok)]),
-            other => {
-                return Err(format!(
-                    "unknown op `{other}` (acquire, release, renew, status or fault)"
-                ))
-            }
+        let Some(&(_, kind, results)) = OPS.iter().find(|op| op.0 == raw.op) else {
+            let op = &raw.op;
+            return Err(format!(
+                "unknown op `{op}` (acquire, release, renew, status or fault)"
+            ));
         };
-        let outcome = outcomes
-            .iter()
-            .find(|(name, _)| *name == raw.result)
-            .map(|(_, outcome)| *outcome)
-            .ok_or_else(|| {
-                let names: Vec<&str> = outcomes.iter().map(|(name, _)| *name).collect();
-                format!(
-                    "unknown result `{}` of `{}` (one of: {})",
-                    raw.result,
-                    raw.op,
-                    names.join(", ")
-                )
-            })?;
+        if !results.contains(&&*raw.result) {
+            let (result, op, results) = (&raw.result, &raw.op, results.join(", "));
+            return Err(format!(
+                "unknown result `{result}` of `{op}` (one of: {results})"
+            ));
+        }
+        let outcome = match &*raw.result {
+            "admitted" => O::Admitted,
+            "full" => O::Full,
+            "unlimited" => O::Unlimited,
+            "released" => O::Released,
+            "gone" => O::Gone,
+            "renewed" => O::Renewed,
+            "readded" => O::Readded,
+            "lost" => O::Lost,
+            "error" => O::Error,
+            _ => O::Ok,
+        };
         if raw.complete_ns < raw.invoke_ns {
             return Err("complete_ns is before invoke_ns".to_owned());
         }

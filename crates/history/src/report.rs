@@ -10,7 +10,7 @@ use crate::read::{History, Kind, Limit, Op, Outcome, Sym};
 use crate::tokens::TokenCheck;
 
 /// The findings over one or more history files.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct Report {
     /// No certain over-admission and no token going backwards.
     pub ok: bool,
@@ -43,7 +43,7 @@ pub struct Report {
 }
 
 /// One key.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct KeyReport {
     /// The key.
     pub key: String,
@@ -129,57 +129,47 @@ pub struct FaultReport {
 
 /// The report of `history`, given what the checks found.
 pub(crate) fn report(history: &History, keys: Vec<KeyCheck>, tokens: TokenCheck) -> Report {
-    let ms = Ms(history.start_ns());
+    let start = history.start_ns();
+    let ms = |ns| ms_after(start, ns);
     let name = |sym: Sym| history.names.get(sym).to_owned();
     let line = |n: u32, key: Option<Sym>, weight: Option<u32>| {
         let op = &history.ops[n as usize];
         let pos = key.and_then(|key| op.keys.iter().position(|k| *k == key));
         ExampleLine {
             at: format!("{}:{}", history.files[op.file as usize], op.line),
-            op: match op.kind {
-                Kind::Acquire => "acquire",
-                Kind::Release => "release",
-                Kind::Renew => "renew",
-                Kind::Status => "status",
-                Kind::Fault => "fault",
-            },
+            op: op.kind.name(),
             process: name(op.process),
             id: name(op.id),
             weight: weight.unwrap_or(op.weight),
             token: pos.and_then(|pos| op.token(pos)),
-            invoke_ms: ms.of(op.invoke_ns),
-            complete_ms: ms.of(op.complete_ns),
+            invoke_ms: ms(op.invoke_ns),
+            complete_ms: ms(op.complete_ns),
         }
     };
     let mut by_key: BTreeMap<String, KeyReport> = BTreeMap::new();
     let mut report = Report {
-        ok: true,
         files: history.files.clone(),
-        operations: 0,
-        admissions: 0,
-        unknown_outcomes: 0,
-        over_admissions: 0,
-        largest_excess: 0,
         token_violations: tokens.count,
         tokens_compared: tokens.compared,
-        slots_leaked: 0,
-        permits_lost: 0,
-        keys: Vec::new(),
-        token_examples: Vec::new(),
-        faults: Vec::new(),
+        ..Report::default()
     };
     let mut last_status: BTreeMap<Sym, (u64, usize)> = BTreeMap::new();
     let mut admitted: Vec<u64> = Vec::new();
     for (n, op) in history.ops.iter().enumerate() {
-        tally(&mut report, op);
+        if op.kind != Kind::Fault {
+            report.operations += 1;
+        }
         match (op.kind, op.outcome) {
+            (_, Outcome::Error) => report.unknown_outcomes += 1,
             (Kind::Acquire, Outcome::Admitted) => {
+                report.admissions += 1;
                 admitted.push(op.complete_ns);
                 for key in &op.keys {
                     keyed(&mut by_key, history, *key).admissions += 1;
                 }
             }
             (Kind::Renew, Outcome::Lost) => {
+                report.permits_lost += 1;
                 for key in &op.keys {
                     keyed(&mut by_key, history, *key).lost += 1;
                 }
@@ -214,7 +204,7 @@ pub(crate) fn report(history: &History, keys: Vec<KeyCheck>, tokens: TokenCheck)
             .iter()
             .map(|example| ExcessExample {
                 at_ns: example.at_ns,
-                at_ms: ms.of(example.at_ns),
+                at_ms: ms(example.at_ns),
                 held: example.held,
                 limit: example.limit,
                 holders: example
@@ -257,25 +247,14 @@ pub(crate) fn report(history: &History, keys: Vec<KeyCheck>, tokens: TokenCheck)
                 process: name(fault.process),
                 invoke_ns: fault.invoke_ns,
                 complete_ns: fault.complete_ns,
-                recovery_ms: admitted.get(next).map(|&at| Ms(fault.complete_ns).of(at)),
+                recovery_ms: admitted
+                    .get(next)
+                    .map(|&at| ms_after(fault.complete_ns, at)),
             }
         })
         .collect();
     report.ok = report.over_admissions == 0 && report.token_violations == 0;
     report
-}
-
-/// Counts `op` in the report's totals.
-fn tally(report: &mut Report, op: &Op) {
-    if op.kind != Kind::Fault {
-        report.operations += 1;
-    }
-    match op.outcome {
-        Outcome::Admitted => report.admissions += 1,
-        Outcome::Lost => report.permits_lost += 1,
-        Outcome::Error => report.unknown_outcomes += 1,
-        _ => {}
-    }
 }
 
 /// The report of `key`, made when first needed.
@@ -290,31 +269,20 @@ fn keyed<'a>(
             Limit::Unlimited => 0,
             Limit::At(n) => *n,
         });
+        let key = name.to_owned();
         by_key.insert(
-            name.to_owned(),
+            key.clone(),
             KeyReport {
-                key: name.to_owned(),
+                key,
                 limit,
-                admissions: 0,
-                peak_held: 0,
-                over_admissions: 0,
-                largest_excess: 0,
-                leaked: None,
-                lost: 0,
-                examples: Vec::new(),
+                ..KeyReport::default()
             },
         );
     }
     by_key.get_mut(name).expect("inserted")
 }
 
-/// Instants as ms after an origin, to the µs.
-#[derive(Clone, Copy)]
-struct Ms(u64);
-
-impl Ms {
-    fn of(self, ns: u64) -> f64 {
-        let us = ns.saturating_sub(self.0) / 1_000;
-        us as f64 / 1_000.0
-    }
+/// `ns` as ms after `origin`, to the µs.
+fn ms_after(origin: u64, ns: u64) -> f64 {
+    (ns.saturating_sub(origin) / 1_000) as f64 / 1_000.0
 }

@@ -65,7 +65,11 @@ impl Report {
                 key.largest_excess
             )?;
             for example in &key.examples {
-                let holders: Vec<String> = example.holders.iter().map(holder).collect();
+                let holders: Vec<String> = example
+                    .holders
+                    .iter()
+                    .map(|line| format!("{} weight {}", who(line), line.weight))
+                    .collect();
                 writeln!(
                     out,
                     "    at +{:.3} ms, {} certainly held: {}",
@@ -155,10 +159,6 @@ fn plural(n: usize) -> &'static str {
     } else {
         "s"
     }
-}
-
-fn holder(line: &ExampleLine) -> String {
-    format!("{} weight {}", who(line), line.weight)
 }
 
 /// "process id ID (file:line)".

@@ -56,8 +56,7 @@ impl<S: Store, K, Inner> Layer<Inner> for InflightLayer<S, K> {
 
     fn layer(&self, inner: Inner) -> Self::Service {
         InflightService {
-            limiter: self.limiter.clone(),
-            key: self.key.clone(),
+            layer: self.clone(),
             inner,
         }
     }
@@ -65,16 +64,14 @@ impl<S: Store, K, Inner> Layer<Inner> for InflightLayer<S, K> {
 
 /// The service [`InflightLayer`] makes.
 pub struct InflightService<S: Store, K, Inner> {
-    limiter: Limiter<S>,
-    key: Arc<K>,
+    layer: InflightLayer<S, K>,
     inner: Inner,
 }
 
 impl<S: Store, K, Inner: Clone> Clone for InflightService<S, K, Inner> {
     fn clone(&self) -> Self {
         Self {
-            limiter: self.limiter.clone(),
-            key: self.key.clone(),
+            layer: self.layer.clone(),
             inner: self.inner.clone(),
         }
     }
@@ -98,9 +95,9 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let key = (self.key)(&parts);
+        let key = (self.layer.key)(&parts);
         let request = Request::from_parts(parts, body);
-        let limiter = self.limiter.clone();
+        let limiter = self.layer.limiter.clone();
         // The clone that was made ready goes into the future; a fresh clone stays for the next call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);

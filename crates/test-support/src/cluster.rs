@@ -40,11 +40,8 @@ impl TestCluster {
                 "0",
                 "--cluster-allow-replica-migration",
                 "no",
-                "--repl-diskless-sync",
-                "yes",
-                "--repl-diskless-sync-delay",
-                "0",
             ];
+            args.extend(procs::FAST_SYNC);
             args.extend(&debug);
             nodes.spawn(port, None, &args);
         }
@@ -80,12 +77,7 @@ impl TestCluster {
 
     /// `redis+cluster://` with every node.
     pub fn url(&self) -> String {
-        let nodes: Vec<String> = self
-            .ports
-            .iter()
-            .map(|port| format!("127.0.0.1:{port}"))
-            .collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        format!("redis+cluster://{}", procs::addrs(&self.ports))
     }
 
     /// The builder of a store on this cluster, with the test timeouts and `prefix`.

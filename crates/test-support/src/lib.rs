@@ -53,14 +53,6 @@ impl TestRedis {
         panic!("redis-server never started on a port of its own");
     }
 
-    fn spawn(&mut self) {
-        assert!(
-            self.try_spawn(),
-            "redis-server did not start on {}",
-            self.port
-        );
-    }
-
     /// Starts the server on this port; false when what answers there is not it.
     fn try_spawn(&mut self) -> bool {
         let debug = procs::debug_command_args("yes");
@@ -71,8 +63,7 @@ impl TestRedis {
             self.server = Some(child);
             return true;
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        procs::kill(&mut child);
         false
     }
 
@@ -132,7 +123,11 @@ impl TestRedis {
     /// Starts an empty server on the same port again.
     pub fn restart(&mut self) {
         self.stop();
-        self.spawn();
+        assert!(
+            self.try_spawn(),
+            "redis-server did not start on {}",
+            self.port
+        );
     }
 }
 

@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -33,6 +33,20 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     }
     ports
 }
+
+/// `127.0.0.1:<port>` of each port, joined with commas (for a URL of several nodes).
+pub fn addrs(ports: &[u16]) -> String {
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    addrs.join(",")
+}
+
+/// The flags of a replication that starts at once (diskless, no delay).
+pub const FAST_SYNC: [&str; 4] = [
+    "--repl-diskless-sync",
+    "yes",
+    "--repl-diskless-sync-delay",
+    "0",
+];
 
 /// A fresh directory under the system's temporary directory.
 pub fn scratch_dir(kind: &str) -> PathBuf {
@@ -161,46 +175,6 @@ pub fn info_field(port: u16, section: &str, field: &str) -> Option<String> {
         .map(|value| value.trim().to_owned())
 }
 
-/// Kills processes when the test process ends, however it ends: it reads its stdin, a pipe only this
-/// process writes to, and EOF (the process gone) makes it kill them and remove their directory.
-pub struct Watchdog {
-    child: Child,
-    stdin: Option<ChildStdin>,
-}
-
-impl Watchdog {
-    pub fn start(dir: &Path) -> Self {
-        let script = format!(
-            "pids=''; while read -r pid; do pids=\"$pids $pid\"; done; \
-             [ -n \"$pids\" ] && kill -9 $pids 2>/dev/null; rm -rf '{}'",
-            dir.display()
-        );
-        let mut child = Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the watchdog shell");
-        let stdin = child.stdin.take();
-        Self { child, stdin }
-    }
-
-    /// Adds a process to kill.
-    pub fn watch(&mut self, pid: u32) {
-        if let Some(stdin) = &mut self.stdin {
-            let _ = writeln!(stdin, "{pid}");
-            let _ = stdin.flush();
-        }
-    }
-
-    /// Kills the watched processes and removes the directory now, and waits for that.
-    pub fn finish(&mut self) {
-        self.stdin.take();
-        let _ = self.child.wait();
-    }
-}
-
 /// Kills `child` with SIGKILL and reaps it.
 pub fn kill(child: &mut Child) {
     let _ = child.kill();
@@ -213,14 +187,28 @@ pub struct Nodes {
     /// Their directory: configs, data and a log per node (`<port>.log`).
     pub dir: PathBuf,
     children: Mutex<Vec<(u16, Option<Child>)>>,
-    watchdog: Mutex<Watchdog>,
+    /// Kills them when the test process ends, however it ends (a topology in a `static`, a test
+    /// aborted): a shell that reads their pids on its stdin, a pipe only this process writes to, and at
+    /// EOF (this process gone, or the nodes dropped) kills them and removes their directory.
+    watchdog: Child,
 }
 
 impl Nodes {
     /// None yet, in a fresh scratch directory for `kind`, with the watchdog that kills them.
     pub fn new(kind: &str) -> Self {
         let dir = scratch_dir(kind);
-        let watchdog = Mutex::new(Watchdog::start(&dir));
+        let script = format!(
+            "pids=''; while read -r pid; do pids=\"$pids $pid\"; done; \
+             [ -n \"$pids\" ] && kill -9 $pids 2>/dev/null; rm -rf '{}'",
+            dir.display()
+        );
+        let watchdog = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the watchdog shell");
         Self {
             dir,
             children: Mutex::default(),
@@ -231,7 +219,9 @@ impl Nodes {
     /// Starts a server on `port`, as [`spawn_server`] does.
     pub fn spawn(&self, port: u16, config: Option<&Path>, args: &[&str]) {
         let child = spawn_server(&self.dir, port, config, args);
-        self.watchdog.lock().unwrap().watch(child.id());
+        if let Some(mut stdin) = self.watchdog.stdin.as_ref() {
+            let _ = writeln!(stdin, "{}", child.id());
+        }
         self.children.lock().unwrap().push((port, Some(child)));
     }
 
@@ -239,13 +229,9 @@ impl Nodes {
     /// another on the same port after.
     pub fn kill(&self, port: u16) {
         let mut children = self.children.lock().unwrap();
-        if let Some((_, child)) = children
-            .iter_mut()
-            .find(|(p, child)| *p == port && child.is_some())
-        {
-            if let Some(mut child) = child.take() {
-                kill(&mut child);
-            }
+        let mut on_port = children.iter_mut().filter(|(p, _)| *p == port);
+        if let Some(mut child) = on_port.find_map(|(_, child)| child.take()) {
+            kill(&mut child);
         }
     }
 
@@ -270,11 +256,13 @@ impl Nodes {
 
 impl Drop for Nodes {
     fn drop(&mut self) {
-        let mut children = self.children.lock().unwrap();
+        let children = self.children.get_mut().unwrap();
         for child in children.iter_mut().filter_map(|(_, child)| child.as_mut()) {
             kill(child);
         }
-        self.watchdog.lock().unwrap().finish();
+        // EOF: the watchdog removes the directory now.
+        self.watchdog.stdin.take();
+        let _ = self.watchdog.wait();
     }
 }
 

@@ -27,18 +27,12 @@ impl TestSentinel {
         let ports = procs::free_ports(5);
         let (primary, replica) = (ports[0], ports[1]);
         let primary_port = primary.to_string();
-        let fast = [
-            "--repl-diskless-sync",
-            "yes",
-            "--repl-diskless-sync-delay",
-            "0",
-        ];
-        nodes.spawn(primary, None, &fast);
+        nodes.spawn(primary, None, &procs::FAST_SYNC);
         procs::wait_ping(primary);
         // DEBUG SLEEP lets a test hold the replica back from catching up.
         let mut args = vec!["--replicaof", "127.0.0.1", &primary_port];
         args.extend(procs::debug_command_args("local"));
-        args.extend(fast);
+        args.extend(procs::FAST_SYNC);
         nodes.spawn(replica, None, &args);
         for &port in &ports[2..] {
             let config = nodes.dir.join(format!("sentinel-{port}.conf"));
@@ -81,11 +75,10 @@ impl TestSentinel {
 
     /// `redis+sentinel://` with the three sentinels.
     pub fn url(&self) -> String {
-        let sentinels: Vec<String> = self.ports[2..]
-            .iter()
-            .map(|port| format!("127.0.0.1:{port}"))
-            .collect();
-        format!("redis+sentinel://{}/{MASTER}", sentinels.join(","))
+        format!(
+            "redis+sentinel://{}/{MASTER}",
+            procs::addrs(&self.ports[2..])
+        )
     }
 
     /// The builder of a store on this topology, with the test timeouts.

@@ -1,8 +1,7 @@
 //! The HTTP holder: a client of `inflight serve` (`POST /v1/permits`, `DELETE /v1/permits/{id}`), over
 //! plain HTTP/1.1 on a TCP connection per request. Holds are shorter than the lease: no renewals.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -10,13 +9,12 @@ use tokio::net::TcpStream;
 
 use super::{Rng, Task};
 
-/// The answer to one request: its status, and its body.
+/// The answer to one request: its status (0 when no status line came), and its body as JSON (null when
+/// it is not).
 #[derive(Debug)]
 pub(crate) struct Answer {
-    /// The status code (0 when no status line came).
     pub(crate) status: u16,
-    /// The body, as text.
-    pub(crate) body: String,
+    pub(crate) body: Value,
 }
 
 /// `host:port` of an `http://host:port[/...]` URL.
@@ -42,25 +40,33 @@ pub(crate) async fn request(
         stream.write_all(head.as_bytes()).await?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(parse(&raw))
+        let text = String::from_utf8_lossy(&raw);
+        let body = text.split_once("\r\n\r\n").unwrap_or_default().1;
+        let body = serde_json::from_str(body).unwrap_or(Value::Null);
+        Ok::<_, std::io::Error>(Answer {
+            status: status_of(&text),
+            body,
+        })
     };
     tokio::time::timeout(Duration::from_secs(10), exchange)
         .await
         .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
-fn parse(raw: &[u8]) -> Answer {
-    let text = String::from_utf8_lossy(raw);
-    let status = text
-        .split(' ')
+/// The status of an HTTP answer's head (0 when it has none).
+pub(crate) fn status_of(head: &str) -> u16 {
+    head.split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Answer { status, body }
+        .unwrap_or(0)
+}
+
+/// The value of the header `name` in an HTTP head.
+pub(crate) fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.eq_ignore_ascii_case(name).then(|| value.trim())
+    })
 }
 
 /// The fencing token of an admission's answer (`None` for 0: nothing held, an unlimited key).
@@ -70,24 +76,8 @@ pub(crate) fn token_in(body: &Value) -> Option<u64> {
         .filter(|&token| token > 0)
 }
 
-pub(super) async fn run(task: Arc<Task>) -> crate::Result {
-    let mut tasks = Vec::new();
-    for n in 0..task.args.tasks {
-        let task = task.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
-            while Instant::now() < task.until {
-                cycle(&task, &mut rng, n).await;
-            }
-        }));
-    }
-    for handle in tasks {
-        handle.await?;
-    }
-    Ok(())
-}
-
-async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
+/// One admission, renewals while held, and a release.
+pub(super) async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
     let info = task.next_permit(rng, n);
     let addr = authority(&task.args.target);
     let body =
@@ -98,15 +88,13 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
     let complete = history.now();
     let (result, mut token) = match &answer {
         Ok(a) if a.status == 201 => {
-            let body: Value = serde_json::from_str(&a.body).unwrap_or(Value::Null);
             // An unlimited key is answered without a lease.
-            let leased = body
+            let leased = a
+                .body
                 .get("lease_expires_at_ms")
                 .is_some_and(|v| !v.is_null());
-            (
-                if leased { "admitted" } else { "unlimited" },
-                token_in(&body),
-            )
+            let result = if leased { "admitted" } else { "unlimited" };
+            (result, token_in(&a.body))
         }
         Ok(a) if a.status == 429 => ("full", None),
         _ => ("error", None),
@@ -134,8 +122,7 @@ async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
         let (result, readded) = match request(addr, "PUT", &path, &renewal).await {
             Ok(a) if a.status == 200 => {
                 // A lease re-added (it had gone) comes with a new token, named from then on.
-                let body: Value = serde_json::from_str(&a.body).unwrap_or(Value::Null);
-                match token_in(&body).filter(|&new| Some(new) != token) {
+                match token_in(&a.body).filter(|&new| Some(new) != token) {
                     Some(new) => ("readded", Some(new)),
                     None => ("renewed", None),
                 }

@@ -2,7 +2,7 @@
 //! over from several tasks, writing every operation to its history. Kinds: the library (`rust`), an
 //! `inflight serve` (`http`) and an `inflight proxy` (`proxy`).
 
-mod http;
+pub(crate) mod http;
 mod proxy;
 mod rust;
 
@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use inflight::{Limiter, RedisStore};
 
 use crate::history::{History, PermitInfo};
 
@@ -75,47 +77,43 @@ pub(crate) struct HolderArgs {
     pub(crate) loose: bool,
 }
 
-/// One permit to take: its keys and weight.
-#[derive(Debug, Clone)]
-pub(crate) struct Job {
-    /// The keys (limits in their names, see [`crate::history::limit_of`]).
-    pub(crate) keys: Vec<String>,
-    /// The weight.
-    pub(crate) weight: u32,
+/// One permit to take: its keys (limits in their names, see [`crate::history::limit_of`]) and weight.
+pub(crate) type Job = (&'static [&'static str], u32);
+
+/// Limits 1, 4 and 64; weights 1 and 3; the last two on two keys at once (the `multi` mix only).
+const MULTI: [Job; 7] = [
+    (&["l1:a"], 1),
+    (&["l4:a"], 1),
+    (&["l4:a"], 3),
+    (&["l64:a"], 1),
+    (&["l64:a"], 3),
+    (&["l4:a", "l1:b"], 1),
+    (&["l64:a", "l4:b"], 3),
+];
+
+/// The permits a run's holders take: `multi` every one of [`MULTI`], `single` those on one key, `wait`
+/// (waiters) the small limits only, so that most asks wait.
+pub(crate) fn mix(name: &str) -> &'static [Job] {
+    match name {
+        "wait" => &[
+            (&["l1:a"], 1),
+            (&["l4:a"], 1),
+            (&["l4:a"], 3),
+            (&["l4:a", "l1:b"], 1),
+        ],
+        "multi" => &MULTI,
+        _ => &MULTI[..5],
+    }
 }
 
-/// The permits a run's holders take: limits 1, 4 and 64; weights 1 and 3; with `multi`, two keys at once;
-/// `wait` (waiters) the small limits only, so that most asks wait.
-pub(crate) fn mix(name: &str) -> Vec<Job> {
-    let job = |keys: &[&str], weight| Job {
-        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-        weight,
-    };
-    if name == "wait" {
-        return vec![
-            job(&["l1:a"], 1),
-            job(&["l4:a"], 1),
-            job(&["l4:a"], 3),
-            job(&["l4:a", "l1:b"], 1),
-        ];
-    }
-    let mut jobs = vec![
-        job(&["l1:a"], 1),
-        job(&["l4:a"], 1),
-        job(&["l4:a"], 3),
-        job(&["l64:a"], 1),
-        job(&["l64:a"], 3),
-    ];
-    if name == "multi" {
-        jobs.push(job(&["l4:a", "l1:b"], 1));
-        jobs.push(job(&["l64:a", "l4:b"], 3));
-    }
-    jobs
+/// The keys of `job`, owned.
+pub(crate) fn keys(job: &Job) -> Vec<String> {
+    job.0.iter().map(ToString::to_string).collect()
 }
 
 /// The keys of a mix, each once.
 pub(crate) fn keys_of(name: &str) -> Vec<String> {
-    let mut keys: Vec<String> = mix(name).into_iter().flat_map(|j| j.keys).collect();
+    let mut keys: Vec<String> = mix(name).iter().flat_map(keys).collect();
     keys.sort();
     keys.dedup();
     keys
@@ -141,11 +139,7 @@ impl Rng {
 
     /// A number in `0..n` (0 for n = 0).
     pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
+        self.next() % n.max(1)
     }
 }
 
@@ -155,37 +149,29 @@ pub(crate) fn next_id(process: &str) -> String {
     format!("{process}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The permit id of task `task`'s next job `job`: half the time the one it used last for that job (a
-/// request retried under its id; never held twice at once, as a task holds one permit at a time, but it
-/// may follow a release that failed), else a new one.
-pub(crate) fn pick_id(process: &str, task: usize, job: usize, rng: &mut Rng) -> String {
-    if rng.below(2) == 0 {
-        format!("{process}-t{task}-j{job}")
-    } else {
-        next_id(process)
-    }
-}
-
-/// What every task of a holder shares.
+/// What every task of a holder shares: its arguments, history, end, and (the library's) limiter.
 pub(crate) struct Task {
-    /// The holder's arguments.
     pub(crate) args: HolderArgs,
-    /// Its history.
     pub(crate) history: History,
-    /// When to stop.
     pub(crate) until: Instant,
+    pub(crate) limiter: Option<Limiter<RedisStore>>,
 }
 
 impl Task {
-    /// The permit task `n` asks for next: a job of the mix, under a new id or the one it used last.
+    /// The permit task `n` asks for next: a job of the mix, half the time under the id the task used
+    /// last for that job (a request retried under its id; never held twice at once, as a task holds one
+    /// permit at a time, but it may follow a release that failed), else under a new one.
     pub(crate) fn next_permit(&self, rng: &mut Rng, n: usize) -> PermitInfo {
-        let jobs = mix(&self.args.mix);
+        let (jobs, process) = (mix(&self.args.mix), &self.args.process);
         let j = rng.below(jobs.len() as u64) as usize;
-        let job = &jobs[j];
+        let id = match rng.below(2) {
+            0 => format!("{process}-t{n}-j{j}"),
+            _ => next_id(process),
+        };
         PermitInfo {
-            keys: job.keys.clone(),
-            id: pick_id(&self.args.process, n, j, rng),
-            weight: job.weight,
+            keys: keys(&jobs[j]),
+            id,
+            weight: jobs[j].1,
             lease_ms: self.args.lease_ms,
         }
     }
@@ -202,24 +188,43 @@ impl Task {
     }
 }
 
-/// Runs a holder to its end.
+/// Runs a holder to its end: `--tasks` tasks, each taking permits one after the other until the end.
 pub(crate) fn run(args: HolderArgs) -> crate::Result {
     let history = History::open(&args.out, &args.process)?;
     let until = Instant::now() + Duration::from_millis(args.duration_ms);
-    let task = Arc::new(Task {
-        args,
-        history,
-        until,
-    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        match task.args.kind {
-            Kind::Rust => rust::run(task).await,
-            Kind::Http => http::run(task).await,
-            Kind::Proxy => proxy::run(task).await,
+        let limiter = match args.kind {
+            Kind::Rust => Some(rust::limiter(&args)?),
+            Kind::Http | Kind::Proxy => None,
+        };
+        let task = Arc::new(Task {
+            args,
+            history,
+            until,
+            limiter,
+        });
+        let tasks: Vec<_> = (0..task.args.tasks)
+            .map(|n| {
+                let task = task.clone();
+                tokio::spawn(async move {
+                    let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
+                    while Instant::now() < task.until {
+                        match task.args.kind {
+                            Kind::Rust => rust::cycle(&task, &mut rng, n).await,
+                            Kind::Http => http::cycle(&task, &mut rng, n).await,
+                            Kind::Proxy => proxy::cycle(&task, &mut rng).await,
+                        }
+                    }
+                })
+            })
+            .collect();
+        for handle in tasks {
+            handle.await?;
         }
+        Ok(())
     })
 }

@@ -3,32 +3,14 @@
 //! upstream to end (the proxy releases only after the stream's end, so never before that) or, in a storm,
 //! when it drops the connection.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::http::{authority, request};
-use super::{mix, next_id, Rng, Task};
+use super::http::{authority, header, request, status_of};
+use super::{keys, mix, next_id, Rng, Task};
 use crate::history::PermitInfo;
-
-pub(super) async fn run(task: Arc<Task>) -> crate::Result {
-    let mut tasks = Vec::new();
-    for n in 0..task.args.tasks {
-        let task = task.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
-            while Instant::now() < task.until {
-                cycle(&task, &mut rng).await;
-            }
-        }));
-    }
-    for handle in tasks {
-        handle.await?;
-    }
-    Ok(())
-}
 
 /// Reads until the end of the answer's head; its status (0 when none came) and the admission's token
 /// the upstream told back (`X-Chaos-Token`).
@@ -42,28 +24,17 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<(u16, Option<u64>)
         head.push(byte[0]);
     }
     let text = String::from_utf8_lossy(&head);
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let token = text.lines().find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        let token = value.trim().parse().ok()?;
-        name.eq_ignore_ascii_case("x-chaos-token").then_some(token)
-    });
-    Ok((status, token.filter(|&t| t > 0)))
+    let token = header(&text, "x-chaos-token").and_then(|t| t.parse().ok());
+    Ok((status_of(&text), token.filter(|&t| t > 0)))
 }
 
-async fn cycle(task: &Task, rng: &mut Rng) {
+/// One request held open, and its end.
+pub(super) async fn cycle(task: &Task, rng: &mut Rng) {
     // The proxy takes one key a request, weight 1.
-    let jobs: Vec<_> = mix("single")
-        .into_iter()
-        .filter(|j| j.weight == 1)
-        .collect();
-    let job = &jobs[rng.below(jobs.len() as u64) as usize];
+    let jobs: Vec<_> = mix("single").iter().filter(|j| j.1 == 1).collect();
+    let job = jobs[rng.below(jobs.len() as u64) as usize];
     let info = PermitInfo {
-        keys: job.keys.clone(),
+        keys: keys(job),
         id: next_id(&task.args.process),
         weight: 1,
         lease_ms: task.args.lease_ms,

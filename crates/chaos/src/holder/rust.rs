@@ -1,15 +1,14 @@
 //! The library's holder: a [`Limiter`] on a Redis store; renewals are the library's own, and a permit
 //! that turns lost is logged as a renewal "lost".
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use inflight::{
     AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, Permit, Policy, RedisStore,
 };
 
-use super::{Rng, Task};
-use crate::history::{limit_of, PermitInfo};
+use super::{HolderArgs, Rng, Task};
+use crate::history::limit_of;
 
 /// The policy of every run: keys `l1:*`, `l4:*`, `l64:*` have limits 1, 4 and 64; `loose` enforces 2
 /// on `l1:*` (a control run).
@@ -29,35 +28,20 @@ pub(crate) fn token_of(permit: &Permit) -> Option<u64> {
     Some(permit.token()).filter(|&token| token > 0)
 }
 
-pub(super) async fn run(task: Arc<Task>) -> crate::Result {
-    let store = RedisStore::open(task.args.target.clone())?;
-    // The store breaker off, as `inflight` does for Cluster: every admission asks the store.
-    let limiter = Arc::new(
-        Limiter::builder(store)
-            .policy(policy(task.args.loose))
-            .lease(Duration::from_millis(task.args.lease_ms))
-            .on_store_failure(FailurePolicy::FailClosed)
-            .store_breaker(false)
-            .build(),
-    );
-    let mut tasks = Vec::new();
-    for n in 0..task.args.tasks {
-        let (task, limiter) = (task.clone(), limiter.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut rng = Rng::new(task.args.seed.wrapping_mul(7919) + n as u64);
-            while Instant::now() < task.until {
-                cycle(&task, &limiter, &mut rng, n).await;
-            }
-        }));
-    }
-    for handle in tasks {
-        handle.await?;
-    }
-    Ok(())
+/// The holder's limiter, with the store breaker off as `inflight` has it for Cluster: every admission
+/// asks the store.
+pub(super) fn limiter(args: &HolderArgs) -> crate::Result<Limiter<RedisStore>> {
+    Ok(Limiter::builder(RedisStore::open(args.target.clone())?)
+        .policy(policy(args.loose))
+        .lease(Duration::from_millis(args.lease_ms))
+        .on_store_failure(FailurePolicy::FailClosed)
+        .store_breaker(false)
+        .build())
 }
 
 /// One acquire, hold and release.
-async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usize) {
+pub(super) async fn cycle(task: &Task, rng: &mut Rng, n: usize) {
+    let limiter = task.limiter.as_ref().expect("the library's limiter");
     let info = task.next_permit(rng, n);
     let options = AcquireOptions::new()
         .id(info.id.clone())
@@ -109,16 +93,23 @@ async fn cycle(task: &Task, limiter: &Limiter<RedisStore>, rng: &mut Rng, n: usi
         }
         if !lost && permit.expires_at_ms() > expires_ms {
             expires_ms = permit.expires_at_ms();
-            // A lease re-added (it had gone) comes with a new token.
-            let readded = token_of(&permit) != token;
-            token = token_of(&permit);
-            let renewal = Renewal {
-                expires_ms,
-                after_ns: invoke,
-                token,
-                readded,
+            // A renewal seen as a later expiry; a lease re-added (it had gone) comes with a new token.
+            let result = if token_of(&permit) == token {
+                "renewed"
+            } else {
+                "readded"
             };
-            log_renewal(task, &info, renewal);
+            token = token_of(&permit);
+            // Redis granted it at `expires_ms - lease` (its clock is this machine's wall clock), so it
+            // was invoked before that (5 ms before, for the clocks' rounding) and after the admission's
+            // invoke. Its lease then lasts at least until the logged invoke + lease.
+            let now = history.now();
+            let granted_ns = expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
+            let renewed = granted_ns
+                .saturating_sub(5_000_000)
+                .max(invoke + 1)
+                .min(now);
+            history.permit_op("renew", &info, (renewed, now), result, token);
         }
     }
     let invoke = history.now();
@@ -143,35 +134,4 @@ fn wait_options(task: &Task, rng: &mut Rng, n: usize, options: AcquireOptions) -
     } else {
         options
     }
-}
-
-/// A renewal the library made, seen as a later expiry.
-struct Renewal {
-    /// The new expiry (ms since the epoch, Redis's clock).
-    expires_ms: u64,
-    /// The admission's invoke: a renewal is invoked after it.
-    after_ns: u64,
-    /// The lease's token now.
-    token: Option<u64>,
-    /// True when the token changed: the lease had gone and was added again.
-    readded: bool,
-}
-
-/// Logs a renewal seen as a later expiry: Redis granted it at `expires_ms - lease` (its clock is this
-/// machine's wall clock), so it was invoked before that (5 ms before, for the clocks' rounding) and
-/// after the admission's invoke. Its lease then lasts at least until the logged invoke + lease.
-fn log_renewal(task: &Task, info: &PermitInfo, renewal: Renewal) {
-    let now = task.history.now();
-    let granted_ns = renewal.expires_ms.saturating_sub(info.lease_ms) * 1_000_000;
-    let invoke = granted_ns
-        .saturating_sub(5_000_000)
-        .max(renewal.after_ns + 1)
-        .min(now);
-    let result = if renewal.readded {
-        "readded"
-    } else {
-        "renewed"
-    };
-    task.history
-        .permit_op("renew", info, (invoke, now), result, renewal.token);
 }

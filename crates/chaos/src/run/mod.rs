@@ -47,62 +47,54 @@ pub(crate) struct RunArgs {
     pub(crate) out: PathBuf,
 }
 
+/// The lease of every permit of a run.
+const LEASE_MS: u64 = 2_000;
+/// The tasks of each holder.
+const TASKS: usize = 4;
+
 /// How big and long a scenario's run is.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Plan {
     duration_ms: u64,
     fault_at_ms: u64,
-    lease_ms: u64,
-    rust: usize,
-    python: usize,
-    http: usize,
-    proxy: usize,
-    tasks: usize,
+    /// How many holders of each kind.
+    holders: Vec<(&'static str, usize)>,
     /// The holders' mix of keys, and how long the library's may wait for a slot (0: they do not).
     mix: &'static str,
     max_wait_ms: u64,
 }
 
 fn plan(args: &RunArgs, scenario: &Scenario) -> Plan {
-    // Python's holders take a redis:// or redis+sentinel:// URL (RedisLimiter runs no Cluster).
-    let cluster = scenario.topology == Kind::Cluster;
-    let python = if !cluster && args.python.is_some() {
-        2
-    } else {
-        0
-    };
-    let proxy = usize::from(scenario.fault == Fault::ProxyStorm) * 2 + 1;
     let (duration_ms, rust) = if args.quick { (8_000, 3) } else { (20_000, 6) };
-    let plan = Plan {
-        duration_ms,
-        fault_at_ms: duration_ms / 3,
-        lease_ms: 2_000,
-        rust,
-        python,
-        http: 2,
-        proxy,
-        tasks: 4,
-        mix: "multi",
-        max_wait_ms: 0,
-    };
-    if scenario.fault != Fault::Waiters {
-        return plan;
+    if scenario.fault == Fault::Waiters {
+        // Library waiters only: one killed, one paused, one cut, two left alone. Long enough after the
+        // faults (3.5 s from a quarter in) for the paused and cut ones to be admitted again: at least
+        // two waits that run out (4 s each, most asks queue behind 15 others) and a reconnection (8.5 s
+        // at 16 s; with 4.5 s, a waiter on a loaded machine was now and then refused twice and counted
+        // as stalled).
+        let duration_ms = duration_ms.max(16_000);
+        return Plan {
+            duration_ms,
+            fault_at_ms: duration_ms / 4,
+            holders: vec![("rust", 5)],
+            mix: "wait",
+            max_wait_ms: 4_000,
+        };
     }
-    // Library waiters only: one killed, one paused, one cut, two left alone. Long enough after the
-    // faults (3.5 s from a quarter in) for the paused and cut ones to be admitted again: at least two
-    // waits that run out (4 s each, most asks queue behind 15 others) and a reconnection (8.5 s at 16 s;
-    // with 4.5 s, a waiter on a loaded machine was now and then refused twice and counted as stalled).
-    let duration_ms = duration_ms.max(16_000);
+    // Python's holders take a redis:// or redis+sentinel:// URL (RedisLimiter runs no Cluster).
+    let python = usize::from(scenario.topology != Kind::Cluster && args.python.is_some()) * 2;
+    let proxy = usize::from(scenario.fault == Fault::ProxyStorm) * 2 + 1;
     Plan {
         duration_ms,
-        fault_at_ms: duration_ms / 4,
-        rust: 5,
-        python: 0,
-        http: 0,
-        proxy: 0,
-        mix: "wait",
-        max_wait_ms: 4_000,
-        ..plan
+        fault_at_ms: duration_ms / 3,
+        holders: vec![
+            ("rust", rust),
+            ("py", python),
+            ("http", 2),
+            ("proxy", proxy),
+        ],
+        mix: "multi",
+        max_wait_ms: 0,
     }
 }
 
@@ -162,7 +154,7 @@ fn run_one(
     };
     let store = store_of("serve");
     let runner = History::open(&dir.join("runner.jsonl"), "runner")?;
-    let (serve, serve_addr) = start_inflight(inflight, "serve", &store, plan.lease_ms, &[], dir)?;
+    let (serve, serve_addr) = start_inflight(inflight, "serve", &store, LEASE_MS, &[], dir)?;
     let upstream = format!("127.0.0.1:{}", runtime.block_on(upstream::start())?);
     let proxy_flags = [
         "--forward-token".to_owned(),
@@ -172,7 +164,7 @@ fn run_one(
         format!("127.0.0.1:{}", test_support::procs::free_ports(1)[0]),
     ];
     let (proxy, proxy_addr) =
-        start_inflight(inflight, "proxy", &store, plan.lease_ms, &proxy_flags, dir)?;
+        start_inflight(inflight, "proxy", &store, LEASE_MS, &proxy_flags, dir)?;
     let exe = std::env::current_exe()?;
     let spawn = |kind: &str, n: usize, duration_ms: u64, storm: bool| -> Proc {
         let process = format!("{}-{n}", if storm { "storm" } else { kind });
@@ -193,25 +185,18 @@ fn run_one(
             "proxy" => format!("http://{proxy_addr}"),
             _ => store_of(&process),
         };
+        let seed = n as u64 + 1 + 1000 * u64::from(storm);
         command
-            .args([
-                "--target",
-                &target,
-                "--upstream",
-                &upstream,
-                "--process",
-                &process,
-            ])
+            .args(["--target", &target])
+            .args(["--upstream", &upstream])
+            .args(["--process", &process])
             .arg("--out")
             .arg(dir.join(format!("{process}.jsonl")))
             .args(["--duration-ms", &duration_ms.to_string()])
-            .args(["--lease-ms", &plan.lease_ms.to_string()])
-            .args(["--tasks", &plan.tasks.to_string()])
+            .args(["--lease-ms", &LEASE_MS.to_string()])
+            .args(["--tasks", &TASKS.to_string()])
             .args(["--mix", plan.mix])
-            .args([
-                "--seed",
-                &(n as u64 + 1 + 1000 * u64::from(storm)).to_string(),
-            ]);
+            .args(["--seed", &seed.to_string()]);
         if storm {
             command.arg("--storm");
         }
@@ -222,12 +207,7 @@ fn run_one(
         Proc::spawn(&process, command, &dir.join(format!("{process}.log"))).expect("start a holder")
     };
     let mut holders = Vec::new();
-    for (kind, count) in [
-        ("rust", plan.rust),
-        ("py", plan.python),
-        ("http", plan.http),
-        ("proxy", plan.proxy),
-    ] {
+    for &(kind, count) in &plan.holders {
         holders.extend((0..count).map(|n| spawn(kind, n, plan.duration_ms, false)));
     }
     let started = Instant::now();
@@ -241,7 +221,7 @@ fn run_one(
         topology: &topology,
         relay: relay.as_deref(),
         holders: &holders,
-        lease_ms: plan.lease_ms,
+        lease_ms: LEASE_MS,
         storm: &storm,
     };
     let (from, to) = scenarios::inject(scenario.fault, &stage, &runner);
@@ -261,15 +241,11 @@ fn run_one(
     let at_end = port.and_then(waiting::tickets);
     // Every lease could have ended (and every ticket, where holders waited): what is still counted is
     // leaked.
-    let ticket_ms = if waiters {
-        inflight::TICKET_LEASE_MS
-    } else {
-        0
-    };
-    std::thread::sleep(Duration::from_millis(plan.lease_ms.max(ticket_ms) + 500));
+    let ticket_ms = inflight::TICKET_LEASE_MS * u64::from(waiters);
+    std::thread::sleep(Duration::from_millis(LEASE_MS.max(ticket_ms) + 500));
     runtime.block_on(statuses(&topology.url(), &runner));
     let tickets = port.map(|port| {
-        runtime.block_on(waiting::probe(&topology.url(), &runner, plan.lease_ms));
+        runtime.block_on(waiting::probe(&topology.url(), &runner, LEASE_MS));
         let left = waiting::tickets(port);
         Tickets { at_end, left }
     });
@@ -282,14 +258,21 @@ fn run_one(
     Ok((files, tickets))
 }
 
+/// A limiter on `url` with the run's policy, for the runner's own operations.
+fn limiter(url: &str) -> Option<Limiter<RedisStore>> {
+    let store = RedisStore::open(url).ok()?;
+    Some(
+        Limiter::builder(store)
+            .policy(crate::holder::policy(false))
+            .build(),
+    )
+}
+
 /// A status line per key of the run, read on `url`.
 async fn statuses(url: &str, runner: &History) {
-    let Ok(store) = RedisStore::open(url) else {
+    let Some(limiter) = limiter(url) else {
         return;
     };
-    let limiter = Limiter::builder(store)
-        .policy(crate::holder::policy(false))
-        .build();
     for key in keys_of("multi") {
         for _ in 0..20 {
             let invoke = runner.now();

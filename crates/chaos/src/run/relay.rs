@@ -1,8 +1,8 @@
 //! A TCP relay between the holders and Redis that can add latency, stall the link as lost packets do
 //! (TCP resends them late, in order), cut it a while, and reset every connection.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,16 +14,15 @@ use crate::holder::Rng;
 
 /// What the link does to each chunk it carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
 pub(crate) enum Mode {
     /// Passes it on at once.
-    Clear = 0,
+    Clear,
     /// Delays it 20 to 200 ms.
-    Latency = 1,
+    Latency,
     /// One chunk in ten is held back 300 to 1,500 ms (and everything behind it).
-    Drops = 2,
+    Drops,
     /// Holds every chunk until the link is back (a cut: TCP resends what it could not deliver).
-    Cut = 3,
+    Cut,
 }
 
 /// The relay's controls, shared with the tasks that carry the connections.
@@ -31,7 +30,7 @@ pub(crate) enum Mode {
 pub(crate) struct Relay {
     /// Where it listens.
     pub(crate) port: u16,
-    mode: AtomicU8,
+    mode: Mutex<Mode>,
     resets: watch::Sender<u64>,
     seed: AtomicU64,
 }
@@ -43,7 +42,7 @@ impl Relay {
         let (resets, _) = watch::channel(0);
         let relay = Arc::new(Self {
             port: listener.local_addr()?.port(),
-            mode: AtomicU8::new(Mode::Clear as u8),
+            mode: Mutex::new(Mode::Clear),
             resets,
             seed: AtomicU64::new(1),
         });
@@ -63,7 +62,7 @@ impl Relay {
 
     /// Sets what the link does from now on.
     pub(crate) fn set(&self, mode: Mode) {
-        self.mode.store(mode as u8, Ordering::Relaxed);
+        *self.mode.lock().expect("the mode") = mode;
     }
 
     /// Resets every connection open now (the clients see ECONNRESET).
@@ -72,19 +71,13 @@ impl Relay {
     }
 
     fn mode(&self) -> Mode {
-        match self.mode.load(Ordering::Relaxed) {
-            1 => Mode::Latency,
-            2 => Mode::Drops,
-            3 => Mode::Cut,
-            _ => Mode::Clear,
-        }
+        *self.mode.lock().expect("the mode")
     }
 
     async fn carry(self: Arc<Self>, client: TcpStream, server: TcpStream) {
         for socket in [&client, &server] {
             let _ = socket.set_nodelay(true);
-            // Closed with linger 0: a reset, which the other end sees at once.
-            // Linger 0 closes at once with a reset: the drop never blocks.
+            // Closed with linger 0: a reset, which the other end sees at once (and the drop never blocks).
             #[allow(deprecated)]
             let _ = socket.set_linger(Some(Duration::ZERO));
         }

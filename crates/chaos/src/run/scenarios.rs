@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::relay::{Mode, Relay};
-use super::topology::{signal_pid, Kind, Proc, Topology};
+use super::topology::{poll, signal_pid, Kind, Proc, Topology};
 use crate::history::History;
 
 /// A fault a scenario injects once, a third of the way into its run.
@@ -68,20 +68,14 @@ impl Bound {
     }
 }
 
-/// One scenario.
+/// One scenario (the fields: [`all`]'s columns).
 #[derive(Debug, Clone)]
 pub(crate) struct Scenario {
-    /// Its name (`--only`).
     pub(crate) name: &'static str,
-    /// Its Redis.
     pub(crate) topology: Kind,
-    /// True when the holders reach Redis through the run's relay.
     pub(crate) relay: bool,
-    /// Its fault.
     pub(crate) fault: Fault,
-    /// Its bound.
     pub(crate) bound: Bound,
-    /// True when `--quick` runs it too.
     pub(crate) quick: bool,
 }
 
@@ -92,7 +86,7 @@ pub(crate) fn all() -> Vec<Scenario> {
     use Kind::*;
     let s = |name, topology, relay, fault, bound, quick| Scenario { name, topology, relay, fault, bound, quick };
     vec![
-        // name                  topology    relay  fault               bound                quick
+        // name (`--only`)       topology    relay  fault               bound                quick (`--quick`)
         s("holders-killed",       Standalone, false, KillHolders,        Bound::Zero,         true),
         s("holders-stopped",      Standalone, false, StopHolders,        Bound::Zero,         true),
         s("redis-killed",         Standalone, false, KillRedis,          Bound::LostLeases,   true),
@@ -111,17 +105,13 @@ pub(crate) fn all() -> Vec<Scenario> {
     ]
 }
 
-/// What a fault acts on.
+/// What a fault acts on: the topology, the relay (when the holders use one), the holder processes, the
+/// lease of every permit, and how to start `n` storming proxy clients for `duration_ms`.
 pub(crate) struct Stage<'a> {
-    /// The topology.
     pub(crate) topology: &'a Topology,
-    /// The relay, when the holders use one.
     pub(crate) relay: Option<&'a Relay>,
-    /// The holder processes.
     pub(crate) holders: &'a [Proc],
-    /// The lease of every permit.
     pub(crate) lease_ms: u64,
-    /// Starts `n` storming proxy clients for `duration_ms` (a disconnect storm).
     pub(crate) storm: &'a dyn Fn(usize, u64) -> Vec<Proc>,
 }
 
@@ -164,11 +154,12 @@ pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, 
         }
         Fault::Latency | Fault::Drops => {
             let relay = stage.relay.expect("a relay");
-            relay.set(if fault == Fault::Latency {
+            let mode = if fault == Fault::Latency {
                 Mode::Latency
             } else {
                 Mode::Drops
-            });
+            };
+            relay.set(mode);
             std::thread::sleep(Duration::from_secs(3));
             relay.set(Mode::Clear);
         }
@@ -183,7 +174,7 @@ pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, 
             if let Topology::Sentinel(sentinel) = stage.topology {
                 let old = sentinel.primary();
                 sentinel.kill_primary();
-                wait(Duration::from_secs(20), || {
+                poll(Instant::now() + Duration::from_secs(20), || {
                     sentinel.named_primary().is_some_and(|p| p != old)
                 });
             }
@@ -193,7 +184,7 @@ pub(crate) fn inject(fault: Fault, stage: &Stage<'_>, clock: &History) -> (u64, 
                 let slot = cluster.slot_of("inflight:{l4:a}");
                 if let Some(primary) = cluster.primary_of_slot(slot) {
                     cluster.kill(primary);
-                    wait(Duration::from_secs(20), || {
+                    poll(Instant::now() + Duration::from_secs(20), || {
                         cluster.primary_of_slot(slot).is_some_and(|p| p != primary)
                     });
                 }
@@ -257,12 +248,4 @@ pub(crate) fn killed(fault: Fault, holders: &[Proc]) -> Vec<&Proc> {
 /// a [`Fault::Waiters`] run only [`CUT`].
 pub(crate) fn relayed(fault: Fault, process: &str) -> bool {
     fault != Fault::Waiters || process == CUT
-}
-
-/// Polls `done` every 50 ms until it is true or `within` passes.
-fn wait(within: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !done() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

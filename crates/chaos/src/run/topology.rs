@@ -24,14 +24,10 @@ pub(crate) enum Kind {
 pub(crate) enum Topology {
     /// One server on `port`, which may be killed and started again empty on the same port.
     Standalone {
-        /// Its process.
         nodes: Nodes,
-        /// Its port.
         port: u16,
     },
-    /// Sentinel's.
     Sentinel(TestSentinel),
-    /// Cluster's.
     Cluster(TestCluster),
 }
 
@@ -113,16 +109,11 @@ impl Proc {
         signal_pid(self.child.id(), signal);
     }
 
-    /// Waits for it to exit until `deadline`, then kills it; true when it exited by itself.
-    pub(crate) fn wait_until(&mut self, deadline: Instant) -> bool {
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    /// Waits for it to exit until `deadline`, then kills it.
+    pub(crate) fn wait_until(&mut self, deadline: Instant) {
+        if !poll(deadline, || matches!(self.child.try_wait(), Ok(Some(_)))) {
+            procs::kill(&mut self.child);
         }
-        procs::kill(&mut self.child);
-        false
     }
 }
 
@@ -143,27 +134,19 @@ pub(crate) fn signal_pid(pid: u32, signal: &str) {
         .status();
 }
 
-/// Waits until something listens on `addr` (at most 20 s).
-pub(crate) fn wait_listening(addr: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if TcpStream::connect(addr).is_ok() {
-            return true;
+/// Polls `done` every 50 ms until it is true (then true) or `deadline` passes.
+pub(crate) fn poll(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    false
+    true
 }
 
-/// The limits every process of a run applies, as `inflight` flags.
-pub(crate) fn limit_flags() -> Vec<String> {
-    [1, 4, 64]
-        .iter()
-        .flat_map(|n| ["--limit".to_owned(), format!("l{n}:*={n}")])
-        .collect()
-}
-
-/// Starts `inflight serve` (or `proxy`, with `extra` flags) on `store`; its address once it listens.
+/// Starts `inflight serve` (or `proxy`, with `extra` flags) on `store`, with the run's limits; its address
+/// once it listens (within 20 s).
 pub(crate) fn start_inflight(
     inflight: &Path,
     mode: &str,
@@ -178,10 +161,15 @@ pub(crate) fn start_inflight(
         .arg(mode)
         .args(["--listen", &addr, "--store", store, "--workers", "1"])
         .args(["--lease", &format!("{lease_ms}ms"), "--log-level", "warn"])
-        .args(limit_flags())
+        .args(
+            [1, 4, 64]
+                .iter()
+                .flat_map(|n| ["--limit".to_owned(), format!("l{n}:*={n}")]),
+        )
         .args(extra);
     let proc = Proc::spawn(mode, command, &dir.join(format!("{mode}.log")))?;
-    if !wait_listening(&addr) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    if !poll(deadline, || TcpStream::connect(&addr).is_ok()) {
         return Err(std::io::Error::other(format!(
             "inflight {mode} did not listen"
         )));

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::holder::http::header;
+
 /// Starts the upstream on a free port of 127.0.0.1; its port.
 pub(crate) async fn start() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -46,14 +48,7 @@ async fn serve(mut stream: TcpStream, ended: Arc<Mutex<HashSet<String>>>) -> std
     }
     let id = path.strip_prefix("/work/").unwrap_or_default().to_owned();
     // The admission's token, as the proxy forwards it (`--forward-token`), told back to the client.
-    let token = text
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("inflight-token")
-                .then(|| value.trim().to_owned())
-        })
-        .unwrap_or_default();
+    let token = header(&text, "inflight-token").unwrap_or_default();
     let head = format!(
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\
          X-Chaos-Token: {token}\r\n\r\n"

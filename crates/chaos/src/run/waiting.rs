@@ -5,23 +5,18 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use inflight::{AcquireOptions, Limiter, RedisStore};
+use inflight::AcquireOptions;
 use serde_json::{json, Value};
 
 use crate::history::{lines, History, PermitInfo};
 use crate::holder::keys_of;
-
-/// The keys a run's holders may queue on.
-fn keys() -> Vec<String> {
-    keys_of("multi")
-}
 
 /// How many tickets the keys' queues hold (`ZCARD <prefix>{key}:queue`) on the server at `port`; `None`
 /// when it cannot be read.
 pub(crate) fn tickets(port: u16) -> Option<u64> {
     let mut conn = test_support::procs::connect(port).ok()?;
     let mut total = 0;
-    for key in keys() {
+    for key in keys_of("multi") {
         let n: u64 = redis::cmd("ZCARD")
             .arg(format!("inflight:{{{key}}}:queue"))
             .query(&mut conn)
@@ -34,13 +29,10 @@ pub(crate) fn tickets(port: u16) -> Option<u64> {
 /// One admission and release on each key, in the runner's history: the admission that meets a queue
 /// drops the tickets whose lease has ended (as the next of any process would).
 pub(crate) async fn probe(url: &str, runner: &History, lease_ms: u64) {
-    let Ok(store) = RedisStore::open(url) else {
+    let Some(limiter) = super::limiter(url) else {
         return;
     };
-    let limiter = Limiter::builder(store)
-        .policy(crate::holder::policy(false))
-        .build();
-    for key in keys() {
+    for key in keys_of("multi") {
         let info = PermitInfo {
             keys: vec![key.clone()],
             id: format!("runner-probe-{key}"),
