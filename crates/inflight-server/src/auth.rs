@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http::{header, HeaderMap, HeaderValue};
 
 use crate::error::ApiError;
 
@@ -37,9 +37,7 @@ impl Tokens {
         if self.is_admin(headers.get(header::AUTHORIZATION)) {
             Ok(())
         } else {
-            Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+            Err(ApiError::unauthorized(
                 "Changing limits needs the admin token: Authorization: Bearer TOKEN.",
             ))
         }
@@ -65,12 +63,8 @@ pub async fn require_api_user(
     if tokens.is_api_user(request.headers().get(header::AUTHORIZATION)) {
         return next.run(request).await;
     }
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "This route needs the API token: Authorization: Bearer TOKEN.",
-    )
-    .into_response()
+    ApiError::unauthorized("This route needs the API token: Authorization: Bearer TOKEN.")
+        .into_response()
 }
 
 /// True when `authorization` is `Bearer TOKEN` with this token: the scheme in any case (RFC 9110 11.1),

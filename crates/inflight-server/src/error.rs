@@ -71,6 +71,11 @@ impl ApiError {
         }
     }
 
+    /// 401 `unauthorized`: `why` names the token needed.
+    pub fn unauthorized(why: &str) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
+    }
+
     /// 404 `not_found`.
     pub fn not_found() -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", "No such resource.")
@@ -97,12 +102,8 @@ impl From<AcquireError> for ApiError {
     fn from(error: AcquireError) -> Self {
         let (status, code, message) = rejection::describe(&error);
         Self {
-            status,
-            code,
-            message,
             acquire: Some(error),
-            key: None,
-            retry_after: None,
+            ..Self::new(status, code, message)
         }
     }
 }

@@ -112,48 +112,38 @@ type LogReload = Box<dyn Fn(EnvFilter) -> Result<(), tracing_subscriber::reload:
 
 /// Logs to stderr, in `format`, the lines that `filter` lets through; returns what replaces the filter.
 fn init_logging(format: LogFormat, filter: EnvFilter) -> LogReload {
-    let builder = tracing_subscriber::fmt()
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_env_filter(filter)
         .with_timer(LineTime)
         // A log that cannot be written (stderr closed or full) is lost, not a panic of the server.
         .log_internal_errors(false);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    match format {
+    let lines = match format {
         // Coloured for a terminal; else plain, written at half the cost (an access line a request).
-        LogFormat::Text if ansi => {
-            let builder = builder
-                .with_target(false)
-                .with_ansi(true)
-                .with_filter_reloading();
-            let handle = builder.reload_handle();
-            builder.init();
-            Box::new(move |filter| handle.reload(filter))
-        }
-        LogFormat::Text => {
-            let builder = builder
-                .with_target(false)
-                .with_ansi(false)
-                .fmt_fields(plain_fields())
-                .with_filter_reloading();
-            let handle = builder.reload_handle();
-            builder.init();
-            Box::new(move |filter| handle.reload(filter))
-        }
+        LogFormat::Text if ansi => lines.with_target(false).with_ansi(true).boxed(),
+        LogFormat::Text => lines
+            .with_target(false)
+            .with_ansi(false)
+            .fmt_fields(plain_fields())
+            .boxed(),
         // One object a line, the event's fields at its top level, with its target (inflight::access
         // for the proxy's access lines).
-        LogFormat::Json => {
-            let builder = builder
-                .json()
-                .flatten_event(true)
-                .with_current_span(false)
-                .with_span_list(false)
-                .with_filter_reloading();
-            let handle = builder.reload_handle();
-            builder.init();
-            Box::new(move |filter| handle.reload(filter))
-        }
-    }
+        LogFormat::Json => lines
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .init();
+    Box::new(move |filter| handle.reload(filter))
 }
 
 /// On SIGHUP, reads the settings again and puts their limits (permits held stay held), the TLS

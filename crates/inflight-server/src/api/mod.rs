@@ -43,11 +43,8 @@ pub fn router(app: Arc<App>) -> Router {
             app.tokens.clone(),
             require_api_user,
         ));
-    Router::new()
+    health_checks()
         .merge(v1)
-        .route("/healthz", get(service::healthz))
-        .route("/readyz", get(service::readyz))
-        .route("/metrics", get(service::metrics))
         .route("/openapi.json", get(service::openapi))
         .fallback(service::not_found)
         .method_not_allowed_fallback(service::method_not_allowed)
@@ -57,10 +54,15 @@ pub fn router(app: Arc<App>) -> Router {
 /// What a connection past `serve`'s connection cap is answered (see `--max-connections`): health,
 /// readiness and metrics; anything else `503 too_many_connections`.
 pub fn health_router(app: Arc<App>) -> Router {
+    health_checks()
+        .fallback(service::too_many_connections)
+        .with_state(app)
+}
+
+/// Health, readiness and metrics.
+fn health_checks() -> Router<Arc<App>> {
     Router::new()
         .route("/healthz", get(service::healthz))
         .route("/readyz", get(service::readyz))
         .route("/metrics", get(service::metrics))
-        .fallback(service::too_many_connections)
-        .with_state(app)
 }

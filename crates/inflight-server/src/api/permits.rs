@@ -20,21 +20,21 @@ use super::input::{
 };
 use super::limits::KeyJson;
 use super::quotas::{self, release_query, QuotaBody, ReservationJson};
-use crate::app::{App, Charge};
+use crate::app::App;
 use crate::error::ApiError;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct AcquireBody {
-    pub(super) id: Option<String>,
-    pub(super) weight: Option<u32>,
-    pub(super) lease_ms: Option<u64>,
-    pub(super) wait_ms: Option<u64>,
+struct AcquireBody {
+    id: Option<String>,
+    weight: Option<u32>,
+    lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
     /// While waiting: the priority level (higher first) and the flow (served in turn with others).
-    pub(super) priority: Option<u8>,
-    pub(super) flow: Option<String>,
-    pub(super) flow_weight: Option<u32>,
-    pub(super) quota: Option<QuotaBody>,
+    priority: Option<u8>,
+    flow: Option<String>,
+    flow_weight: Option<u32>,
+    quota: Option<QuotaBody>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -79,59 +79,42 @@ fn one_json(id: String, key: String, held: Held) -> PermitJson {
     }
 }
 
+/// `POST /v1/keys/{key}/permits`; with a `"quota"`, reserved under the permit's id (so that its release
+/// settles it) and refunded on a refusal before the answer.
 pub(super) async fn acquire(
     State(app): State<Arc<App>>,
     path: Result<Path<String>, PathRejection>,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let key = checked_key(path)?;
-    let mut request: AcquireBody = body(bytes)?;
-    let Some(charge) = quotas::charge(request.quota.take())? else {
-        let options = options(request.id, request.weight, request.lease_ms)?;
-        let options = queue(
-            options,
-            (request.priority, request.flow, request.flow_weight),
-            &app.priorities,
-        )?;
-        let permit = app.acquire(&key, options, wait(request.wait_ms)?).await?;
-        // The caller holds the lease from here: it renews or releases it over HTTP.
-        return Ok((StatusCode::CREATED, Json(permit_json(app.lend(permit)))).into_response());
-    };
-    acquire_charged(&app, key, request, charge).await
-}
-
-/// `POST /v1/keys/{key}/permits` with a `"quota"`: reserved under the permit's id, so that its release
-/// settles it; a refusal is refunded before the answer.
-async fn acquire_charged(
-    app: &App,
-    key: String,
-    request: AcquireBody,
-    charge: Charge,
-) -> Result<Response, ApiError> {
+    let request: AcquireBody = body(bytes)?;
+    let charge = quotas::charge(request.quota)?;
     let id = request
         .id
-        .unwrap_or_else(|| PermitId::generate().to_string());
-    let options = options(Some(id.clone()), request.weight, request.lease_ms)?;
+        .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
+    let options = options(id.clone(), request.weight, request.lease_ms)?;
     let options = queue(
         options,
         (request.priority, request.flow, request.flow_weight),
         &app.priorities,
     )?;
-    let id = PermitId::from(id);
-    let reservation = app.reserve(&charge, Some(id.clone())).await?;
+    let reservation = app.reserve(charge.as_ref(), id.map(PermitId::from)).await?;
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
-    let (permit, reservation) = app.charged(Some(reservation), admission).await?;
+    let (permit, reservation) = app.charged(reservation, admission).await?;
     let mut json = None;
-    if let Some(reservation) = reservation {
+    if let (Some(reservation), Some(charge)) = (reservation, &charge) {
         if app.quota.settles_on_release(&reservation) {
             let lease = lease(request.lease_ms)?.unwrap_or(app.limiter.lease());
             let keys = [Arc::from(key.as_str())];
-            let recorded = app.quota.record_lent(&keys, &id, lease, &charge.key);
+            let recorded = app
+                .quota
+                .record_lent(&keys, permit.id(), lease, &charge.key);
             app.timed("record", recorded).await?;
         }
         let handed = app.timed("quota", app.quota.hand_over(reservation)).await?;
         json = Some(quotas::reservation_json(&handed));
     }
+    // The caller holds the lease from here: it renews or releases it over HTTP.
     let mut body = permit_json(app.lend(permit));
     body.reservation = json;
     Ok((StatusCode::CREATED, Json(body)).into_response())
@@ -179,14 +162,7 @@ pub(super) async fn renew<P: PermitPath>(
             if status.limit != Limit::Unlimited {
                 return Err(permit_not_found());
             }
-            let first = (None, status.in_flight);
-            let held = Held {
-                weight: 1,
-                first,
-                lease_expires_at_ms: None,
-                token: 0,
-            };
-            (keys, held)
+            (keys, Held::new(1, status.limit, status.in_flight, 0, 0))
         }
         _ => return Err(permit_not_found()),
     };
@@ -279,10 +255,7 @@ pub(super) async fn acquire_all(
         (request.priority, request.flow, request.flow_weight),
         &app.priorities,
     )?;
-    let reservation = match &charge {
-        Some(charge) => Some(app.reserve(charge, id.map(PermitId::from)).await?),
-        None => None,
-    };
+    let reservation = app.reserve(charge.as_ref(), id.map(PermitId::from)).await?;
     let names: Vec<&str> = keys.iter().map(|key| &**key).collect();
     let (permit, reservation) = app
         .acquire_all_charged(&names, options, wait(request.wait_ms)?, reservation)
@@ -326,25 +299,27 @@ struct Held {
     token: u64,
 }
 
-impl From<&Lease> for Held {
-    fn from(lease: &Lease) -> Self {
+impl Held {
+    /// The store's figures (`expires_at_ms` 0: nothing held).
+    fn new(weight: u32, limit: Limit, in_flight: u32, expires_at_ms: u64, token: u64) -> Self {
         Self {
-            weight: lease.weight,
-            first: (lease.limit.get(), lease.in_flight),
-            lease_expires_at_ms: (lease.expires_at_ms > 0).then_some(lease.expires_at_ms),
-            token: lease.token,
+            weight,
+            first: (limit.get(), in_flight),
+            lease_expires_at_ms: (expires_at_ms > 0).then_some(expires_at_ms),
+            token,
         }
     }
 }
 
+impl From<&Lease> for Held {
+    fn from(l: &Lease) -> Self {
+        Self::new(l.weight, l.limit, l.in_flight, l.expires_at_ms, l.token)
+    }
+}
+
 impl From<Grant> for Held {
-    fn from(grant: Grant) -> Self {
-        Self {
-            weight: grant.weight,
-            first: (grant.limit.get(), grant.in_flight),
-            lease_expires_at_ms: (grant.expires_at_ms > 0).then_some(grant.expires_at_ms),
-            token: grant.token,
-        }
+    fn from(g: Grant) -> Self {
+        Self::new(g.weight, g.limit, g.in_flight, g.expires_at_ms, g.token)
     }
 }
 

@@ -35,9 +35,12 @@ pub(super) fn routes() -> Router<Arc<App>> {
         .route("/v1/quotas/{key}/reservations", post(reserve))
         .route(
             "/v1/quotas/{key}/reservations/{id}",
-            put(extend).delete(refund),
+            put(extend).delete(settle::<false>),
         )
-        .route("/v1/quotas/{key}/reservations/{id}/commit", post(commit))
+        .route(
+            "/v1/quotas/{key}/reservations/{id}/commit",
+            post(settle::<true>),
+        )
 }
 
 /// `"quota": {"key", "amount"}` in an acquire body.
@@ -145,9 +148,8 @@ struct TopUpBody {
 #[derive(Debug, Serialize)]
 struct ExtendedJson {
     id: String,
-    key: String,
-    balance: Option<u64>,
-    reserved: u64,
+    #[serde(flatten)]
+    quota: QuotaJson,
     expires_at_ms: Option<u64>,
 }
 
@@ -278,11 +280,10 @@ async fn extend(
         .await
         .map_err(|error| quota_error(&key, error))?;
     let answer = |balance: Option<Balance>, expires_at_ms| {
+        let Json(quota) = quota_json(key, balance);
         Json(ExtendedJson {
             id,
-            key,
-            balance: balance.map(|b| b.balance),
-            reserved: balance.map_or(0, |b| b.reserved),
+            quota,
             expires_at_ms,
         })
     };
@@ -305,12 +306,17 @@ fn reservation_not_found() -> ApiError {
     )
 }
 
-async fn settle(
-    app: &App,
+/// A reservation committed (`POST .../commit`, `COMMIT`) or refunded (`DELETE`).
+async fn settle<const COMMIT: bool>(
+    State(app): State<Arc<App>>,
     path: Result<Path<(String, String)>, PathRejection>,
-    settle: Settle,
 ) -> Result<Json<QuotaJson>, ApiError> {
     let (key, id) = checked_key_and_id(path)?;
+    let settle = if COMMIT {
+        Settle::Commit
+    } else {
+        Settle::Refund
+    };
     match app.settle(&key, &PermitId::from(id), settle).await? {
         Settlement::Settled(balance) | Settlement::Already(balance) => {
             Ok(quota_json(key, Some(balance)))
@@ -319,18 +325,4 @@ async fn settle(
         Settlement::NotFound(None) => Ok(quota_json(key, None)),
         Settlement::NotFound(Some(_)) => Err(reservation_not_found()),
     }
-}
-
-async fn commit(
-    State(app): State<Arc<App>>,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<QuotaJson>, ApiError> {
-    settle(&app, path, Settle::Commit).await
-}
-
-async fn refund(
-    State(app): State<Arc<App>>,
-    path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<QuotaJson>, ApiError> {
-    settle(&app, path, Settle::Refund).await
 }

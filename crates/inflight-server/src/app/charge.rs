@@ -46,17 +46,21 @@ pub fn quota_error(key: &str, error: QuotaError) -> ApiError {
 }
 
 impl App {
-    /// Reserves `charge` under `id` (default: generated) for the quota's ttl.
+    /// Reserves `charge`, if any, under `id` (default: generated) for the quota's ttl.
     pub async fn reserve(
         &self,
-        charge: &Charge,
+        charge: Option<&Charge>,
         id: Option<PermitId>,
-    ) -> Result<Reservation, ApiError> {
+    ) -> Result<Option<Reservation>, ApiError> {
+        let Some(charge) = charge else {
+            return Ok(None);
+        };
         let reserved = self
             .quota
             .reserve_with(&charge.key, charge.amount, id, None);
         self.timed("quota", reserved)
             .await
+            .map(Some)
             .map_err(|error| quota_error(&charge.key, error))
     }
 

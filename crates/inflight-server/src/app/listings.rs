@@ -18,10 +18,7 @@ pub struct Listings {
 }
 
 /// A listing's place, given back when dropped.
-#[derive(Debug)]
-pub struct ListingPlace {
-    _place: OwnedSemaphorePermit,
-}
+pub type ListingPlace = OwnedSemaphorePermit;
 
 impl Listings {
     /// Room for `max` listings at once.
@@ -34,11 +31,7 @@ impl Listings {
 
     /// A place, if one is free.
     pub fn try_enter(&self) -> Option<ListingPlace> {
-        self.places
-            .clone()
-            .try_acquire_owned()
-            .ok()
-            .map(|place| ListingPlace { _place: place })
+        self.places.clone().try_acquire_owned().ok()
     }
 
     /// How many places are free now.

@@ -21,7 +21,7 @@ pub(super) fn layer<A: Serialize + DeserializeOwned>(
     matches: &ArgMatches,
     file: Option<&Path>,
 ) -> Result<A, ConfigError> {
-    let Ok(Value::Dict(_, parsed)) = Value::serialize(args) else {
+    let Ok(Value::Dict(_, mut parsed)) = Value::serialize(args) else {
         unreachable!("settings serialize to a dictionary");
     };
     let mut explicit: Dict = parsed
@@ -53,7 +53,6 @@ pub(super) fn layer<A: Serialize + DeserializeOwned>(
         }
     }
     // So do Dify's REDIS_* variables for an unset store, below the file.
-    let mut parsed = parsed;
     if !explicit.contains_key("store") {
         if let Some(url) = super::store::dify_store_url(|name| std::env::var(name).ok())? {
             parsed.insert("store".to_owned(), url.into());

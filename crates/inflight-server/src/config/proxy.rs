@@ -12,9 +12,9 @@ use super::{invalid, text, ConfigError, Layered, Settings};
 
 /// The settings of `inflight proxy`.
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Proxy")]
 pub struct ProxySettings {
     /// The API to forward to, e.g. http://127.0.0.1:5001.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_UPSTREAM", value_name = "URL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
@@ -27,17 +27,14 @@ pub struct ProxySettings {
         value_name = "TEMPLATE",
         value_delimiter = ','
     )]
-    #[arg(help_heading = "Proxy")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key: Vec<String>,
     /// Shorthand for --key '{header:NAME}' [default: X-Inflight-Key, when no --key is given].
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_KEY_HEADER", value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_header: Option<String>,
     /// A request whose keys cannot be formed (a header missing or empty, no bearer token): reject (400
     /// missing_key) or pass (forwarded without a limit). A duplicated header is always 400 invalid_key.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_ON_MISSING_KEY", value_name = "POLICY")]
     #[arg(default_value = "reject")]
     pub on_missing_key: String,
@@ -50,19 +47,16 @@ pub struct ProxySettings {
         value_name = "PREFIX",
         value_delimiter = ','
     )]
-    #[arg(help_heading = "Proxy")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_path: Vec<String>,
     /// Keep the clients' X-Forwarded-For, Forwarded and X-Real-IP and append to X-Forwarded-For, as
     /// behind a load balancer of one's own; by default they are replaced by the address the proxy saw.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_TRUST_FORWARDED")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub trust_forwarded: bool,
     /// Send each admitted request's fencing token upstream in `Inflight-Token` (a client's own is
     /// removed), so that the upstream can refuse a holder whose lease lapsed: one with a smaller token
     /// than one it has seen on the key.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_FORWARD_TOKEN")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub forward_token: bool,
@@ -87,14 +81,12 @@ pub struct ProxySettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quota_key: Option<String>,
     /// How long a request may take upstream until its response headers: connecting, sending it, waiting.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_UPSTREAM_TIMEOUT", value_name = "DURATION")]
     #[arg(default_value = "60s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub upstream_timeout: Duration,
     /// How long a limited request may wait for a slot before it is refused with 429 (0s: at once, as
     /// without waiting; at most 5m). A client that goes away while waiting leaves the queue.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_MAX_WAIT", value_name = "DURATION")]
     #[arg(default_value = "0s", value_parser = text::parse)]
     #[serde(with = "text")]
@@ -103,7 +95,6 @@ pub struct ProxySettings {
     /// --key's giving a whole number 0 to 255, e.g. '{header:X-Priority}'. Any other value is refused
     /// (400 invalid_priority), on every request; where the template's placeholder has nothing in the
     /// request (a header absent or empty), the level is 0.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_PRIORITY", value_name = "TEMPLATE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
@@ -111,7 +102,6 @@ pub struct ProxySettings {
     /// one tenant's many waiters do not keep another's few behind them. A template like --key's, e.g.
     /// '{header:X-Tenant-Id}' or '{bearer_hash}'; at most 256 bytes (else 400 invalid_flow, on every
     /// request); where its placeholder has nothing in the request, the default flow.
-    #[arg(help_heading = "Proxy")]
     #[arg(long, env = "INFLIGHT_FLOW", value_name = "TEMPLATE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flow: Option<String>,

@@ -20,6 +20,7 @@ const MAX_WORKERS: usize = 1024;
 
 /// The settings of `inflight serve`, which `inflight proxy` has too.
 #[derive(Clone, Debug, Args, Serialize, Deserialize)]
+#[command(next_help_heading = "Limits")]
 pub struct Settings {
     /// Address to listen on.
     #[arg(help_heading = "Listening")]
@@ -42,18 +43,15 @@ pub struct Settings {
     #[arg(default_value = "memory://")]
     pub store: String,
     /// Limit of a key without an override; 0 = unlimited (env fallback APP_DEFAULT_ACTIVE_REQUESTS).
-    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_DEFAULT_LIMIT", value_name = "N")]
     #[arg(default_value_t = 0)]
     pub default_limit: u32,
     /// Ceiling over every key's limit; 0 = none (env fallback APP_MAX_ACTIVE_REQUESTS).
-    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_MAX_LIMIT", value_name = "N")]
     #[arg(default_value_t = 0)]
     pub max_limit: u32,
     /// The most keys that may have an override at once (0: no bound); one more is 409
     /// too_many_overrides. Overrides never expire, so this bounds what setting them can fill.
-    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_MAX_OVERRIDES", value_name = "N")]
     #[arg(default_value_t = 100_000)]
     pub max_overrides: usize,
@@ -63,21 +61,18 @@ pub struct Settings {
     /// each key for waiters and holders at PRIORITY. In the file: `[[limits]]` keys = "tenant:*",
     /// default = 50, max = 200, floors = [{ priority = 9, slots = 4 }]. Several in the variable:
     /// separated by `;`. SIGHUP re-reads them.
-    #[arg(help_heading = "Limits")]
     #[arg(long = "limit", env = "INFLIGHT_LIMITS", value_name = "RULE")]
     #[arg(value_parser = LimitRule::parse, value_delimiter = ';')]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<LimitRule>,
     /// The most admissions that may wait for a slot on one key at once, per worker (`wait_ms`, the
     /// proxy's --max-wait); one more is refused at once.
-    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_MAX_WAITERS", value_name = "N")]
     #[arg(default_value_t = inflight::DEFAULT_MAX_WAITERS)]
     pub max_waiters: usize,
     /// The priority levels an admission may wait at (`"priority"` in acquire bodies, the proxy's
     /// --priority), e.g. 0,5,9 [default: any from 0 to 255]; another is refused 400
     /// invalid_priority. Each level with a floor (`floor=` in --limit) must be one of them.
-    #[arg(help_heading = "Limits")]
     #[arg(
         long,
         env = "INFLIGHT_PRIORITIES",
@@ -87,11 +82,15 @@ pub struct Settings {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub priorities: Vec<u8>,
     /// Lease of a permit unless its request asks for another, e.g. 30s, 500ms.
-    #[arg(help_heading = "Limits")]
     #[arg(long, env = "INFLIGHT_LEASE", value_name = "DURATION")]
     #[arg(default_value = "30s", value_parser = text::parse)]
     #[serde(with = "text")]
     pub lease: Duration,
+    /// Refuse (409 override_not_allowed) an override of a key that matches no --limit class, so that
+    /// overrides are set only on the classes of keys that the operator has named.
+    #[arg(long, env = "INFLIGHT_OVERRIDES_FOR_CLASSES_ONLY")]
+    #[arg(action = clap::ArgAction::SetTrue)]
+    pub overrides_for_classes_only: bool,
     /// Bearer token that changing limits requires (unset: no token needed). A flag shows in the process
     /// list: prefer INFLIGHT_ADMIN_TOKEN or --admin-token-file.
     #[arg(help_heading = "Admin")]
@@ -144,12 +143,6 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub redis: RedisSettings,
-    /// Refuse (409 override_not_allowed) an override of a key that matches no --limit class, so that
-    /// overrides are set only on the classes of keys that the operator has named.
-    #[arg(help_heading = "Limits")]
-    #[arg(long, env = "INFLIGHT_OVERRIDES_FOR_CLASSES_ONLY")]
-    #[arg(action = clap::ArgAction::SetTrue)]
-    pub overrides_for_classes_only: bool,
     /// How long clients may take, and how many connections they may hold.
     #[command(flatten)]
     #[serde(flatten)]

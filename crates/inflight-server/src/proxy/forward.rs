@@ -47,11 +47,7 @@ impl Proxy {
     pub async fn forward(self: Arc<Self>, request: Request<RequestBody>, client: Peer) -> Response {
         let mut access = access::Access::new(&request, &self.app.metrics, self.upstream.access_log);
         match forward_checked(&self, &client, request, &mut access).await {
-            Ok(Forwarded {
-                parts,
-                body,
-                result,
-            }) => {
+            Ok((parts, body, result)) => {
                 let line = access.answered(&self.app.metrics, parts.status, result, None);
                 Response::from_parts(parts, Body::new(body.logged(line)))
             }
@@ -68,19 +64,13 @@ impl Proxy {
     }
 }
 
-/// A response of the upstream, on its way to the client.
-struct Forwarded {
-    parts: http::response::Parts,
-    body: body::ProxyBody,
-    result: ProxyResult,
-}
-
+/// The upstream's response, on its way to the client: its head, its body and what became of the request.
 async fn forward_checked(
     proxy: &Proxy,
     client: &Peer,
     request: Request<RequestBody>,
     access: &mut access::Access,
-) -> Result<Forwarded, ApiError> {
+) -> Result<(http::response::Parts, body::ProxyBody, ProxyResult), ApiError> {
     let app = &proxy.app;
     // A reverse proxy forwards requests for its upstream's resources: it opens no tunnels (CONNECT) and
     // echoes nothing back along the way (TRACE).
@@ -144,11 +134,7 @@ async fn forward_checked(
     // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
     // committed when the body was sent to its end, refunded otherwise.
     let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), proxying, reservation);
-    Ok(Forwarded {
-        parts,
-        body,
-        result,
-    })
+    Ok((parts, body, result))
 }
 
 /// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at
@@ -209,10 +195,8 @@ async fn admit(
     }
     let names = &names[..keys.len()];
     let app = &proxy.app;
-    let reservation = match quota_key {
-        Some(key) => Some(app.reserve(&Charge { key, amount: 1 }, None).await?),
-        None => None,
-    };
+    let charge = quota_key.map(|key| Charge { key, amount: 1 });
+    let reservation = app.reserve(charge.as_ref(), None).await?;
     let (permit, reservation) = app
         .acquire_all_charged(names, options, upstream.max_wait, reservation)
         .await?;

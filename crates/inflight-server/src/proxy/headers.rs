@@ -4,7 +4,6 @@ use axum::extract::Request;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{PathAndQuery, Uri};
-use http::StatusCode;
 
 use super::Peer;
 use crate::error::ApiError;
@@ -102,13 +101,9 @@ impl Target {
             ("", Some(tail)) if tail.as_str().starts_with('/') => tail.clone(),
             (base_path, tail) => {
                 let tail = tail.map_or("/", PathAndQuery::as_str);
-                format!("{base_path}{tail}").parse().map_err(|_| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request",
-                        "Unusable request path.",
-                    )
-                })?
+                format!("{base_path}{tail}")
+                    .parse()
+                    .map_err(|_| ApiError::invalid_request("Unusable request path."))?
             }
         };
         // The host the client asked for: its Host header, or in HTTP/2 (which has none) the authority.
@@ -166,16 +161,17 @@ mod tests {
 
     use super::*;
 
-    fn request(uri: &str, headers: &[(&str, &str)]) -> Request {
+    /// The request to `uri` with `headers` from 10.0.0.7, as sent to the upstream `base`.
+    fn sent(base: &str, trust_forwarded: bool, uri: &str, headers: &[(&str, &str)]) -> Request {
         let mut builder = http::Request::builder().uri(uri);
         for (name, value) in headers {
             builder = builder.header(*name, *value);
         }
-        builder.body(Body::empty()).unwrap()
-    }
-
-    fn client() -> Peer {
-        Peer::new("10.0.0.7:5000".parse().unwrap())
+        let request = builder.body(Body::empty()).unwrap();
+        let client = Peer::new("10.0.0.7:5000".parse().unwrap());
+        let base: Uri = base.parse().unwrap();
+        let target = Target::new(&base, trust_forwarded);
+        target.to_upstream(request, &client).unwrap()
     }
 
     #[test]
@@ -187,10 +183,7 @@ mod tests {
             ("http://up:81/api/", "/", "/api/"),
         ];
         for (base, path, expected) in cases {
-            let base: Uri = base.parse().unwrap();
-            let sent = Target::new(&base, false)
-                .to_upstream(request(path, &[("host", "front")]), &client())
-                .unwrap();
+            let sent = sent(base, false, path, &[("host", "front")]);
             assert_eq!(sent.uri().to_string(), expected, "{base} {path}");
             assert_eq!(sent.headers()["host"], "up:81");
             assert_eq!(sent.headers()["x-forwarded-host"], "front");
@@ -199,10 +192,7 @@ mod tests {
 
     #[test]
     fn without_a_host_header_the_forwarded_host_is_the_authority() {
-        let base: Uri = "http://up:81".parse().unwrap();
-        let sent = Target::new(&base, false)
-            .to_upstream(request("http://front:8080/v1/chat", &[]), &client())
-            .unwrap();
+        let sent = sent("http://up:81", false, "http://front:8080/v1/chat", &[]);
         assert_eq!(sent.uri().to_string(), "/v1/chat");
         assert_eq!(sent.headers()["host"], "up:81");
         assert_eq!(sent.headers()["x-forwarded-host"], "front:8080");
@@ -210,23 +200,15 @@ mod tests {
 
     #[test]
     fn forwarded_for_is_appended_and_hop_by_hop_headers_go() {
-        let base: Uri = "http://up".parse().unwrap();
-        let sent = Target::new(&base, true)
-            .to_upstream(
-                request(
-                    "/",
-                    &[
-                        ("x-forwarded-for", "192.0.2.1"),
-                        ("connection", "keep-alive, X-Drop-Me"),
-                        ("x-drop-me", "1"),
-                        ("keep-alive", "timeout=5"),
-                        ("te", "trailers"),
-                        ("x-kept", "1"),
-                    ],
-                ),
-                &client(),
-            )
-            .unwrap();
+        let headers = [
+            ("x-forwarded-for", "192.0.2.1"),
+            ("connection", "keep-alive, X-Drop-Me"),
+            ("x-drop-me", "1"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("x-kept", "1"),
+        ];
+        let sent = sent("http://up", true, "/", &headers);
         let headers = sent.headers();
         assert_eq!(headers["x-forwarded-for"], "192.0.2.1, 10.0.0.7");
         assert_eq!(headers["x-forwarded-proto"], "http");
@@ -238,25 +220,20 @@ mod tests {
 
     #[test]
     fn an_untrusted_clients_forwarding_headers_are_replaced() {
-        let base: Uri = "http://up".parse().unwrap();
         let claimed = [
             ("x-forwarded-for", "203.0.113.9"),
             ("x-real-ip", "203.0.113.9"),
             ("forwarded", "for=203.0.113.9"),
         ];
-        let sent = Target::new(&base, false)
-            .to_upstream(request("/", &claimed), &client())
-            .unwrap();
-        let headers = sent.headers();
+        let replaced = sent("http://up", false, "/", &claimed);
+        let headers = replaced.headers();
         assert_eq!(
             headers["x-forwarded-for"], "10.0.0.7",
             "replaced, not appended to"
         );
         assert!(!headers.contains_key("x-real-ip"));
         assert!(!headers.contains_key("forwarded"));
-        let trusted = Target::new(&base, true)
-            .to_upstream(request("/", &claimed), &client())
-            .unwrap();
+        let trusted = sent("http://up", true, "/", &claimed);
         assert_eq!(
             trusted.headers()["x-forwarded-for"],
             "203.0.113.9, 10.0.0.7"

@@ -21,8 +21,8 @@ pub struct StandingTemplates {
     levels: Vec<u8>,
 }
 
-/// Where one request queues.
-#[derive(Debug, PartialEq, Eq)]
+/// Where one request queues (by default: level 0, the default flow).
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Place {
     pub(super) priority: u8,
     /// None: the default flow.
@@ -125,9 +125,7 @@ impl StandingTemplates {
         .map_err(|why| ApiError::new(StatusCode::BAD_REQUEST, "invalid_flow", why))?;
         Ok(Place { priority, flow })
     }
-}
 
-impl StandingTemplates {
     /// The level `text` names ([`level`]), if it is one of the levels allowed.
     fn level(&self, text: &str) -> Result<u8, String> {
         let level = level(text)?;
@@ -238,33 +236,15 @@ mod tests {
         assert_eq!(place.unwrap(), Place { priority: 9, flow });
         // A placeholder with nothing in the request: the default, for each alone.
         let place = queue.place(&headers(&[("x-tenant", "acme")]), "/").unwrap();
-        assert_eq!(
-            place,
-            Place {
-                priority: 0,
-                flow: None
-            }
-        );
+        assert_eq!(place, Place::default());
         let place = queue.place(&headers(&[("x-priority", "")]), "/").unwrap();
-        assert_eq!(
-            place,
-            Place {
-                priority: 0,
-                flow: None
-            }
-        );
+        assert_eq!(place, Place::default());
         // Unset templates: the defaults, nothing rendered.
         let unset = StandingTemplates::default();
         let place = unset
             .place(&headers(&[("x-priority", "abc")]), "/")
             .unwrap();
-        assert_eq!(
-            place,
-            Place {
-                priority: 0,
-                flow: None
-            }
-        );
+        assert_eq!(place, Place::default());
     }
 
     #[test]

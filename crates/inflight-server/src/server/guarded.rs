@@ -56,14 +56,15 @@ impl<I> Guarded<I> {
             let deadline = Instant::now() + self.send_timeout;
             self.send_timer.as_mut().reset(deadline);
         }
-        match self.send_timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client read nothing of its answer in time",
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
+        let why = "the client read nothing of its answer in time";
+        expired(&mut self.send_timer, cx, why)
     }
+}
+
+/// Pending until `timer` fires; then the timeout `why`.
+fn expired<T>(timer: &mut Pin<Box<Sleep>>, cx: &mut Context<'_>, why: &str) -> Poll<io::Result<T>> {
+    std::task::ready!(timer.as_mut().poll(cx));
+    Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)))
 }
 
 impl<I: AsyncWrite + Unpin> Guarded<I> {
@@ -119,13 +120,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Guarded<I> {
         if this.timer.deadline() != deadline {
             this.timer.as_mut().reset(deadline);
         }
-        match this.timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client sent no request in time",
-            ))),
-            Poll::Pending => Poll::Pending,
-        }
+        expired(&mut this.timer, cx, "the client sent no request in time")
     }
 }
 

@@ -96,25 +96,12 @@ struct Connection {
 }
 
 impl Connection {
-    /// Serves it on a task of its own.
-    fn spawn(self, io: tokio::net::TcpStream) {
-        tokio::spawn(self.serve(io));
-    }
-
     /// Serves its requests (over `io`, the TCP stream or the TLS stream over it) until it closes.
     async fn serve<I>(self, io: I)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let Self {
-            routes,
-            builder,
-            client,
-            limits,
-            watcher,
-            slot,
-            tls,
-        } = self;
+        let limits = &self.limits;
         let exchanges = Exchanges::new(limits.header_timeout, limits.idle_timeout);
         let io = TokioIo::new(Guarded::new(io, exchanges.clone(), limits.send_timeout));
         let body_limits = BodyLimits {
@@ -123,19 +110,22 @@ impl Connection {
         };
         let service = hyper::service::service_fn(move |mut request: http::Request<Incoming>| {
             let ongoing = exchanges.begin(request.version());
-            if tls {
+            if self.tls {
                 request.extensions_mut().insert(http::uri::Scheme::HTTPS);
             }
             let request = request.map(|body| RequestBody::new(body, body_limits));
-            routes.respond(request, &client).map(move |answered| {
-                answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
-            })
+            self.routes
+                .respond(request, &self.client)
+                .map(move |answered| {
+                    answered.map(|response| response.map(|body| ResponseBody::new(body, ongoing)))
+                })
         });
-        let connection = builder
+        let connection = self
+            .builder
             .serve_connection_with_upgrades(io, service)
             .into_owned();
-        let _ = watcher.watch(connection).await;
-        drop(slot);
+        let _ = self.watcher.watch(connection).await;
+        drop(self.slot);
     }
 }
 
@@ -193,7 +183,7 @@ pub(super) async fn serve(
             tls: tls.is_some(),
         };
         match &tls {
-            None => connection.spawn(io),
+            None => drop(tokio::spawn(connection.serve(io))),
             Some(tls) => {
                 let tls = tls.clone();
                 tokio::spawn(async move {

@@ -39,13 +39,11 @@ impl Routes {
             },
             Some(upstream) => {
                 let api = match upstream.api_on_proxy_port {
-                    true => Router::new().nest_service(API_PREFIX, api::router(app.clone())),
-                    false => {
-                        Router::new().nest_service(API_PREFIX, Router::new().fallback(elsewhere))
-                    }
+                    true => api::router(app.clone()),
+                    false => Router::new().fallback(elsewhere),
                 };
                 Self {
-                    api,
+                    api: Router::new().nest_service(API_PREFIX, api),
                     proxy: Some(Arc::new(Proxy::new(app.clone(), upstream.clone()))),
                 }
             }

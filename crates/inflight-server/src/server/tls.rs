@@ -42,21 +42,18 @@ impl Tls {
         Ok(())
     }
 
-    /// The configuration in force.
-    fn config(&self) -> Arc<ServerConfig> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
     /// The TLS handshake of an accepted connection, with the certificate in force, within `timeout`.
     pub(super) async fn accept(
         &self,
         io: TcpStream,
         timeout: Duration,
     ) -> std::io::Result<TlsStream<TcpStream>> {
-        let handshake = TlsAcceptor::from(self.config()).accept(io);
+        let config = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let handshake = TlsAcceptor::from(config).accept(io);
         tokio::time::timeout(timeout, handshake)
             .await
             .unwrap_or_else(|_| {

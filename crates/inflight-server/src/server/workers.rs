@@ -203,28 +203,29 @@ impl Worker {
                     return Ok(());
                 }
             };
-            let served = Served {
-                listener,
-                routes: Routes::new(&app, self.upstream.as_deref(), &self.stopping),
-                health: Routes::health(&app),
-                gate: self.gates.served,
-                tls: self.bounds.tls.clone(),
+            let serve = |listener, upstream, gate, tls| {
+                let served = Served {
+                    listener,
+                    routes: Routes::new(&app, upstream, &self.stopping),
+                    health: Routes::health(&app),
+                    gate,
+                    tls,
+                };
+                listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut)
             };
+            let upstream = self.upstream.as_deref();
+            let proxied = serve(
+                listener,
+                upstream,
+                self.gates.served,
+                self.bounds.tls.clone(),
+            );
             let admin = async {
                 if let Some(admin) = admin {
-                    let served = Served {
-                        listener: admin,
-                        routes: Routes::new(&app, None, &self.stopping),
-                        health: Routes::health(&app),
-                        gate: self.gates.admin,
-                        // Plain HTTP: the admin listener is for the operator's tools, on loopback by
-                        // default.
-                        tls: None,
-                    };
-                    listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut).await;
+                    // Plain HTTP: the admin listener is for the operator's tools, on loopback by default.
+                    serve(admin, None, self.gates.admin, None).await;
                 }
             };
-            let proxied = listen::serve(served, self.stopping.clone(), &self.bounds, &app.cut);
             tokio::select! {
                 ((), ()) = async { tokio::join!(proxied, admin) } => {
                     // What was dropped is being released in the background; this releases the rest and

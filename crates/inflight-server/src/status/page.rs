@@ -41,11 +41,12 @@ pub fn router(board: &Arc<Board>, stopping: watch::Receiver<bool>) -> Router {
     Router::new()
         .route("/status", get(page_html))
         .route("/status/events", get(events))
+        .route_layer(axum::middleware::map_response(private))
         .with_state(page)
 }
 
 /// The headers of both routes: never cached, no referrer (the URL may carry the token).
-fn private(mut response: Response) -> Response {
+async fn private(mut response: Response) -> Response {
     let headers = response.headers_mut();
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
@@ -56,10 +57,12 @@ fn private(mut response: Response) -> Response {
     response
 }
 
-async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(refused) = allowed(&page.board.tokens, &headers, &uri) {
-        return private(refused.into_response());
-    }
+async fn page_html(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    allowed(&page.board.tokens, &headers, &uri)?;
     let mut response = ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response();
     response.headers_mut().insert(
         header::CONTENT_SECURITY_POLICY,
@@ -68,26 +71,25 @@ async fn page_html(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Re
              connect-src 'self'; img-src data:; frame-ancestors 'none'",
         ),
     );
-    private(response)
+    Ok(response)
 }
 
 /// How long a page waits before it opens its next stream once one ends.
 const RECONNECT: std::time::Duration = std::time::Duration::from_millis(250);
 
-async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(refused) = allowed(&page.board.tokens, &headers, &uri) {
-        return private(refused.into_response());
-    }
+async fn events(
+    State(page): State<Page>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
+    allowed(&page.board.tokens, &headers, &uri)?;
     let board = &page.board;
     let Ok(watching) = board.clients.clone().try_acquire_owned() else {
-        return private(
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too_many_status_clients",
-                format!("{MAX_CLIENTS} pages watch this worker's status already: retry later."),
-            )
-            .into_response(),
-        );
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_status_clients",
+            format!("{MAX_CLIENTS} pages watch this worker's status already: retry later."),
+        ));
     };
     let snapshots = board.snapshot.subscribe();
     board.wake.notify_one();
@@ -113,11 +115,9 @@ async fn events(State(page): State<Page>, headers: HeaderMap, uri: Uri) -> Respo
     let stream = retry.chain(stream).take_until(async move {
         let _ = tokio::time::timeout(lifetime, stopping.wait_for(|stop| *stop)).await;
     });
-    private(
-        Sse::new(stream)
-            .keep_alive(KeepAlive::default())
-            .into_response(),
-    )
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 /// Whether the request carries the token these routes need (see the module's docs).
@@ -128,9 +128,7 @@ fn allowed(tokens: &Tokens, headers: &HeaderMap, uri: &Uri) -> Result<(), ApiErr
     if tokens.may_see_status(headers.get(header::AUTHORIZATION), token) {
         return Ok(());
     }
-    Err(ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
+    Err(ApiError::unauthorized(
         "The status page needs the admin token (or, without one, the API token): \
          open /status?token=TOKEN, or send Authorization: Bearer TOKEN.",
     ))
