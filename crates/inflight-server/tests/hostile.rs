@@ -59,9 +59,12 @@ impl Both {
     }
 
     /// Each server's base URL and the first lines of a POST to it.
-    fn posts(&self) -> [(&str, &str); 2] {
+    fn posts(&self) -> [(&str, &str); 4] {
         [
             (&self.api.base, "POST /v1/keys/k/permits HTTP/1.1\r\n"),
+            // (The quota routes whose body is required: 400 for an unreadable body before.)
+            (&self.api.base, "PUT /v1/quotas/q HTTP/1.1\r\n"),
+            (&self.api.base, "POST /v1/quotas/q/top-up HTTP/1.1\r\n"),
             (
                 &self.proxy.base,
                 "POST /echo/x HTTP/1.1\r\nX-Inflight-Key: k\r\n",

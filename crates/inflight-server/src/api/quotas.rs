@@ -180,7 +180,7 @@ fn required<T: serde::de::DeserializeOwned>(
     bytes: Result<Bytes, BytesRejection>,
     shape: &str,
 ) -> Result<T, ApiError> {
-    let bytes = bytes.map_err(|e| ApiError::invalid_request(format!("Unreadable body: {e}")))?;
+    let bytes = bytes.map_err(|e| ApiError::unreadable_body(&e))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid_request(format!("Expected {shape}: {e}")))
 }
