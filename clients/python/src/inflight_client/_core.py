@@ -135,8 +135,9 @@ def acquire_args(
 
 
 def head(kind: str, flags: int, keys: int) -> str:
-    """A record's head as ``batch.lua`` reads it: ``a1`` (an acquire, flags 1, one key), ``r0x3``."""
-    return f"{kind}{flags}" if keys == 1 else f"{kind}{flags}x{keys}"
+    """A record's head as ``batch.lua`` reads it: ``a1`` (an acquire, flags 1, one key), ``r0x3``; the
+    flags one hex digit."""
+    return f"{kind}{flags:x}" if keys == 1 else f"{kind}{flags:x}x{keys}"
 
 
 def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:
