@@ -7,6 +7,7 @@ mod admission;
 mod builder;
 mod busiest;
 mod core;
+mod decided;
 mod handle;
 mod registry;
 mod remote;
