@@ -18,7 +18,6 @@ pub struct Rule {
     pattern: Box<str>,
     /// The pattern's parts between the stars.
     parts: Box<[Box<str>]>,
-    starred: bool,
     limits: ClassLimits,
     floors: Floors,
 }
@@ -34,7 +33,6 @@ impl Rule {
         Ok(Self {
             pattern: pattern.into(),
             parts: pattern.split('*').map(Box::from).collect(),
-            starred: pattern.contains('*'),
             limits,
             floors: Floors::default(),
         })
@@ -57,30 +55,26 @@ impl Rule {
 
     /// True when `key` matches the pattern.
     pub fn matches(&self, key: &str) -> bool {
-        let Some((first, rest)) = self.parts.split_first() else {
-            return false;
+        let [first, middle @ .., last] = &self.parts[..] else {
+            return key == &*self.pattern;
         };
-        if !self.starred {
-            return key == &**first;
-        }
         let Some(mut left) = key.strip_prefix(&**first) else {
             return false;
         };
-        let (last, middle) = rest.split_last().expect("a starred pattern has two parts");
         for part in middle {
             match left.find(&**part) {
                 Some(at) => left = &left[at + part.len()..],
                 None => return false,
             }
         }
-        left.len() >= last.len() && left.ends_with(&**last)
+        left.ends_with(&**last)
     }
 
     /// How specific the rule is: the length of its literal prefix, then of all its literal text, then
     /// whether it is exact (no `*`).
     fn specificity(&self) -> (usize, usize, bool) {
         let literal = self.parts.iter().map(|part| part.len()).sum();
-        (self.parts[0].len(), literal, !self.starred)
+        (self.parts[0].len(), literal, self.parts.len() == 1)
     }
 }
 
@@ -145,14 +139,9 @@ impl Policy {
             self.default_floors = floors;
             return Ok(self);
         };
-        match self.rules.iter_mut().find(|rule| &*rule.pattern == pattern) {
-            Some(rule) => rule.floors = floors,
-            None => {
-                return Err(PolicyError::new(format!(
-                    "no rule for the keys {pattern:?}"
-                )))
-            }
-        }
+        let rule = self.rules.iter_mut().find(|rule| &*rule.pattern == pattern);
+        let no_rule = || PolicyError::new(format!("no rule for the keys {pattern:?}"));
+        rule.ok_or_else(no_rule)?.floors = floors;
         Ok(self)
     }
 
@@ -291,16 +280,12 @@ impl SharedPolicy {
     /// rules (every key has its defaults) is read without taking its lock.
     #[inline]
     pub(crate) fn limits_into<K: AsRef<str>>(&self, keys: &[K], out: &mut [ClassLimits]) {
-        if !self.0.ruled.load(Ordering::Acquire) {
-            let plain = unpack(self.0.plain.load(Ordering::Relaxed));
-            out.iter_mut()
-                .zip(keys)
-                .for_each(|(limits, _)| *limits = plain);
-            return;
-        }
-        let policy = self.read();
+        let policy = self.0.ruled.load(Ordering::Acquire).then(|| self.read());
+        let plain = unpack(self.0.plain.load(Ordering::Relaxed));
         for (limits, key) in out.iter_mut().zip(keys) {
-            *limits = policy.limits(key.as_ref());
+            *limits = policy
+                .as_ref()
+                .map_or(plain, |policy| policy.limits(key.as_ref()));
         }
     }
 

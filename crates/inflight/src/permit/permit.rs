@@ -324,15 +324,9 @@ impl Permit {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        match &self.hold {
-            // Given back in place; the slots themselves go with the field.
+        match std::mem::replace(&mut self.hold, Hold::Done) {
             Hold::Local { slots, .. } => slots.give_back(self.weight),
-            Hold::Leased { .. } => {
-                if let Hold::Leased { state, owner } = std::mem::replace(&mut self.hold, Hold::Done)
-                {
-                    owner.dropped(state);
-                }
-            }
+            Hold::Leased { state, owner } => owner.dropped(state),
             Hold::Free { .. } | Hold::Done => {}
         }
     }

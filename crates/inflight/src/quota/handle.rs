@@ -81,22 +81,12 @@ impl QuotaError {
 /// A quota works beside a [`Limiter`] of the same store ([`Limiter::quota`]), whose background task
 /// extends the reservations held in this process and finishes the settlements that dropped ones leave,
 /// with the retries and the shutdown flush of a dropped permit's release.
+#[derive(Clone)]
 pub struct Quota<S: Store + QuotaStore = AnyStore> {
     limiter: Limiter<S>,
     ttl_ms: u64,
     commit_on: CommitOn,
     stats: Arc<QuotaStats>,
-}
-
-impl<S: Store + QuotaStore> Clone for Quota<S> {
-    fn clone(&self) -> Self {
-        Self {
-            limiter: self.limiter.clone(),
-            ttl_ms: self.ttl_ms,
-            commit_on: self.commit_on,
-            stats: self.stats.clone(),
-        }
-    }
 }
 
 impl<S: Store + QuotaStore> Limiter<S> {
@@ -166,15 +156,13 @@ impl<S: Store + QuotaStore> Quota<S> {
     /// under an idempotency key generated for this call, so that a command the Redis client re-sends
     /// after a dropped connection is not credited twice.
     pub async fn fund(&self, key: &str, fund: Fund) -> Result<Balance, QuotaError> {
-        match self
+        let funding = self
             .fund_with(key, fund, &IdempotencyKey::generate())
-            .await?
-        {
-            Funding::Applied(balance) | Funding::Repeated(balance) => Ok(balance),
-            Funding::KeyReused => Err(QuotaError::Store(StoreError::Protocol(
-                "a generated idempotency key was found in use".into(),
-            ))),
-        }
+            .await?;
+        let reused = "a generated idempotency key was found in use";
+        funding
+            .balance()
+            .ok_or_else(|| QuotaError::Store(StoreError::Protocol(reused.into())))
     }
 
     /// Sets or tops up `key`'s balance once per `idempotency` key (given by the caller: its retries

@@ -13,7 +13,7 @@ use super::handle::Quota;
 use super::store::{Balance, Extension, QuotaStore, Settle, Settlement};
 use crate::error::StoreError;
 use crate::id::PermitId;
-use crate::limiter::{Attempt, Deferred, Unsettled};
+use crate::limiter::{Attempt, Deferred, Extend, Unsettled};
 use crate::permit::BoxFuture;
 use crate::store::{AnyStore, Store};
 
@@ -53,22 +53,29 @@ pub struct DetachedReservation {
 }
 
 impl<S: Store + QuotaStore> Reservation<S> {
-    /// What the store has yet to answer: while armed, dropping it refunds whatever the store may do.
-    pub(super) fn pending(
-        key: Arc<str>,
-        id: PermitId,
-        amount: u64,
-        quota: Quota<S>,
-        ttl_ms: u64,
-    ) -> Self {
+    /// Nothing held: a reservation on an unmetered key.
+    pub(super) fn unmetered(key: Arc<str>, id: PermitId, amount: u64) -> Self {
         Self {
             key,
             id,
             amount,
             balance: None,
             expires_at_ms: 0,
-            open: Some((quota, None, ttl_ms)),
+            open: None,
         }
+    }
+
+    /// What the store has yet to answer: while `armed` (with its quota and ttl), dropping it refunds
+    /// whatever the store may do.
+    pub(super) fn pending(
+        key: Arc<str>,
+        id: PermitId,
+        amount: u64,
+        armed: Option<(Quota<S>, u64)>,
+    ) -> Self {
+        let mut pending = Self::unmetered(key, id, amount);
+        pending.open = armed.map(|(quota, ttl_ms)| (quota, None, ttl_ms));
+        pending
     }
 
     /// An open reservation (its balance and deadline as answered), kept open while it is held.
@@ -80,29 +87,23 @@ impl<S: Store + QuotaStore> Reservation<S> {
         ttl_ms: u64,
         quota: Quota<S>,
     ) -> Self {
-        let extend = extension(&quota, key.clone(), id.clone(), ttl_ms);
+        // The limiter's renewal task extends it by `ttl_ms`, until it is no longer open.
+        let ttl = Some(Duration::from_millis(ttl_ms));
+        let extend: Extend = Box::new(again(&quota, &key, &id, move |quota, key, id| async move {
+            match quota.extend(&key, &id, ttl).await {
+                Ok(Extension::Extended { .. }) => Ok(true),
+                Ok(Extension::NotOpen(_)) => Ok(false),
+                Err(super::QuotaError::Store(error)) => Err(error),
+                Err(other) => Err(StoreError::Rejected(other.to_string())),
+            }
+        }));
         let kept = quota
             .limiter()
             .keep_open(key.clone(), id.clone(), ttl_ms, extend);
-        Self {
-            key,
-            id,
-            amount,
-            balance: Some(balance),
-            expires_at_ms,
-            open: Some((quota, Some(kept), ttl_ms)),
-        }
-    }
-
-    pub(super) fn unmetered(key: Arc<str>, id: PermitId, amount: u64) -> Self {
-        Self {
-            key,
-            id,
-            amount,
-            balance: None,
-            expires_at_ms: 0,
-            open: None,
-        }
+        let mut open = Self::unmetered(key, id, amount);
+        (open.balance, open.expires_at_ms) = (Some(balance), expires_at_ms);
+        open.open = Some((quota, Some(kept), ttl_ms));
+        open
     }
 
     /// Nothing to settle on drop any more, nor to extend: returns who would have settled it.
@@ -192,26 +193,18 @@ impl<S: Store + QuotaStore> Reservation<S> {
     /// dropped armed (tried until a ttl from now, past which the store refunds it).
     fn unsettled(&self, settle: Settle) -> Option<Unsettled> {
         let (quota, _, ttl_ms) = self.open.as_ref()?;
-        let (key, id) = (self.key.clone(), self.id.clone());
-        let (attempt_quota, attempt_key, attempt_id) = (quota.clone(), key.clone(), id.clone());
-        let attempt: Attempt = Box::new(move || {
-            let (quota, key, id) = (
-                attempt_quota.clone(),
-                attempt_key.clone(),
-                attempt_id.clone(),
-            );
-            Box::pin(async move { quota.settle(&key, &id, settle).await.map(drop) })
-        });
-        let within = Duration::from_millis((*ttl_ms).max(1));
-        let what = match settle {
-            Settle::Commit => "commit",
-            Settle::Refund => "refund",
+        let settled = move |quota: Quota<S>, key: Arc<str>, id: PermitId| async move {
+            quota.settle(&key, &id, settle).await.map(drop)
         };
+        let attempt: Attempt = Box::new(again(quota, &self.key, &self.id, settled));
         let deferred = Deferred {
-            what,
-            key,
-            id,
-            within,
+            what: match settle {
+                Settle::Commit => "commit",
+                Settle::Refund => "refund",
+            },
+            key: self.key.clone(),
+            id: self.id.clone(),
+            within: Duration::from_millis((*ttl_ms).max(1)),
             attempt,
         };
         Some(Unsettled::new(quota.limiter().settler(), Some(deferred)))
@@ -270,25 +263,14 @@ impl fmt::Debug for Settling {
     }
 }
 
-/// How the limiter's renewal task extends a reservation held here: by `ttl_ms`; false once it is no
-/// longer open.
-fn extension<S: Store + QuotaStore>(
+/// `call` on the reservation `key`, `id` of `quota`, as often as it is asked for (a settlement's tries, a
+/// kept reservation's extensions).
+fn again<S: Store + QuotaStore, F: Future + Send + 'static>(
     quota: &Quota<S>,
-    key: Arc<str>,
-    id: PermitId,
-    ttl_ms: u64,
-) -> crate::limiter::Extend {
-    let quota = quota.clone();
-    Box::new(move || {
-        let (quota, key, id) = (quota.clone(), key.clone(), id.clone());
-        Box::pin(async move {
-            let ttl = Some(Duration::from_millis(ttl_ms));
-            match quota.extend(&key, &id, ttl).await {
-                Ok(Extension::Extended { .. }) => Ok(true),
-                Ok(Extension::NotOpen(_)) => Ok(false),
-                Err(super::QuotaError::Store(error)) => Err(error),
-                Err(other) => Err(StoreError::Rejected(other.to_string())),
-            }
-        })
-    })
+    key: &Arc<str>,
+    id: &PermitId,
+    call: impl Fn(Quota<S>, Arc<str>, PermitId) -> F + Send + Sync + 'static,
+) -> impl Fn() -> BoxFuture<'static, F::Output> + Send + Sync + 'static {
+    let (quota, key, id) = (quota.clone(), key.clone(), id.clone());
+    move || Box::pin(call(quota.clone(), key.clone(), id.clone()))
 }

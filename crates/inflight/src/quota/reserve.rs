@@ -42,11 +42,8 @@ impl<S: Store + QuotaStore> Quota<S> {
         let key: Arc<str> = Arc::from(key);
         // Until the store answers, a generated id's reservation can only be this call's: dropped
         // before the answer, it is refunded.
-        let mut unanswered =
-            Reservation::pending(key.clone(), id.clone(), amount, self.clone(), ttl_ms);
-        if !generated {
-            unanswered.disarm();
-        }
+        let armed = generated.then(|| (self.clone(), ttl_ms));
+        let mut unanswered = Reservation::pending(key.clone(), id.clone(), amount, armed);
         let decided = self.store().reserve(&key, &id, amount, ttl_ms).await;
         unanswered.disarm();
         match decided? {

@@ -59,6 +59,7 @@ pub struct Handed {
 }
 
 impl Handed {
+    #[cfg(feature = "redis")]
     /// `token:expires_at_ms:limit:in_flight`, as `queue.lua` publishes it.
     fn parse(text: &str) -> Option<Self> {
         let mut numbers = text.split(':').map(str::parse::<u64>);
@@ -106,6 +107,7 @@ pub(crate) struct Wakes {
 }
 
 impl Wakes {
+    #[cfg(feature = "redis")]
     /// Wakes whose tickets are named after `channel`, where their turns are heard once `hook` has
     /// subscribed to it ([`Wakes::turns_heard`]).
     pub(crate) fn with_tickets(hook: Hook, channel: String) -> Self {
@@ -172,6 +174,7 @@ impl Wakes {
         self.tickets_expired.load(Ordering::Relaxed)
     }
 
+    #[cfg(feature = "redis")]
     /// Wakes the tickets a message on the channel names (`<n> <n2>=<handed> ...`, see `queue.lua`).
     pub(crate) fn wake_turns(&self, message: &str) {
         let turns = self.turns();
@@ -186,6 +189,7 @@ impl Wakes {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// Turns are heard from now on (`true`: the channel's subscription is in force), or are not (it
     /// broke). Heard again, every ticket asks again: a turn called meanwhile went unheard.
     pub(crate) fn turns_heard(&self, heard: bool) {

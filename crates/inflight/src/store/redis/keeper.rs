@@ -191,7 +191,8 @@ impl Reader {
                 biased;
                 message = messages.next() => {
                     let Some(message) = message else {
-                        return Err(closed());
+                        let ended = "the subscription to an index's announcements ended";
+                        return Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, ended).into());
                     };
                     let Some(view) = self.view.upgrade() else { return Ok(()) };
                     let payload: String = message.get_payload()?;
@@ -311,11 +312,4 @@ pub(super) async fn within<T>(
             "connecting the subscription timed out",
         ))),
     }
-}
-
-fn closed() -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionAborted,
-        "the subscription to an index's announcements ended",
-    ))
 }

@@ -23,16 +23,13 @@ const SCAN_COUNT: usize = 100;
 impl BusyKeys for RedisStore {
     /// `SCAN`s the lease sets of the keys under `prefix` (on a cluster, of every primary).
     async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError> {
-        let cluster = self.conn.is_cluster();
         // On a cluster a key with a hash tag of its own is named `{tag}<escaped key>`: the prefix is
         // then matched after the names are read.
-        let pattern = match cluster {
-            true => format!("{}{{*:leases", glob_escape(&self.prefix)),
-            false => scan_pattern(&self.prefix, prefix),
-        };
-        let nodes = match cluster {
-            true => self.primaries().await?,
-            false => vec![0],
+        let (pattern, nodes) = if self.conn.is_cluster() {
+            let pattern = format!("{}{{*:leases", glob_escape(&self.prefix));
+            (pattern, self.primaries().await?)
+        } else {
+            (scan_pattern(&self.prefix, prefix), vec![0])
         };
         let started = Instant::now();
         let (mut examined, mut found) = (0usize, Vec::new());
@@ -205,18 +202,12 @@ fn user_key(prefix: &str, name: &str) -> Option<String> {
     if escaped == "%" {
         return Some(String::new());
     }
-    let bytes = escaped.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = escaped.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    // Each `%` starts two hex digits.
+    let mut parts = escaped.split('%');
+    let mut out = parts.next()?.as_bytes().to_vec();
+    for part in parts {
+        out.push(u8::from_str_radix(part.get(..2)?, 16).ok()?);
+        out.extend_from_slice(&part.as_bytes()[2..]);
     }
     String::from_utf8(out).ok()
 }

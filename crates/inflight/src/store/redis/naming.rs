@@ -18,11 +18,8 @@ pub(super) struct KeyNames {
     tag: String,
 }
 
-/// One of the names, as a command argument.
-pub(super) struct KeyArg<'a> {
-    tag: &'a str,
-    role: &'static str,
-}
+/// One of the names, as a command argument: the tag and the role.
+pub(super) struct KeyArg<'a>(&'a str, &'static str);
 
 impl KeyNames {
     /// The names of `key`; `cluster` honours the key's own hash tag.
@@ -60,33 +57,24 @@ impl KeyNames {
 
     /// The sorted set of leases.
     pub(super) fn leases(&self) -> KeyArg<'_> {
-        KeyArg {
-            tag: &self.tag,
-            role: ":leases",
-        }
+        KeyArg(&self.tag, ":leases")
     }
 
     /// The permits hash (weights and lease lengths).
     pub(super) fn permits(&self) -> KeyArg<'_> {
-        KeyArg {
-            tag: &self.tag,
-            role: ":permits",
-        }
+        KeyArg(&self.tag, ":permits")
     }
 
     /// The limit override.
     pub(super) fn limit(&self) -> KeyArg<'_> {
-        KeyArg {
-            tag: &self.tag,
-            role: ":limit",
-        }
+        KeyArg(&self.tag, ":limit")
     }
 }
 
 impl std::fmt::Display for KeyArg<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.tag)?;
-        f.write_str(self.role)
+        f.write_str(self.0)?;
+        f.write_str(self.1)
     }
 }
 
@@ -104,26 +92,18 @@ pub(super) struct Member<'a>(pub(super) &'a PermitId);
 impl Member<'_> {
     /// The bytes Redis stores.
     pub(super) fn bytes(&self) -> Vec<u8> {
-        match self.0.uuid() {
-            Some(uuid) => uuid_bytes(uuid).to_vec(),
-            None => self.0.to_string().into_bytes(),
-        }
+        redis::ToRedisArgs::to_redis_args(self).concat()
     }
-}
-
-/// 0xFF, then the UUID's 16 bytes.
-fn uuid_bytes(uuid: &uuid::Uuid) -> [u8; 17] {
-    let mut bytes = [0xFF; 17];
-    bytes[1..].copy_from_slice(uuid.as_bytes());
-    bytes
 }
 
 impl redis::ToRedisArgs for Member<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        match self.0.uuid() {
-            Some(uuid) => out.write_arg(&uuid_bytes(uuid)),
-            None => out.write_arg_fmt(self.0),
-        }
+        let Some(uuid) = self.0.uuid() else {
+            return out.write_arg_fmt(self.0);
+        };
+        let mut bytes = [0xFF; 17];
+        bytes[1..].copy_from_slice(uuid.as_bytes());
+        out.write_arg(&bytes);
     }
 }
 
@@ -140,17 +120,12 @@ fn escape_into(out: &mut String, key: &str) {
         return;
     }
     for c in key.chars() {
-        match c {
-            '{' | '}' | '%' => {
-                let _ = write!(out, "%{:02X}", c as u32);
+        if matches!(c, '{' | '}' | '%') || c.is_control() {
+            for b in c.encode_utf8(&mut [0; 4]).bytes() {
+                let _ = write!(out, "%{b:02X}");
             }
-            c if c.is_control() => {
-                let mut buf = [0u8; 4];
-                for b in c.encode_utf8(&mut buf).bytes() {
-                    let _ = write!(out, "%{b:02X}");
-                }
-            }
-            c => out.push(c),
+        } else {
+            out.push(c);
         }
     }
 }
@@ -185,22 +160,24 @@ mod tests {
         assert_eq!(names.len(), keys.len());
     }
 
-    fn member(id: &PermitId) -> Vec<u8> {
-        redis::ToRedisArgs::to_redis_args(&Member(id)).concat()
-    }
-
     #[test]
     fn a_uuid_is_stored_as_17_bytes_and_never_as_a_given_id() {
         let generated = PermitId::generate();
-        let bytes = member(&generated);
+        let bytes = Member(&generated).bytes();
         assert_eq!(bytes.len(), 17);
         assert_eq!(bytes[0], 0xFF);
         assert_eq!(&bytes[1..], generated.uuid().unwrap().as_bytes());
         // Its canonical text is the same id; any other text is a given id, stored as written.
-        assert_eq!(member(&PermitId::from(generated.to_string())), bytes);
+        assert_eq!(
+            Member(&PermitId::from(generated.to_string())).bytes(),
+            bytes
+        );
         let upper = generated.to_string().to_uppercase();
-        assert_eq!(member(&PermitId::from(upper.as_str())), upper.as_bytes());
-        assert_eq!(member(&PermitId::from("req-42")), b"req-42");
+        assert_eq!(
+            Member(&PermitId::from(upper.as_str())).bytes(),
+            upper.as_bytes()
+        );
+        assert_eq!(Member(&PermitId::from("req-42")).bytes(), b"req-42");
         assert!(std::str::from_utf8(&bytes).is_err());
     }
 

@@ -152,12 +152,11 @@ impl View {
 
     /// Replaces the view with the index as read at `version` (its keys read after it), usable when it
     /// fit. The notes of this process newer than `version` stand over it.
-    pub(super) fn replace(&self, keys: HashSet<Box<str>>, version: u64, fits: bool) {
+    pub(super) fn replace(&self, keys: HashSet<Box<str>>, version: u64, mut fits: bool) {
         let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
         known.keys = keys;
         let mut ahead = std::mem::take(&mut known.ahead);
         ahead.retain(|_, (noted, _)| *noted > version);
-        let mut fits = fits;
         for (key, (_, present)) in &ahead {
             fits &= known.set(key, *present);
         }

@@ -9,21 +9,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::Client;
 
-use super::options::{client, ConnOptions};
+use super::options::{client, invalid_url, ConnOptions};
 use crate::error::StoreError;
 
 /// How many times the cluster client resends a command (after MOVED, ASK, TRYAGAIN or a lost connection).
 const RETRIES: u32 = 3;
-
-/// The part after `redis+cluster://` or `rediss+cluster://`, and whether it is TLS; `None` otherwise.
-pub(super) fn strip_scheme(url: &str) -> Option<(&str, bool)> {
-    if let Some(rest) = url.strip_prefix("redis+cluster://") {
-        Some((rest, false))
-    } else {
-        url.strip_prefix("rediss+cluster://")
-            .map(|rest| (rest, true))
-    }
-}
 
 /// Splits `[user:password@]host:port,host:port[/...]` into its credentials (with their `@`), its
 /// nodes and what follows the nodes (`/...`, or `""`).
@@ -38,9 +28,7 @@ pub(super) fn split_nodes(rest: &str) -> Result<(&str, Vec<&str>, &str), StoreEr
     };
     let nodes: Vec<&str> = hosts.split(',').map(str::trim).collect();
     if nodes.iter().any(|node| node.is_empty()) {
-        return Err(StoreError::Rejected(
-            "invalid Redis URL: an empty node in the list of nodes".into(),
-        ));
+        return Err(invalid_url("an empty node in the list of nodes"));
     }
     Ok((credentials, nodes, tail))
 }
@@ -50,20 +38,18 @@ pub(super) fn split_nodes(rest: &str) -> Result<(&str, Vec<&str>, &str), StoreEr
 pub(super) fn open(
     options: &ConnOptions,
     rest: &str,
-    tls: bool,
+    scheme: &str,
 ) -> Result<(ClusterConnection, Vec<Client>, String), StoreError> {
     let (credentials, nodes, tail) = split_nodes(rest)?;
     if !matches!(tail, "" | "/" | "/0") {
-        return Err(StoreError::Rejected(
-            "invalid Redis URL: a cluster has database 0 only, and takes no options".into(),
+        return Err(invalid_url(
+            "a cluster has database 0 only, and takes no options",
         ));
     }
-    let scheme = if tls { "rediss" } else { "redis" };
     let urls: Vec<String> = nodes
         .iter()
         .map(|node| format!("{scheme}://{credentials}{node}"))
         .collect();
-    let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
     let cluster = ClusterClientBuilder::new(urls.iter().map(String::as_str))
         .connection_timeout(options.connection_timeout)
         .response_timeout(options.response_timeout)
@@ -79,7 +65,7 @@ pub(super) fn open(
         }),
         None => cluster,
     };
-    let cluster = cluster.build().map_err(invalid)?;
+    let cluster = cluster.build().map_err(invalid_url)?;
     let config = ClusterConfig::new()
         .set_connection_timeout(options.connection_timeout)
         .set_response_timeout(options.response_timeout);
@@ -154,7 +140,9 @@ mod tests {
             ("", vec!["[::1]:7000", "c:3"], "")
         );
         assert!(split_nodes("a:1,,b:2").is_err());
-        assert_eq!(strip_scheme("rediss+cluster://a:1"), Some(("a:1", true)));
-        assert_eq!(strip_scheme("redis://a:1"), None);
+        let strip = |url| super::super::options::strip_scheme(url, "cluster");
+        assert_eq!(strip("rediss+cluster://a:1"), Some(("a:1", "rediss")));
+        assert_eq!(strip("redis+cluster://a:1"), Some(("a:1", "redis")));
+        assert_eq!(strip("redis://a:1"), None);
     }
 }

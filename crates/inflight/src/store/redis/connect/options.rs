@@ -44,15 +44,29 @@ impl ConnOptions {
     }
 }
 
+/// The part of `url` after `redis+<kind>://` or `rediss+<kind>://`, and its scheme (`redis` or `rediss`).
+pub(super) fn strip_scheme<'a>(url: &'a str, kind: &str) -> Option<(&'a str, &'static str)> {
+    ["redis", "rediss"].into_iter().find_map(|scheme| {
+        let rest = url
+            .strip_prefix(scheme)?
+            .strip_prefix('+')?
+            .strip_prefix(kind)?;
+        Some((rest.strip_prefix("://")?, scheme))
+    })
+}
+
+pub(super) fn invalid_url(why: impl std::fmt::Display) -> StoreError {
+    StoreError::Rejected(format!("invalid Redis URL: {why}"))
+}
+
 /// A client of one server, with TCP_NODELAY, trusting `root_cert` (PEM) if given.
 pub(super) fn client(
     info: impl IntoConnectionInfo,
     root_cert: Option<&[u8]>,
 ) -> Result<Client, StoreError> {
-    let invalid = |e: redis::RedisError| StoreError::Rejected(format!("invalid Redis URL: {e}"));
     let info = info
         .into_connection_info()
-        .map_err(invalid)?
+        .map_err(invalid_url)?
         .set_tcp_settings(TcpSettings::default().set_nodelay(true));
     #[cfg(feature = "tls")]
     let client = match root_cert {
@@ -70,5 +84,5 @@ pub(super) fn client(
         let _ = root_cert;
         Client::open(info)
     };
-    client.map_err(invalid)
+    client.map_err(invalid_url)
 }

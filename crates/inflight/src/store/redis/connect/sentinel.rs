@@ -16,7 +16,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 
 use super::cluster::split_nodes;
-use super::options::{client, ConnOptions};
+use super::options::{client, invalid_url, ConnOptions};
 use super::version;
 use crate::error::StoreError;
 
@@ -24,16 +24,6 @@ use crate::error::StoreError;
 pub(super) const POLL: Duration = Duration::from_secs(1);
 /// The least time between two lookups prompted by errors (many commands fail together).
 const LOOKUP_GAP: Duration = Duration::from_millis(50);
-
-/// The part after `redis+sentinel://` or `rediss+sentinel://`, and whether it is TLS.
-pub(super) fn strip_scheme(url: &str) -> Option<(&str, bool)> {
-    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        Some((rest, false))
-    } else {
-        url.strip_prefix("rediss+sentinel://")
-            .map(|rest| (rest, true))
-    }
-}
 
 /// The primary in use now.
 struct Current {
@@ -78,31 +68,31 @@ impl Follower {
     pub(super) fn open(
         options: &ConnOptions,
         rest: &str,
-        tls: bool,
+        scheme: &'static str,
     ) -> Result<(Arc<Follower>, String), StoreError> {
-        let invalid = |why: &str| StoreError::Rejected(format!("invalid Redis URL: {why}"));
         let (credentials, nodes, tail) = split_nodes(rest)?;
         let tail = tail
             .strip_prefix('/')
-            .ok_or_else(|| invalid("no master name"))?;
+            .ok_or_else(|| invalid_url("no master name"))?;
         let (master, query) = tail.split_once('?').unwrap_or((tail, ""));
         if master.is_empty() || master.contains('/') {
-            return Err(invalid("the path must be the master's name"));
+            return Err(invalid_url("the path must be the master's name"));
         }
         let (mut db, mut sentinel_user, mut sentinel_password) = (0i64, None, None);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
-                Some(("db", n)) => db = n.parse().map_err(|_| invalid("db must be a number"))?,
+                Some(("db", n)) => {
+                    db = n.parse().map_err(|_| invalid_url("db must be a number"))?
+                }
                 Some(("sentinel_username", user)) => sentinel_user = Some(user),
                 Some(("sentinel_password", password)) => sentinel_password = Some(password),
                 _ => {
-                    return Err(invalid(
+                    return Err(invalid_url(
                         "unknown option (db, sentinel_username, sentinel_password)",
                     ))
                 }
             }
         }
-        let scheme = if tls { "rediss" } else { "redis" };
         let sentinel_credentials = match (sentinel_user, sentinel_password) {
             (user, Some(password)) => format!("{}:{password}@", user.unwrap_or("")),
             (Some(user), None) => format!("{user}@"),
