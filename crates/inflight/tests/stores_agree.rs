@@ -14,7 +14,8 @@ use inflight::{
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::ops::{
-    apply_store, coarse_op, crowded_op, crowded_sequences, policy, waits_op, Op, Outcome, CROWD,
+    apply_store, coarse_op, crowded_op, crowded_sequences, fresh_after_leave, policy, waits_op, Op,
+    Outcome, CROWD,
 };
 use support::TestRedis;
 
@@ -197,7 +198,7 @@ fn redis_and_memory_queue_and_admit_waiters_alike() {
     let sequences = (policy(), any::<bool>()).prop_flat_map(|(policy, floored)| {
         (
             Just(policy),
-            prop::collection::vec(waits_op(floored), 1..80),
+            prop::collection::vec(waits_op(floored), 1..80).prop_map(fresh_after_leave),
         )
     });
     agree(64, sequences, false).unwrap();
@@ -240,7 +241,7 @@ fn dify_and_memory_queue_and_admit_waiters_alike() {
     };
     let sequences = (
         policy(),
-        prop::collection::vec(waits_op(false).prop_map(light), 1..80),
+        prop::collection::vec(waits_op(false).prop_map(light), 1..80).prop_map(fresh_after_leave),
     );
     let queued = QUEUED.get();
     agree_with(48, sequences, false, |redis, prefix| {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy, Wakeups};
+use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy, Store, Wakeups};
 
 use crate::support::TestRedis;
 use crate::{limiter, memory, redis, wait, waiting};
@@ -441,4 +441,54 @@ async fn memory_a_slot_handed_to_a_waiter_gone_before_hearing_is_given_back() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("the handed slot was not given back");
+}
+
+/// An ask of a waiter that reaches Redis after the waiter gave up its ticket (redis-rs sends a batch
+/// again after a NOSCRIPT, behind commands sent since; a slow link can delay it too) takes no place: the
+/// ticket stays given up, so no release hands a slot to a waiter that is gone (it would hold it for a
+/// ticket's lease) and no dead ticket holds the head. Before, both happened now and then in
+/// `redis_dropped_waiters_hold_nothing`, whose first batch met a NOSCRIPT.
+#[tokio::test]
+async fn redis_an_ask_that_arrives_after_its_leave_takes_no_place() {
+    use inflight::store::{AcquireRequest, Admission, Ticket};
+    let server = TestRedis::start();
+    let store = server.store();
+    let limiter = limiter(store.clone(), 1);
+    let held = limiter.try_acquire("model").await.unwrap();
+    let turn = store.ticket().expect("a store with queues");
+    let id = inflight::PermitId::generate();
+    let keys = [std::sync::Arc::from("model")];
+    assert!(!store.leave(&keys, turn.name(), Some(&id)).await.unwrap());
+    let limits = [inflight::ClassLimits::new(1, 0)];
+    let late = AcquireRequest {
+        keys: &["model"],
+        id: &id,
+        weight: 1,
+        lease_ms: 30_000,
+        limits: &limits,
+        generated: false,
+        ticket: Some(Ticket {
+            name: turn.name(),
+            flow: "",
+            flow_weight: 1,
+            lease_ms: inflight::TICKET_LEASE_MS,
+            handoff: true,
+        }),
+        priority: 0,
+        floors: &[],
+    };
+    let answer = store.acquire(late).await.unwrap();
+    assert!(matches!(answer, Admission::Queued { .. }), "{answer:?}");
+    let queue: usize = redis::cmd("ZCARD")
+        .arg("inflight:{model}:queue")
+        .query(&mut server.client())
+        .unwrap();
+    assert_eq!(queue, 0, "no place taken");
+    held.release().await.unwrap();
+    assert_eq!(
+        limiter.status("model").await.unwrap().in_flight,
+        0,
+        "nothing handed"
+    );
+    drop(limiter.try_acquire("model").await.expect("no dead head"));
 }

@@ -6,8 +6,10 @@
 --   T:queue    sorted set, every score 0, so in member order: 'PPRRRRRRRRRRSSSSSSSSSS w ticket': PP
 --              255 - priority, R the ticket's round among its level's flows, S its arrival number on the
 --              key (hex, fixed width), w its weight. The head is the first member.
---   T:tickets  hash: ticket -> its member; '' -> the last arrival number; 'L' -> the key's limit as the
---              last ticket taken found it (for releases, which know no limit).
+--   T:tickets  hash: ticket -> its member, or GIVEN_UP for GIVEN_UP_MS once its waiter gave it up (an
+--              ask of the waiter still on its way, sent again after a NOSCRIPT or late, then takes no
+--              place nobody waits in); '' -> the last arrival number; 'L' -> the key's limit as the last
+--              ticket taken found it (for releases, which know no limit).
 --   T:expiry   sorted set: ticket -> the end of its lease (ms). A ticket its process stops renewing
 --              (killed, cut off) goes when that passes.
 --   T:flows    hash: 'level flow' -> the flow's next round * FLOW_STEP + the tickets it took in that
@@ -21,6 +23,7 @@
 -- An admission takes a slot only when the tickets ahead of it (all of them, for one without a ticket:
 -- no barging) leave room for it too.
 local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
+local GIVEN_UP, GIVEN_UP_MS = '-', 10000
 local FLOW_STEP = 1024 -- a flow's entry: its next round * FLOW_STEP + the tickets it took in that round
 local tickets_expired = 0 -- since the last count_expired()
 
@@ -60,10 +63,14 @@ local function queue()
     if key.expired then return 0 end
     key.expired = true
     local t = tag_of(key)
-    local gone = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%d', now))
-    for _, ticket in ipairs(gone) do drop_ticket(t, ticket, redis.call('HGET', t .. ':tickets', ticket)) end
-    tickets_expired = tickets_expired + #gone
-    return #gone
+    local gone, n = redis.call('ZRANGEBYSCORE', t .. ':expiry', '-inf', string.format('%d', now)), 0
+    for _, ticket in ipairs(gone) do
+      local member = redis.call('HGET', t .. ':tickets', ticket)
+      if member == GIVEN_UP then member = nil else n = n + 1 end
+      drop_ticket(t, ticket, member)
+    end
+    tickets_expired = tickets_expired + n
+    return n
   end
 
   local leave -- (below)
@@ -211,7 +218,7 @@ local function queue()
   function leave(key, ticket, room, admitted)
     local t = tag_of(key)
     local member = redis.call('HGET', t .. ':tickets', ticket)
-    if not member then return false end
+    if not member or member == GIVEN_UP then return false end
     local head = redis.call('ZRANGE', t .. ':queue', 0, 0)
     drop_ticket(t, ticket, member)
     -- Served: the level's round moves on to an admitted ticket's (later tickets of any flow start there).
@@ -223,6 +230,19 @@ local function queue()
     end
     if head[1] == member and room > 0 then call_turns(key, room) end
     return true
+  end
+
+  -- The waiter of `ticket` gives it up (a leave record): it leaves, and stays given up for GIVEN_UP_MS
+  -- (take_ticket then only renews that). Whether it was in the queue.
+  local function give_up(key, ticket)
+    expire_tickets(key) -- (a ticket whose lease ended is no longer there: dropped first, as any call drops it)
+    local left, t = leave(key, ticket, 1, false), tag_of(key)
+    redis.call('HSET', t .. ':tickets', ticket, GIVEN_UP)
+    redis.call('ZADD', t .. ':expiry', string.format('%d', now + GIVEN_UP_MS), ticket)
+    for _, role in ipairs({':tickets', ':expiry'}) do
+      if redis.call('PTTL', t .. role) < GIVEN_UP_MS then redis.call('PEXPIRE', t .. role, GIVEN_UP_MS) end
+    end
+    return left
   end
 
   -- Floors (the rule is Floors::reserved in crates/inflight/src/floors.rs): while a priority level with
@@ -277,6 +297,7 @@ local function queue()
   end
 
   made_queue = {expire_tickets = expire_tickets, call_turns = call_turns, call_after_release = call_after_release,
-    in_turn = in_turn, take_ticket = take_ticket, leave = leave, reserved = reserved, hold_at = hold_at}
+    in_turn = in_turn, take_ticket = take_ticket, leave = leave, give_up = give_up, reserved = reserved,
+    hold_at = hold_at}
   return made_queue
 end

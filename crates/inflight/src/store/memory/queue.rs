@@ -1,7 +1,9 @@
 //! A key's queue of waiters in the memory store, one for every limiter sharing the store: the twin of
 //! `queue.lua`. Tickets are ordered by priority (higher first), then by their flow's round (each flow of
 //! a level takes the next round it has not had, so flows are served in turn), then by arrival; an
-//! admission takes a slot only when the tickets ahead of it leave room for it too.
+//! admission takes a slot only when the tickets ahead of it leave room for it too. (`queue.lua` also keeps
+//! a ticket given up as such for a while, against an ask of its waiter arriving after the leave; the
+//! memory store's asks never do.)
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};

@@ -187,11 +187,10 @@ while a <= #ARGV do
   elseif kind == 'u' then
     r, a = r + 1, f + 3
     replies[r] = undo(keys, n, ARGV[f], tonumber(ARGV[f + 1]), ARGV[f + 2])
-  else -- 'l' (a ticket whose lease ended is no longer there: dropped first, as any call drops it)
+  else -- 'l'
     local left = 0
     for j = 1, n do
-      queue().expire_tickets(keys[j])
-      if queue().leave(keys[j], ARGV[f], 1, false) then left = 1 end
+      if queue().give_up(keys[j], ARGV[f]) then left = 1 end
     end
     r, a = r + 1, f + 1
     if flags >= 8 then

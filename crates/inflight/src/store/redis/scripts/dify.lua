@@ -132,9 +132,8 @@ if op == 'a' then
   return reply(ADMITTED, -1, first.limit_now, first.limit_now > 0 and first.n or 0, now + lease_ms)
 elseif op == 'l' then
   local left = 0
-  for _, key in ipairs(keys) do -- (a ticket whose lease ended is no longer there: dropped first)
-    queue().expire_tickets(key)
-    if queue().leave(key, id, 1, false) then left = 1 end
+  for _, key in ipairs(keys) do
+    if queue().give_up(key, id) then left = 1 end
   end
   return {left}
 elseif op == 'r' then
