@@ -218,9 +218,11 @@ impl<S: Store> Limiter<S> {
                 .unwrap_or(1),
             floors,
         };
+        // (A wait's first ask under the id it made is the id's first admission, as one it generates.)
+        let fresh = ticket.is_some_and(|waiting| waiting.fresh);
         Now::Store(Prepared {
             limits,
-            generated: given.is_none(),
+            generated: given.is_none() || fresh,
             id: given.unwrap_or_else(PermitId::generate),
             weight,
             lease_ms,

@@ -18,7 +18,7 @@ use crate::store::{Admission, Grant, Handed, Keys, LocalAdmission, Store};
 impl<S: Store> Limiter<S> {
     /// The permit of the lease a release handed a waiter's ticket (`Ticket::handoff`): `id` on `keys`,
     /// recorded by the store for as long as the ticket would have lasted, claimed (renewed to
-    /// `lease_ms`) at once.
+    /// `lease_ms`) a third of the way through unless released by then.
     pub(super) fn handed(
         &self,
         keys: &[&str],

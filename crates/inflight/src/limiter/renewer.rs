@@ -4,11 +4,13 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::core::Core;
 use super::registry::{Registry, MAX_TICK};
+use super::standing::TICKET_LEASE_MS;
 use crate::permit::PermitState;
 use crate::store::{RenewRequest, Renewal, Store};
 
@@ -77,12 +79,17 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
 
 /// Claims a lease a release handed a waiter (`Ticket::handoff`), off the waiter's path: the store
 /// recorded it for as long as the waiter's ticket would have lasted (a dead waiter's holds its slot no
-/// longer), and this renews it to its own length. Never re-added: a lease released (here or by the
-/// holder it was detached to) before the claim arrives stays released. Failing, it is due at once for
-/// the renewal task's next pass.
+/// longer), and this renews it to its own length a third of the way through, as a renewal would (a
+/// permit released by then, as most waited ones are, costs the store nothing more). Never re-added: a
+/// lease released (here or by the holder it was detached to) before the claim arrives stays released.
+/// Failing, it is due at once for the renewal task's next pass.
 pub(super) fn claim<S: Store>(core: &Arc<Core<S>>, permit: Arc<PermitState>) {
     let core = core.clone();
     tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(TICKET_LEASE_MS / 3)).await;
+        if permit.released.load(Ordering::Acquire) {
+            return;
+        }
         let request = RenewRequest {
             keys: permit.keys.clone(),
             id: permit.id.clone(),

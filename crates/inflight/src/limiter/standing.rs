@@ -21,12 +21,14 @@ pub(super) enum TicketState {
     Admitted,
 }
 
-/// A waiter's ticket as its admissions carry it: its name, and whether a release may hand it the slot
-/// ([`Ticket::handoff`]).
+/// A waiter's ticket as its admissions carry it: its name, whether a release may hand it the slot
+/// ([`Ticket::handoff`]), and whether no ask under the wait's id was made yet (the first is as an
+/// admission under an id generated for it: no lease can hold the id).
 #[derive(Clone, Debug)]
 pub(super) struct Waiting {
     pub(super) name: Arc<str>,
     pub(super) handoff: bool,
+    pub(super) fresh: bool,
 }
 
 /// Where an admission stands among others: a waiter's ticket and flow, its priority, and the floors of

@@ -96,12 +96,16 @@ impl<S: Wakeups> Limiter<S> {
         // One key, no floors, no id of the caller's: a release may hand this waiter the slot, under an
         // id of the wait's own (the same at every ask).
         let one_key = keys.iter().all(|key| *key == keys[0]);
-        let handoff = options.id.is_none() && one_key && core.policy.floors_of(keys).is_none();
+        let handoff = turn.is_some()
+            && options.id.is_none()
+            && one_key
+            && core.policy.floors_of(keys).is_none();
         let id = handoff.then(PermitId::generate);
         options.id = options.id.or_else(|| id.clone());
-        let waiting = turn.as_ref().map(|turn| Waiting {
+        let mut waiting = turn.as_ref().map(|turn| Waiting {
             name: Arc::from(turn.name()),
             handoff,
+            fresh: handoff,
         });
         // Given up in the store (by the settler) when this wait ends unadmitted or is dropped.
         let mut leaving = waiting.as_ref().map(|waiting| {
@@ -119,6 +123,9 @@ impl<S: Wakeups> Limiter<S> {
             let (decided, ticket) = self
                 .acquire_keys(keys, options.clone(), waiting.as_ref())
                 .await;
+            if let Some(waiting) = &mut waiting {
+                waiting.fresh = false;
+            }
             let refused = match decided {
                 Err(full) if is_full(&full) => full,
                 Ok(permit) => {
