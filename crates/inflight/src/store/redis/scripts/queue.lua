@@ -23,7 +23,6 @@
 -- An admission takes a slot only when the tickets ahead of it (all of them, for one without a ticket:
 -- no barging) leave room for it too.
 local MAX_TICKETS, MAX_FLOWS, SCAN = 10000, 1000, 64
-local GIVEN_UP, GIVEN_UP_MS = '-', 10000
 local FLOW_STEP = 1024 -- a flow's entry: its next round * FLOW_STEP + the tickets it took in that round
 local tickets_expired = 0 -- since the last count_expired()
 
@@ -39,6 +38,7 @@ end
 local made_queue
 local function queue()
   if made_queue then return made_queue end
+  local GIVEN_UP, GIVEN_UP_MS = '-', 10000
 
   local function tag_of(key)
     key.tag = key.tag or string.sub(key.leases, 1, -8)
