@@ -195,8 +195,11 @@ async fn admit(
     }
     let names = &names[..keys.len()];
     let app = &proxy.app;
-    let charge = quota_key.map(|key| Charge { key, amount: 1 });
-    let reservation = app.reserve(charge.as_ref(), None).await?;
+    // (Most proxied requests are charged nothing: no future to make and poll for them.)
+    let reservation = match quota_key {
+        Some(key) => app.reserve(Some(&Charge { key, amount: 1 }), None).await?,
+        None => None,
+    };
     let (permit, reservation) = app
         .acquire_all_charged(names, options, upstream.max_wait, reservation)
         .await?;

@@ -324,9 +324,15 @@ impl Permit {
 impl Drop for Permit {
     #[inline]
     fn drop(&mut self) {
-        match std::mem::replace(&mut self.hold, Hold::Done) {
+        match &self.hold {
+            // Given back in place (no move of the hold on the proxy's hot path); the slots go with it.
             Hold::Local { slots, .. } => slots.give_back(self.weight),
-            Hold::Leased { state, owner } => owner.dropped(state),
+            Hold::Leased { .. } => {
+                if let Hold::Leased { state, owner } = std::mem::replace(&mut self.hold, Hold::Done)
+                {
+                    owner.dropped(state);
+                }
+            }
             Hold::Free { .. } | Hold::Done => {}
         }
     }
