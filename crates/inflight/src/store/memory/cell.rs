@@ -87,11 +87,13 @@ impl<C: Clock> LocalSlots for Cell<C> {
             let mut state = self.lock();
             state.in_flight -= weight;
             state.last_used_ms = self.time.coarse_ms();
-            // Only a key with waiters' tickets has any to call.
-            let (now, time) = (self.time.now_ms(), &self.time);
-            state
-                .has_tickets()
-                .then(|| state.called_after_release(weight, now, || time.token(now)))
+            // Only a key with waiters' tickets has any to call (and reads the clock: a release without
+            // them is on the hot path).
+            let time = &self.time;
+            state.has_tickets().then(|| {
+                let now = time.now_ms();
+                state.called_after_release(weight, now, || time.token(now))
+            })
         };
         if let Some(called) = called {
             self.wakes.wake_tickets(&called);
