@@ -5,10 +5,39 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy, Store, Wakeups};
+use inflight::{AcquireError, AcquireOptions, Limiter, MemoryStore, Policy, Wakeups};
 
 use crate::support::TestRedis;
 use crate::{limiter, memory, redis, wait, waiting};
+
+/// A waiter's ask on `model` (limit 1) straight to the store, under `id` (`generated` for it), with the
+/// ticket `name` of `flow`, leased for `ticket_ms`, that a release may hand the slot to (`handoff`).
+async fn ask_store<S: Wakeups>(
+    store: &S,
+    (id, generated): (&inflight::PermitId, bool),
+    (name, flow, ticket_ms): (&str, &str, u64),
+    handoff: bool,
+) -> Result<inflight::store::Admission, inflight::StoreError> {
+    let limits = [inflight::ClassLimits::new(1, 0)];
+    let request = inflight::store::AcquireRequest {
+        keys: &["model"],
+        id,
+        weight: 1,
+        lease_ms: 30_000,
+        limits: &limits,
+        generated,
+        ticket: Some(inflight::store::Ticket {
+            name,
+            flow,
+            flow_weight: 1,
+            lease_ms: ticket_ms,
+            handoff,
+        }),
+        priority: 0,
+        floors: &[],
+    };
+    store.acquire(request).await
+}
 
 /// Waits (bounded) until the two limiters have `n` admissions waiting between them.
 async fn waiting_in_both<S: Wakeups>(a: &Limiter<S>, b: &Limiter<S>, n: u64) {
@@ -250,30 +279,13 @@ async fn an_abandoned_ticket_expires_after_its_lease<S: Wakeups>(
     store: S,
     advance: impl Fn(Duration),
 ) {
-    use inflight::store::{AcquireRequest, Admission, Ticket};
+    use inflight::store::Admission;
     let limiter = limiter(store.clone(), 1);
     let held = limiter.try_acquire("model").await.unwrap();
     let turn = store.ticket().expect("a store with queues");
-    let limits = [inflight::ClassLimits::new(1, 0)];
     let id = inflight::PermitId::generate();
-    let request = AcquireRequest {
-        keys: &["model"],
-        id: &id,
-        weight: 1,
-        lease_ms: 30_000,
-        limits: &limits,
-        generated: true,
-        ticket: Some(Ticket {
-            name: turn.name(),
-            flow: "",
-            flow_weight: 1,
-            lease_ms: inflight::TICKET_LEASE_MS,
-            handoff: false,
-        }),
-        priority: 0,
-        floors: &[],
-    };
-    let queued = store.acquire(request).await.unwrap();
+    let ticket = (turn.name(), "", inflight::TICKET_LEASE_MS);
+    let queued = ask_store(&store, (&id, true), ticket, false).await.unwrap();
     assert!(matches!(queued, Admission::Queued { .. }), "{queued:?}");
     held.release().await.unwrap();
     // Its place is kept while its lease lasts, though no one asks.
@@ -307,34 +319,14 @@ async fn redis_an_abandoned_ticket_expires_after_its_lease() {
 /// Flows come and go on a key whose queue never empties: those that left do not fill its bound of
 /// flows (1,000), so a new flow still takes a ticket after 1,100 others have come and gone.
 async fn flows_that_left_do_not_fill_the_bound<S: Wakeups>(store: S) {
-    use inflight::store::{AcquireRequest, Admission, Ticket};
+    use inflight::store::Admission;
     let limiter = limiter(store.clone(), 1);
     let _held = limiter.try_acquire("model").await.unwrap();
-    let limits = [inflight::ClassLimits::new(1, 0)];
     let stays = store.ticket().unwrap();
     let ask = |name: &str, flow: &str| {
         let (store, id) = (store.clone(), inflight::PermitId::generate());
         let (name, flow) = (name.to_owned(), flow.to_owned());
-        async move {
-            let request = AcquireRequest {
-                keys: &["model"],
-                id: &id,
-                weight: 1,
-                lease_ms: 30_000,
-                limits: &limits,
-                generated: true,
-                ticket: Some(Ticket {
-                    name: &name,
-                    flow: &flow,
-                    flow_weight: 1,
-                    lease_ms: 60_000,
-                    handoff: false,
-                }),
-                priority: 0,
-                floors: &[],
-            };
-            store.acquire(request).await
-        }
+        async move { ask_store(&store, (&id, true), (&name, &flow, 60_000), false).await }
     };
     // One waiter stays queued throughout.
     let queued = ask(stays.name(), "stays").await.unwrap();
@@ -450,7 +442,7 @@ async fn memory_a_slot_handed_to_a_waiter_gone_before_hearing_is_given_back() {
 /// `redis_dropped_waiters_hold_nothing`, whose first batch met a NOSCRIPT.
 #[tokio::test]
 async fn redis_an_ask_that_arrives_after_its_leave_takes_no_place() {
-    use inflight::store::{AcquireRequest, Admission, Ticket};
+    use inflight::store::Admission;
     let server = TestRedis::start();
     let store = server.store();
     let limiter = limiter(store.clone(), 1);
@@ -459,25 +451,8 @@ async fn redis_an_ask_that_arrives_after_its_leave_takes_no_place() {
     let id = inflight::PermitId::generate();
     let keys = [std::sync::Arc::from("model")];
     assert!(!store.leave(&keys, turn.name(), Some(&id)).await.unwrap());
-    let limits = [inflight::ClassLimits::new(1, 0)];
-    let late = AcquireRequest {
-        keys: &["model"],
-        id: &id,
-        weight: 1,
-        lease_ms: 30_000,
-        limits: &limits,
-        generated: false,
-        ticket: Some(Ticket {
-            name: turn.name(),
-            flow: "",
-            flow_weight: 1,
-            lease_ms: inflight::TICKET_LEASE_MS,
-            handoff: true,
-        }),
-        priority: 0,
-        floors: &[],
-    };
-    let answer = store.acquire(late).await.unwrap();
+    let late = (turn.name(), "", inflight::TICKET_LEASE_MS);
+    let answer = ask_store(&store, (&id, false), late, true).await.unwrap();
     assert!(matches!(answer, Admission::Queued { .. }), "{answer:?}");
     let queue: usize = redis::cmd("ZCARD")
         .arg("inflight:{model}:queue")
