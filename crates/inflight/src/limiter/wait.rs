@@ -120,6 +120,8 @@ impl<S: Wakeups> Limiter<S> {
             let replaced = core.policy.replaced();
             tokio::pin!(replaced);
             replaced.as_mut().enable();
+            // (A slot handed before this ask is the ask's to take: its id holds it, which admits it.)
+            let _ = turn.as_ref().map(Turn::handed);
             let (decided, ticket) = self
                 .acquire_keys(keys, options.clone(), waiting.as_ref())
                 .await;
@@ -150,6 +152,12 @@ impl<S: Wakeups> Limiter<S> {
             if Instant::now() >= deadline {
                 core.stats.wait_timeouts.fetch_add(1, Ordering::Relaxed);
                 return Err(refused);
+            }
+            // Handed while the ask was on its way: the hand-off may have come before the ask reached the
+            // store and its lease lapsed since (the ask was refused), so asked again at once; the ask
+            // takes a lease still there (its id holds it).
+            if turn.as_ref().and_then(Turn::handed).is_some() {
+                continue;
             }
             let Some(turn) = turn.as_ref().filter(|_| queued) else {
                 // No ticket taken (a store without queues): asked again soon, then less often.

@@ -467,3 +467,52 @@ async fn redis_an_ask_that_arrives_after_its_leave_takes_no_place() {
     );
     drop(limiter.try_acquire("model").await.expect("no dead head"));
 }
+
+/// A waiter's admission registered for a hand-off follows its asks: after the class limit is lowered
+/// (the waiter asks again when the policy changes), a release hands it no slot past the new limit.
+/// Before, the first ask's limits stayed with the ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_hand_off_follows_a_lowered_limit() {
+    let (a, b, server) = redis();
+    let (holder, other) = (limiter(a, 2), limiter(b, 2));
+    let (first, second) = (
+        holder.try_acquire("model").await.unwrap(),
+        holder.try_acquire("model").await.unwrap(),
+    );
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { other.acquire("model", wait(5_000)).await })
+    };
+    waiting(&other, 1).await;
+    other.set_policy(Policy::new(1, 0));
+    holder.set_policy(Policy::new(1, 0));
+    // The registered terms ('weight lease default max') once the waiter has asked under the new limit.
+    let registered = || -> Vec<String> {
+        // (The '>' fields hold the waiter's id, bytes that are not UTF-8.)
+        let all: Vec<Vec<u8>> = redis::cmd("HGETALL")
+            .arg("inflight:{model}:tickets")
+            .query(&mut server.client())
+            .unwrap();
+        let fields = all.chunks(2).filter(|kv| kv[0].starts_with(b"+"));
+        fields
+            .map(|kv| String::from_utf8_lossy(&kv[1]).into_owned())
+            .collect()
+    };
+    for _ in 0..400 {
+        if registered() == ["1 3000 1 0"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(registered(), ["1 3000 1 0"]);
+    first.release().await.unwrap();
+    assert_eq!(
+        holder.status("model").await.unwrap().in_flight,
+        1,
+        "nothing handed"
+    );
+    second.release().await.unwrap();
+    let permit = waiter.await.unwrap().expect("admitted under the new limit");
+    assert_eq!(holder.status("model").await.unwrap().in_flight, 1);
+    drop(permit);
+}

@@ -177,7 +177,15 @@ local function queue()
     expire_tickets(key) -- (a place whose lease ended is lost, also to its own waiter asking late)
     local deadline = string.format('%d', now + ticket_ms)
     local keep_ms = ticket_ms * 2 + 1000
-    if not redis.call('HGET', t .. ':tickets', ticket) then
+    local kept = redis.call('HGET', t .. ':tickets', ticket)
+    if kept == GIVEN_UP then return 1 end -- (an ask that came after its leave takes no place)
+    if kept then -- its registered admission as this ask has it (a new limit, floors; of its place's weight)
+      if w.id and parse_member(kept) == weight then
+        redis.call('HSET', t .. ':tickets', '>' .. ticket, w.id, '+' .. ticket, w.terms)
+      else
+        redis.call('HDEL', t .. ':tickets', '>' .. ticket, '+' .. ticket)
+      end
+    else
       if redis.call('ZCARD', t .. ':queue') >= MAX_TICKETS then return 0 end
       local field = level .. ' ' .. flow
       local rounds = redis.call('HMGET', t .. ':flows', level, field)
@@ -233,7 +241,7 @@ local function queue()
   end
 
   -- The waiter of `ticket` gives it up (a leave record): it leaves, and stays given up for GIVEN_UP_MS
-  -- (take_ticket then only renews that). Whether it was in the queue.
+  -- (take_ticket then takes nothing). Whether it was in the queue.
   local function give_up(key, ticket)
     expire_tickets(key) -- (a ticket whose lease ended is no longer there: dropped first, as any call drops it)
     local left, t = leave(key, ticket, 1, false), tag_of(key)

@@ -92,10 +92,16 @@ impl<C: Clock> LocalSlots for Cell<C> {
             let time = &self.time;
             state.has_tickets().then(|| {
                 let now = time.now_ms();
-                state.called_after_release(weight, now, || time.token(now))
+                // (A dead head is not handed the slot, as in queue.lua.)
+                let expired = state.expire_tickets(now);
+                (
+                    expired,
+                    state.called_after_release(weight, now, || time.token(now)),
+                )
             })
         };
-        if let Some(called) = called {
+        if let Some((expired, called)) = called {
+            self.wakes.count_expired(i64::from(expired));
             self.wakes.wake_tickets(&called);
         }
     }

@@ -116,8 +116,11 @@ impl Queue {
         let expires_at_ms = now.saturating_add(ticket.lease_ms);
         self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
         if let Some(place) = self.places.get(ticket.name) {
+            // (Its registered admission as this ask has it, as queue.lua's: a new limit, floors; none
+            // when the ask's weight is not its place's.)
             if let Some(waiter) = self.order.get_mut(place) {
                 waiter.expires_at_ms = expires_at_ms;
+                waiter.handoff = handoff.filter(|_| waiter.weight == weight);
             }
             return true;
         }
