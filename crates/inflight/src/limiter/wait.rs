@@ -116,6 +116,10 @@ impl<S: Wakeups> Limiter<S> {
         // Turns heard before the first ask: none of this ticket's can have gone unheard.
         let mut heard = turn.as_ref().is_none_or(Turn::is_heard);
         let (mut poll, mut queued) = (POLL_FIRST, false);
+        // An ask the store did not answer (it failed; the failure policy refused) may still be decided
+        // under the wait's id: from then on the asks go under ids of their own, and a slot handed to
+        // the wait's id is left to the leave, which gives it back.
+        let mut unanswered = false;
         loop {
             let replaced = core.policy.replaced();
             tokio::pin!(replaced);
@@ -127,6 +131,9 @@ impl<S: Wakeups> Limiter<S> {
                 .await;
             if let Some(waiting) = &mut waiting {
                 waiting.fresh = false;
+                if handoff && !unanswered && ticket == TicketState::Untaken && decided.is_err() {
+                    (unanswered, waiting.handoff, options.id) = (true, false, None);
+                }
             }
             let refused = match decided {
                 Err(full) if is_full(&full) => full,
@@ -134,7 +141,7 @@ impl<S: Wakeups> Limiter<S> {
                     // A store admission took the ticket out; any other (unlimited keys, the failure
                     // policy's) leaves it to be given up.
                     if let Some(leaving) = &mut leaving {
-                        leaving.disarm_unless(ticket != TicketState::Admitted);
+                        leaving.disarm_unless(unanswered || ticket != TicketState::Admitted);
                     }
                     return Ok(permit);
                 }
@@ -156,7 +163,7 @@ impl<S: Wakeups> Limiter<S> {
             // Handed while the ask was on its way: the hand-off may have come before the ask reached the
             // store and its lease lapsed since (the ask was refused), so asked again at once; the ask
             // takes a lease still there (its id holds it).
-            if turn.as_ref().and_then(Turn::handed).is_some() {
+            if turn.as_ref().and_then(Turn::handed).is_some() && !unanswered {
                 continue;
             }
             let Some(turn) = turn.as_ref().filter(|_| queued) else {
@@ -183,7 +190,7 @@ impl<S: Wakeups> Limiter<S> {
                 () = tokio::time::sleep_until(recheck) => {}
             }
             // Handed the slot by a release: held, without asking again.
-            if let (Some(handed), Some(id)) = (turn.handed(), &id) {
+            if let (Some(handed), Some(id), false) = (turn.handed(), &id, unanswered) {
                 if let Some(leaving) = &mut leaving {
                     leaving.disarm_unless(false);
                 }
