@@ -10,22 +10,27 @@ use inflight::store::{
     RenewRequest, Renewal,
 };
 use inflight::{
-    AcquireError, AcquireOptions, ClassLimits, Limiter, ManualClock, MemoryStore, PermitId, Policy,
-    RemoteLease, Store, StoreError, Wakeups,
+    AcquireError, AcquireOptions, ClassLimits, FailurePolicy, Limiter, ManualClock, MemoryStore,
+    PermitId, Policy, RemoteLease, Store, StoreError, Wakeups,
 };
 
 /// A memory store that counts the calls that would be I/O in a remote store, fails the first `failures`
-/// releases as a store that is briefly away would, and, unless `local`, has no in-process fast path;
-/// `gated`, its renewals wait for `gate` (and say so on `entered`), as a slow store's would.
+/// releases as a store that is briefly away would, loses the answers of the next `lost` admissions (made
+/// all the same, as a timed-out call's), and, unless `local`, has no in-process fast path; `gated`, its
+/// renewals wait for `gate` (and say so on `entered`), as a slow store's would, and so does the next
+/// release after `gate_release` is set (saying on `passed` when it is done).
 #[derive(Clone, Default)]
 struct Double {
     inner: MemoryStore,
     calls: Arc<AtomicUsize>,
     failures: Arc<AtomicUsize>,
+    lost: Arc<AtomicUsize>,
     local: bool,
     gated: bool,
+    gate_release: Arc<std::sync::atomic::AtomicBool>,
     gate: Arc<tokio::sync::Notify>,
     entered: Arc<tokio::sync::Notify>,
+    passed: Arc<tokio::sync::Notify>,
 }
 
 impl Double {
@@ -39,12 +44,16 @@ impl Double {
 }
 
 impl Store for Double {
-    fn acquire(
-        &self,
-        req: AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Admission, StoreError> {
         self.count();
-        self.inner.acquire(req)
+        let answer = self.inner.acquire(req).await;
+        let lost = (self.lost)
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        match lost {
+            true => Err(StoreError::Unavailable("the answer was lost".into())),
+            false => answer,
+        }
     }
     async fn release(
         &self,
@@ -59,6 +68,13 @@ impl Store for Double {
             .is_ok();
         if failed {
             return Err(StoreError::Unavailable("briefly away".into()));
+        }
+        if self.gate_release.swap(false, Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.gate.notified().await;
+            let released = self.inner.release(keys, id, token).await;
+            self.passed.notify_one();
+            return released;
         }
         self.inner.release(keys, id, token).await
     }
@@ -197,6 +213,59 @@ async fn a_handed_lease_released_before_its_claim_stays_released() {
     }
     assert_eq!(limiter.stats().lost.load(Ordering::SeqCst), 0);
     assert_eq!(limiter.stats().readded.load(Ordering::SeqCst), 0);
+}
+
+/// A wait whose ask the store made but never answered (under `FailOpenLocal`, its fallback full) may
+/// still see that ask decided under the wait's id, and its release by that id, sent when the answer was
+/// lost, arrive late: the wait takes nothing more under that id (no slot handed to it), so the late
+/// release frees no permit the waiter holds. Before, the waiter took the slot a release handed its id,
+/// and the late release then freed it: the key counted 0 while the waiter held its permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_ask_went_unanswered_takes_nothing_more_under_its_id() {
+    let store = Double::default();
+    let limiter = Limiter::builder(store.clone())
+        .policy(Policy::new(1, 0))
+        .on_store_failure(FailurePolicy::FailOpenLocal { limit: 1 })
+        .store_breaker(false)
+        .build();
+    let held = limiter.try_acquire("app").await.unwrap();
+    // Admitted by the fallback (the store's answer lost), which is then full; its release by id is
+    // settled at once.
+    store.lost.store(1, Ordering::SeqCst);
+    let calls = store.calls();
+    let fallback = limiter.try_acquire("app").await.unwrap();
+    for _ in 0..400 {
+        if store.calls() >= calls + 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        store.calls(),
+        calls + 2,
+        "the fallback's lost admission released"
+    );
+    // The waiter's first ask: queued in the store, its answer lost, its release by id held at the gate.
+    store.lost.store(1, Ordering::SeqCst);
+    store.gate_release.store(true, Ordering::SeqCst);
+    let waiter = {
+        let limiter = limiter.clone();
+        let wait = AcquireOptions::new().max_wait(Duration::from_secs(20));
+        tokio::spawn(async move { limiter.acquire("app", wait).await })
+    };
+    store.entered.notified().await;
+    held.release().await.unwrap();
+    let permit = tokio::time::timeout(Duration::from_secs(30), waiter);
+    let permit = permit.await.unwrap().unwrap().unwrap();
+    store.gate.notify_one();
+    store.passed.notified().await;
+    assert_eq!(
+        limiter.status("app").await.unwrap().in_flight,
+        1,
+        "the waiter's permit counted"
+    );
+    assert!(limiter.try_acquire("app").await.is_err(), "the key is full");
+    drop((permit, fallback));
 }
 
 #[tokio::test]
