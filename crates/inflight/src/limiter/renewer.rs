@@ -84,9 +84,11 @@ pub(super) async fn renew_due<S: Store>(core: &Core<S>, now: u64) {
 /// lease released (here or by the holder it was detached to) before the claim arrives stays released.
 /// Failing, it is due at once for the renewal task's next pass.
 pub(super) fn claim<S: Store>(core: &Arc<Core<S>>, permit: Arc<PermitState>) {
-    let core = core.clone();
+    // (Not kept alive meanwhile: a limiter dropped before then has nothing to claim for.)
+    let core = Arc::downgrade(core);
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(TICKET_LEASE_MS / 3)).await;
+        let Some(core) = core.upgrade() else { return };
         if permit.released.load(Ordering::Acquire) {
             return;
         }

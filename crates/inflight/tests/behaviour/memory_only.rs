@@ -130,6 +130,16 @@ impl Wakeups for Double {
     }
 }
 
+/// A [`Double`] whose renewals wait at its gate, and a limiter of limit 1 on it.
+fn gated() -> (Double, Limiter<Double>) {
+    let store = Double {
+        gated: true,
+        ..Double::default()
+    };
+    let limiter = Limiter::builder(store.clone()).policy(Policy::new(1, 0));
+    (store, limiter.build())
+}
+
 /// Waits (up to 5 s) until `key` has `want` in flight in `limiter`'s store.
 async fn settle<S: Store>(limiter: &Limiter<S>, key: &str, want: u32) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -147,13 +157,7 @@ async fn settle<S: Store>(limiter: &Limiter<S>, key: &str, want: u32) {
 /// does, and a renewal that answers after a release gives the lease back).
 #[tokio::test]
 async fn a_permit_detached_while_its_renewal_is_on_its_way_keeps_its_lease() {
-    let store = Double {
-        gated: true,
-        ..Double::default()
-    };
-    let limiter = Limiter::builder(store.clone())
-        .policy(Policy::new(1, 0))
-        .build();
+    let (store, limiter) = gated();
     let permit = limiter.try_acquire("app").await.unwrap();
     let renewing = {
         let limiter = limiter.clone();
@@ -178,13 +182,7 @@ async fn a_permit_detached_while_its_renewal_is_on_its_way_keeps_its_lease() {
 /// lease it finds gone), and no lease is counted lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handed_lease_released_before_its_claim_stays_released() {
-    let store = Double {
-        gated: true,
-        ..Double::default()
-    };
-    let limiter = Limiter::builder(store.clone())
-        .policy(Policy::new(1, 0))
-        .build();
+    let (store, limiter) = gated();
     let held = limiter.try_acquire("app").await.unwrap();
     let waiter = {
         let limiter = limiter.clone();
