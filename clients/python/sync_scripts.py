@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE.parent.parent / "crates" / "inflight" / "src" / "store" / "redis" / "scripts"
 TARGET = HERE / "src" / "inflight_client" / "scripts"
 # The entry points the client loads (_redis.py, _async.py).
-LOADED = ("batch", "renew", "status", "dify", "index")
+LOADED = ("batch", "lone", "renew", "status", "dify", "index")
 
 
 def shipped(manifest: str) -> list[str]:

@@ -29,7 +29,8 @@ that capture five of forty locals, 30 stored in a table; `string.format` of a mi
 `%.0f` and with `%d`, ten each; each less a script that only returns), then one admission per call into an
 emptied key (the one-pair shape's admission) with `batch.lua` cut short after each of its steps: its top
 level, the clock, reading the key, recording the lease (the admission returns there; the script still
-writes the key's token at its end), all of it but the token's write, all of it.
+writes the key's token at its end), all of it but the token's write, all of it; then one pair per call
+to the lone entry point (`lone.lua`), to its Redis commands alone, and to a script that only returns.
 """
 
 import glob
@@ -105,18 +106,23 @@ def main() -> None:
         else:
             raise SystemExit("redis-server under valgrind did not start")
         records = os.path.exists(f"{scripts}/manifest")
+        entries = {}
         if records:
+            for line in open(f"{scripts}/manifest").read().splitlines():
+                if " = " in line:
+                    name, files = line.split(" = ")
+                    entries[name] = [open(f"{scripts}/{f}").read() for f in files.split(" ")]
             # The batch entry point's files (the manifest's), batch.lua last.
-            line = next(x for x in open(f"{scripts}/manifest").read().splitlines() if x.startswith("batch = "))
-            files = line.split(" = ")[1].split(" ")
-            common = "".join(open(f"{scripts}/{f}").read() for f in files[:-1])
-            batch_lua = open(f"{scripts}/{files[-1]}").read()
+            common, batch_lua = "".join(entries["batch"][:-1]), entries["batch"][-1]
         else:
             common, batch_lua = open(f"{scripts}/common.lua").read(), open(f"{scripts}/batch.lua").read()
             # batch.lua follows queue.lua where the scripts have it (scripts.rs then), as the library loaded it.
             if os.path.exists(f"{scripts}/queue.lua"):
                 common += open(f"{scripts}/queue.lua").read()
         batch = r.call("SCRIPT", "LOAD", common + batch_lua).decode()
+        # A call of one record goes to the lone entry point first where the scripts have one (as the library
+        # sends it), and to batch.lua when it answers nothing.
+        lone = r.call("SCRIPT", "LOAD", "".join(entries["lone"])).decode() if "lone" in entries else None
         nothing = r.call("SCRIPT", "LOAD", "return 1").decode()
 
         def counted(work) -> int:
@@ -150,10 +156,16 @@ def main() -> None:
                 r.call("EVALSHA", batch, len(keys), *keys, *calls()[0])
             work = [calls() for _ in range(batches)]
 
+            first = lone if n == 1 and sha == batch else None
+
+            def call(args: list[object]) -> None:
+                if first is None or r.call("EVALSHA", first, len(keys), *keys, *args) == []:
+                    r.call("EVALSHA", sha, len(keys), *keys, *args)
+
             def run():
                 for admit, release in work:
-                    r.call("EVALSHA", sha, len(keys), *keys, *admit)
-                    r.call("EVALSHA", sha, len(keys), *keys, *release)
+                    call(admit)
+                    call(release)
 
             print(f"| {label} | {counted(run) / (batches * n):,.0f} |")
 
@@ -215,6 +227,38 @@ def main() -> None:
             print("|---|---|")
             for label, text in steps:
                 print(f"| {label} | {per_call(text, keys, admit, 100):,.0f} |")
+            if "lone" not in entries:
+                return
+            # What a lone pair's commands cost alone: the lone entry point's, with literal arguments.
+            commands = """if ARGV[2] == 'a1' then
+  redis.call('TIME') redis.call('HMGET', KEYS[2], '', '#', '\\254q') redis.call('ZCARD', KEYS[1])
+  redis.call('GET', KEYS[3]) redis.call('ZADD', KEYS[1], 'NX', '1900000000000', ARGV[4])
+  redis.call('PEXPIREAT', KEYS[1], '1900000000000') redis.call('HSET', KEYS[2], '#', '1765000000000000', '', '0')
+  redis.call('PEXPIREAT', KEYS[2], '1900000000000')
+  return {1, -1, 1000000, 1, 1, 0, 1, 0, 30000, 0, 1, 0}
+end
+redis.call('TIME') redis.call('ZSCORE', KEYS[1], ARGV[4]) redis.call('HMGET', KEYS[2], ARGV[4], '\\254q')
+redis.call('ZREM', KEYS[1], ARGV[4])
+return {1}"""
+
+            def per_pair(text: str, n: int = 100) -> float:
+                sha = r.call("SCRIPT", "LOAD", text).decode()
+                r.call("FLUSHALL")
+                ids = [b"\xff" + uuid.uuid4().bytes for _ in range(n)]
+
+                def run():
+                    for id in ids:
+                        r.call("EVALSHA", sha, 3, *keys, 0, "a1", 1, id, "1 30000 0 1000000 0")
+                        r.call("EVALSHA", sha, 3, *keys, 0, "r0", 1, id, 0)
+
+                return counted(run) / n
+
+            print()
+            print("| one pair per call into an emptied key, the lone entry point | instructions in redis-server |")
+            print("|---|---|")
+            print(f"| lone.lua (the manifest's `lone`) | {per_pair(''.join(entries['lone'])):,.0f} |")
+            print(f"| its Redis commands alone, literal arguments, no Lua around them | {per_pair(commands):,.0f} |")
+            print(f"| a script that only returns | {per_pair('return {1}'):,.0f} |")
             return
         print("| per acquire+release pair | instructions in redis-server |")
         print("|---|---|")

@@ -1,7 +1,7 @@
 //! The limit rule: a key's effective limit from its class's default and ceiling and its override.
 //!
 //! The same rule lives in two more places, which must agree with this one: `resolve` in
-//! `store/redis/scripts/common.lua` (inside every Redis decision) and `ClassLimits.resolve` in the Python
+//! `store/redis/scripts/base.lua` (inside every Redis decision) and `ClassLimits.resolve` in the Python
 //! client (`clients/python/src/inflight_client/_policy.py`). `tests/stores_agree.rs` checks the Lua one
 //! against this one (the memory store's), and `test_keys_and_policy.py` the Python one against the
 //! reference cases below.

@@ -287,11 +287,20 @@ class AsyncRedisLimiter:
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch"))
+        self._lone = redis_client.register_script(_core.script_text("lone"))
         self._renew = redis_client.register_script(_core.script_text("renew"))
         self._status = redis_client.register_script(_core.script_text("status"))
         self._holders = Holders()
         self._renewer = AsyncRenewer(self._renew_held, self._release_held)
         self._turns = AsyncTurns(redis_client, prefix)
+
+    async def _records(self, keys: list[str], args: list[_core.Arg]) -> Any:
+        """``batch.lua``'s answer to one record; ``lone.lua``'s where it takes it (``_core.lone``)."""
+        if _core.lone(args):
+            reply = await self._call(self._lone, keys, args)
+            if reply != []:
+                return reply
+        return await self._call(self._batch, keys, args)
 
     async def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
         try:
@@ -407,8 +416,7 @@ class AsyncRedisLimiter:
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
         held_before = self._holders.holds(keys, id)
         try:
-            reply = await self._call(
-                self._batch,
+            reply = await self._records(
                 _core.key_names(self.prefix, keys),
                 _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait),
             )
@@ -431,7 +439,7 @@ class AsyncRedisLimiter:
         """As :meth:`RedisLimiter.release`."""
         unique = _core.unique_keys([keys] if isinstance(keys, str) else keys)
         args = _core.release_args(unique, _input.id(id), token)
-        reply = await self._call(self._batch, _core.key_names(self.prefix, unique), args)
+        reply = await self._records(_core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
     async def _release_held(self, held: Held) -> None:

@@ -30,7 +30,7 @@ def script_text(name: str) -> str:
 
 
 class Answer(NamedTuple):
-    """A script's answer to one admission, in ``common.lua``'s ``answer``'s order (``answer.rs``'s
+    """A script's answer to one admission, in ``base.lua``'s ``answer``'s order (``answer.rs``'s
     ``Answer``): ``batch.lua``'s and ``dify.lua``'s alike."""
 
     decision: int
@@ -47,7 +47,7 @@ class Answer(NamedTuple):
     tickets_expired: int
 
 
-# ``Answer.decision`` (``common.lua``'s names).
+# ``Answer.decision`` (``base.lua``'s names).
 FULL, ADMITTED, UNLIMITED, TOO_HEAVY, WAITS, WAITERS_BOUND = range(6)
 
 
@@ -138,6 +138,13 @@ def head(kind: str, flags: int, keys: int) -> str:
     """A record's head as ``batch.lua`` reads it: ``a1`` (an acquire, flags 1, one key), ``r0x3``; the
     flags one hex digit."""
     return f"{kind}{flags:x}" if keys == 1 else f"{kind}{flags:x}x{keys}"
+
+
+def lone(args: Sequence[Arg]) -> bool:
+    """Whether ``lone.lua`` may take the call (the manifest's ``lone``): one record, an admission without a
+    standing or a release, on one key. It answers nothing when it does not, and the call goes to
+    ``batch.lua``."""
+    return args[1] in ("a0", "a1", "r0")
 
 
 def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:

@@ -30,7 +30,7 @@ class ClassLimits:
         _input.limit(self.max, "a max limit")
 
     def resolve(self, override: int | None = None) -> int | None:
-        """The effective limit (``None``: unlimited), as ``ClassLimits::resolve`` and ``common.lua``."""
+        """The effective limit (``None``: unlimited), as ``ClassLimits::resolve`` and ``base.lua``."""
         own = override if override is not None and override > 0 else self.default
         limit = self.max if own == 0 or (self.max > 0 and own > self.max) else own
         return limit or None

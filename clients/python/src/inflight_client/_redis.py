@@ -89,6 +89,7 @@ class RedisLimiter:
         self.lease_ms = _core.to_lease_ms(lease)
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch"))
+        self._lone = redis_client.register_script(_core.script_text("lone"))
         self._renew = redis_client.register_script(_core.script_text("renew"))
         self._status = redis_client.register_script(_core.script_text("status"))
         self._dify = redis_client.register_script(_core.script_text("dify"))
@@ -96,6 +97,14 @@ class RedisLimiter:
         self._holders = Holders()
         self._renewer = Renewer(self._renew_held, self._release_held)
         self._turns = Turns(redis_client, prefix)
+
+    def _records(self, keys: list[str], args: list[_core.Arg]) -> Any:
+        """``batch.lua``'s answer to one record; ``lone.lua``'s where it takes it (``_core.lone``)."""
+        if _core.lone(args):
+            reply = self._call(self._lone, keys, args)
+            if reply != []:
+                return reply
+        return self._call(self._batch, keys, args)
 
     def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:
         try:
@@ -243,8 +252,7 @@ class RedisLimiter:
             if self.layout == "dify":
                 reply = self._call_dify("a", keys, id, lease_ms, "", limits, wait)
             else:
-                reply = self._call(
-                    self._batch,
+                reply = self._records(
                     _core.key_names(self.prefix, keys),
                     _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait),
                 )
@@ -298,7 +306,7 @@ class RedisLimiter:
         if self.layout == "dify":
             return _core.ints(self._call_dify("r", unique, _input.id(id), 0, "", []), 1)[0] == 1
         args = _core.release_args(unique, _input.id(id), token)
-        reply = self._call(self._batch, _core.key_names(self.prefix, unique), args)
+        reply = self._records(_core.key_names(self.prefix, unique), args)
         return _core.ints(reply, 1)[0] == 1
 
     def _release_held(self, held: Held) -> None:

@@ -193,3 +193,50 @@ async fn a_raised_limit_is_announced_to_the_waiters() {
     );
     admitted(waiting).await;
 }
+
+/// A worker's lone admission and its release take one script call each, of the lone entry point
+/// (`lone.lua`, made of the files the manifest names), not of `batch.lua`.
+#[tokio::test]
+async fn a_lone_admission_and_its_release_take_one_call_each_of_the_lone_entry_point() {
+    let redis = TestRedis::start();
+    let limiter = Limiter::builder(redis.store())
+        .policy(Policy::new(2, 0))
+        .build();
+    let mut c = redis.client();
+    let calls = |c: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        let line = info
+            .lines()
+            .find(|line| line.starts_with("cmdstat_evalsha:"));
+        let calls = line.and_then(|line| line.split(['=', ',']).nth(1));
+        calls.map_or(0, |calls| calls.parse().unwrap())
+    };
+    // (Each script's first call is refused, NOSCRIPT, and sent again once loaded: counted after.)
+    limiter
+        .try_acquire("k")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    limiter.status("k").await.unwrap();
+    let before = calls(&mut c);
+    let permit = limiter.try_acquire("k").await.unwrap();
+    assert_eq!(limiter.status("k").await.unwrap().in_flight, 1);
+    let during = calls(&mut c);
+    permit.release().await.unwrap();
+    assert_eq!(limiter.status("k").await.unwrap().in_flight, 0);
+    let lone = concat!(
+        include_str!("../../src/store/redis/scripts/base.lua"),
+        include_str!("../../src/store/redis/scripts/lone.lua")
+    );
+    let loaded: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(redis::Script::new(lone).get_hash())
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(loaded, [true], "the lone entry point ran");
+    // (status() runs a script of its own: one call each.)
+    assert_eq!(during - before, 2, "the admission: one call");
+    assert_eq!(calls(&mut c) - during, 2, "the release: one call");
+}

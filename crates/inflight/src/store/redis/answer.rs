@@ -1,10 +1,10 @@
-//! [`Answer`]: a script's answer to one admission, named once for Rust: `common.lua`'s `answer` gives
-//! its numbers in this order (`batch.lua` and `dify.lua` alike), as the Python client's `_core.Answer`
+//! [`Answer`]: a script's answer to one admission, named once for Rust: `base.lua`'s `answer` gives
+//! its numbers in this order (`batch.lua`, `lone.lua` and `dify.lua` alike), as the Python client's `_core.Answer`
 //! reads them.
 
 use crate::error::StoreError;
 
-/// What an admission decided (`common.lua`'s names).
+/// What an admission decided (`base.lua`'s names).
 pub(super) mod decision {
     pub(in crate::store::redis) const FULL: i64 = 0;
     pub(in crate::store::redis) const ADMITTED: i64 = 1;

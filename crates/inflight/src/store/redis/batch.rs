@@ -107,6 +107,18 @@ impl Op {
         }
     }
 
+    /// Whether `lone.lua` may take it: an admission or a release on one key, the admission without a
+    /// standing and keeping the token it gets.
+    fn lone(&self) -> bool {
+        match self {
+            Op::Acquire {
+                names, wait, keep, ..
+            } => names.len() == 1 && wait.is_none() && *keep == 0,
+            Op::Release { names, .. } => names.len() == 1,
+            Op::Undo { .. } | Op::Leave { .. } => false,
+        }
+    }
+
     /// Its record's kind and flags (see `batch.lua`).
     fn kind(&self) -> (char, u8) {
         match self {
@@ -275,13 +287,34 @@ async fn run(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) 
     .await;
 }
 
-/// Sends one call of `batch.lua` and hands each operation its reply.
+/// Sends one call of `batch.lua` and hands each operation its reply. A lone operation `lone.lua` may
+/// take goes there first, and to `batch.lua` when it answers nothing (the manifest's `lone`).
 async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) {
     let expected: usize = jobs.iter().map(|job| job.op.reply_len()).sum();
-    let mut invocation = scripts::BATCH.prepare_invoke();
+    if let [job] = jobs.as_slice() {
+        if job.op.lone() {
+            let invocation = &records(&scripts::LONE, offset, &jobs);
+            match retried(|| send(conn.clone(), invocation, wait)).await {
+                Ok(replies) if replies.is_empty() => {}
+                replies => return answer(jobs, replies, expected),
+            }
+        }
+    }
+    let invocation = &records(&scripts::BATCH, offset, &jobs);
+    let replies = retried(|| send(conn.clone(), invocation, wait)).await;
+    answer(jobs, replies, expected);
+}
+
+/// The call of `script` with the batch's records (`batch.lua`).
+fn records<'a>(
+    script: &'a redis::Script,
+    offset: i64,
+    jobs: &[Job],
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
     invocation.arg(offset);
     let mut places: HashMap<&str, usize> = HashMap::new();
-    for job in &jobs {
+    for job in jobs {
         let names = job.op.names();
         let (kind, flags) = job.op.kind();
         invocation.arg(Head(kind, flags, names.len()));
@@ -334,8 +367,11 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
             }
         }
     }
-    let invocation = &invocation;
-    let replies = retried(|| send(conn.clone(), invocation, wait)).await;
+    invocation
+}
+
+/// Hands each operation its reply from the script's numbers.
+fn answer(jobs: Vec<Job>, replies: Result<Vec<i64>, StoreError>, expected: usize) {
     let replies = match replies {
         Ok(replies) if replies.len() == expected => replies,
         Ok(replies) => {

@@ -6,10 +6,12 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Every script file, by name.
-const FILES: [(&str, &str); 10] = [
+const FILES: [(&str, &str); 12] = [
+    ("base.lua", include_str!("scripts/base.lua")),
     ("common.lua", include_str!("scripts/common.lua")),
     ("queue.lua", include_str!("scripts/queue.lua")),
     ("batch.lua", include_str!("scripts/batch.lua")),
+    ("lone.lua", include_str!("scripts/lone.lua")),
     ("renew.lua", include_str!("scripts/renew.lua")),
     ("status.lua", include_str!("scripts/status.lua")),
     ("dify.lua", include_str!("scripts/dify.lua")),
@@ -47,6 +49,8 @@ macro_rules! entry {
 }
 
 pub(super) static BATCH: LazyLock<Script> = entry!("batch");
+/// One admission or release on one key, where that is simple (`lone.lua`); else answers nothing.
+pub(super) static LONE: LazyLock<Script> = entry!("lone");
 pub(super) static RENEW: LazyLock<Script> = entry!("renew");
 pub(super) static STATUS: LazyLock<Script> = entry!("status");
 pub(super) static DIFY: LazyLock<Script> = entry!("dify");

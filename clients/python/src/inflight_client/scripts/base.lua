@@ -1,0 +1,55 @@
+-- base.lua: the names every script on user keys shares (common.lua describes their data), first in each
+-- entry point of the manifest. Small, since it is made on every call (lone.lua's too).
+-- Twins: resolve() is ClassLimits::resolve (crates/inflight/src/limit.rs) and the Python client's (_policy.py).
+local DEFAULT_LEASE_MS = 30000
+local QUEUED = '\254q'
+
+-- An admission's answer, one structure for every script that admits (batch.lua, lone.lua, dify.lua): into
+-- `out` after its first `at` numbers; returns how many it then holds. Named once here, in this order, as
+-- crates/inflight/src/store/redis/answer.rs's `Answer` and the Python client's `_core.Answer` name it.
+-- decision: FULL, ADMITTED, UNLIMITED (nothing recorded), TOO_HEAVY (the weight is over the limit), WAITS
+-- (full, and the waiter's ticket is in the refusing key's queue), WAITERS_BOUND (full, the queue at its
+-- bound); index: the refusing key's place among the operation's (0-based; -1); limit and in_flight: that
+-- key's, or the first's; held_*: what the id held before on the first limited key (weight 0: nothing);
+-- counted: which keys recorded the lease (bit i - 1: key i); tickets_expired: tickets of its keys'
+-- queues it found expired (their waiters' processes stopped renewing them).
+local FULL, ADMITTED, UNLIMITED, TOO_HEAVY, WAITS, WAITERS_BOUND = 0, 1, 2, 3, 4, 5
+local function answer(out, at, decision, index, limit, in_flight, expires_at_ms, reclaimed, token, held_weight,
+    held_lease_ms, held_token, counted, tickets_expired)
+  out[at + 1], out[at + 2], out[at + 3], out[at + 4] = decision, index, limit, in_flight
+  out[at + 5], out[at + 6], out[at + 7], out[at + 8] = expires_at_ms, reclaimed, token, held_weight
+  out[at + 9], out[at + 10], out[at + 11], out[at + 12] = held_lease_ms, held_token, counted, tickets_expired
+  return at + 12
+end
+local clock_ms, now, now_us = 0, 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
+local function set_now(offset) -- (ARGV's text; tonumber costs Redis about as much as a TIME call)
+  local offset_ms = offset == '0' and 0 or tonumber(offset)
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  clock_ms = s * 1000 + math.floor(us / 1000)
+  now = clock_ms + offset_ms
+  now_us = s * 1000000 + us + offset_ms * 1000
+end
+
+-- The effective limit: the override if > 0, else the default; capped by the ceiling if > 0; 0: unlimited.
+local function resolve(override, default_limit, max_limit)
+  local own = override > 0 and override or default_limit
+  if own == 0 or (max_limit > 0 and own > max_limit) then return max_limit end
+  return own
+end
+
+-- An override counts when it is a whole number from 1 to MAX_OVERRIDE (2^32 - 1, what every client reads);
+-- anything else a writer left (larger, smaller, a fraction, text) reads as none: the key's class limits
+-- apply. Writes are refused unless they read back (override_arg).
+local MAX_OVERRIDE = 4294967295
+local function override_of(text)
+  local n = tonumber(text or '0')
+  if n and n >= 1 and n <= MAX_OVERRIDE and n == math.floor(n) then return n end
+  return 0
+end
+
+-- A number from Redis's text ('0' without tonumber, which costs Redis about as much as a command).
+local function num(text)
+  if not text or text == '0' then return 0 end
+  return tonumber(text)
+end
