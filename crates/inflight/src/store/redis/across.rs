@@ -16,10 +16,10 @@
 use std::sync::Arc;
 
 use super::answer::{decision, Answer};
-use super::batch::Op;
 use super::connect::slot;
 use super::naming::KeyNames;
 use super::overrides;
+use super::records::Op;
 use super::store::{number, wait_args, RedisStore};
 use crate::error::StoreError;
 use crate::id::PermitId;

@@ -20,6 +20,7 @@ mod listing;
 mod naming;
 mod overrides;
 mod quota;
+mod records;
 mod scripts;
 mod status;
 mod store;

@@ -6,13 +6,14 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use super::answer::{decision, Answer};
-use super::batch::{Batcher, Op, WaitArgs};
+use super::batch::Batcher;
 use super::connect::Conn;
 use super::error::{invoke, retried};
 use super::keeper::Metered;
 use super::lane::ListingLane;
 use super::naming::{KeyNames, Member};
 use super::overrides::{Names, View};
+use super::records::{Op, WaitArgs};
 use super::scripts;
 use crate::error::StoreError;
 use crate::floors::Floors;
