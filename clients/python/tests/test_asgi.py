@@ -1,0 +1,253 @@
+"""``inflight_client.asgi.InflightMiddleware`` in a Starlette app under a real uvicorn, against a real
+redis-server (``AsyncRedisLimiter``) and a real ``inflight serve`` (``HttpLimiter``), with clients on raw
+sockets. The app (tests/apps/mw_asgi.py) blocks where the test says until the test lets it go (a Redis
+list), so nothing here depends on timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from middleware_support import (
+    APPS,
+    Exchange,
+    Server,
+    calls,
+    eventually,
+    go,
+    new_key,
+    new_rid,
+    queued,
+    refusal,
+    request,
+    running,
+    seen,
+    uvicorn,
+)
+
+from inflight_client import AsyncRedisLimiter, HttpLimiter, RedisLimiter
+from inflight_client._refusal import limit_header
+from inflight_client.asgi import InflightMiddleware, Message, Receive, Scope, Send
+
+
+@pytest.fixture(scope="module")
+def asgi(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    tmp, env = tmp_path_factory.mktemp("asgi"), {"TEST_REDIS_URL": redis_url}
+    with running(lambda port: uvicorn("mw_asgi:app", port), env, APPS, tmp) as server:
+        yield server
+
+
+@pytest.fixture
+def counts(r: redis.Redis) -> Iterator[RedisLimiter]:
+    """Reads the keys' in-flight counts (and sets a key's limit) in the app's Redis."""
+    limiter = RedisLimiter(r, default_limit=2)
+    yield limiter
+    limiter.close()
+
+
+def stream(server: Server, key: str, rid: str, then: str = "end", wait: bool = False) -> Exchange:
+    return Exchange(server.port, f"/stream?key={key}&rid={rid}&then={then}" + ("&wait=1" if wait else ""))
+
+
+def test_a_stream_holds_its_slot_until_its_last_chunk(
+    asgi: Server, r: redis.Redis, counts: RedisLimiter
+) -> None:
+    key, rid = new_key(), new_rid()
+    client = stream(asgi, key, rid)
+    assert client.status() == 200
+    client.until(b"first")
+    assert counts.status(key).in_flight == 1  # the app is blocked mid-stream: the slot is held
+    go(r, rid)
+    assert b"last" in client.rest()
+    eventually(lambda: counts.status(key).in_flight == 0, "the finished stream released its slot")
+    assert seen(r, key) == [1]
+
+
+def test_a_client_leaving_mid_stream_frees_the_slot(
+    asgi: Server, r: redis.Redis, counts: RedisLimiter
+) -> None:
+    key, rid = new_key(), new_rid()
+    client = stream(asgi, key, rid, then="forever")
+    client.until(b"first")
+    client.close()
+    # The app is still blocked (no go): Starlette's StreamingResponse heard http.disconnect.
+    eventually(lambda: counts.status(key).in_flight == 0, "the left stream released its slot")
+    go(r, rid)
+
+
+def test_an_event_stream_frees_the_slot_when_the_disconnect_arrives(
+    asgi: Server, r: redis.Redis, counts: RedisLimiter
+) -> None:
+    key, rid = new_key(), new_rid()
+    client = Exchange(asgi.port, f"/sse?key={key}&rid={rid}")
+    client.until(b"data: first")
+    assert counts.status(key).in_flight == 1
+    client.close()
+    eventually(lambda: counts.status(key).in_flight == 0, "http.disconnect released the slot")
+    assert not r.exists(f"test:ended:{rid}")  # released before the app returned
+    go(r, rid)
+    eventually(lambda: bool(r.exists(f"test:ended:{rid}")), "the app returned")
+    assert counts.status(key).in_flight == 0
+
+
+def test_a_client_that_times_out_frees_the_slot_once_the_app_is_done(
+    asgi: Server, r: redis.Redis, counts: RedisLimiter
+) -> None:
+    key, rid = new_key(), new_rid()
+    client = Exchange(asgi.port, f"/hang?key={key}&rid={rid}")
+    eventually(lambda: calls(r, key) == 1, "the app was called")
+    client.sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        client.until(b"HTTP/1.1")  # the app answers nothing until it is let go
+    client.close()
+    assert counts.status(key).in_flight == 1  # the app still works on it
+    go(r, rid)
+    eventually(lambda: counts.status(key).in_flight == 0, "the app's answer released the slot")
+
+
+def test_an_app_that_raises_frees_the_slot(asgi: Server, r: redis.Redis, counts: RedisLimiter) -> None:
+    key = new_key()
+    assert request(asgi.port, f"/raise?key={key}")[0] == 500
+    eventually(lambda: counts.status(key).in_flight == 0, "the failed request released its slot")
+    rid = new_rid()
+    client = stream(asgi, key, rid, then="raise")
+    client.until(b"first")
+    go(r, rid)
+    assert b"last" not in client.rest()  # the stream broke off
+    eventually(lambda: counts.status(key).in_flight == 0, "the broken stream released its slot")
+    assert calls(r, key) == 2 and seen(r, key) == [1, 1]
+
+
+def test_requests_over_the_limit_get_429_with_the_key_and_its_figures(
+    asgi: Server, r: redis.Redis, counts: RedisLimiter
+) -> None:
+    key = new_key()
+    rids = [new_rid() for _ in range(6)]
+    clients = [stream(asgi, key, rid) for rid in rids]  # all sent before any answer is read
+    statuses = [client.status() for client in clients]
+    assert sorted(statuses) == [200, 200, 429, 429, 429, 429], statuses
+    assert counts.status(key).in_flight == 2  # the two streams hold their slots
+    for client, status in zip(clients, statuses, strict=True):
+        if status == 429:
+            code, headers, body = refusal(client.rest())
+            assert headers["retry-after"] == "1"
+            assert headers["inflight-limit"] == f'key="{key}"; limit=2; in_flight=2'
+            assert headers["content-type"] == "application/json"
+            assert body == {
+                "code": "too_many_requests",
+                "message": body["message"],
+                "status": 429,
+                "key": key,
+                "limit": 2,
+                "in_flight": 2,
+            }
+    assert calls(r, key) == 2  # the refused requests never reached the app
+    for rid in rids:
+        go(r, rid)
+    for client, status in zip(clients, statuses, strict=True):
+        if status == 200:
+            assert b"last" in client.rest()
+    eventually(lambda: counts.status(key).in_flight == 0, "both streams released their slots")
+    assert max(seen(r, key)) <= 2
+
+
+def test_a_waiter_is_admitted_when_a_stream_ends(asgi: Server, r: redis.Redis, counts: RedisLimiter) -> None:
+    key, first, second = new_key(), new_rid(), new_rid()
+    counts.set_limit(key, 1)
+    holder = stream(asgi, key, first)
+    holder.until(b"first")
+    waiter = stream(asgi, key, second, wait=True)
+    eventually(lambda: queued(r, key) == 1, "the second request waits in the key's queue")
+    code, headers, _ = refusal(stream(asgi, key, new_rid()).rest())  # no max_wait: refused at once
+    assert (code, headers["inflight-limit"]) == (429, f'key="{key}"; limit=1; in_flight=1')
+    assert calls(r, key) == 1
+    go(r, first)
+    assert b"last" in holder.rest()
+    assert waiter.status() == 200
+    waiter.until(b"first")
+    assert queued(r, key) == 0 and counts.status(key).in_flight == 1
+    go(r, second)
+    assert b"last" in waiter.rest()
+    eventually(lambda: counts.status(key).in_flight == 0, "the waiter's stream released its slot")
+    assert seen(r, key) == [1, 1]
+
+
+@pytest.fixture
+def asgi_over_http(
+    redis_url: str, serve_factory: Any, tmp_path: Path
+) -> Iterator[tuple[Server, HttpLimiter]]:
+    """The app with an ``HttpLimiter`` on ``inflight serve`` (limit 1), which keeps its leases and queues
+    in the test's Redis."""
+    pytest.importorskip("uvicorn")
+    serve = serve_factory("--store", redis_url, "--default-limit", "1")
+    env = {"TEST_REDIS_URL": redis_url, "TEST_SERVE_URL": serve.url}
+    with running(lambda port: uvicorn("mw_asgi:app", port), env, APPS, tmp_path) as server:
+        limiter = HttpLimiter(serve.url)
+        yield server, limiter
+        limiter.close()
+
+
+def test_http_limiter_streams_waits_and_refuses(
+    asgi_over_http: tuple[Server, HttpLimiter], r: redis.Redis
+) -> None:
+    server, limiter = asgi_over_http
+    key, first, second = new_key(), new_rid(), new_rid()
+    holder = stream(server, key, first, then="forever")
+    holder.until(b"first")
+    assert limiter.status(key).in_flight == 1
+    code, headers, body = refusal(stream(server, key, new_rid()).rest())
+    # The HTTP API's refusal gives no figures: the header names the key alone.
+    assert (code, headers["inflight-limit"], headers["retry-after"]) == (429, f'key="{key}"', "1")
+    assert (body["key"], body["limit"], body["in_flight"]) == (key, None, None)
+    waiter = stream(server, key, second, wait=True)
+    eventually(lambda: queued(r, key) == 1, "the second request waits in the key's queue")
+    holder.close()  # the holder's client leaves: its slot goes to the waiter
+    waiter.until(b"first")
+    go(r, second)
+    assert b"last" in waiter.rest()
+    eventually(lambda: limiter.status(key).in_flight == 0, "every slot released")
+    assert seen(r, key) == [1, 1]
+    go(r, first)
+
+
+def test_lifespan_and_websocket_scopes_pass_through(redis_url: str, counts: RedisLimiter) -> None:
+    """In process: with the key full, a websocket and a lifespan scope still reach the app (no permit
+    asked), and an HTTP one is refused."""
+    counts.set_limit("app:full", 1)
+    held = counts.try_acquire("app:full")
+    reached: list[str] = []
+    sent: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(scope["type"])
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def main() -> None:
+        async with AsyncRedisLimiter(redis.asyncio.Redis.from_url(redis_url), default_limit=2) as limiter:
+            middleware = InflightMiddleware(app, limiter, lambda scope: "app:full")
+            for kind in ("websocket", "lifespan", "http"):
+                await middleware({"type": kind, "path": "/"}, receive, send)
+
+    asyncio.run(main())
+    held.release()
+    assert reached == ["websocket", "lifespan"]
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 429
+    assert (b"inflight-limit", b'key="app:full"; limit=1; in_flight=1') in sent[0]["headers"]
+
+
+def test_the_limit_header_quotes_keys() -> None:
+    assert limit_header('a"b\\c', 5, 5) == 'key="a\\"b\\\\c"; limit=5; in_flight=5'
+    assert limit_header("café%", None, None) == 'key=%"caf%c3%a9%25"'
