@@ -1,0 +1,1 @@
+"""Helpers of test_litellm.py: a fake OpenAI upstream, LiteLLM's custom_auth for the tests, the proxies."""
