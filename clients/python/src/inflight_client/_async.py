@@ -288,6 +288,7 @@ class AsyncRedisLimiter:
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch"))
         self._lone = redis_client.register_script(_core.script_text("lone"))
+        self._passed = _core.Passed()
         self._renew = redis_client.register_script(_core.script_text("renew"))
         self._status = redis_client.register_script(_core.script_text("status"))
         self._holders = Holders()
@@ -296,10 +297,11 @@ class AsyncRedisLimiter:
 
     async def _records(self, keys: list[str], args: list[_core.Arg]) -> Any:
         """``batch.lua``'s answer to one record; ``lone.lua``'s where it takes it (``_core.lone``)."""
-        if _core.lone(args):
+        if _core.lone(args) and self._passed.may_take(keys[0]):
             reply = await self._call(self._lone, keys, args)
             if reply != []:
                 return reply
+            self._passed.note(keys[0])
         return await self._call(self._batch, keys, args)
 
     async def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:

@@ -147,6 +147,33 @@ def lone(args: Sequence[Arg]) -> bool:
     return args[1] in ("a0", "a1", "r0")
 
 
+class Passed:
+    """Keys ``lone.lua`` passed on lately (a queue, mostly): their next ``SKIP`` lone calls go straight to
+    ``batch.lua``, sparing each a round trip that would pass again (``batch.rs``'s ``Passed``). A hint only:
+    either way the answer is the same, so threads racing on it lose nothing."""
+
+    SKIP = 64
+    MOST = 1024  # keys remembered at most: past it, all are forgotten at once
+
+    def __init__(self) -> None:
+        self._keys: dict[str, int] = {}
+
+    def may_take(self, key: str) -> bool:
+        left = self._keys.get(key)
+        if left is None:
+            return True
+        if left <= 1:
+            self._keys.pop(key, None)
+        else:
+            self._keys[key] = left - 1
+        return False
+
+    def note(self, key: str) -> None:
+        if len(self._keys) >= self.MOST:
+            self._keys.clear()
+        self._keys[key] = self.SKIP
+
+
 def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:
     """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (an ``l`` record)."""
     return [0, head("l", 0, len(keys)), *range(1, len(keys) + 1), ticket]

@@ -90,6 +90,7 @@ class RedisLimiter:
         self._redis = redis_client
         self._batch = redis_client.register_script(_core.script_text("batch"))
         self._lone = redis_client.register_script(_core.script_text("lone"))
+        self._passed = _core.Passed()
         self._renew = redis_client.register_script(_core.script_text("renew"))
         self._status = redis_client.register_script(_core.script_text("status"))
         self._dify = redis_client.register_script(_core.script_text("dify"))
@@ -100,10 +101,11 @@ class RedisLimiter:
 
     def _records(self, keys: list[str], args: list[_core.Arg]) -> Any:
         """``batch.lua``'s answer to one record; ``lone.lua``'s where it takes it (``_core.lone``)."""
-        if _core.lone(args):
+        if _core.lone(args) and self._passed.may_take(keys[0]):
             reply = self._call(self._lone, keys, args)
             if reply != []:
                 return reply
+            self._passed.note(keys[0])
         return self._call(self._batch, keys, args)
 
     def _call(self, script: Any, keys: list[str], args: list[_core.Arg]) -> Any:

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -103,6 +103,7 @@ async fn dispatch(
     pipeline: usize,
     wait: Option<Durability>,
 ) {
+    let passed = Passed::default();
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
     loop {
@@ -119,7 +120,8 @@ async fn dispatch(
                             Err(_) => break,
                         }
                     }
-                    in_flight.push(run(conn.clone(), offset.load(Ordering::Relaxed), jobs, wait));
+                    let offset = offset.load(Ordering::Relaxed);
+                    in_flight.push(run(conn.clone(), offset, jobs, wait, &passed));
                 }
                 None => open = false,
             },
@@ -129,9 +131,9 @@ async fn dispatch(
 }
 
 /// Sends one batch (one call per slot on a cluster) and hands each operation its reply.
-async fn run(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) {
+async fn run(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>, passed: &Passed) {
     if !conn.is_cluster() {
-        return run_one(conn, offset, jobs, wait).await;
+        return run_one(conn, offset, jobs, wait, passed).await;
     }
     let mut slots: HashMap<u16, Vec<Job>> = HashMap::new();
     for job in jobs {
@@ -141,20 +143,28 @@ async fn run(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) 
     futures_util::future::join_all(
         slots
             .into_values()
-            .map(|jobs| run_one(conn.clone(), offset, jobs, wait)),
+            .map(|jobs| run_one(conn.clone(), offset, jobs, wait, passed)),
     )
     .await;
 }
 
 /// Sends one call of `batch.lua` and hands each operation its reply. A lone operation `lone.lua` may
-/// take goes there first, and to `batch.lua` when it answers nothing (the manifest's `lone`).
-async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durability>) {
+/// take goes there first, and to `batch.lua` when it answers nothing (the manifest's `lone`), unless
+/// `lone.lua` passed on its key lately.
+async fn run_one(
+    conn: Conn,
+    offset: i64,
+    jobs: Vec<Job>,
+    wait: Option<Durability>,
+    passed: &Passed,
+) {
     let expected: usize = jobs.iter().map(|job| job.op.reply_len()).sum();
     if let [job] = jobs.as_slice() {
-        if job.op.lone() {
+        let tag = job.op.names()[0].tag();
+        if job.op.lone() && passed.may_take(tag) {
             let invocation = &records(&scripts::LONE, offset, jobs.iter().map(|job| &job.op));
             match retried(|| send(conn.clone(), invocation, wait)).await {
-                Ok(replies) if replies.is_empty() => {}
+                Ok(replies) if replies.is_empty() => passed.note(tag),
                 replies => return answer(jobs, replies, expected),
             }
         }
@@ -162,6 +172,39 @@ async fn run_one(conn: Conn, offset: i64, jobs: Vec<Job>, wait: Option<Durabilit
     let invocation = &records(&scripts::BATCH, offset, jobs.iter().map(|job| &job.op));
     let replies = retried(|| send(conn.clone(), invocation, wait)).await;
     answer(jobs, replies, expected);
+}
+
+/// Keys `lone.lua` passed on lately (a queue, mostly): their next [`Passed::SKIP`] lone calls go straight
+/// to `batch.lua`, sparing each a round trip that would pass again. A hint only: either way the answer
+/// is the same.
+#[derive(Default)]
+struct Passed(Mutex<HashMap<String, u32>>);
+
+impl Passed {
+    const SKIP: u32 = 64;
+    /// Keys remembered at most: past it, all are forgotten at once.
+    const MOST: usize = 1024;
+
+    /// Whether `lone.lua` may take a call on the key of this hash tag (counting the skipped ones down).
+    fn may_take(&self, tag: &str) -> bool {
+        let mut keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(left) = keys.get_mut(tag) else {
+            return true;
+        };
+        *left -= 1;
+        if *left == 0 {
+            keys.remove(tag);
+        }
+        false
+    }
+
+    fn note(&self, tag: &str) {
+        let mut keys = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if keys.len() >= Self::MOST {
+            keys.clear();
+        }
+        keys.insert(tag.to_owned(), Self::SKIP);
+    }
 }
 
 /// Hands each operation its reply from the script's numbers.
