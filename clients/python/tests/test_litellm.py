@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import signal
 import time
 import types
@@ -25,23 +23,17 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 from conftest import free_port
 from litellm_support.gateway import (
-    DEADLINE,
-    FILE,
-    KEYS,
     LEASE,
     LITELLM,
-    MODELS,
-    SUPPORT,
     Call,
     Gateway,
     Proxy,
+    open_gateway,
     poll,
     scope_key,
 )
-from litellm_support.upstream import FakeUpstream
 
 from inflight_client._keys import names
 
@@ -51,49 +43,11 @@ if not LITELLM.is_file():
 
 @pytest.fixture(scope="module")
 def gateway(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    upstream = FakeUpstream()
-    work = tmp_path_factory.mktemp("litellm")
-    shutil.copy(SUPPORT / "auth.py", work / "auth.py")
-    (work / "keys.json").write_text(json.dumps(KEYS))
-    (work / "inflight.json").write_text(json.dumps(FILE))
-    models = "".join(
-        f"  - model_name: {m}\n    litellm_params: {{model: openai/fake, api_key: sk-fake, "
-        f"api_base: 'http://127.0.0.1:{upstream.port}/v1', timeout: {DEADLINE}}}\n"
-        for m in MODELS
-    )
-    (work / "config.yaml").write_text(
-        f"model_list:\n{models}"
-        "litellm_settings:\n  callbacks: inflight_client.litellm.handler\n  num_retries: 0\n"
-        f"  request_timeout: {DEADLINE}\n"
-        "router_settings:\n  num_retries: 0\n"
-        "general_settings:\n  master_key: sk-master\n  custom_auth: auth.user_api_key_auth\n"
-    )
-    env = {
-        **os.environ,
-        "INFLIGHT_REDIS_URL": redis_url,
-        "INFLIGHT_LITELLM_CONFIG": str(work / "inflight.json"),
-        "INFLIGHT_LITELLM_KEY_LIMIT": "20",
-        "INFLIGHT_LITELLM_TEAM_LIMIT": "30",
-        "INFLIGHT_LITELLM_USER_LIMIT": "40",
-        "INFLIGHT_LITELLM_GLOBAL_LIMIT": "60",
-        "INFLIGHT_LITELLM_LEASE": str(LEASE),
-        "INFLIGHT_TEST_KEYS": str(work / "keys.json"),
-        "PYTHONUNBUFFERED": "1",
-        "NO_PROXY": "*",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    }
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "DATABASE_URL", "REDIS_URL"):
-        env.pop(name, None)
-    r = redis.Redis.from_url(redis_url)
-    g = None
+    g = open_gateway(redis_url, tmp_path_factory.mktemp("litellm"))
     try:
-        g = Gateway(work / "config.yaml", env, work, upstream, r)
         yield g
     finally:
-        for proxy in [] if g is None else [g.a, g.b, *g.extra]:
-            proxy.stop()
-        upstream.close()
-        r.close()
+        g.close()
 
 
 def test_limits_hold_across_both_replicas(gateway: Gateway) -> None:

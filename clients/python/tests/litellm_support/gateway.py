@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -250,3 +251,53 @@ class Gateway:
         assert call.wait_answered() == 200, call.text
         self.upstream.wait_started(call.tag)
         return call
+
+    def close(self) -> None:
+        for proxy in [self.a, self.b, *self.extra]:
+            proxy.stop()
+        self.upstream.close()
+        self.redis.close()
+
+
+def open_gateway(redis_url: str, work: Path) -> Gateway:
+    """Replicas A and B of LiteLLM's proxy with inflight's callback, on ``redis_url``, calling a fake
+    upstream; their files in ``work``."""
+    upstream = FakeUpstream()
+    shutil.copy(SUPPORT / "auth.py", work / "auth.py")
+    (work / "keys.json").write_text(json.dumps(KEYS))
+    (work / "inflight.json").write_text(json.dumps(FILE))
+    models = "".join(
+        f"  - model_name: {m}\n    litellm_params: {{model: openai/fake, api_key: sk-fake, "
+        f"api_base: 'http://127.0.0.1:{upstream.port}/v1', timeout: {DEADLINE}}}\n"
+        for m in MODELS
+    )
+    (work / "config.yaml").write_text(
+        f"model_list:\n{models}"
+        "litellm_settings:\n  callbacks: inflight_client.litellm.handler\n  num_retries: 0\n"
+        f"  request_timeout: {DEADLINE}\n"
+        "router_settings:\n  num_retries: 0\n"
+        "general_settings:\n  master_key: sk-master\n  custom_auth: auth.user_api_key_auth\n"
+    )
+    env = {
+        **os.environ,
+        "INFLIGHT_REDIS_URL": redis_url,
+        "INFLIGHT_LITELLM_CONFIG": str(work / "inflight.json"),
+        "INFLIGHT_LITELLM_KEY_LIMIT": "20",
+        "INFLIGHT_LITELLM_TEAM_LIMIT": "30",
+        "INFLIGHT_LITELLM_USER_LIMIT": "40",
+        "INFLIGHT_LITELLM_GLOBAL_LIMIT": "60",
+        "INFLIGHT_LITELLM_LEASE": str(LEASE),
+        "INFLIGHT_TEST_KEYS": str(work / "keys.json"),
+        "PYTHONUNBUFFERED": "1",
+        "NO_PROXY": "*",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "DATABASE_URL", "REDIS_URL"):
+        env.pop(name, None)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        return Gateway(work / "config.yaml", env, work, upstream, r)
+    except BaseException:
+        upstream.close()
+        r.close()
+        raise

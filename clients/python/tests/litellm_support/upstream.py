@@ -21,6 +21,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.port = 0
         self.started: list[str] = []  # tags, in the order they reached the upstream
+        self.started_at: dict[str, float] = {}  # tag -> when it reached the upstream (time.monotonic())
         self.active: Counter[tuple[str, str]] = Counter()
         self.peak: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Condition()
@@ -90,6 +91,7 @@ class FakeUpstream:
                     self.active[label] += 1
                     self.peak[label] = max(self.peak[label], self.active[label])
                 self.started.append(tag)
+                self.started_at[tag] = time.monotonic()
                 self._lock.notify_all()
             if mode == "fail":
                 return await self._json(
