@@ -17,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import tempfile
 import time
 import types
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from conftest import free_port
+import redis
+from conftest import free_port, redis_server
 from litellm_support.gateway import (
     LEASE,
     LITELLM,
@@ -380,3 +384,66 @@ def test_every_scope_in_one_step_on_a_redis_cluster(redis_cluster: list[int]) ->
             await h.close()
 
     asyncio.run(run())
+
+
+def _admits_and_refuses(settings: object, check: redis.Redis) -> None:
+    """A handler of ``settings`` (a team limit of 1) admits one request, refuses the next, records the lease
+    where ``check`` reads, and releases it."""
+    from fastapi import HTTPException
+
+    from inflight_client.litellm import InflightHandler
+
+    async def run() -> None:
+        h = InflightHandler(settings)  # type: ignore[arg-type]
+        try:
+            first, second = _data(), _data()
+            await h.async_pre_call_hook(_auth(), None, first, "acompletion")
+            assert check.zcard(names("inflight:", "litellm:team:t")[0]) == 1
+            with pytest.raises(HTTPException) as refused:
+                await h.async_pre_call_hook(_auth(), None, second, "acompletion")
+            assert refused.value.status_code == 429
+            assert await h.release(first, "success")
+            assert check.zcard(names("inflight:", "litellm:team:t")[0]) == 0
+        finally:
+            await h.close()
+
+    asyncio.run(run())
+
+
+def test_litellms_own_redis_variables_and_a_sentinel_url(redis_url: str) -> None:
+    pytest.importorskip("litellm")
+    from inflight_client.litellm import Settings, redis_client
+
+    server = redis_server()
+    assert server is not None
+    port = int(redis_url.rsplit(":", 1)[1])
+    check = redis.Redis(port=port)
+    # LiteLLM's REDIS_HOST / REDIS_PORT (no INFLIGHT_REDIS_URL): the client the handler makes.
+    client = redis_client("", {"REDIS_HOST": "127.0.0.1", "REDIS_PORT": str(port)})
+    assert client.connection_pool.connection_kwargs["port"] == port
+    _admits_and_refuses(Settings(limits={"team": 1}, redis_url=redis_url), check)
+    # A Sentinel set watching the same server: the handler finds its master through it.
+    sentinel_port = free_port()
+    work = Path(tempfile.mkdtemp())
+    (work / "sentinel.conf").write_text(
+        f"port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor inflight-test 127.0.0.1 {port} 1\n"
+    )
+    sentinel = subprocess.Popen(
+        [server, str(work / "sentinel.conf"), "--sentinel"], stdout=subprocess.DEVNULL, cwd=work
+    )
+    try:
+        probe = redis.Redis(port=sentinel_port)
+        poll(lambda: _master_known(probe), "the sentinel knows its master", 30)
+        url = f"redis+sentinel://127.0.0.1:{sentinel_port}/inflight-test"
+        _admits_and_refuses(Settings(limits={"team": 1}, redis_url=url), check)
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+        check.close()
+
+
+def _master_known(probe: redis.Redis) -> bool:
+    try:
+        return probe.execute_command("SENTINEL", "get-master-addr-by-name", "inflight-test") is not None
+    except redis.ConnectionError:
+        return False
