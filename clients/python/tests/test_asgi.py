@@ -203,9 +203,10 @@ def test_http_limiter_streams_waits_and_refuses(
     holder.until(b"first")
     assert limiter.status(key).in_flight == 1
     code, headers, body = refusal(stream(server, key, new_rid()).rest())
-    # The HTTP API's refusal gives no figures: the header names the key alone.
-    assert (code, headers["inflight-limit"], headers["retry-after"]) == (429, f'key="{key}"', "1")
-    assert (body["key"], body["limit"], body["in_flight"]) == (key, None, None)
+    # The figures of the server's refusal, passed on.
+    named = f'key="{key}"; limit=1; in_flight=1'
+    assert (code, headers["inflight-limit"], headers["retry-after"]) == (429, named, "1")
+    assert (body["key"], body["limit"], body["in_flight"]) == (key, 1, 1)
     waiter = stream(server, key, second, wait=True)
     eventually(lambda: queued(r, key) == 1, "the second request waits in the key's queue")
     holder.close()  # the holder's client leaves: its slot goes to the waiter

@@ -179,7 +179,7 @@ def test_http_limiter_under_gevent_workers(
         holder = stream(server, key, rid)
         holder.until(b"first")
         code, headers, _ = refusal(stream(server, key, new_rid()).rest())
-        assert (code, headers["inflight-limit"]) == (429, f'key="{key}"')
+        assert (code, headers["inflight-limit"]) == (429, f'key="{key}"; limit=1; in_flight=1')
         go(r, rid)
         assert b"last" in holder.rest()
         eventually(lambda: limiter.status(key).in_flight == 0, "the stream released its slot")

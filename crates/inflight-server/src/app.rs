@@ -11,6 +11,7 @@ use inflight::{
     RemoteLease, Renewal, Store, StoreError,
 };
 
+use crate::error::ApiError;
 use crate::metrics::{AdmissionResult, Metrics};
 
 mod charge;
@@ -84,7 +85,7 @@ impl App {
         full: impl Fn(&E) -> bool,
     ) -> Result<T, E> {
         let policy = self.limiter.policy();
-        let class = crate::metrics::class_of(&policy, key);
+        let class = policy.class_of(key);
         let waiting = self.metrics.waiting(class, priority);
         let started = Instant::now();
         let outcome = admission.await;
@@ -125,6 +126,11 @@ impl App {
         };
         self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));
         outcome
+    }
+
+    /// A refusal by `key` as the API answers it, naming the key and its class.
+    pub fn refusal(&self, key: &str, error: AcquireError) -> ApiError {
+        ApiError::refused(key, self.limiter.policy().class_of(key), error)
     }
 
     /// Hands `permit` over to an HTTP client, which renews or releases it; counted in flight until then.

@@ -1,12 +1,13 @@
-//! API errors: always `{"code": "...", "message": "...", "status": N}` with a stable code, and `"key"` when
-//! one key of a multi-key admission refused it.
+//! API errors: always `{"code": "...", "message": "...", "status": N}` with a stable code; a refused
+//! admission also names the refusing key, and on a 429 its class (and over the limit the limit and the
+//! count in flight), said again in the `Inflight-Limit` header (`inflight_tower::rejection`).
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::Full;
-use inflight::{AcquireError, KeyRefused, StoreError};
+use inflight::{AcquireError, StoreError};
 use inflight_tower::rejection;
 
 /// An error answer of the API.
@@ -17,8 +18,9 @@ pub struct ApiError {
     message: String,
     /// The refused admission, when that is what this is (for `Retry-After`).
     acquire: Option<AcquireError>,
-    /// The key that refused the admission, when there was one to name.
-    key: Option<String>,
+    /// The key that refused the admission, when there was one to name, and its class when known.
+    key: Option<Box<str>>,
+    class: Option<Box<str>>,
     /// Whole seconds for `Retry-After`, when the refusal says when to try again.
     retry_after: Option<u32>,
 }
@@ -32,6 +34,7 @@ impl ApiError {
             message: message.into(),
             acquire: None,
             key: None,
+            class: None,
             retry_after: None,
         }
     }
@@ -83,7 +86,7 @@ impl ApiError {
 
     /// The error, naming in its body the key it is about (`"key"`).
     pub fn naming(mut self, key: impl Into<String>) -> Self {
-        self.key = Some(key.into());
+        self.key = Some(key.into().into_boxed_str());
         self
     }
 
@@ -108,13 +111,15 @@ impl From<AcquireError> for ApiError {
     }
 }
 
-/// A refusal of one of several keys names it (not for a store failure, which no key caused).
-impl From<KeyRefused> for ApiError {
-    fn from(refused: KeyRefused) -> Self {
-        let key = (!matches!(refused.error, AcquireError::Store(_))).then_some(refused.key);
+impl ApiError {
+    /// A refusal by `key`, whose class is `class` (`Policy::class_of`): its answer names both, and over
+    /// the limit the limit too (not for a store failure, which no key caused).
+    pub fn refused(key: &str, class: &str, error: AcquireError) -> Self {
+        let named = !matches!(error, AcquireError::Store(_));
         Self {
-            key,
-            ..Self::from(refused.error)
+            key: named.then(|| key.into()),
+            class: named.then(|| class.into()),
+            ..Self::from(error)
         }
     }
 }
@@ -159,19 +164,25 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = match &self.acquire {
-            Some(error) => rejection::rejection(error),
-            None => rejection::error_response(self.status, self.code, &self.message),
+        let mut response = match (&self.acquire, &self.key) {
+            (Some(error), key) => {
+                let class = self.class.as_deref().unwrap_or("default");
+                let refusing = key.as_deref().map(|key| rejection::Refusing { key, class });
+                rejection::rejection(error, refusing)
+            }
+            (None, None) => rejection::error_response(self.status, self.code, &self.message),
+            (None, Some(key)) => {
+                let body = serde_json::json!({
+                    "code": self.code,
+                    "message": self.message,
+                    "status": self.status.as_u16(),
+                    "key": key,
+                });
+                let mut response = rejection::error_response(self.status, self.code, &self.message);
+                *response.body_mut() = Full::new(Bytes::from(body.to_string()));
+                response
+            }
         };
-        if let Some(key) = &self.key {
-            let body = serde_json::json!({
-                "code": self.code,
-                "message": self.message,
-                "status": self.status.as_u16(),
-                "key": key,
-            });
-            *response.body_mut() = Full::new(Bytes::from(body.to_string()));
-        }
         if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()

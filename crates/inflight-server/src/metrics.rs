@@ -33,13 +33,6 @@ const UPSTREAM_BUCKETS: &[f64] = &[
 /// The most keys whose balances `--metrics-balances` follows.
 pub const MAX_BALANCE_KEYS: usize = 10_000;
 
-/// The class of `key` in metrics' labels: the pattern of its `[[limits]]` rule, or `default`.
-pub fn class_of<'p>(policy: &'p inflight::Policy, key: &str) -> &'p str {
-    policy
-        .rule_for(key)
-        .map_or("default", |rule| rule.pattern())
-}
-
 /// A server's metrics: its workers share one (clones), and every server in a process shares the counters
 /// and histograms of the process's one recorder.
 #[derive(Clone)]

@@ -14,7 +14,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::PermitBody;
-use crate::rejection::{error_response, rejection};
+use crate::rejection::{error_response, rejection, Refusing};
 
 /// The body of a limited service's responses: the inner body holding its permit, or a JSON refusal.
 pub type LimitedBody<B> = PermitBody<Either<B, Full<Bytes>>>;
@@ -111,7 +111,11 @@ where
             };
             let permit = match limiter.try_acquire(&key).await {
                 Ok(permit) => permit,
-                Err(error) => return refused(rejection(&error)),
+                Err(error) => {
+                    let policy = limiter.policy();
+                    let class = policy.class_of(&key);
+                    return refused(rejection(&error, Some(Refusing { key: &key, class })));
+                }
             };
             let response = inner.call(request).await?;
             Ok(response.map(|b| PermitBody::new(Either::Left(b), Some(permit))))

@@ -50,6 +50,10 @@ pub fn describe(error: &AcquireError) -> (StatusCode, &'static str, String) {
 /// A JSON error answer: `{"code", "message", "status"}`.
 pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
     let body = serde_json::json!({ "code": code, "message": message, "status": status.as_u16() });
+    json_response(status, &body)
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -59,10 +63,41 @@ pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response
     response
 }
 
+/// The key that refused an admission and its class (its rule's pattern, `inflight::Policy::class_of`),
+/// as a refusal's answer names them.
+#[derive(Clone, Copy, Debug)]
+pub struct Refusing<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// Its class.
+    pub class: &'a str,
+}
+
 /// The answer to a refused admission, with `Retry-After` (whole seconds, at least 1) when over the limit.
-pub fn rejection(error: &AcquireError) -> Response<Full<Bytes>> {
+/// Naming the refusing key (`refusing`), its body has `"key"`, and a 429 also `"class"` (and, over the
+/// limit, `"limit"` and `"in_flight"`), said again in the header
+/// `Inflight-Limit: key="app:a1"; class="app:*"; limit=5; in_flight=5`.
+pub fn rejection(error: &AcquireError, refusing: Option<Refusing<'_>>) -> Response<Full<Bytes>> {
     let (status, code, message) = describe(error);
-    let mut response = error_response(status, code, &message);
+    let mut body =
+        serde_json::json!({ "code": code, "message": message, "status": status.as_u16() });
+    let mut named = None;
+    if let Some(Refusing { key, class }) = refusing {
+        body["key"] = key.into();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            body["class"] = class.into();
+            let mut header = format!("key={}; class={}", sf_string(key), sf_string(class));
+            if let AcquireError::Full { limit, in_flight } = error {
+                (body["limit"], body["in_flight"]) = ((*limit).into(), (*in_flight).into());
+                header.push_str(&format!("; limit={limit}; in_flight={in_flight}"));
+            }
+            named = HeaderValue::try_from(header).ok();
+        }
+    }
+    let mut response = json_response(status, &body);
+    if let Some(value) = named {
+        response.headers_mut().insert(INFLIGHT_LIMIT, value);
+    }
     if let Some(after) = error.retry_after() {
         let secs = after.as_secs().max(1);
         response
@@ -70,4 +105,39 @@ pub fn rejection(error: &AcquireError) -> Response<Full<Bytes>> {
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
+}
+
+/// The header naming the limit that refused a request.
+pub const INFLIGHT_LIMIT: header::HeaderName = header::HeaderName::from_static("inflight-limit");
+
+/// `text` as a structured field's string (RFC 9651): `"..."` with `\` and `"` escaped; with a character
+/// outside printable ASCII, a Display String, `%"..."`, its UTF-8 bytes outside printable ASCII and `%`
+/// and `"` written `%xx`.
+fn sf_string(text: &str) -> String {
+    let printable = |b: u8| (0x20..0x7f).contains(&b);
+    if text.bytes().all(printable) {
+        return format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""));
+    }
+    let mut out = String::from("%\"");
+    for b in text.bytes() {
+        if printable(b) && b != b'%' && b != b'"' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02x}"));
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sf_string;
+
+    #[test]
+    fn keys_are_written_as_structured_field_strings() {
+        assert_eq!(sf_string("app:a1"), r#""app:a1""#);
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(sf_string("café%"), r#"%"caf%c3%a9%25""#);
+    }
 }

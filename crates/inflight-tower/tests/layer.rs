@@ -83,8 +83,13 @@ async fn the_permit_is_held_until_the_body_ends_not_the_headers() {
         .unwrap();
     assert_eq!(refused.status(), 429);
     assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(
+        refused.headers()["inflight-limit"],
+        r#"key="acme"; class="default"; limit=1; in_flight=1"#
+    );
     let body: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(body["code"], "too_many_requests");
+    assert_eq!((&body["key"], &body["limit"]), (&"acme".into(), &1.into()));
     // Another tenant has its own slot.
     let other = http
         .get(format!("{base}/stream"))

@@ -197,6 +197,20 @@ impl Policy {
         self.rules.iter().find(|rule| rule.matches(key))
     }
 
+    /// The name of `key`'s class, as metrics and refusals name it: its rule's pattern (`app:*`), or
+    /// `default` when no rule matches it.
+    ///
+    /// ```
+    /// use inflight::{ClassLimits, Policy};
+    ///
+    /// let policy = Policy::new(10, 0).rule("app:*", ClassLimits::new(5, 0)).unwrap();
+    /// assert_eq!(policy.class_of("app:a1"), "app:*");
+    /// assert_eq!(policy.class_of("tenant:t1"), "default");
+    /// ```
+    pub fn class_of(&self, key: &str) -> &str {
+        self.rule_for(key).map_or("default", Rule::pattern)
+    }
+
     /// The effective limit of `key` with the override `override_limit`.
     pub fn resolve(&self, key: &str, override_limit: Option<u32>) -> Limit {
         self.limits(key).resolve(override_limit)

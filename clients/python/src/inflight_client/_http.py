@@ -140,8 +140,13 @@ class HttpLimiter:
         answer = answer if isinstance(answer, dict) else {}
         code, message = str(answer.get("code", "")), str(answer.get("message", ""))
         key = str(answer.get("key", key))
+        # (The figures of the refusing limit, which the server names.)
+        limit, in_flight = (
+            value if isinstance(value, int) and not isinstance(value, bool) else None
+            for value in (answer.get("limit"), answer.get("in_flight"))
+        )
         if code == "too_many_requests":
-            return TooManyRequests(None, None, key)
+            return TooManyRequests(limit, in_flight, key)
         if code == "too_many_waiters":
             return TooManyWaiters(None, None, key)
         if code == "weight_exceeds_limit":

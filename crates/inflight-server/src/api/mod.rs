@@ -45,6 +45,7 @@ pub fn router(app: Arc<App>) -> Router {
         ));
     health_checks()
         .merge(v1)
+        .route("/", get(service::index))
         .route("/openapi.json", get(service::openapi))
         .fallback(service::not_found)
         .method_not_allowed_fallback(service::method_not_allowed)

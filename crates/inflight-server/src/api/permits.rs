@@ -100,7 +100,8 @@ pub(super) async fn acquire(
     )?;
     let reservation = app.reserve(charge.as_ref(), id.map(PermitId::from)).await?;
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
-    let (permit, reservation) = app.charged(reservation, admission).await?;
+    let charged = app.charged(reservation, admission).await;
+    let (permit, reservation) = charged.map_err(|error| app.refusal(&key, error))?;
     let mut json = None;
     if let (Some(reservation), Some(charge)) = (reservation, &charge) {
         if app.quota.settles_on_release(&reservation) {

@@ -48,6 +48,19 @@ pub(super) async fn openapi() -> Response {
 }
 
 /// Unknown routes; a key route with an empty key is a bad key rather than an unknown route.
+/// `GET /`, the first thing a newcomer's browser asks for: a short index of what answers here. Its links
+/// are relative, so that they hold under `/_inflight/` too.
+pub(super) async fn index() -> Response {
+    const INDEX: &str = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+        <title>inflight</title></head><body><h1>inflight</h1><ul>\
+        <li><a href=\"status\">status</a>: the busy keys, live</li>\
+        <li><a href=\"metrics\">metrics</a>: Prometheus</li>\
+        <li><a href=\"openapi.json\">openapi.json</a>: the HTTP API</li>\
+        <li><a href=\"healthz\">healthz</a>, <a href=\"readyz\">readyz</a>: health and readiness</li>\
+        </ul></body></html>\n";
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX).into_response()
+}
+
 pub(super) async fn not_found(uri: Uri) -> ApiError {
     let path = uri.path();
     if path == "/v1/keys/" || path.starts_with("/v1/keys//") {

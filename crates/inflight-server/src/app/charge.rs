@@ -8,9 +8,7 @@ use std::time::Duration;
 use http::StatusCode;
 use inflight::quota::{QuotaError, Settle, Settlement};
 use inflight::store::Recorded;
-use inflight::{
-    AcquireOptions, KeyRefused, Lease, Permit, PermitId, RemoteLease, Reservation, StoreError,
-};
+use inflight::{AcquireOptions, Lease, Permit, PermitId, RemoteLease, Reservation, StoreError};
 
 use super::App;
 use crate::error::ApiError;
@@ -71,9 +69,10 @@ impl App {
         options: AcquireOptions,
         wait: Duration,
         reservation: Option<Reservation>,
-    ) -> Result<(Permit, Option<Reservation>), KeyRefused> {
+    ) -> Result<(Permit, Option<Reservation>), ApiError> {
         let admission = self.acquire_all(keys, options, wait).await;
-        self.charged(reservation, admission).await
+        let charged = self.charged(reservation, admission).await;
+        charged.map_err(|refused| self.refusal(&refused.key, refused.error))
     }
 
     /// The answer to an admission a reservation was made for: a refusal refunds it (timed) first.

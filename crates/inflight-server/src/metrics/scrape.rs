@@ -8,7 +8,7 @@ use std::time::Duration;
 use inflight::quota::QuotaStats;
 use inflight::{AnyStore, Clock, Limiter, Store, SystemClock};
 
-use super::{class_of, describe, Metrics};
+use super::{describe, Metrics};
 
 /// How long the scrape's check of the store may take before the store counts as down.
 const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -19,7 +19,7 @@ impl Metrics {
     fn reservations(&self, stats: &QuotaStats, policy: &inflight::Policy) {
         let mut classes: HashMap<&str, (u64, u64)> = HashMap::new();
         for (key, balance) in stats.balances() {
-            let sums = classes.entry(class_of(policy, &key)).or_default();
+            let sums = classes.entry(policy.class_of(&key)).or_default();
             sums.0 = sums.0.saturating_add(balance.balance);
             sums.1 = sums.1.saturating_add(balance.reserved);
         }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use http::{Method, Request, StatusCode};
 
-use crate::metrics::{class_of, Metrics, ProxiedClass, ProxyResult};
+use crate::metrics::{Metrics, ProxiedClass, ProxyResult};
 
 /// The longest path an access line shows, in bytes.
 const MAX_PATH: usize = 512;
@@ -64,7 +64,7 @@ impl Access {
         let Some(first) = keys.first() else {
             return;
         };
-        self.class = metrics.proxied_class(class_of(policy, first));
+        self.class = metrics.proxied_class(policy.class_of(first));
         let per_key = self.per_key;
         self.first_key = per_key.then(|| first.clone());
         if !self.log {

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use inflight_server::config::Layered;
 use reqwest::{Client, StatusCode};
 use serde_json::json;
 
@@ -174,4 +175,55 @@ async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready(
     }
 }
 
-per_store!(bad_input_gets_a_clear_error_and_never_a_500,);
+per_store!(
+    bad_input_gets_a_clear_error_and_never_a_500,
+    a_refusal_names_the_refusing_limit,
+);
+
+/// A refusal names the limit that refused it: the key, its class and, over the limit, the limit and the
+/// count in flight, in the body and in the `Inflight-Limit` header; for one key and for several.
+async fn a_refusal_names_the_refusing_limit<M: Make>() {
+    let redis = M::redis();
+    let flags = ["inflight", "--default-limit", "5", "--limit", "app:*=1"];
+    let mut settings = inflight_server::Settings::from_flags(flags).unwrap();
+    settings.workers = Some(2);
+    let server = start_api(&settings, M::stores(&redis)).await;
+    let http = Client::new();
+    let url = server.url("/v1/keys/app:a1/permits");
+    assert_eq!(status_of(http.post(&url)).await, StatusCode::CREATED);
+    let named = r#"key="app:a1"; class="app:*"; limit=1; in_flight=1"#;
+    let full = http.post(&url).send().await.unwrap();
+    assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(full.headers()["inflight-limit"], named);
+    let full = body(full).await;
+    assert_eq!(
+        (
+            &full["key"],
+            &full["class"],
+            &full["limit"],
+            &full["in_flight"]
+        ),
+        (&json!("app:a1"), &json!("app:*"), &json!(1), &json!(1))
+    );
+    // Several keys: the one that refused is named, with its class.
+    let several = json!({"keys": ["tenant:t1", "app:a1"]});
+    let full = http
+        .post(server.url("/v1/permits"))
+        .json(&several)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(full.headers()["inflight-limit"], named);
+    assert_eq!(body(full).await["class"], "app:*");
+    // A key of no rule's class is of the default class.
+    let default = server.url("/v1/keys/other/permits");
+    for _ in 0..5 {
+        assert_eq!(status_of(http.post(&default)).await, StatusCode::CREATED);
+    }
+    let full = http.post(&default).send().await.unwrap();
+    assert_eq!(
+        full.headers()["inflight-limit"],
+        r#"key="other"; class="default"; limit=5; in_flight=5"#
+    );
+}

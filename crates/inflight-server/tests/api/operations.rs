@@ -66,3 +66,30 @@ async fn per_key_metric_labels_when_asked_for() {
 }
 
 per_store!(health_readiness_metrics_and_openapi,);
+
+/// `GET /`, what a browser asks first, is an index whose every link answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_is_an_index_of_what_answers_here() {
+    let server = start_api(&limits(1, 0), common::Memory::stores(&None)).await;
+    let http = Client::new();
+    let index = http.get(server.url("/")).send().await.unwrap();
+    assert_eq!(index.status(), 200);
+    assert!(index.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    let page = index.text().await.unwrap();
+    let links: Vec<&str> = page
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(
+        links,
+        ["status", "metrics", "openapi.json", "healthz", "readyz"]
+    );
+    for link in links {
+        let status = status_of(http.get(server.url(&format!("/{link}")))).await;
+        assert_eq!(status, 200, "{link}");
+    }
+}

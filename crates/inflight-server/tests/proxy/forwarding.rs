@@ -60,6 +60,11 @@ async fn no_key_no_forwarding_and_a_full_key_forwards_nothing<M: Make>() {
     let refused = keyed(&http, server.url("/echo/x"), "k").await;
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(refused.headers().contains_key("retry-after"));
+    // The refusing limit named (a key of no rule's class: the default class).
+    assert_eq!(
+        refused.headers()["inflight-limit"],
+        r#"key="k"; class="default"; limit=1; in_flight=1"#
+    );
     assert_eq!(
         refused.json::<Value>().await.unwrap()["code"],
         "too_many_requests"
