@@ -254,3 +254,11 @@ def _wait_until(condition: Callable[[], bool], seconds: float, message: str) -> 
         if time.monotonic() > deadline:
             raise RuntimeError(message)
         time.sleep(0.05)
+
+
+@pytest.fixture
+def counts(r: redis.Redis) -> Iterator[RedisLimiter]:
+    """Reads the keys' in-flight counts (and sets a key's limit) in ``r``'s Redis (the middleware's tests)."""
+    limiter = RedisLimiter(r, default_limit=2)
+    yield limiter
+    limiter.close()

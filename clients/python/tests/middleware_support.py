@@ -166,3 +166,8 @@ def queued(r: redis.Redis, key: str) -> int:
 def refusal(raw: bytes) -> tuple[int, dict[str, str], dict[str, Any]]:
     status, headers, body = parse(raw)
     return status, headers, json.loads(body)
+
+
+def stream(server: Server, key: str, rid: str, then: str = "end", wait: bool = False) -> Exchange:
+    """A request to the app's ``/stream`` route of ``key``, released by ``go(r, rid)``."""
+    return Exchange(server.port, f"/stream?key={key}&rid={rid}&then={then}" + ("&wait=1" if wait else ""))

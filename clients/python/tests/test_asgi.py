@@ -27,6 +27,7 @@ from middleware_support import (
     request,
     running,
     seen,
+    stream,
     uvicorn,
 )
 
@@ -42,18 +43,6 @@ def asgi(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     tmp, env = tmp_path_factory.mktemp("asgi"), {"TEST_REDIS_URL": redis_url}
     with running(lambda port: uvicorn("mw_asgi:app", port), env, APPS, tmp) as server:
         yield server
-
-
-@pytest.fixture
-def counts(r: redis.Redis) -> Iterator[RedisLimiter]:
-    """Reads the keys' in-flight counts (and sets a key's limit) in the app's Redis."""
-    limiter = RedisLimiter(r, default_limit=2)
-    yield limiter
-    limiter.close()
-
-
-def stream(server: Server, key: str, rid: str, then: str = "end", wait: bool = False) -> Exchange:
-    return Exchange(server.port, f"/stream?key={key}&rid={rid}&then={then}" + ("&wait=1" if wait else ""))
 
 
 def test_a_stream_holds_its_slot_until_its_last_chunk(

@@ -26,6 +26,7 @@ from middleware_support import (
     request,
     running,
     seen,
+    stream,
 )
 
 from inflight_client import HttpLimiter, Permit, RedisLimiter
@@ -44,18 +45,6 @@ def wsgi(
     env = {"TEST_REDIS_URL": redis_url}
     with running(lambda port: gunicorn("mw_wsgi:app", port, request.param), env, APPS, tmp) as server:
         yield server
-
-
-@pytest.fixture
-def counts(r: redis.Redis) -> Iterator[RedisLimiter]:
-    """Reads the keys' in-flight counts (and sets a key's limit) in the app's Redis."""
-    limiter = RedisLimiter(r, default_limit=2)
-    yield limiter
-    limiter.close()
-
-
-def stream(server: Server, key: str, rid: str, then: str = "end", wait: bool = False) -> Exchange:
-    return Exchange(server.port, f"/stream?key={key}&rid={rid}&then={then}" + ("&wait=1" if wait else ""))
 
 
 def test_a_stream_holds_its_slot_until_the_response_is_closed(
