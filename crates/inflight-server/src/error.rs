@@ -4,9 +4,7 @@
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::StatusCode;
-use http_body_util::Full;
 use inflight::{AcquireError, StoreError};
 use inflight_tower::rejection;
 
@@ -166,8 +164,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = match (&self.acquire, &self.key) {
             (Some(error), key) => {
-                let class = self.class.as_deref().unwrap_or("default");
-                let refusing = key.as_deref().map(|key| rejection::Refusing { key, class });
+                let refusing = key.as_deref().zip(self.class.as_deref());
+                let refusing = refusing.map(|(key, class)| rejection::Refusing { key, class });
                 rejection::rejection(error, refusing)
             }
             (None, None) => rejection::error_response(self.status, self.code, &self.message),
@@ -178,9 +176,7 @@ impl IntoResponse for ApiError {
                     "status": self.status.as_u16(),
                     "key": key,
                 });
-                let mut response = rejection::error_response(self.status, self.code, &self.message);
-                *response.body_mut() = Full::new(Bytes::from(body.to_string()));
-                response
+                rejection::json_response(self.status, &body)
             }
         };
         if let Some(seconds) = self.retry_after {

@@ -53,7 +53,8 @@ pub fn error_response(status: StatusCode, code: &str, message: &str) -> Response
     json_response(status, &body)
 }
 
-fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+/// A JSON answer of `status` with this body (an error object with fields of its own).
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
     *response.status_mut() = status;
     response.headers_mut().insert(
