@@ -86,7 +86,7 @@ impl App {
     ) -> Result<T, E> {
         let policy = self.limiter.policy();
         let class = policy.class_of(key);
-        let waiting = self.metrics.waiting(class, priority);
+        let waiting = self.metrics.waiting(class, priority, self.limiter.store());
         let started = Instant::now();
         let outcome = admission.await;
         let waited = started.elapsed();

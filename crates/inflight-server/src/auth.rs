@@ -34,12 +34,18 @@ impl Tokens {
 
     /// The routes that change limits and balances: 401 without the admin token (when one is set).
     pub fn require_admin(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.require_admin_to(headers, "Changing limits")
+    }
+
+    /// A route only an admin may use (`doing` says what it does): 401 without the admin token (when one
+    /// is set).
+    pub fn require_admin_to(&self, headers: &HeaderMap, doing: &str) -> Result<(), ApiError> {
         if self.is_admin(headers.get(header::AUTHORIZATION)) {
             Ok(())
         } else {
-            Err(ApiError::unauthorized(
-                "Changing limits needs the admin token: Authorization: Bearer TOKEN.",
-            ))
+            Err(ApiError::unauthorized(format!(
+                "{doing} needs the admin token: Authorization: Bearer TOKEN."
+            )))
         }
     }
 

@@ -73,7 +73,7 @@ impl ApiError {
     }
 
     /// 401 `unauthorized`: `why` names the token needed.
-    pub fn unauthorized(why: &str) -> Self {
+    pub fn unauthorized(why: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
     }
 

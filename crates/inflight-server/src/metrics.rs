@@ -43,7 +43,7 @@ pub struct Metrics {
     rejected: metrics::Counter,
     errors: metrics::Counter,
     releases: metrics::Counter,
-    store: [(&'static str, metrics::Histogram); 7],
+    store: [(&'static str, metrics::Histogram); 9],
     upstream: metrics::Histogram,
     wait_timeouts: metrics::Counter,
     in_flight: Arc<InFlight>,
@@ -53,7 +53,7 @@ pub struct Metrics {
     tally: Arc<[AtomicU64; 2]>,
 }
 
-const STORE_OPS: [&str; 7] = [
+const STORE_OPS: [&str; 9] = [
     "acquire",
     "release",
     "renew",
@@ -61,6 +61,8 @@ const STORE_OPS: [&str; 7] = [
     "set_limit",
     "record",
     "quota",
+    "permits",
+    "revoke",
 ];
 
 /// How an admission ended, for `inflight_admissions_total`.
@@ -72,6 +74,24 @@ pub enum AdmissionResult {
     Rejected,
     /// The store failed.
     Error,
+}
+
+/// Exports at 0 (class `default`) the series that the shipped dashboard and alerts use and that only
+/// events would make: waits, proxied requests, revocations, shadow refusals.
+fn export_from_start() {
+    metrics::gauge!("inflight_waiting", "class" => "default", "priority" => "0").increment(0.0);
+    metrics::gauge!("inflight_tickets", "class" => "default").increment(0.0);
+    drop(metrics::histogram!("inflight_wait_duration_seconds", "priority" => "0"));
+    metrics::counter!(
+        "inflight_proxy_requests_total",
+        "status_class" => "2xx", "class" => "default", "result" => ProxyResult::Admitted.as_str()
+    )
+    .increment(0);
+    for kind in ["holder", "waiter"] {
+        metrics::counter!("inflight_revocations_total", "class" => "default", "kind" => kind)
+            .increment(0);
+    }
+    metrics::counter!("inflight_shadow_refusals_total", "class" => "default").increment(0);
 }
 
 impl Metrics {
@@ -99,13 +119,7 @@ impl Metrics {
                 handle
             })
             .clone();
-        metrics::gauge!("inflight_waiting", "class" => "default", "priority" => "0").increment(0.0);
-        drop(metrics::histogram!("inflight_wait_duration_seconds", "priority" => "0"));
-        metrics::counter!(
-            "inflight_proxy_requests_total",
-            "status_class" => "2xx", "class" => "default", "result" => ProxyResult::Admitted.as_str()
-        )
-        .increment(0);
+        export_from_start();
         Self {
             handle,
             per_key,

@@ -19,6 +19,11 @@ pub fn describe(error: &AcquireError) -> (StatusCode, &'static str, String) {
             "weight_exceeds_limit",
             format!("A weight of {weight} can never fit under the limit of {limit}."),
         ),
+        AcquireError::Revoked => (
+            StatusCode::CONFLICT,
+            "revoked",
+            "An admin revoked this request's place in the queue.".to_owned(),
+        ),
         AcquireError::Invalid(why) => (
             StatusCode::BAD_REQUEST,
             "invalid_request",

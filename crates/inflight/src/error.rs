@@ -22,6 +22,10 @@ pub enum AcquireError {
         /// The key's effective limit.
         limit: u32,
     },
+    /// An admin revoked the waiter's place in the queue ([`crate::Limiter::revoke_waiter`]): it stops
+    /// waiting.
+    #[error("the wait was revoked")]
+    Revoked,
     /// The request itself is malformed (for example a weight of 0).
     #[error("invalid request: {0}")]
     Invalid(&'static str),

@@ -91,6 +91,8 @@ pub use options::{
 pub use permit::{Lease, Permit, PermitStream, Scoped};
 pub use policy::{ClassLimits, Limit, Policy, PolicyError, Rule, SharedPolicy, MAX_RULES};
 pub use quota::{Quota, QuotaStore, Reservation};
-pub use store::{AnyStore, BusyKeys, KeyStatus, Keys, MemoryStore, Renewal, Store, Wakeups};
+pub use store::{
+    AnyStore, BusyKeys, Holders, KeyStatus, Keys, MemoryStore, PermitPage, Renewal, Store, Wakeups,
+};
 #[cfg(feature = "redis")]
 pub use store::{DifyStore, DifyStoreBuilder, RedisStore, RedisStoreBuilder};

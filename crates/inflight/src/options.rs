@@ -40,6 +40,7 @@ pub struct AcquireOptions {
     /// Where it queues, when anything of it is set: boxed, since most admissions set none of it and
     /// every future that carries the options (the proxy's, nested several deep) carries this.
     pub(crate) queue: Option<Box<Queueing>>,
+    pub(crate) holder: Option<Arc<str>>,
 }
 
 /// Where a waiter queues: its priority level, its flow and the flow's weight.
@@ -114,6 +115,16 @@ impl AcquireOptions {
     /// another's hundred. At most [`MAX_FLOW_LEN`] bytes, else [`crate::AcquireError::Invalid`].
     pub fn flow(mut self, flow: impl Into<Arc<str>>) -> Self {
         self.queueing().flow = Some(flow.into());
+        self
+    }
+
+    /// A label for the permit (a client's address, a user), listed with its lease or its ticket
+    /// ([`crate::Limiter::permits`]) so that an operator can tell holders apart: 1 to
+    /// [`crate::store::MAX_HOLDER_LEN`] (128) bytes without control characters, else
+    /// [`crate::AcquireError::Invalid`]. Shown to whoever may list holders: never a secret. A labelled
+    /// permit always takes a lease, also in an in-process store.
+    pub fn holder(mut self, holder: impl Into<Arc<str>>) -> Self {
+        self.holder = Some(holder.into());
         self
     }
 

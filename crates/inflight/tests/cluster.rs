@@ -509,6 +509,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         ticket: None,
         priority: 0,
         floors: &[],
+        holder: None,
     });
     let Admission::Admitted { grant, .. } = admitted.await.unwrap() else {
         panic!("admitted")
@@ -529,6 +530,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         ticket: None,
         priority: 0,
         floors: &[],
+        holder: None,
     });
     assert!(matches!(taken.await.unwrap(), Admission::Admitted { .. }));
     let keys: inflight::store::Keys = pair.iter().map(|key| Arc::from(*key)).collect();

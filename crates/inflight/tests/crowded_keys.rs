@@ -33,6 +33,7 @@ async fn acquire(
         ticket: None,
         priority: 0,
         floors: &[],
+        holder: None,
     };
     store.acquire(req).await.unwrap()
 }

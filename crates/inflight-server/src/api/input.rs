@@ -159,6 +159,26 @@ pub(super) fn options(
     Ok(options)
 }
 
+/// The label of a permit (`"holder"`), listed with its lease or ticket: 1 to 128 bytes without control
+/// characters.
+pub(super) fn holder(
+    options: AcquireOptions,
+    holder: Option<String>,
+) -> Result<AcquireOptions, ApiError> {
+    let Some(holder) = holder else {
+        return Ok(options);
+    };
+    if holder.is_empty()
+        || holder.len() > inflight::store::MAX_HOLDER_LEN
+        || holder.chars().any(char::is_control)
+    {
+        return Err(ApiError::invalid_request(
+            "holder must be 1 to 128 bytes without control characters.",
+        ));
+    }
+    Ok(options.holder(holder))
+}
+
 /// A waiter's place in a key's queue (`"priority"`, one of `levels` unless it is empty; `"flow"` and
 /// `"flow_weight"`), beside `wait_ms`.
 pub(super) fn queue(

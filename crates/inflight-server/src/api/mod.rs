@@ -2,12 +2,13 @@
 
 use std::sync::Arc;
 
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 use crate::app::App;
 use crate::auth::require_api_user;
 
+mod holders;
 mod input;
 mod limits;
 mod listing;
@@ -21,7 +22,14 @@ pub use listing::BusyJson;
 /// The API's routes over `app`.
 pub fn router(app: Arc<App>) -> Router {
     let v1 = Router::new()
-        .route("/v1/keys/{key}/permits", post(permits::acquire))
+        .route(
+            "/v1/keys/{key}/permits",
+            post(permits::acquire).get(holders::list),
+        )
+        .route(
+            "/v1/keys/{key}/waiters/{ticket}",
+            delete(holders::revoke_waiter),
+        )
         .route("/v1/permits", post(permits::acquire_all))
         // One handler per verb: the key route names the permit's key, the id route finds its keys.
         .route(

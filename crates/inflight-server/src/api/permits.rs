@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inflight::store::{Grant, IndexOp};
@@ -16,7 +16,7 @@ use inflight::{Lease, Limit, PermitId, Renewal, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 use super::input::{
-    body, check_name, checked_key, lease, options, queue, remote, wait, PermitPath,
+    body, check_name, checked_key, holder, lease, options, queue, remote, wait, PermitPath,
 };
 use super::limits::KeyJson;
 use super::quotas::{self, release_query, QuotaBody, ReservationJson};
@@ -35,6 +35,8 @@ struct AcquireBody {
     flow: Option<String>,
     flow_weight: Option<u32>,
     quota: Option<QuotaBody>,
+    /// A label listed with the permit (`GET /v1/keys/{key}/permits`).
+    holder: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -94,7 +96,7 @@ pub(super) async fn acquire(
         .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
     let options = options(id.clone(), request.weight, request.lease_ms)?;
     let options = queue(
-        options,
+        holder(options, request.holder)?,
         (request.priority, request.flow, request.flow_weight),
         &app.priorities,
     )?;
@@ -175,13 +177,23 @@ pub(super) async fn renew<P: PermitPath>(
 }
 
 /// `DELETE` of a lent permit: released, and its reservation settled as `?outcome=` says; 204 also when
-/// it was released already.
+/// it was released already. With `?revoke=true` (an admin's, on a key's route), any holder's lease is
+/// revoked instead ([`super::holders::revoke`]).
 pub(super) async fn release<P: PermitPath>(
     State(app): State<Arc<App>>,
     path: Result<Path<P>, PathRejection>,
+    headers: HeaderMap,
     uri: Uri,
 ) -> Result<StatusCode, ApiError> {
     let (id, key) = P::checked(path)?;
+    if uri.query() == Some("revoke=true") {
+        let Some(key) = key else {
+            return Err(ApiError::invalid_request(
+                "Revoke on the key's route: DELETE /v1/keys/{key}/permits/{id}?revoke=true.",
+            ));
+        };
+        return super::holders::revoke(&app, &headers, &key, &id).await;
+    }
     let (settle, token) = release_query(&uri)?;
     app.release(&remote(id, key.as_deref(), token), settle)
         .await?;
@@ -200,6 +212,7 @@ struct AcquireAllBody {
     flow: Option<String>,
     flow_weight: Option<u32>,
     quota: Option<QuotaBody>,
+    holder: Option<String>,
 }
 
 /// A permit on several keys, as `POST /v1/permits` and `PUT /v1/permits/{id}` answer it.
@@ -252,7 +265,7 @@ pub(super) async fn acquire_all(
         .or_else(|| charge.as_ref().map(|_| PermitId::generate().to_string()));
     let options = options(id.clone(), request.weight, request.lease_ms)?;
     let options = queue(
-        options,
+        holder(options, request.holder)?,
         (request.priority, request.flow, request.flow_weight),
         &app.priorities,
     )?;

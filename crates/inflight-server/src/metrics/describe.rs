@@ -43,6 +43,15 @@ const COUNTERS: &[(&str, &str)] = &[
          answer of the proxy's own).",
     ),
     (
+        "inflight_revocations_total",
+        "Holders and waiters an admin revoked through this server, by class of key and kind.",
+    ),
+    (
+        "inflight_shadow_refusals_total",
+        "Admissions a shadow limit would have refused: admitted past it, by class of key (a shadow rule \
+         watches a limit without enforcing it).",
+    ),
+    (
         "inflight_tls_handshake_failures_total",
         "Connections to a TLS port closed in their handshake, by reason: timeout or error.",
     ),
@@ -53,6 +62,12 @@ const GAUGES: &[(&str, &str)] = &[
     (
         "inflight_waiting",
         "Admissions waiting for a slot now, by class of key and priority level.",
+    ),
+    (
+        "inflight_tickets",
+        "Admissions of this server waiting now on a store that keeps a queue per key (memory, Redis), by \
+         class of key: each holds a ticket, a place in its key's shared queue, while refused. Counted for \
+         the whole wait, as inflight_waiting: the server does not see when the ticket is queued.",
     ),
     (
         "inflight_quota_balance",

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use http::StatusCode;
-use inflight::{Clock, SystemClock};
+use inflight::{AnyStore, Clock, SystemClock};
 
 use super::{proxied, AdmissionResult, Metrics, ProxiedClass, ProxyResult};
 
@@ -102,6 +102,12 @@ impl Metrics {
         self.releases.increment(1);
     }
 
+    /// Counts a holder or a waiter (`kind`) of `class` an admin revoked.
+    pub fn revoked(&self, class: &str, kind: &'static str) {
+        metrics::counter!("inflight_revocations_total", "class" => class.to_owned(), "kind" => kind)
+            .increment(1);
+    }
+
     /// Records how long a store operation took.
     pub fn store_latency(&self, op: &'static str, took: Duration) {
         if let Some((_, histogram)) = self.store.iter().find(|(name, _)| *name == op) {
@@ -109,14 +115,21 @@ impl Metrics {
         }
     }
 
-    /// An admission of `class` that may wait at `priority`: counted as waiting until [`Waiting::done`].
-    pub fn waiting(&self, class: &str, priority: u8) -> Waiting {
+    /// An admission of `class` that may wait at `priority` on `store`: counted as waiting until
+    /// [`Waiting::done`], and as holding a ticket meanwhile when the store takes tickets.
+    pub fn waiting(&self, class: &str, priority: u8, store: &AnyStore) -> Waiting {
         let priority = priority.to_string();
         let labels = [("class", class.to_owned()), ("priority", priority.clone())];
         let gauge = metrics::gauge!("inflight_waiting", &labels);
         gauge.increment(1.0);
+        let tickets = takes_tickets(store).then(|| {
+            let tickets = metrics::gauge!("inflight_tickets", "class" => class.to_owned());
+            tickets.increment(1.0);
+            tickets
+        });
         Waiting {
             gauge,
+            tickets,
             duration: metrics::histogram!("inflight_wait_duration_seconds", "priority" => priority),
             timeouts: self.wait_timeouts.clone(),
         }
@@ -165,9 +178,22 @@ impl Metrics {
     }
 }
 
-/// An admission waiting for a slot, in `inflight_waiting` until done or dropped (its client went away).
+/// Whether waiters on `store` take tickets, places in a queue per key that every process sharing the
+/// store shares ([`inflight::Wakeups::ticket`]): the memory store and Redis (Dify's layout too) do. The
+/// limiter does not tell when a waiter's ticket is in the queue (from its first refusal to its wait's
+/// end), and asking the store for a ticket to know would take one (on Redis, subscribe to its turns).
+fn takes_tickets(store: &AnyStore) -> bool {
+    matches!(
+        store,
+        AnyStore::Memory(_) | AnyStore::Redis(_) | AnyStore::Dify(_)
+    )
+}
+
+/// An admission waiting for a slot, in `inflight_waiting` (and, on a store that takes tickets, in
+/// `inflight_tickets`) until done or dropped (its client went away).
 pub struct Waiting {
     gauge: metrics::Gauge,
+    tickets: Option<metrics::Gauge>,
     duration: metrics::Histogram,
     timeouts: metrics::Counter,
 }
@@ -185,6 +211,9 @@ impl Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         self.gauge.decrement(1.0);
+        if let Some(tickets) = &self.tickets {
+            tickets.decrement(1.0);
+        }
     }
 }
 

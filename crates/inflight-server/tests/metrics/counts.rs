@@ -19,6 +19,8 @@ const MIDDLE: &[(&str, f64)] = &[
     ("inflight_releases_total", 0.0),
     ("inflight_in_flight", 1.0),
     ("inflight_waiting{class=\"default\",priority=\"0\"}", 1.0),
+    // The memory store keeps a queue per key: the waiter holds a ticket.
+    ("inflight_tickets{class=\"default\"}", 1.0),
     ("inflight_wait_timeouts_total", 1.0),
     // A (admitted at once) and B (timed out): each could wait.
     ("inflight_wait_duration_seconds_count{priority=\"0\"}", 2.0),
@@ -31,6 +33,7 @@ const END: &[(&str, f64)] = &[
     ("inflight_releases_total", 2.0),
     ("inflight_in_flight", 0.0),
     ("inflight_waiting{class=\"default\",priority=\"0\"}", 0.0),
+    ("inflight_tickets{class=\"default\"}", 0.0),
     ("inflight_wait_timeouts_total", 1.0),
     ("inflight_wait_duration_seconds_count{priority=\"0\"}", 3.0),
     ("inflight_store_up", 1.0),

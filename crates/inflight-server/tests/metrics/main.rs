@@ -2,10 +2,11 @@
 //! same admissions, releases, in flight and waiters; and the Grafana dashboard, the Prometheus alert rules
 //! and docs/metrics.md name only metrics that the binary exports.
 //!
-//! By theme: the counts of the same work through serve and proxy (counts.rs), and the metric names
-//! the dashboard, the alert rules and the docs use (names.rs).
+//! By theme: the counts of the same work through serve and proxy (counts.rs), the series by class of
+//! key (classes.rs), and the metric names the dashboard, the alert rules and the docs use (names.rs).
 #![allow(missing_docs)]
 
+mod classes;
 #[path = "../common/mod.rs"]
 mod common;
 mod counts;
@@ -34,10 +35,14 @@ impl Scrape {
 
     /// The value of `series` (its name and labels, as written), 0 when absent.
     fn value(&self, series: &str) -> f64 {
+        self.sample(series).unwrap_or(0.0)
+    }
+
+    /// The value of `series`, `None` when absent.
+    fn sample(&self, series: &str) -> Option<f64> {
         self.0
             .lines()
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
     }
 
     /// The names of its metrics, from its samples and its `# HELP` and `# TYPE` lines.

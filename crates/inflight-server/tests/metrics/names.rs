@@ -79,7 +79,17 @@ fn check_alert_rules(yaml: &str) -> usize {
     rules
 }
 
-/// The dashboard's panels: each with a title and a Prometheus query on the datasource variable.
+/// The panels by class of key, each as a query it must have: waiters and tickets summed by class,
+/// revocations by class and kind and shadow refusals by class as rates.
+const BY_CLASS: &[&str] = &[
+    "sum by (class) (inflight_waiting{",
+    "sum by (class) (inflight_tickets{",
+    "sum by (class, kind) (rate(inflight_revocations_total{",
+    "sum by (class) (rate(inflight_shadow_refusals_total{",
+];
+
+/// The dashboard's panels: each with a unique id, a place of its own on the grid, a title and a
+/// Prometheus query on the datasource variable; the panels by class among them.
 fn check_dashboard(json: &str) -> usize {
     let dashboard: Value = serde_json::from_str(json).expect("the dashboard is JSON");
     let variables = dashboard["templating"]["list"]
@@ -92,6 +102,28 @@ fn check_dashboard(json: &str) -> usize {
         "a Prometheus datasource variable"
     );
     let panels = dashboard["panels"].as_array().expect("panels");
+    let ids: BTreeSet<_> = panels.iter().map(|panel| panel["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    assert!(ids.iter().all(Option::is_some), "panel ids are numbers");
+    let places: Vec<[u64; 4]> = panels.iter().map(place).collect();
+    for (i, a) in places.iter().enumerate() {
+        for b in &places[i + 1..] {
+            let apart = a[0] + a[2] <= b[0] || b[0] + b[2] <= a[0];
+            let apart = apart || a[1] + a[3] <= b[1] || b[1] + b[3] <= a[1];
+            assert!(apart, "panels at {a:?} and {b:?} overlap");
+        }
+    }
+    let exprs: Vec<&str> = panels
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().into_iter().flatten())
+        .filter_map(|target| target["expr"].as_str())
+        .collect();
+    for query in BY_CLASS {
+        assert!(
+            exprs.iter().any(|expr| expr.starts_with(query)),
+            "no panel queries {query}"
+        );
+    }
     for panel in panels {
         assert!(panel["title"].is_string(), "{panel}");
         let targets = panel["targets"].as_array().expect("targets");
@@ -105,6 +137,15 @@ fn check_dashboard(json: &str) -> usize {
         assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
     }
     panels.len()
+}
+
+/// A panel's place on the grid: x, y, width, height.
+fn place(panel: &Value) -> [u64; 4] {
+    ["x", "y", "w", "h"].map(|field| {
+        panel["gridPos"][field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no gridPos.{field}: {panel}"))
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,6 +165,9 @@ async fn the_dashboard_the_alerts_and_the_docs_name_only_exported_metrics() {
         "inflight_upstream_duration_seconds",
         "inflight_store_up",
         "inflight_waiting",
+        "inflight_tickets",
+        "inflight_revocations_total",
+        "inflight_shadow_refusals_total",
     ] {
         assert!(exports.contains(expected), "{expected} in {exports:?}");
     }
@@ -143,7 +187,10 @@ async fn the_dashboard_the_alerts_and_the_docs_name_only_exported_metrics() {
 
     let dashboard = read("contrib/grafana/inflight.json");
     let alerts = read("contrib/prometheus/alerts.yml");
-    assert!(check_dashboard(&dashboard) >= 9, "the panels the docs list");
+    assert!(
+        check_dashboard(&dashboard) >= 13,
+        "the panels the docs list"
+    );
     assert!(check_alert_rules(&alerts) >= 4, "the alerts the docs list");
     for (file, text) in [
         ("contrib/grafana/inflight.json", &dashboard),

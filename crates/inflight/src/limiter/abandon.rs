@@ -50,6 +50,7 @@ impl<S: Store> Deciding<S> {
                 ticket: standing.ticket(),
                 priority: standing.priority,
                 floors: standing.floors(),
+                holder: standing.holder.as_deref(),
             };
             store.acquire(request).await
         });

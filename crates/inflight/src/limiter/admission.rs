@@ -13,7 +13,9 @@ use crate::id::PermitId;
 use crate::options::{AcquireOptions, MAX_FLOW_LEN, MAX_FLOW_WEIGHT, MAX_LEASE, MIN_LEASE};
 use crate::permit::Permit;
 use crate::policy::ClassLimits;
-use crate::store::{AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store};
+use crate::store::{
+    AcquireRequest, Admission, Grant, Keys, LocalAdmission, LocalSlots, Store, MAX_HOLDER_LEN,
+};
 
 /// The most keys of one admission (a longer list is refused before it reaches the store).
 pub(super) const MAX_KEYS: usize = 16;
@@ -152,6 +154,13 @@ impl<S: Store> Limiter<S> {
         if options.id.as_ref().is_some_and(PermitId::is_empty) {
             return invalid("id must not be empty");
         }
+        if options.holder.as_ref().is_some_and(|holder| {
+            holder.is_empty()
+                || holder.len() > MAX_HOLDER_LEN
+                || holder.chars().any(char::is_control)
+        }) {
+            return invalid("holder must be 1 to 128 bytes without control characters");
+        }
         if options
             .flow_name()
             .is_some_and(|flow| flow.len() > MAX_FLOW_LEN)
@@ -172,7 +181,8 @@ impl<S: Store> Limiter<S> {
         let floors = core.policy.floors_of(keys);
         // (A waiter with a ticket, or an admission on a key with floors, asks the store: its place, and
         // which level holds what, are there.)
-        let given_id = options.id.is_some();
+        // (A labelled admission takes a lease, so that it is listed with its label.)
+        let given_id = options.id.is_some() || options.holder.is_some();
         let held = match ticket.is_none() && floors.is_none() {
             true => core
                 .store
@@ -217,6 +227,7 @@ impl<S: Store> Limiter<S> {
                 .and_then(|queue| queue.flow_weight)
                 .unwrap_or(1),
             floors,
+            holder: options.holder.clone(),
         };
         // (A wait's first ask under the id it made is the id's first admission, as one it generates.)
         let fresh = ticket.is_some_and(|waiting| waiting.fresh);
@@ -272,6 +283,7 @@ impl<S: Store> Limiter<S> {
                 ticket: standing.ticket(),
                 priority: standing.priority,
                 floors: standing.floors(),
+                holder: standing.holder.as_deref(),
             };
             // Dropped before the store answers (the caller went away), or failed on the way (a timeout),
             // this admission may still have been made: its lease is then released in the background

@@ -98,7 +98,7 @@ impl<S: Store> Owner for Core<S> {
         // this process may hold the same id since).
         if state.leave() && !state.released.load(Ordering::Acquire) {
             self.registry.remove(&state);
-            if !state.lost.load(Ordering::Acquire) {
+            if !state.lost.is_set() {
                 self.settler.settle(self.release_state(&state));
             }
         }
@@ -112,7 +112,7 @@ impl<S: Store> Owner for Core<S> {
             return Box::pin(std::future::ready(Ok(())));
         }
         self.registry.remove(&state);
-        if state.lost.load(Ordering::Acquire) {
+        if state.lost.is_set() {
             return Box::pin(std::future::ready(Ok(())));
         }
         // Dropped before the store answers, or answered with a transient error: the release goes on in

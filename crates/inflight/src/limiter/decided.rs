@@ -142,7 +142,7 @@ impl<S: Store> Limiter<S> {
             token: AtomicU64::new(grant.token),
             counted: grant.counted,
             renew_at_ms: AtomicU64::new(self.core.registry.renew_at(lease_ms)),
-            lost: AtomicBool::new(false),
+            lost: Default::default(),
             released: AtomicBool::new(false),
         });
         self.core.registry.insert(state)

@@ -9,6 +9,7 @@ mod busiest;
 mod core;
 mod decided;
 mod handle;
+mod holders;
 mod registry;
 mod remote;
 mod renewer;

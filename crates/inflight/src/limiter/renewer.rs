@@ -168,10 +168,10 @@ fn apply<S: Store>(core: &Core<S>, permit: &Arc<PermitState>, outcome: Renewal) 
             }
         }
         Renewal::Lost => {
-            permit.lost.store(true, Ordering::Release);
+            permit.lost.set();
             if !permit.released.load(Ordering::Acquire) {
                 core.stats.lost.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(key = %permit.keys[0], id = %permit.id, "lease lost: the key is full without it");
+                tracing::warn!(key = %permit.keys[0], id = %permit.id, "lease lost: revoked, or gone with the key full without it");
             }
             core.registry.forget(permit);
         }

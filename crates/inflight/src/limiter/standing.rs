@@ -31,14 +31,16 @@ pub(super) struct Waiting {
     pub(super) fresh: bool,
 }
 
-/// Where an admission stands among others: a waiter's ticket and flow, its priority, and the floors of
-/// its keys' classes (none when no class has floors).
+/// Where an admission stands among others: a waiter's ticket and flow, its priority, the floors of its
+/// keys' classes (none when no class has floors), and the label it is listed under.
 #[derive(Clone, Default)]
 pub(super) struct Standing {
     pub(super) ticket: Option<(Waiting, Option<Arc<str>>)>,
     pub(super) priority: u8,
     pub(super) flow_weight: u32,
     pub(super) floors: Option<Arc<[Floors]>>,
+    /// The admission's label ([`crate::AcquireOptions::holder`]).
+    pub(super) holder: Option<Arc<str>>,
 }
 
 impl Standing {

@@ -189,6 +189,10 @@ impl<S: Wakeups> Limiter<S> {
                 () = &mut replaced => {}
                 () = tokio::time::sleep_until(recheck) => {}
             }
+            if turn.is_revoked() {
+                let error = AcquireError::Revoked;
+                return Err(KeyRefused { error, ..refused });
+            }
             // Handed the slot by a release: held, without asking again.
             if let (Some(handed), Some(id), false) = (turn.handed(), &id, unanswered) {
                 if let Some(leaving) = &mut leaving {

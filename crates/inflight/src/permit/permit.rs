@@ -31,9 +31,42 @@ pub(crate) struct PermitState {
     pub(crate) counted: u32,
     /// When the renewal task should next renew it, in ms of the limiter's monotonic clock.
     pub(crate) renew_at_ms: AtomicU64,
-    pub(crate) lost: AtomicBool,
+    pub(crate) lost: Lost,
     /// Set once no permit holds it (released, detached, or handed to shutdown).
     pub(crate) released: AtomicBool,
+}
+
+/// Whether a lease was lost (revoked, or gone at renewal without room to come back), and the wake-up of
+/// those waiting to hear it.
+#[derive(Default)]
+pub(crate) struct Lost {
+    flag: AtomicBool,
+    heard: tokio::sync::Notify,
+}
+
+impl Lost {
+    /// The lease is lost: every [`Lost::wait`] completes.
+    pub(crate) fn set(&self) {
+        self.flag.store(true, Ordering::Release);
+        self.heard.notify_waiters();
+    }
+
+    pub(crate) fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Acquire)
+    }
+
+    /// Completes once the lease is lost.
+    async fn wait(&self) {
+        loop {
+            let heard = self.heard.notified();
+            tokio::pin!(heard);
+            heard.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            heard.await;
+        }
+    }
 }
 
 impl PermitState {
@@ -272,8 +305,34 @@ impl Permit {
     /// True once a renewal found the lease gone and could not take it back (the key was full): the
     /// request is no longer counted. Finishing its work is still safe; the permit is released as usual.
     pub fn is_lost(&self) -> bool {
-        self.state()
-            .is_some_and(|state| state.lost.load(Ordering::Relaxed))
+        self.state().is_some_and(|state| state.lost.is_set())
+    }
+
+    /// Completes once the permit is lost ([`Permit::is_lost`]): an admin revoked it
+    /// ([`crate::Limiter::revoke`]), or its lease was gone at renewal without room to come back. Heard
+    /// at the permit's next renewal (a third of its lease). Never completes for a permit without a
+    /// lease (an in-process store's own, an unlimited key's), which nobody can revoke.
+    ///
+    /// ```
+    /// use inflight::{Limiter, MemoryStore, Policy};
+    /// use inflight::AcquireOptions;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(2, 0)).build();
+    /// let options = AcquireOptions::new().holder("10.0.0.7");
+    /// let permit = limiter.acquire("app-1", options).await.unwrap();
+    /// limiter.revoke("app-1", permit.id()).await.unwrap();
+    /// limiter.renew_now().await;
+    /// permit.lost().await;
+    /// assert!(permit.is_lost());
+    /// # }
+    /// ```
+    pub async fn lost(&self) {
+        match self.state() {
+            Some(state) => state.lost.wait().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// True when the permit counts against its key's limit (false for an unlimited key).

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::busy::{BusyKeys, BusyList};
+use super::holders::{Holders, PermitPage};
 use super::wake::{Turn, Wakeups};
 use super::{
     AcquireRequest, Admission, IndexOp, KeyStatus, LocalAdmission, MemoryStore, OverrideChange,
@@ -147,6 +148,14 @@ impl Wakeups for AnyStore {
 impl BusyKeys for AnyStore {
     forward! { d => d;
         async fn busy(&self, prefix: &str, limit: usize) -> Result<BusyList, StoreError>;
+    }
+}
+
+impl Holders for AnyStore {
+    forward! { d => d;
+        async fn permits(&self, key: &str, cursor: Option<&str>) -> Result<PermitPage, StoreError>;
+        async fn revoke(&self, key: &str, id: &PermitId) -> Result<bool, StoreError>;
+        async fn revoke_waiter(&self, key: &str, ticket: &str) -> Result<bool, StoreError>;
     }
 }
 

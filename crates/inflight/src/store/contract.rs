@@ -34,6 +34,9 @@ pub struct AcquireRequest<'a> {
     pub priority: u8,
     /// The floors of each key's class, in the order of `keys`; empty when no class has floors.
     pub floors: &'a [Floors],
+    /// A label for the lease and the ticket, listed with them ([`crate::store::Holders::permits`]): at
+    /// most [`crate::store::MAX_HOLDER_LEN`] bytes.
+    pub holder: Option<&'a str>,
 }
 
 /// A waiter's place in a key's queue, shared by every process: ordered by the admission's priority

@@ -8,6 +8,7 @@
 mod any;
 pub(crate) mod busy;
 mod contract;
+pub(crate) mod holders;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -22,6 +23,9 @@ pub use busy::{BusyKey, BusyKeys, BusyList, BUSY_TIME_BUDGET, MAX_BUSY, MAX_EXAM
 pub use contract::{
     AcquireRequest, Admission, Grant, IndexOp, KeyStatus, Keys, LocalAdmission, LocalSlots,
     OverrideChange, Recorded, RenewRequest, Renewal, Store, Ticket,
+};
+pub use holders::{
+    Holder, Holders, PermitPage, Waiter, MAX_HOLDER_LEN, MAX_PAGE, REVOKED_GRACE_MS,
 };
 pub use memory::MemoryStore;
 pub use wake::{Handed, Turn, Wakeups};

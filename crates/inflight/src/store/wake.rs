@@ -74,11 +74,12 @@ impl Handed {
     }
 }
 
-/// A ticket's wake-up, and the slot a release handed it if one did.
+/// A ticket's wake-up, and the slot a release handed it if one did, or its revocation.
 #[derive(Default)]
 struct Called {
     notify: Notify,
     handed: Mutex<Option<Handed>>,
+    revoked: AtomicBool,
 }
 
 impl Called {
@@ -86,6 +87,11 @@ impl Called {
         if handed.is_some() {
             *self.handed.lock().unwrap_or_else(|e| e.into_inner()) = handed;
         }
+        self.notify.notify_one();
+    }
+
+    fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
         self.notify.notify_one();
     }
 }
@@ -141,6 +147,14 @@ impl Wakes {
         }
     }
 
+    /// Tells the waiter of the ticket named (`<channel>#<n>`) that an admin revoked it.
+    pub(crate) fn revoke_ticket(&self, name: &str) {
+        let n = name.rsplit('#').next().and_then(|n| n.parse::<u64>().ok());
+        if let Some(turn) = n.and_then(|n| self.turns().get(&n).cloned()) {
+            turn.revoke();
+        }
+    }
+
     fn turns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Called>>> {
         self.turns.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -175,10 +189,17 @@ impl Wakes {
     }
 
     #[cfg(feature = "redis")]
-    /// Wakes the tickets a message on the channel names (`<n> <n2>=<handed> ...`, see `queue.lua`).
+    /// Wakes the tickets a message on the channel names (`<n> <n2>=<handed> <n3>! ...`, see `queue.lua`;
+    /// `!`: revoked).
     pub(crate) fn wake_turns(&self, message: &str) {
         let turns = self.turns();
         for called in message.split(' ') {
+            if let Some(n) = called.strip_suffix('!') {
+                if let Some(turn) = n.parse::<u64>().ok().and_then(|n| turns.get(&n)) {
+                    turn.revoke();
+                }
+                continue;
+            }
             let (n, handed) = match called.split_once('=') {
                 Some((n, handed)) => (n, Handed::parse(handed)),
                 None => (called, None),
@@ -236,6 +257,12 @@ impl Turn {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// True when an admin revoked the ticket ([`crate::store::Holders::revoke_waiter`]): its waiter
+    /// stops waiting.
+    pub fn is_revoked(&self) -> bool {
+        self.called.revoked.load(Ordering::Acquire)
     }
 
     /// True when turns are heard now (the store's subscription is in force).

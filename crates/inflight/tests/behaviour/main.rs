@@ -24,6 +24,11 @@ macro_rules! behaviour_suite {
                 a_late_release_of_an_earlier_admission_leaves_a_later_ones_lease,
                 a_later_admission_of_an_id_takes_its_lease_over,
                 in_process_permits_of_one_id_release_with_the_latest_token,
+                // (Dify's layout keeps Dify's hash, which neither lists labels nor revokes.)
+                holders_are_listed_with_their_labels_from_another_process,
+                a_revoked_holder_hears_it_lost_and_its_slot_is_free_at_once,
+                a_revoked_waiter_ends_with_revoked_and_leaves_the_queue,
+                every_holder_is_listed_across_pages,
             );
             // (Its keys share a hash tag: braces, which Dify's layout refuses.)
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

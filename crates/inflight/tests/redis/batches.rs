@@ -66,6 +66,7 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
             ticket: None,
             priority: 0,
             floors: &[],
+            holder: None,
         })
     };
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.

@@ -37,6 +37,7 @@ async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
             ticket: None,
             priority: 0,
             floors: &[],
+            holder: None,
         })
     };
     let token_of = |admission| match admission {

@@ -284,6 +284,7 @@ pub async fn apply_store<S: Store + Wakeups>(
                 ticket: None,
                 priority: 0,
                 floors: &[],
+                holder: None,
             };
             match store.acquire(req).await.unwrap() {
                 queued @ Admission::Queued { .. } => panic!("no ticket was asked for: {queued:?}"),
@@ -319,6 +320,7 @@ pub async fn apply_store<S: Store + Wakeups>(
                 }),
                 priority,
                 floors: if floored { &floors } else { &[] },
+                holder: None,
             };
             outcome(store.acquire(req).await.unwrap())
         }

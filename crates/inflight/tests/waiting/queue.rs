@@ -35,6 +35,7 @@ async fn ask_store<S: Wakeups>(
         }),
         priority: 0,
         floors: &[],
+        holder: None,
     };
     store.acquire(request).await
 }

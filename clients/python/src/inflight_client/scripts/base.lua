@@ -3,6 +3,9 @@
 -- Twins: resolve() is ClassLimits::resolve (crates/inflight/src/limit.rs) and the Python client's (_policy.py).
 local DEFAULT_LEASE_MS = 30000
 local QUEUED = '\254q'
+-- In a key's permits hash (common.lua), beside a lease's entry: HOLDER .. id, 'admitted_ms label' (a
+-- labelled lease, or a plain one once renewed); REVOKED .. id while a revoked lease's holder may renew it.
+local HOLDER, REVOKED = '\254h', '\254r'
 
 -- An admission's answer, one structure for every script that admits (batch.lua, lone.lua, dify.lua): into
 -- `out` after its first `at` numbers; returns how many it then holds. Named once here, in this order, as

@@ -10,6 +10,7 @@
 --              ask of the waiter still on its way, sent again after a NOSCRIPT or late, then takes no
 --              place nobody waits in); '' -> the last arrival number; 'L' -> the key's limit as the last
 --              ticket taken found it (for releases, which know no limit).
+--              '@' .. ticket -> 'since_ms flow_length flow label' (holders.lua lists it).
 --   T:expiry   sorted set: ticket -> the end of its lease (ms). A ticket its process stops renewing
 --              (killed, cut off) goes when that passes.
 --   T:flows    hash: 'level flow' -> the flow's next round * FLOW_STEP + the tickets it took in that
@@ -52,7 +53,7 @@ local function queue()
 
   local function drop_ticket(t, ticket, member)
     if member then redis.call('ZREM', t .. ':queue', member) end
-    redis.call('HDEL', t .. ':tickets', ticket, '>' .. ticket, '+' .. ticket)
+    redis.call('HDEL', t .. ':tickets', ticket, '>' .. ticket, '+' .. ticket, '@' .. ticket)
     redis.call('ZREM', t .. ':expiry', ticket)
     -- The last ticket gone, the rounds start again (as the memory store's queue forgets its flows).
     if member and redis.call('ZCARD', t .. ':queue') == 0 then redis.call('DEL', t .. ':flows') end
@@ -79,14 +80,20 @@ local function queue()
   -- its id with a token of its own, the ticket out of the queue; what its process is told
   -- ('token:expires_at_ms:limit:in_flight'), or nil when it did not register or does not fit its limit.
   local function hand_off(key, t, ticket)
-    local terms = redis.call('HMGET', t .. ':tickets', '>' .. ticket, '+' .. ticket)
+    local terms = redis.call('HMGET', t .. ':tickets', '>' .. ticket, '+' .. ticket, '@' .. ticket)
     if not terms[1] then return nil end
+    local label = terms[3] and string.match(terms[3], '^%d+ %d+ (.*)$')
     local weight, lease_ms, d, m = string.match(terms[2], '^(%d+) (%d+) (%d+) (%d+)$')
     weight, lease_ms = tonumber(weight), tonumber(lease_ms)
     local limit = resolve(override(key), tonumber(d), tonumber(m))
     if limit == 0 or in_flight(key) + weight > limit then return nil end
     local token = next_token({key}, 1)
     put(key, terms[1], weight, lease_ms, token, false)
+    local flow_length = label and tonumber(string.match(terms[3], '^%d+ (%d+)'))
+    label = label and string.sub(label, flow_length + 1)
+    if label and label ~= '' then
+      redis.call('HSET', key.permits, HOLDER .. terms[1], string.format('%d', now) .. ' ' .. label)
+    end
     leave(key, ticket, 0, true)
     return string.format('%d:%d:%d:%d', token, now + lease_ms, limit, in_flight(key))
   end
@@ -202,10 +209,12 @@ local function queue()
       local n = redis.call('HINCRBY', t .. ':tickets', '', 1)
       local member = string.format('%02x%010x%010x %d %s', 255 - level, round, n, weight, ticket)
       redis.call('ZADD', t .. ':queue', 0, member)
+      local info = string.format('%d %d ', now, #flow) .. flow .. (w.label or '')
       if w.id then -- its admission registered, for a release to hand it the slot (hand_off)
-        redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit, '>' .. ticket, w.id, '+' .. ticket, w.terms)
+        redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit, '>' .. ticket, w.id, '+' .. ticket, w.terms,
+          '@' .. ticket, info)
       else
-        redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit)
+        redis.call('HSET', t .. ':tickets', ticket, member, 'L', limit, '@' .. ticket, info)
       end
       if not key.queued then
         redis.call('HSET', key.permits, QUEUED, 1)

@@ -72,6 +72,7 @@ impl<C: Clock> Cell<C> {
             lease_ms,
             token,
             level: 0,
+            admitted_at_ms: expires_at_ms.saturating_sub(lease_ms),
         };
         state.add(id, lease);
     }

@@ -56,12 +56,14 @@ impl<C: Clock> MemoryStore<C> {
                             // (For as long as its ticket would have lasted: its waiter renews it.)
                             lease_ms: req.lease_ms.min(ticket.lease_ms),
                             limits: req.limits[0],
+                            holder: req.holder.map(Arc::from),
                         });
                     let terms = (req.priority, req.weight, limit);
                     let refusing = slots.iter_mut().find(|slot| slot.index == index);
-                    if !refusing
-                        .is_some_and(|slot| slot.state.take_ticket(ticket, terms, now, handoff))
-                    {
+                    if !refusing.is_some_and(|slot| {
+                        slot.state
+                            .take_ticket(ticket, terms, now, (handoff, req.holder))
+                    }) {
                         let max = MAX_TICKETS as u32;
                         return Err(StoreError::TooManyWaiters { max });
                     }
@@ -80,11 +82,13 @@ impl<C: Clock> MemoryStore<C> {
                 lease_ms: req.lease_ms,
                 token: self.inner.time.token(now),
                 level: req.priority,
+                admitted_at_ms: now,
             };
             let mut counted = 0;
             for slot in slots.iter_mut() {
                 if slot.state.limit(req.limits[slot.index]) != Limit::Unlimited {
                     slot.state.add(req.id, lease);
+                    slot.state.label(req.id, req.holder);
                     counted |= 1 << slot.index;
                 }
             }
@@ -130,6 +134,14 @@ impl<C: Clock> MemoryStore<C> {
             let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
             // Taken over by a later admission of the id: not this one's to renew.
             if found.is_some_and(|lease| req.token != 0 && lease.token != req.token) {
+                return Renewal::Lost;
+            }
+            // Revoked: never added back.
+            let mut revoked = false;
+            for slot in slots.iter_mut().filter(|_| found.is_none()) {
+                revoked |= slot.state.was_revoked(&req.id, now);
+            }
+            if revoked {
                 return Renewal::Lost;
             }
             let token = match found {
@@ -184,6 +196,7 @@ impl<C: Clock> MemoryStore<C> {
                         lease_ms,
                         token,
                         level: 0,
+                        admitted_at_ms: now,
                     };
                     slot.state.add(&req.id, lease);
                 }

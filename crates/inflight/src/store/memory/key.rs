@@ -22,6 +22,10 @@ pub(super) struct KeyState {
     pub(super) last_used_ms: u64,
     /// Its waiters' tickets, while it has any.
     queue: Option<Box<Queue>>,
+    /// The labels of its leases that were given one.
+    pub(super) labels: HashMap<PermitId, Arc<str>, Hasher>,
+    /// Revoked leases, until their holders can no longer renew them: id -> when it is forgotten.
+    pub(super) revoked: HashMap<PermitId, u64, Hasher>,
 }
 
 /// One lease: its weight, deadline, length (what a renewal without a length keeps) and its admission's
@@ -34,6 +38,8 @@ pub(super) struct Lease {
     pub(super) token: u64,
     /// The priority level it was admitted at (for floors).
     pub(super) level: u8,
+    /// When it was admitted (kept by renewals and re-admissions of its id).
+    pub(super) admitted_at_ms: u64,
 }
 
 /// Why a key refuses an admission.
@@ -45,7 +51,10 @@ pub(super) enum Refusal {
 impl KeyState {
     /// True when nothing is held and no override is set: the key can be forgotten.
     pub(super) fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.override_limit.is_none() && self.queue.is_none()
+        self.in_flight == 0
+            && self.override_limit.is_none()
+            && self.queue.is_none()
+            && self.revoked.is_empty()
     }
 
     /// True when waiters' tickets queue on the key.
@@ -84,6 +93,9 @@ impl KeyState {
 
     #[inline]
     pub(super) fn reclaim(&mut self, now: u64) -> u32 {
+        if !self.revoked.is_empty() {
+            self.revoked.retain(|_, until| *until > now);
+        }
         if now < self.next_expiry_ms || self.leases.is_empty() {
             return 0;
         }
@@ -100,6 +112,10 @@ impl KeyState {
             }
         });
         self.next_expiry_ms = next;
+        if reclaimed > 0 && !self.labels.is_empty() {
+            let leases = &self.leases;
+            self.labels.retain(|id, _| leases.contains_key(id));
+        }
         reclaimed
     }
 
@@ -226,7 +242,7 @@ impl KeyState {
         ticket: &Ticket<'_>,
         (level, weight, limit): (u8, u32, u32),
         now: u64,
-        handoff: Option<HandOff>,
+        handoff: (Option<HandOff>, Option<&str>),
     ) -> bool {
         self.queue.get_or_insert_with(Box::default).take(
             ticket,
@@ -286,8 +302,10 @@ impl KeyState {
             lease_ms: handoff.lease_ms,
             token: token(),
             level,
+            admitted_at_ms: now,
         };
         self.add(&handoff.id, lease);
+        self.label(&handoff.id, handoff.holder.as_deref());
         self.leave_ticket(ticket, true);
         Some(Handed {
             token: lease.token,
@@ -331,6 +349,58 @@ impl KeyState {
             self.in_flight -= old.weight;
         }
         self.in_flight += lease.weight;
+        if !self.revoked.is_empty() {
+            self.revoked.remove(id);
+        }
+    }
+
+    /// Labels the lease of `id` (`None`: no label).
+    pub(super) fn label(&mut self, id: &PermitId, holder: Option<&str>) {
+        match holder {
+            Some(holder) => drop(self.labels.insert(id.clone(), holder.into())),
+            None if !self.labels.is_empty() => drop(self.labels.remove(id)),
+            None => {}
+        }
+    }
+
+    /// Takes the lease of `id` away, whatever its token, and remembers it as revoked until
+    /// `forget_at_ms`; whether it was held.
+    pub(super) fn revoke(&mut self, id: &PermitId, now: u64, forget_at_ms: u64) -> bool {
+        let Some(lease) = self.leases.remove(id) else {
+            return false;
+        };
+        self.in_flight -= lease.weight;
+        self.labels.remove(id);
+        self.revoked.retain(|_, until| *until > now);
+        // (Bounded: at most one entry per lease revoked within the last lease and grace.)
+        self.revoked.insert(id.clone(), forget_at_ms);
+        true
+    }
+
+    /// Whether `id`'s lease was revoked (and is still remembered as such); forgets it if so.
+    pub(super) fn was_revoked(&mut self, id: &PermitId, now: u64) -> bool {
+        if self.revoked.is_empty() {
+            return false;
+        }
+        self.revoked.retain(|_, until| *until > now);
+        self.revoked.remove(id).is_some()
+    }
+
+    /// The key's leases, unexpired at `now`.
+    pub(super) fn leases(&self, now: u64) -> impl Iterator<Item = (&PermitId, &Lease)> {
+        self.leases
+            .iter()
+            .filter(move |(_, lease)| lease.expires_at_ms > now)
+    }
+
+    /// The key's queue, if it has one.
+    pub(super) fn queue(&self) -> Option<&Queue> {
+        self.queue.as_deref()
+    }
+
+    /// The slots held without a lease (this process's fast-path permits).
+    pub(super) fn unleased(&self) -> u32 {
+        self.in_flight - self.leases.values().map(|lease| lease.weight).sum::<u32>()
     }
 
     /// Moves the deadline of a held lease; returns it as it now is.
@@ -354,6 +424,9 @@ impl KeyState {
             Some(lease) if token == 0 || lease.token == token => {
                 self.in_flight -= lease.weight;
                 self.leases.remove(id);
+                if !self.labels.is_empty() {
+                    self.labels.remove(id);
+                }
                 true
             }
             _ => false,

@@ -5,6 +5,7 @@ mod cell;
 mod decide;
 mod funded;
 mod hash;
+mod holders;
 mod index;
 mod key;
 mod listing;

@@ -29,6 +29,9 @@ struct Waiter {
     weight: u32,
     expires_at_ms: u64,
     handoff: Option<HandOff>,
+    flow: Arc<str>,
+    since_ms: u64,
+    holder: Option<Arc<str>>,
 }
 
 /// A waiter's admission, registered for a release to hand it the slot ([`Ticket::handoff`]; `queue.lua`'s
@@ -38,6 +41,7 @@ pub(super) struct HandOff {
     pub(super) id: PermitId,
     pub(super) lease_ms: u64,
     pub(super) limits: ClassLimits,
+    pub(super) holder: Option<Arc<str>>,
 }
 
 /// A ticket at the head: its name, level and weight, and its registered admission.
@@ -111,7 +115,7 @@ impl Queue {
         ticket: &Ticket<'_>,
         (level, weight, limit): (u8, u32, u32),
         now: u64,
-        handoff: Option<HandOff>,
+        (handoff, holder): (Option<HandOff>, Option<&str>),
     ) -> bool {
         let expires_at_ms = now.saturating_add(ticket.lease_ms);
         self.next_expiry_ms = self.next_expiry_ms.min(expires_at_ms);
@@ -124,7 +128,8 @@ impl Queue {
             }
             return true;
         }
-        let flow = (level, Arc::from(ticket.flow));
+        let flow_name: Arc<str> = Arc::from(ticket.flow);
+        let flow = (level, flow_name.clone());
         if !self.flows.contains_key(&flow) && self.flows.len() >= MAX_FLOWS {
             self.prune_flows();
         }
@@ -152,6 +157,9 @@ impl Queue {
             weight,
             expires_at_ms,
             handoff,
+            flow: flow_name,
+            since_ms: now,
+            holder: holder.map(Arc::from),
         };
         self.order.insert(place, waiter);
         true
@@ -191,6 +199,20 @@ impl Queue {
             self.served.clear();
         }
         Some(head)
+    }
+
+    /// The tickets in queue order, as [`Holders::permits`](crate::store::Holders::permits) lists them.
+    pub(super) fn waiters(&self) -> impl Iterator<Item = crate::store::Waiter> + '_ {
+        self.order
+            .iter()
+            .map(|((Reverse(level), _, _), waiter)| crate::store::Waiter {
+                ticket: waiter.name.clone(),
+                priority: *level,
+                flow: waiter.flow.clone(),
+                weight: waiter.weight,
+                waiting_since_ms: waiter.since_ms,
+                holder: waiter.holder.clone(),
+            })
     }
 
     /// The tickets at the head that fit in `room` slots (the head's at least): whose turn it is.

@@ -87,6 +87,7 @@ impl RedisStore {
                 keep: token,
                 generated,
                 wait: wait_args(req, &floors),
+                holder: req.holder.map(Box::from),
             };
             let reply = match self.batcher.admit(op).await {
                 Ok(reply) => reply,

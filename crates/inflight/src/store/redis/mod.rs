@@ -13,6 +13,7 @@ mod connect;
 mod cpu;
 mod dify;
 mod error;
+mod holders;
 mod index;
 mod keeper;
 mod lane;

@@ -23,6 +23,8 @@ pub(super) enum Op {
         generated: bool,
         /// A waiter's ticket (`AcquireRequest::ticket`): kept in the refusing key's queue.
         wait: Option<WaitArgs>,
+        /// The label of the lease and ticket (`AcquireRequest::holder`; flags 16).
+        holder: Option<Box<str>>,
     },
     /// A waiter gives up its ticket on these keys; with its id (`handed`), a lease a release handed it
     /// is released when the ticket is no longer queued.
@@ -84,8 +86,12 @@ impl Op {
     pub(super) fn lone(&self) -> bool {
         match self {
             Op::Acquire {
-                names, wait, keep, ..
-            } => names.len() == 1 && wait.is_none() && *keep == 0,
+                names,
+                wait,
+                keep,
+                holder,
+                ..
+            } => names.len() == 1 && wait.is_none() && *keep == 0 && holder.is_none(),
             Op::Release { names, .. } => names.len() == 1,
             Op::Undo { .. } | Op::Leave { .. } => false,
         }
@@ -95,7 +101,10 @@ impl Op {
     pub(super) fn kind(&self) -> (char, u8) {
         match self {
             Op::Acquire {
-                generated, wait, ..
+                generated,
+                wait,
+                holder,
+                ..
             } => {
                 let standing = match wait {
                     Some(WaitArgs { floors, .. }) if !floors.is_empty() => 6,
@@ -103,7 +112,8 @@ impl Op {
                     Some(_) => 2,
                     None => 0,
                 };
-                ('a', u8::from(*generated) | standing)
+                let labelled = if holder.is_some() { 16 } else { 0 };
+                ('a', u8::from(*generated) | standing | labelled)
             }
             Op::Release { .. } => ('r', 0),
             Op::Undo { .. } => ('u', 0),
@@ -112,7 +122,7 @@ impl Op {
     }
 }
 
-/// A record's head: its kind and flags (a hex digit), and the number of its keys when it has several
+/// A record's head: its kind and flags (hex), and the number of its keys when it has several
 /// (`batch.lua`).
 struct Head(char, u8, usize);
 
@@ -174,6 +184,7 @@ pub(super) fn records<'a, 'b>(
                 terms,
                 keep,
                 wait,
+                holder,
                 ..
             } => {
                 invocation.arg(Member(id)).arg(Terms(terms, *keep));
@@ -187,6 +198,9 @@ pub(super) fn records<'a, 'b>(
                     if !wait.floors.is_empty() {
                         invocation.arg(&wait.floors);
                     }
+                }
+                if let Some(holder) = holder {
+                    invocation.arg(&**holder);
                 }
             }
             Op::Release { id, token, .. } => {

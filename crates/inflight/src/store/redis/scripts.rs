@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// Every script file, by name.
-const FILES: [(&str, &str); 12] = [
+const FILES: [(&str, &str); 13] = [
     ("base.lua", include_str!("scripts/base.lua")),
     ("common.lua", include_str!("scripts/common.lua")),
     ("queue.lua", include_str!("scripts/queue.lua")),
@@ -18,6 +18,7 @@ const FILES: [(&str, &str); 12] = [
     ("index.lua", include_str!("scripts/index.lua")),
     ("quota.lua", include_str!("scripts/quota.lua")),
     ("busy.lua", include_str!("scripts/busy.lua")),
+    ("holders.lua", include_str!("scripts/holders.lua")),
     ("manifest", include_str!("scripts/manifest")),
 ];
 
@@ -60,6 +61,8 @@ pub(super) static INDEX: LazyLock<Script> = entry!("index");
 pub(super) static QUOTA: LazyLock<Script> = entry!("quota");
 /// The busy keys' counts, read only (`listing.rs`).
 pub(super) static BUSY: LazyLock<Script> = entry!("busy");
+/// A key's holders and waiters listed, or one revoked (`holders.rs`).
+pub(super) static HOLDERS: LazyLock<Script> = entry!("holders");
 
 #[cfg(test)]
 mod tests {

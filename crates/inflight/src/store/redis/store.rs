@@ -262,6 +262,7 @@ impl Store for RedisStore {
                         keep: 0,
                         generated: req.generated,
                         wait: wait_args(&req, req.floors),
+                        holder: req.holder.map(Box::from),
                     })
                     .await?
             }

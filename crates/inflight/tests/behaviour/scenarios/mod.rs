@@ -6,6 +6,7 @@
 
 mod admission;
 mod fencing;
+mod holders;
 mod leases;
 mod limits;
 mod permits;
@@ -13,6 +14,7 @@ mod several_keys;
 
 pub use admission::*;
 pub use fencing::*;
+pub use holders::*;
 pub use leases::*;
 pub use limits::*;
 pub use permits::*;

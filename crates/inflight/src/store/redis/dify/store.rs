@@ -32,6 +32,7 @@ use crate::error::StoreError;
 use crate::id::PermitId;
 use crate::policy::ClassLimits;
 use crate::store::busy::{BusyKeys, BusyList};
+use crate::store::holders::{Holders, PermitPage};
 use crate::store::redis::answer::Answer;
 use crate::store::redis::error::invoke;
 use crate::store::redis::scripts;
@@ -235,4 +236,24 @@ impl BusyKeys for DifyStore {
             "listing busy keys under the Dify layout".into(),
         ))
     }
+}
+
+/// [`StoreError::Unsupported`]: Dify's hash holds request ids and times, written by Dify's workers too,
+/// which a revocation could not reach.
+impl Holders for DifyStore {
+    async fn permits(&self, _key: &str, _cursor: Option<&str>) -> Result<PermitPage, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn revoke(&self, _key: &str, _id: &PermitId) -> Result<bool, StoreError> {
+        Err(unsupported())
+    }
+
+    async fn revoke_waiter(&self, _key: &str, _ticket: &str) -> Result<bool, StoreError> {
+        Err(unsupported())
+    }
+}
+
+fn unsupported() -> StoreError {
+    StoreError::Unsupported("listing and revoking holders under the Dify layout".into())
 }

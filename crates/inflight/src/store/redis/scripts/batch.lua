@@ -1,7 +1,7 @@
 -- batch.lua: the admissions, releases, undos and leaves waiting to be sent, in one call.
 -- KEYS: leases, permits, limit of each user key of the batch, once each (see common.lua).
 -- ARGV[1] clock offset ms; then one record per operation, in order: its head, the kind ('a' acquire,
--- 'r' release, 'u' undo, 'l' leave) and its flags (a hex digit) in one word, with 'x' and the number of its
+-- 'r' release, 'u' undo, 'l' leave) and its flags (in hex) in one word, with 'x' and the number of its
 -- keys when it has several ('a1': an acquire, flags 1, one key; 'r0x3': a release on three); its keys'
 -- places among the KEYS (1 for the first three, ...); then its fields:
 --   a  id; terms 'weight lease_ms keep d1 m1 d2 m2 ...': keep the token its lease keeps (0: the one it
@@ -9,7 +9,8 @@
 --      class, in the operation's order. Flags: 1 the id was generated for it (no earlier admission used
 --      it); 2 its standing follows: ticket ('' none), 'level:flow_weight', flow, ticket lease ms; 4 (with
 --      2) then the floors of each key's class ('level:slots ...', ';' between keys); 8 (with 2, one key,
---      no floors) a release may hand the waiter the slot (queue.lua's hand_off).
+--      no floors) a release may hand the waiter the slot (queue.lua's hand_off); 16 then the label of
+--      its lease and ticket (holders.lua lists them).
 --   r  id; the token of the admission released (0: whichever the id holds).
 --   u  id; the token the admission got; what the id held before it, 'weight lease_ms token' ('0 0 0':
 --      nothing). A refused admission across Cluster slots gives back what it took on one.
@@ -37,7 +38,7 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
 end
 
 -- An admission on every key or on none. Unlimited keys record nothing.
-local function acquire(keys, n, id, t, generated, w, floors)
+local function acquire(keys, n, id, t, generated, w, floors, label)
   local reclaimed, any, weight, lease_ms, keep = 0, false, t[1], t[2], t[3]
   count_expired()
   local ticket, level = w and w.ticket, w and w.level or 0
@@ -75,9 +76,16 @@ local function acquire(keys, n, id, t, generated, w, floors)
   end
   local token = next_token(limited, m)
   if keep ~= 0 then token = keep end
-  local plain = generated and weight == 1 and lease_ms == DEFAULT_LEASE_MS
+  local plain = generated and weight == 1 and lease_ms == DEFAULT_LEASE_MS and not label
   local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token, plain)
   for i = 2, m do put(limited[i], id, weight, lease_ms, token, plain) end
+  for i = 1, m do
+    if label then
+      redis.call('HSET', limited[i].permits, HOLDER .. id, string.format('%d', now) .. ' ' .. label)
+    elseif held > 0 then
+      redis.call('HDEL', limited[i].permits, HOLDER .. id)
+    end
+  end
   for i = 1, n do
     if floors and floors[i] and limits[i] > 0 then queue().hold_at(keys[i], level, floors[i], id, weight) end
   end
@@ -104,7 +112,7 @@ local function release(keys, n, id, token)
       released, key.n = 1, key.n - 1 -- (n: read again when the key is loaded)
       if found then
         add_extra(key, 1 - weight)
-        redis.call('HDEL', key.permits, id)
+        redis.call('HDEL', key.permits, id, HOLDER .. id)
       end
       if key.n == 0 then key.kept = 0 end -- an emptied set goes with its expiry: the next lease sets one
       if key.queued then queue().call_after_release(key, in_flight(load(key)), weight) end
@@ -132,13 +140,13 @@ local function undo(keys, n, id, token, before)
   return changed
 end
 
--- A record's head: its kind, flags (one hex digit) and number of keys; a batch's records mostly share theirs.
+-- A record's head: its kind, flags (hex) and number of keys; a batch's records mostly share theirs.
 local heads = {}
 local function head(word)
   local h = heads[word]
   if not h then
-    local flags = string.byte(word, 2)
-    h = {string.sub(word, 1, 1), flags < 58 and flags - 48 or flags - 87, #word > 2 and tonumber(string.sub(word, 4)) or 1}
+    local kind, flags, n = string.match(word, '^(%a)(%x+)x?(%d*)$')
+    h = {kind, tonumber(flags, 16), n ~= '' and tonumber(n) or 1}
     heads[word] = h
   end
   return h[1], h[2], h[3]
@@ -168,7 +176,7 @@ while a <= #ARGV do
       w = {ticket = ARGV[a] ~= '' and ARGV[a] or nil, level = tonumber(level), flow = ARGV[a + 2],
         ms = tonumber(ARGV[a + 3]), weight = t[1], flow_weight = tonumber(flow_weight)}
       -- (A slot handed to it is leased for as long as its ticket would have lasted: its waiter renews it.)
-      if flags >= 8 then w.id, w.terms = ARGV[f], string.format('%d %d %d %d', t[1], math.min(t[2], w.ms), t[4], t[5]) end
+      if flags % 16 >= 8 then w.id, w.terms = ARGV[f], string.format('%d %d %d %d', t[1], math.min(t[2], w.ms), t[4], t[5]) end
       a = a + 4
     end
     if flags % 8 >= 4 then -- the floors of each key's class: {{{level, slots}, ...}, ...}
@@ -180,7 +188,10 @@ while a <= #ARGV do
       end
       a = a + 1
     end
-    acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors)
+    local label = nil
+    if flags >= 16 then label, a = ARGV[a], a + 1 end
+    if w then w.label = label end
+    acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors, label)
   elseif kind == 'r' then
     r, a = r + 1, f + 2
     replies[r] = release(keys, n, ARGV[f], ARGV[f + 1] == '0' and 0 or tonumber(ARGV[f + 1]))
@@ -193,7 +204,7 @@ while a <= #ARGV do
       if queue().give_up(keys[j], ARGV[f]) then left = 1 end
     end
     r, a = r + 1, f + 1
-    if flags >= 8 then
+    if flags % 16 >= 8 then
       if left == 0 then release(keys, n, ARGV[f + 1], 0) end
       a = a + 1
     end

@@ -9,6 +9,9 @@
 --                        it, and any later admission of the id (a re-sent one) writes its entry.
 --   permits QUEUED ('\254q': no permit id, which is UTF-8 text or starts with 0xFF, can be it): while
 --                        the key may have a queue of tickets (queue.lua).
+--   permits HOLDER .. id ('\254h' ..): 'admitted_ms label' of a lease with an entry that was given a
+--                        label or renewed (holders.lua lists it); it goes with the entry.
+--   permits REVOKED .. id: a revoked lease, so that its holder's renewal reports it lost (renew.lua).
 -- Tokens (fencing): each admission gets one, larger than every token its keys gave before: the Redis
 -- clock in microseconds, or the keys' last token + 1 when that is larger. A lease keeps its admission's
 -- token; a later admission of the same id takes it over with its own, and a release or renewal naming
@@ -66,7 +69,7 @@ local function forget(key, id)
   local weight, _, _, found = meta(key, id)
   if not found then return end
   add_extra(key, 1 - weight)
-  redis.call('HDEL', key.permits, id)
+  redis.call('HDEL', key.permits, id, HOLDER .. id)
 end
 
 -- The script's keys, each made once: glance() names it and reads nothing; reclaim() removes its expired

@@ -19,7 +19,7 @@ if kind == 'r0' then
     local token = ARGV[5]
     if token ~= '0' and own ~= '' and own ~= token then return {0} end -- a later admission's lease
     if weight ~= '1' then redis.call('HINCRBY', permits, '', 1 - tonumber(weight)) end
-    redis.call('HDEL', permits, id)
+    redis.call('HDEL', permits, id, HOLDER .. id)
   end
   redis.call('ZREM', leases, id)
   return {1}

@@ -18,14 +18,17 @@
 set_now(ARGV[4])
 local id, lease_ms, readd, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local keys, limits, has, missing, weight, own, kept = {}, {}, {}, false, nil, nil, nil
+local unrecorded = {} -- keys holding the lease without an entry: a plain lease, its admission time noted
 local counted = tonumber(ARGV[6 + #KEYS / 3] or '0')
 for i = 1, #KEYS / 3 do
   keys[i] = view(KEYS[i * 3 - 2], KEYS[i * 3 - 1], KEYS[i * 3])
   local default_limit, max_limit = string.match(ARGV[5 + i], '^(%d+) (%d+)$')
   limits[i] = resolve(override(keys[i]), tonumber(default_limit), tonumber(max_limit))
-  has[i] = redis.call('ZSCORE', keys[i].leases, id) ~= false
+  local deadline = redis.call('ZSCORE', keys[i].leases, id)
+  has[i] = deadline ~= false
   if has[i] then
-    local w, ms, t = meta(keys[i], id)
+    local w, ms, t, found = meta(keys[i], id)
+    if not found then unrecorded[i] = tonumber(deadline) - DEFAULT_LEASE_MS end
     if token ~= 0 and t ~= 0 and t ~= token then return {0, 0, 0, 0, 0, 0, 0} end
     if not weight then weight, own, kept = w, ms, t end
   end
@@ -34,9 +37,13 @@ end
 local held = weight and 1 or 0 -- before a re-add gives it a weight
 if lease_ms == 0 then lease_ms = own or DEFAULT_LEASE_MS end
 local outcome = 1
--- Held on no key: gone, unless asked to re-add it and every limited key has room.
+-- Held on no key: gone, unless asked to re-add it and every limited key has room; revoked: gone.
 if missing and not weight then
-  if readd == 0 then return {0, 0, 0, 0, 0, 0, 0} end
+  local revoked = false
+  for _, key in ipairs(keys) do
+    revoked = redis.call('HDEL', key.permits, REVOKED .. id) == 1 or revoked
+  end
+  if readd == 0 or revoked then return {0, 0, 0, 0, 0, 0, 0} end
   for i, key in ipairs(keys) do
     if limits[i] > 0 and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0, 0, 0} end
   end
@@ -55,6 +62,16 @@ token = (kept and kept ~= 0) and kept or token
 for i, key in ipairs(keys) do
   if has[i] then
     put(key, id, meta(key, id), lease_ms, 0)
+    if unrecorded[i] then -- an entry (put() wrote one for another length), its admission time beside it
+      local since = string.format('%d', unrecorded[i]) .. ' '
+      if lease_ms == DEFAULT_LEASE_MS then
+        redis.call('HSET', key.permits, id, '1 ' .. DEFAULT_LEASE_MS, HOLDER .. id, since)
+      else
+        redis.call('HSET', key.permits, HOLDER .. id, since)
+      end
+      hashed(key)
+      keep(key, lease_ms, false)
+    end
   elseif limits[i] > 0 and (outcome == 2 or in_flight(key) + weight <= limits[i]) then
     put(key, id, weight, lease_ms, token)
   end
