@@ -81,7 +81,9 @@ impl Shared {
 pub fn app(settings: &Settings, shared: &Shared, store: AnyStore) -> Result<Arc<App>, ConfigError> {
     // A cluster that lost a primary fails in part: its other primaries' keys go on.
     let cluster = settings.store_scheme().ends_with("+cluster");
+    let (metrics, policy) = (shared.metrics.clone(), shared.policy.clone());
     let limiter = Limiter::builder(store)
+        .on_shadow_refusal(move |key| metrics.shadow_refused(policy.get().class_of(key), key))
         .policy(shared.policy.clone())
         .lease(settings.lease)
         .on_store_failure(settings.failure_policy()?)

@@ -51,6 +51,8 @@ pub struct Metrics {
     proxied: Arc<proxied::ProxiedClasses>,
     /// Admissions admitted and refused so far, for the status page's figures per minute.
     tally: Arc<[AtomicU64; 2]>,
+    /// Admissions past shadow limits so far (the status page's figure), and when one was last logged.
+    shadowed: Arc<[AtomicU64; 2]>,
 }
 
 const STORE_OPS: [&str; 9] = [
@@ -132,6 +134,7 @@ impl Metrics {
             upstream: metrics::histogram!("inflight_upstream_duration_seconds"),
             wait_timeouts: metrics::counter!("inflight_wait_timeouts_total"),
             tally: Arc::default(),
+            shadowed: Arc::default(),
             store: STORE_OPS.map(|op| {
                 (
                     op,

@@ -20,6 +20,8 @@ pub struct Rule {
     parts: Box<[Box<str>]>,
     limits: ClassLimits,
     floors: Floors,
+    /// Its limits are watched, not enforced ([`Policy::shadow`]).
+    shadow: bool,
 }
 
 impl Rule {
@@ -35,6 +37,7 @@ impl Rule {
             parts: pattern.split('*').map(Box::from).collect(),
             limits,
             floors: Floors::default(),
+            shadow: false,
         })
     }
 
@@ -51,6 +54,11 @@ impl Rule {
     /// The floors of its priority levels.
     pub fn floors(&self) -> Floors {
         self.floors
+    }
+
+    /// True when its limits are watched, not enforced ([`Policy::shadow`]).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// True when `key` matches the pattern.
@@ -145,6 +153,39 @@ impl Policy {
         Ok(self)
     }
 
+    /// The policy with the rule whose pattern is `pattern` in shadow mode (`shadow`) or enforcing: a
+    /// shadow rule's limits are watched, not enforced. An admission past one is admitted, and the limiter
+    /// tells of it ([`crate::LimiterBuilder::on_shadow_refusal`]), so that a new limit can be watched
+    /// before it is enforced. A key's override is then watched too; a permit on several keys is refused
+    /// only by the keys whose rules enforce. (The Dify layout has no shadow mode: it refuses such
+    /// admissions as unsupported.)
+    ///
+    /// ```
+    /// use inflight::{ClassLimits, Limiter, MemoryStore, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), inflight::PolicyError> {
+    /// let policy = Policy::new(0, 0).rule("app:*", ClassLimits::new(1, 0))?.shadow("app:*", true)?;
+    /// let limiter = Limiter::builder(MemoryStore::new()).policy(policy).build();
+    /// let first = limiter.try_acquire("app:a1").await.unwrap();
+    /// let second = limiter.try_acquire("app:a1").await.expect("admitted past a shadow limit");
+    /// assert_eq!(limiter.stats().shadow_refusals.load(std::sync::atomic::Ordering::Relaxed), 1);
+    /// # drop((first, second));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shadow(mut self, pattern: &str, shadow: bool) -> Result<Self, PolicyError> {
+        let rule = self.rules.iter_mut().find(|rule| &*rule.pattern == pattern);
+        let no_rule = || PolicyError::new(format!("no rule for the keys {pattern:?}"));
+        rule.ok_or_else(no_rule)?.shadow = shadow;
+        Ok(self)
+    }
+
+    /// True when some rule is in shadow mode.
+    pub fn has_shadow(&self) -> bool {
+        self.rules.iter().any(|rule| rule.shadow)
+    }
+
     /// The floors of `key`'s class.
     pub fn floors_of(&self, key: &str) -> Floors {
         self.rule_for(key)
@@ -235,6 +276,8 @@ struct Shared {
     ruled: AtomicBool,
     /// True while some class has floors.
     floored: AtomicBool,
+    /// True while some rule is in shadow mode.
+    shadowed: AtomicBool,
     /// The limits of every key while the policy has no rules ([`pack`]).
     plain: AtomicU64,
     /// Told of every replacement: waiters ask again at once, since a new limit may admit them.
@@ -270,6 +313,9 @@ impl SharedPolicy {
         // Under the lock, so that concurrent replacements leave these as the last one's. A reader that
         // finds no rules sees the defaults stored before `ruled` was cleared.
         shared.floored.store(policy.has_floors(), Ordering::Release);
+        shared
+            .shadowed
+            .store(policy.has_shadow(), Ordering::Release);
         if policy.rules.is_empty() {
             shared.plain.store(pack(policy.default), Ordering::Relaxed);
             shared.ruled.store(false, Ordering::Release);
@@ -316,6 +362,20 @@ impl SharedPolicy {
             .map(|key| policy.floors_of(key.as_ref()))
             .collect();
         floors.iter().any(|f| !f.is_empty()).then_some(floors)
+    }
+
+    /// Which of `keys` (bit i: key i) have classes in shadow mode under the policy now; 0 (one load)
+    /// when no rule is.
+    #[inline]
+    pub(crate) fn shadow_of<K: AsRef<str>>(&self, keys: &[K]) -> u32 {
+        if !self.0.shadowed.load(Ordering::Acquire) {
+            return 0;
+        }
+        let policy = self.read();
+        keys.iter()
+            .enumerate()
+            .filter(|(_, key)| policy.rule_for(key.as_ref()).is_some_and(Rule::is_shadow))
+            .fold(0, |mask, (i, _)| mask | 1 << i)
     }
 
     /// The limits of `key`'s class under the policy now.

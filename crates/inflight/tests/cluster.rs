@@ -510,6 +510,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         priority: 0,
         floors: &[],
         holder: None,
+        shadow: 0,
     });
     let Admission::Admitted { grant, .. } = admitted.await.unwrap() else {
         panic!("admitted")
@@ -531,6 +532,7 @@ async fn a_lease_lapsed_on_one_slot_alone_is_reported_lost_when_that_slot_is_ful
         priority: 0,
         floors: &[],
         holder: None,
+        shadow: 0,
     });
     assert!(matches!(taken.await.unwrap(), Admission::Admitted { .. }));
     let keys: inflight::store::Keys = pair.iter().map(|key| Arc::from(*key)).collect();

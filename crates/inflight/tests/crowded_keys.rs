@@ -34,6 +34,7 @@ async fn acquire(
         priority: 0,
         floors: &[],
         holder: None,
+        shadow: 0,
     };
     store.acquire(req).await.unwrap()
 }
@@ -118,8 +119,9 @@ async fn a_crowded_keys_expired_leases_are_all_reclaimed_and_counted() {
     fill(&store, "k", 300, 5_000).await;
     let lasting = fill(&store, "k", 50, 60_000).await;
     store.advance_clock(Duration::from_secs(6));
-    let Admission::Admitted { grant, reclaimed } =
-        acquire(&store, "k", &PermitId::generate(), 1, 5_000).await
+    let Admission::Admitted {
+        grant, reclaimed, ..
+    } = acquire(&store, "k", &PermitId::generate(), 1, 5_000).await
     else {
         panic!("admitted");
     };

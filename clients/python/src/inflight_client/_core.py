@@ -45,6 +45,7 @@ class Answer(NamedTuple):
     held_token: int
     counted: int
     tickets_expired: int
+    shadowed: int
 
 
 # ``Answer.decision`` (``base.lua``'s names).

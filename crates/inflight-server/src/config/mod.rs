@@ -17,7 +17,7 @@ pub use inflight::{MAX_LEASE, MIN_LEASE};
 pub use logging::{plain_fields, LineTime, LogFormat, LoggingSettings};
 pub use proxy::ProxySettings;
 pub use quota::{QuotaCommit, QuotaSettings};
-pub use rules::{FloorRule, LimitRule};
+pub use rules::{FloorRule, LimitRule, Mode};
 pub use settings::Settings;
 pub use store::{Layout, RedisSettings};
 pub use tls::TlsSettings;

@@ -18,6 +18,27 @@ pub struct LimitRule {
     /// (`inflight::Floors`): `floors = [{ priority = 9, slots = 4 }]`, `floor=9:4` in a flag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub floors: Vec<FloorRule>,
+    /// `enforce` (the default), or `shadow`: the limits are watched, not enforced (`inflight::Policy::
+    /// shadow`): admissions past them are admitted and counted in `inflight_shadow_refusals_total`.
+    #[serde(default, skip_serializing_if = "Mode::is_enforce")]
+    pub mode: Mode,
+}
+
+/// Whether a rule's limits are enforced or only watched.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Admissions past the limits are refused (or wait).
+    #[default]
+    Enforce,
+    /// Admissions past the limits are admitted, and counted.
+    Shadow,
+}
+
+impl Mode {
+    fn is_enforce(&self) -> bool {
+        *self == Mode::Enforce
+    }
 }
 
 /// One priority level's floor in a class of keys.
@@ -31,13 +52,13 @@ pub struct FloorRule {
 }
 
 impl LimitRule {
-    /// `PATTERN=DEFAULT[,max=N][,floor=PRIORITY:SLOTS...]` (also `PATTERN=default=N,max=N`, or
-    /// `PATTERN=max=N`).
+    /// `PATTERN=DEFAULT[,max=N][,floor=PRIORITY:SLOTS...][,shadow]` (also `PATTERN=default=N,max=N`, or
+    /// `PATTERN=max=N`; `shadow` is also `mode=shadow`).
     pub fn parse(text: &str) -> Result<Self, String> {
         let usage = || {
             format!(
-                "{text:?}: use PATTERN=DEFAULT[,max=N][,floor=PRIORITY:SLOTS], e.g. \
-                 'tenant:*=50,max=200' or 'model:*=10,floor=9:4'"
+                "{text:?}: use PATTERN=DEFAULT[,max=N][,floor=PRIORITY:SLOTS][,shadow], e.g. \
+                 'tenant:*=50,max=200', 'model:*=10,floor=9:4' or 'app:*=10,shadow'"
             )
         };
         let (keys, terms) = text.split_once('=').ok_or_else(usage)?;
@@ -46,13 +67,23 @@ impl LimitRule {
             default: 0,
             max: 0,
             floors: Vec::new(),
+            mode: Mode::Enforce,
         };
         for (i, term) in terms.split(',').enumerate() {
             let (name, value) = match term.split_once('=') {
                 Some((name, value)) => (name.trim(), value),
+                None if i > 0 && term.trim() == "shadow" => ("mode", "shadow"),
                 None if i == 0 => ("default", term),
                 None => return Err(usage()),
             };
+            if name == "mode" {
+                rule.mode = match value.trim() {
+                    "shadow" => Mode::Shadow,
+                    "enforce" => Mode::Enforce,
+                    _ => return Err(usage()),
+                };
+                continue;
+            }
             if name == "floor" {
                 let (priority, slots) = value.split_once(':').ok_or_else(usage)?;
                 rule.floors.push(FloorRule {

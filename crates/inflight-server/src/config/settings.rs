@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     invalid, store, text, ConfigError, Connections, Layered, Layout, LimitRule, LoggingSettings,
-    QuotaSettings, RedisSettings, TlsSettings, MAX_LEASE, MIN_LEASE,
+    Mode, QuotaSettings, RedisSettings, TlsSettings, MAX_LEASE, MIN_LEASE,
 };
 
 /// The most worker threads a server runs.
@@ -281,6 +281,11 @@ impl Settings {
                 let floors = Floors::new(&levels).map_err(|e| invalid("limits", e))?;
                 policy = policy
                     .floors(Some(&rule.keys), floors)
+                    .map_err(|e| invalid("limits", e))?;
+            }
+            if rule.mode == Mode::Shadow {
+                policy = policy
+                    .shadow(&rule.keys, true)
                     .map_err(|e| invalid("limits", e))?;
             }
         }

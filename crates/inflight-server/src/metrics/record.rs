@@ -102,6 +102,34 @@ impl Metrics {
         self.releases.increment(1);
     }
 
+    /// Counts an admission of `key` of `class` past a shadow limit, logged at most once a second (with
+    /// how many went unlogged since).
+    pub fn shadow_refused(&self, class: &str, key: &str) {
+        metrics::counter!("inflight_shadow_refusals_total", "class" => class.to_owned())
+            .increment(1);
+        let [count, logged_at] = &*self.shadowed;
+        let total = count.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = SystemClock.now_ms();
+        let last = logged_at.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1000
+            && logged_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                class,
+                key,
+                total,
+                "admitted past a shadow limit (watched, not enforced)"
+            );
+        }
+    }
+
+    /// Admissions past shadow limits so far.
+    pub fn shadow_refusals(&self) -> u64 {
+        self.shadowed[0].load(Ordering::Relaxed)
+    }
+
     /// Counts a holder or a waiter (`kind`) of `class` an admin revoked.
     pub fn revoked(&self, class: &str, kind: &'static str) {
         metrics::counter!("inflight_revocations_total", "class" => class.to_owned(), "kind" => kind)

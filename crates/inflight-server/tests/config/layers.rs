@@ -111,7 +111,7 @@ fn key_templates_and_limit_paths_come_from_the_file_flags_or_environment() {
 #[test]
 fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
     use inflight::Limit;
-    use inflight_server::config::{FloorRule, Layered, LimitRule};
+    use inflight_server::config::{FloorRule, Layered, LimitRule, Mode};
     use inflight_server::Settings;
     assert_eq!(
         LimitRule::parse("tenant:*=50,max=200"),
@@ -120,8 +120,25 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
             default: 50,
             max: 200,
             floors: Vec::new(),
+            mode: Mode::Enforce,
         })
     );
+    assert_eq!(
+        LimitRule::parse("app:*=10,shadow"),
+        Ok(LimitRule {
+            keys: "app:*".into(),
+            default: 10,
+            max: 0,
+            floors: Vec::new(),
+            mode: Mode::Shadow,
+        })
+    );
+    assert_eq!(
+        LimitRule::parse("app:*=10,mode=shadow"),
+        LimitRule::parse("app:*=10,shadow")
+    );
+    assert!(LimitRule::parse("app:*=shadow").is_err());
+    assert!(LimitRule::parse("app:*=10,mode=loud").is_err());
     assert_eq!(
         LimitRule::parse("app:*=max=9"),
         Ok(LimitRule {
@@ -129,6 +146,7 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
             default: 0,
             max: 9,
             floors: Vec::new(),
+            mode: Mode::Enforce,
         })
     );
     assert_eq!(
@@ -147,6 +165,7 @@ fn classes_of_keys_come_from_flags_the_environment_or_the_file() {
                     slots: 2
                 }
             ],
+            mode: Mode::Enforce,
         })
     );
     for bad in [

@@ -51,6 +51,7 @@ impl<S: Store> Deciding<S> {
                 priority: standing.priority,
                 floors: standing.floors(),
                 holder: standing.holder.as_deref(),
+                shadow: standing.shadow,
             };
             store.acquire(request).await
         });

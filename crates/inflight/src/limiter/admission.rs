@@ -181,9 +181,10 @@ impl<S: Store> Limiter<S> {
         let floors = core.policy.floors_of(keys);
         // (A waiter with a ticket, or an admission on a key with floors, asks the store: its place, and
         // which level holds what, are there.)
+        let shadow = core.policy.shadow_of(keys);
         // (A labelled admission takes a lease, so that it is listed with its label.)
         let given_id = options.id.is_some() || options.holder.is_some();
-        let held = match ticket.is_none() && floors.is_none() {
+        let held = match ticket.is_none() && floors.is_none() && shadow == 0 {
             true => core
                 .store
                 .hold(keys, &limits[..keys.len()], weight, given_id),
@@ -228,6 +229,7 @@ impl<S: Store> Limiter<S> {
                 .unwrap_or(1),
             floors,
             holder: options.holder.clone(),
+            shadow,
         };
         // (A wait's first ask under the id it made is the id's first admission, as one it generates.)
         let fresh = ticket.is_some_and(|waiting| waiting.fresh);
@@ -284,6 +286,7 @@ impl<S: Store> Limiter<S> {
                 priority: standing.priority,
                 floors: standing.floors(),
                 holder: standing.holder.as_deref(),
+                shadow: standing.shadow,
             };
             // Dropped before the store answers (the caller went away), or failed on the way (a timeout),
             // this admission may still have been made: its lease is then released in the background

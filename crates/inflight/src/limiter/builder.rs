@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::core::{Core, LimiterStats};
+use super::core::{Core, LimiterStats, ShadowHook};
 use super::handle::Limiter;
 use super::registry::Registry;
 use super::renewer;
@@ -25,6 +25,7 @@ pub struct LimiterBuilder<S> {
     pub(super) fallback: Option<MemoryStore>,
     pub(super) max_waiters: usize,
     pub(super) store_breaker: bool,
+    pub(super) on_shadow_refusal: Option<ShadowHook>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -38,6 +39,7 @@ impl<S: Store> Limiter<S> {
             fallback: None,
             max_waiters: DEFAULT_MAX_WAITERS,
             store_breaker: true,
+            on_shadow_refusal: None,
         }
     }
 }
@@ -86,6 +88,14 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
+    /// Calls `hook` with the key of each admission a shadow limit would have refused ([`Policy::shadow`]
+    /// (crate::Policy::shadow)), once per key, on the admitting task: keep it short (count, log).
+    /// [`LimiterStats::shadow_refusals`] counts them too.
+    pub fn on_shadow_refusal(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        self.on_shadow_refusal = Some(Arc::new(hook));
+        self
+    }
+
     /// Builds the limiter and starts its background tasks on the current Tokio runtime.
     ///
     /// # Panics
@@ -106,6 +116,7 @@ impl<S: Store> LimiterBuilder<S> {
             breaker: Breaker::new(!self.store_breaker),
             fallback,
             waiters: waiters::Waiters::new(self.max_waiters),
+            on_shadow_refusal: self.on_shadow_refusal,
         });
         tokio::spawn(renewer::run(Arc::downgrade(&core)));
         Limiter { core }

@@ -28,7 +28,12 @@ pub struct LimiterStats {
     pub waiting: AtomicU64,
     /// Waits that ran their course without a slot (a full queue refuses at once, uncounted here).
     pub wait_timeouts: AtomicU64,
+    /// Keys of admissions that a shadow limit would have refused ([`crate::Policy::shadow`]).
+    pub shadow_refusals: AtomicU64,
 }
+
+/// What [`crate::LimiterBuilder::on_shadow_refusal`] calls.
+pub(super) type ShadowHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// What the limiter's handles, its permits and its background tasks share.
 pub(super) struct Core<S> {
@@ -43,12 +48,27 @@ pub(super) struct Core<S> {
     /// Counts the permits admitted under [`FailurePolicy::FailOpenLocal`] while the store is away.
     pub(super) fallback: Option<MemoryStore>,
     pub(super) waiters: waiters::Waiters,
+    pub(super) on_shadow_refusal: Option<ShadowHook>,
 }
 
 impl<S> Core<S> {
     #[inline]
     pub(super) fn limits(&self, key: &str) -> ClassLimits {
         self.policy.limits(key)
+    }
+
+    /// An admission on `keys` went past the shadow limits of the keys of `shadowed` (bit i: key i).
+    pub(super) fn shadow_refused(&self, keys: &[&str], shadowed: u32) {
+        for (_, key) in keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| shadowed >> i & 1 == 1)
+        {
+            self.stats.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+            if let Some(hook) = &self.on_shadow_refusal {
+                hook(key);
+            }
+        }
     }
 
     /// The limits of each key's class, in order.

@@ -82,8 +82,15 @@ impl<S: Store> Limiter<S> {
         joined: Option<Permit>,
     ) -> Result<Permit, Refused> {
         match admission {
-            Admission::Admitted { grant, reclaimed } => {
+            Admission::Admitted {
+                grant,
+                reclaimed,
+                shadowed,
+            } => {
                 self.count_reclaimed(reclaimed);
+                if shadowed != 0 {
+                    self.core.shadow_refused(keys, shadowed);
+                }
                 if let Some(joined) = joined {
                     return Ok(joined.granted(grant));
                 }

@@ -41,6 +41,8 @@ pub(super) struct Standing {
     pub(super) floors: Option<Arc<[Floors]>>,
     /// The admission's label ([`crate::AcquireOptions::holder`]).
     pub(super) holder: Option<Arc<str>>,
+    /// Which keys' classes are in shadow mode (bit i: key i).
+    pub(super) shadow: u32,
 }
 
 impl Standing {

@@ -37,6 +37,10 @@ pub struct AcquireRequest<'a> {
     /// A label for the lease and the ticket, listed with them ([`crate::store::Holders::permits`]): at
     /// most [`crate::store::MAX_HOLDER_LEN`] bytes.
     pub holder: Option<&'a str>,
+    /// Which keys' limits are watched, not enforced (bit i: key i; [`crate::Policy::shadow`]): the lease
+    /// counts there, but the key neither refuses nor queues the admission; [`Admission::Admitted`] says
+    /// where it went past the limit. A store without shadow limits refuses a request with any.
+    pub shadow: u32,
 }
 
 /// A waiter's place in a key's queue, shared by every process: ordered by the admission's priority
@@ -86,6 +90,8 @@ pub enum Admission {
         grant: Grant,
         /// Expired leases the admission reclaimed: a sign of crashed holders.
         reclaimed: u32,
+        /// The keys of [`AcquireRequest::shadow`] whose limits it went past (bit i: key i).
+        shadowed: u32,
     },
     /// Every key is unlimited: nothing was recorded.
     Unlimited,

@@ -67,6 +67,7 @@ async fn a_key_emptied_and_refilled_within_one_batch_still_expires() {
             priority: 0,
             floors: &[],
             holder: None,
+            shadow: 0,
         })
     };
     // Sent together from one thread, so they reach the dispatcher, and Redis, as one batch in this order.

@@ -38,6 +38,7 @@ async fn a_generated_ids_lease_keeps_no_entry_until_it_is_admitted_again() {
             priority: 0,
             floors: &[],
             holder: None,
+            shadow: 0,
         })
     };
     let token_of = |admission| match admission {

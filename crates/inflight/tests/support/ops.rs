@@ -285,6 +285,7 @@ pub async fn apply_store<S: Store + Wakeups>(
                 priority: 0,
                 floors: &[],
                 holder: None,
+                shadow: 0,
             };
             match store.acquire(req).await.unwrap() {
                 queued @ Admission::Queued { .. } => panic!("no ticket was asked for: {queued:?}"),
@@ -321,6 +322,7 @@ pub async fn apply_store<S: Store + Wakeups>(
                 priority,
                 floors: if floored { &floors } else { &[] },
                 holder: None,
+                shadow: 0,
             };
             outcome(store.acquire(req).await.unwrap())
         }

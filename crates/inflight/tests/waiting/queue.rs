@@ -36,6 +36,7 @@ async fn ask_store<S: Wakeups>(
         priority: 0,
         floors: &[],
         holder: None,
+        shadow: 0,
     };
     store.acquire(request).await
 }

@@ -10,7 +10,8 @@
 --      it); 2 its standing follows: ticket ('' none), 'level:flow_weight', flow, ticket lease ms; 4 (with
 --      2) then the floors of each key's class ('level:slots ...', ';' between keys); 8 (with 2, one key,
 --      no floors) a release may hand the waiter the slot (queue.lua's hand_off); 16 then the label of
---      its lease and ticket (holders.lua lists them).
+--      its lease and ticket (holders.lua lists them); 32 then which keys' limits are watched, not
+--      enforced (bit i - 1: key i): counted there, never refused nor queued (the answer's shadowed).
 --   r  id; the token of the admission released (0: whichever the id holds).
 --   u  id; the token the admission got; what the id held before it, 'weight lease_ms token' ('0 0 0':
 --      nothing). A refused admission across Cluster slots gives back what it took on one.
@@ -38,8 +39,8 @@ local function refuse(keys, n, i, limit, count, reclaimed, w)
 end
 
 -- An admission on every key or on none. Unlimited keys record nothing.
-local function acquire(keys, n, id, t, generated, w, floors, label)
-  local reclaimed, any, weight, lease_ms, keep = 0, false, t[1], t[2], t[3]
+local function acquire(keys, n, id, t, generated, w, floors, label, shadow)
+  local reclaimed, any, weight, lease_ms, keep, shadowed = 0, false, t[1], t[2], t[3], 0
   count_expired()
   local ticket, level = w and w.ticket, w and w.level or 0
   for i = 1, n do
@@ -47,7 +48,14 @@ local function acquire(keys, n, id, t, generated, w, floors, label)
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
     local limit, count = resolve(override(key), t[2 * i + 2], t[2 * i + 3]), key.n + key.extra
     limits[i] = limit
-    if limit > 0 then
+    local bit = 2 ^ (i - 1)
+    if shadow and limit > 0 and shadow % (2 * bit) >= bit then -- watched: counted, never refused
+      any = true
+      if count + weight > limit then
+        local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
+        if weight > held and count - held + weight > limit then shadowed = shadowed + bit end
+      end
+    elseif limit > 0 then
       any = true
       if weight > limit then
         r = answer(replies, r, TOO_HEAVY, i - 1, limit, 0, 0, reclaimed, 0, 0, 0, 0, 0, count_expired())
@@ -96,7 +104,7 @@ local function acquire(keys, n, id, t, generated, w, floors, label)
   end
   local first = keys[1]
   r = answer(replies, r, ADMITTED, -1, limits[1], limits[1] > 0 and in_flight(first) or 0, now + lease_ms,
-    reclaimed, token, held, old_ms, old_token, counted, count_expired())
+    reclaimed, token, held, old_ms, old_token, counted, count_expired(), shadowed)
 end
 
 -- A release from every key: 1 when any held a live lease, 0 when all were gone. On a key with a queue,
@@ -189,9 +197,11 @@ while a <= #ARGV do
       a = a + 1
     end
     local label = nil
-    if flags >= 16 then label, a = ARGV[a], a + 1 end
+    local shadow = nil
+    if flags % 32 >= 16 then label, a = ARGV[a], a + 1 end
+    if flags >= 32 then shadow, a = tonumber(ARGV[a]), a + 1 end
     if w then w.label = label end
-    acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors, label)
+    acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors, label, shadow)
   elseif kind == 'r' then
     r, a = r + 1, f + 2
     replies[r] = release(keys, n, ARGV[f], ARGV[f + 1] == '0' and 0 or tonumber(ARGV[f + 1]))

@@ -148,20 +148,33 @@ pub(super) struct Slot<'a, C> {
 
 /// Checks every key of a decision (`id`: the lease's, `None` for a hold; `ticket`: a waiter's, `None`
 /// for a request that must not pass the keys' queues; its priority level and the keys' floors, none
-/// for a hold); the first key's limit when all have room, else the refusal of the first key, in the
-/// request's order, that refuses.
-#[inline(always)] // into each decision: a hold with no floors or ticket folds their checks away
+/// for a hold; `shadow`: the keys whose limits are watched, not enforced); the first key's limit and
+/// the shadow keys it goes past when all have room, else the refusal of the first key, in the request's
+/// order, that refuses.
+#[inline(always)] // into each decision: a hold with no floors, ticket or shadow folds their checks away
 pub(super) fn admit<C>(
     slots: &[Slot<'_, C>],
-    (limits, floors): (&[ClassLimits], &[Floors]),
+    (limits, floors, shadow): (&[ClassLimits], &[Floors], u32),
     asked: (Option<&PermitId>, Option<&str>, u8),
     weight: u32,
     reclaimed: u32,
-) -> Result<Limit, Admission> {
+) -> Result<(Limit, u32), Admission> {
     let (id, ticket, level) = asked;
-    let (mut limited, mut first) = (false, Limit::Unlimited);
+    let (mut limited, mut first, mut shadowed) = (false, Limit::Unlimited, 0);
     for (n, slot) in slots.iter().enumerate() {
         let floors = floors.get(slot.index).unwrap_or(&Floors::NONE);
+        if shadow >> slot.index & 1 == 1 {
+            // Watched: counted where limited, never refused (nor queued behind waiters).
+            let limit = slot.state.limit(limits[slot.index]);
+            if slot.state.check(limits[slot.index], id, weight).is_err() {
+                shadowed |= 1 << slot.index;
+            }
+            limited |= limit != Limit::Unlimited;
+            if n == 0 {
+                first = limit;
+            }
+            continue;
+        }
         match slot.state.check(limits[slot.index], id, weight) {
             Ok(Limit::Limited(max))
                 if slot
@@ -200,7 +213,7 @@ pub(super) fn admit<C>(
     if !limited {
         return Err(Admission::Unlimited);
     }
-    Ok(first)
+    Ok((first, shadowed))
 }
 
 /// The grant as the first key sees it (an unlimited key records nothing: 0 in flight).

@@ -28,54 +28,55 @@ impl<C: Clock> MemoryStore<C> {
         let decided = self.locked(req.keys, true, true, |slots, now, reclaimed| {
             let ticket = req.ticket.as_ref();
             let asked = (Some(req.id), ticket.map(|ticket| ticket.name), req.priority);
-            let classes = (req.limits, req.floors);
-            let first = match (admit(slots, classes, asked, req.weight, reclaimed), ticket) {
-                (Ok(first), _) => first,
-                (
-                    Err(Admission::Full {
-                        index,
-                        limit,
-                        in_flight,
-                        reclaimed,
-                    }),
-                    Some(ticket),
-                ) => {
-                    // A waiter keeps (or takes) its place in the queue of the key that refused it,
-                    // and leaves any other's.
-                    for slot in slots.iter_mut().filter(|slot| slot.index != index) {
-                        if slot.state.leave_ticket(ticket.name, false) == Some(true) {
-                            called.extend(slot.state.called(1));
+            let classes = (req.limits, req.floors, req.shadow);
+            let (first, shadowed) =
+                match (admit(slots, classes, asked, req.weight, reclaimed), ticket) {
+                    (Ok(first), _) => first,
+                    (
+                        Err(Admission::Full {
+                            index,
+                            limit,
+                            in_flight,
+                            reclaimed,
+                        }),
+                        Some(ticket),
+                    ) => {
+                        // A waiter keeps (or takes) its place in the queue of the key that refused it,
+                        // and leaves any other's.
+                        for slot in slots.iter_mut().filter(|slot| slot.index != index) {
+                            if slot.state.leave_ticket(ticket.name, false) == Some(true) {
+                                called.extend(slot.state.called(1));
+                            }
                         }
-                    }
-                    // One key and no floors: a release may hand it the slot (`Ticket::handoff`).
-                    let handoff = (ticket.handoff && req.keys.len() == 1)
-                        .then(|| req.floors.iter().all(|floors| floors.is_empty()))
-                        .filter(|none| *none)
-                        .map(|_| HandOff {
-                            id: req.id.clone(),
-                            // (For as long as its ticket would have lasted: its waiter renews it.)
-                            lease_ms: req.lease_ms.min(ticket.lease_ms),
-                            limits: req.limits[0],
-                            holder: req.holder.map(Arc::from),
+                        // One key and no floors: a release may hand it the slot (`Ticket::handoff`).
+                        let handoff = (ticket.handoff && req.keys.len() == 1)
+                            .then(|| req.floors.iter().all(|floors| floors.is_empty()))
+                            .filter(|none| *none)
+                            .map(|_| HandOff {
+                                id: req.id.clone(),
+                                // (For as long as its ticket would have lasted: its waiter renews it.)
+                                lease_ms: req.lease_ms.min(ticket.lease_ms),
+                                limits: req.limits[0],
+                                holder: req.holder.map(Arc::from),
+                            });
+                        let terms = (req.priority, req.weight, limit);
+                        let refusing = slots.iter_mut().find(|slot| slot.index == index);
+                        if !refusing.is_some_and(|slot| {
+                            slot.state
+                                .take_ticket(ticket, terms, now, (handoff, req.holder))
+                        }) {
+                            let max = MAX_TICKETS as u32;
+                            return Err(StoreError::TooManyWaiters { max });
+                        }
+                        return Ok(Admission::Queued {
+                            index,
+                            limit,
+                            in_flight,
+                            reclaimed,
                         });
-                    let terms = (req.priority, req.weight, limit);
-                    let refusing = slots.iter_mut().find(|slot| slot.index == index);
-                    if !refusing.is_some_and(|slot| {
-                        slot.state
-                            .take_ticket(ticket, terms, now, (handoff, req.holder))
-                    }) {
-                        let max = MAX_TICKETS as u32;
-                        return Err(StoreError::TooManyWaiters { max });
                     }
-                    return Ok(Admission::Queued {
-                        index,
-                        limit,
-                        in_flight,
-                        reclaimed,
-                    });
-                }
-                (Err(refused), _) => return Ok(refused),
-            };
+                    (Err(refused), _) => return Ok(refused),
+                };
             let lease = Lease {
                 weight: req.weight,
                 expires_at_ms: now.saturating_add(req.lease_ms),
@@ -101,7 +102,11 @@ impl<C: Clock> MemoryStore<C> {
                     called.extend(slot.state.called(slot.state.room(req.limits[slot.index])));
                 }
             }
-            Ok(Admission::Admitted { grant, reclaimed })
+            Ok(Admission::Admitted {
+                grant,
+                reclaimed,
+                shadowed,
+            })
         });
         self.inner.wakes.wake_tickets(&called);
         decided
@@ -326,11 +331,13 @@ impl<C: Clock> Store for MemoryStore<C> {
                     state: &mut state,
                 }];
                 let (now, reclaimed) = self.prepare(&mut slots, false);
-                admit(&slots, (limits, &[]), (None, None, 0), weight, reclaimed).map(|first| {
-                    slots[0].state.in_flight += weight;
-                    let token = self.inner.time.token(now);
-                    (grant(&slots, first, weight, (0, token)), reclaimed)
-                })
+                admit(&slots, (limits, &[], 0), (None, None, 0), weight, reclaimed).map(
+                    |(first, _)| {
+                        slots[0].state.in_flight += weight;
+                        let token = self.inner.time.token(now);
+                        (grant(&slots, first, weight, (0, token)), reclaimed)
+                    },
+                )
             };
             return Some(match decided {
                 Ok((grant, reclaimed)) => LocalAdmission::Taken {
@@ -342,8 +349,8 @@ impl<C: Clock> Store for MemoryStore<C> {
             });
         }
         Some(self.locked(keys, true, false, |slots, now, reclaimed| {
-            let first = match admit(slots, (limits, &[]), (None, None, 0), weight, reclaimed) {
-                Ok(first) => first,
+            let first = match admit(slots, (limits, &[], 0), (None, None, 0), weight, reclaimed) {
+                Ok((first, _)) => first,
                 Err(refused) => return LocalAdmission::Decided(refused),
             };
             let mut cells = Vec::with_capacity(slots.len());

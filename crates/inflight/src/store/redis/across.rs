@@ -75,6 +75,7 @@ impl RedisStore {
         let (mut reclaimed, mut first, mut expires_at_ms, mut token) = (0, None, 0, 0);
         let mut expired = 0; // tickets found expired on the way
         let mut counted = 0i64; // bit i: key i recorded the lease
+        let mut shadowed = 0i64; // bit i: key i went past its shadow limit
         for (g, group) in groups.iter().enumerate() {
             let floors = match req.floors.is_empty() {
                 true => Vec::new(),
@@ -88,6 +89,11 @@ impl RedisStore {
                 generated,
                 wait: wait_args(req, &floors),
                 holder: req.holder.map(Box::from),
+                shadow: group
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &i)| req.shadow >> i & 1 == 1)
+                    .fold(0, |mask, (j, _)| mask | 1 << j),
             };
             let reply = match self.batcher.admit(op).await {
                 Ok(reply) => reply,
@@ -106,6 +112,9 @@ impl RedisStore {
                     for (j, &i) in group.iter().enumerate() {
                         if reply.counted >> j & 1 == 1 {
                             counted |= 1 << i;
+                        }
+                        if reply.shadowed >> j & 1 == 1 {
+                            shadowed |= 1 << i;
                         }
                     }
                     let before = reply.held.map(|n| n.max(0).unsigned_abs());
@@ -161,6 +170,7 @@ impl RedisStore {
             held: [0; 3],
             counted,
             tickets_expired: expired,
+            shadowed,
         })
     }
 

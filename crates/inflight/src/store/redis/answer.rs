@@ -38,16 +38,18 @@ pub(super) struct Answer {
     pub(super) counted: i64,
     /// Tickets of its keys' queues it found expired (their waiters' processes stopped renewing them).
     pub(super) tickets_expired: i64,
+    /// Which keys of the admission's shadow mask it went past the limit of (bit i: key i).
+    pub(super) shadowed: i64,
 }
 
 impl Answer {
     /// How many numbers an answer is.
-    pub(super) const LEN: usize = 12;
+    pub(super) const LEN: usize = 13;
 
     /// Reads the script's numbers.
     pub(super) fn read(numbers: &[i64]) -> Result<Self, StoreError> {
         let Ok(
-            [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, weight, lease_ms, held_token, counted, tickets_expired],
+            [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, weight, lease_ms, held_token, counted, tickets_expired, shadowed],
         ) = <[i64; Self::LEN]>::try_from(numbers)
         else {
             let error = format!("an admission answered {numbers:?}");
@@ -64,6 +66,7 @@ impl Answer {
             held: [weight, lease_ms, held_token],
             counted,
             tickets_expired,
+            shadowed,
         })
     }
 }

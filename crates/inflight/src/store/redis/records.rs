@@ -25,6 +25,8 @@ pub(super) enum Op {
         wait: Option<WaitArgs>,
         /// The label of the lease and ticket (`AcquireRequest::holder`; flags 16).
         holder: Option<Box<str>>,
+        /// Which keys' limits are watched, not enforced (`AcquireRequest::shadow`; flags 32).
+        shadow: u32,
     },
     /// A waiter gives up its ticket on these keys; with its id (`handed`), a lease a release handed it
     /// is released when the ticket is no longer queued.
@@ -90,8 +92,11 @@ impl Op {
                 wait,
                 keep,
                 holder,
+                shadow,
                 ..
-            } => names.len() == 1 && wait.is_none() && *keep == 0 && holder.is_none(),
+            } => {
+                names.len() == 1 && wait.is_none() && *keep == 0 && holder.is_none() && *shadow == 0
+            }
             Op::Release { names, .. } => names.len() == 1,
             Op::Undo { .. } | Op::Leave { .. } => false,
         }
@@ -104,6 +109,7 @@ impl Op {
                 generated,
                 wait,
                 holder,
+                shadow,
                 ..
             } => {
                 let standing = match wait {
@@ -113,7 +119,8 @@ impl Op {
                     None => 0,
                 };
                 let labelled = if holder.is_some() { 16 } else { 0 };
-                ('a', u8::from(*generated) | standing | labelled)
+                let watched = if *shadow != 0 { 32 } else { 0 };
+                ('a', u8::from(*generated) | standing | labelled | watched)
             }
             Op::Release { .. } => ('r', 0),
             Op::Undo { .. } => ('u', 0),
@@ -185,6 +192,7 @@ pub(super) fn records<'a, 'b>(
                 keep,
                 wait,
                 holder,
+                shadow,
                 ..
             } => {
                 invocation.arg(Member(id)).arg(Terms(terms, *keep));
@@ -201,6 +209,9 @@ pub(super) fn records<'a, 'b>(
                 }
                 if let Some(holder) = holder {
                     invocation.arg(&**holder);
+                }
+                if *shadow != 0 {
+                    invocation.arg(*shadow);
                 }
             }
             Op::Release { id, token, .. } => {

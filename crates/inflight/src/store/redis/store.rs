@@ -190,6 +190,7 @@ pub(super) fn admission_of(answer: Answer, weight: u32) -> Result<Admission, Sto
                 counted: number(answer.counted)?,
             },
             reclaimed,
+            shadowed: number(answer.shadowed)?,
         }),
         decision::FULL => Ok(Admission::Full {
             index: number(index)?,
@@ -263,6 +264,7 @@ impl Store for RedisStore {
                         generated: req.generated,
                         wait: wait_args(&req, req.floors),
                         holder: req.holder.map(Box::from),
+                        shadow: req.shadow,
                     })
                     .await?
             }

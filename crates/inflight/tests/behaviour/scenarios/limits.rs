@@ -138,3 +138,64 @@ pub async fn a_new_policy_applies_to_the_next_admission_and_held_permits_stay<F:
     settle(&limiter, "k", 0).await;
     assert!(limiter.try_acquire("k").await.is_ok());
 }
+
+pub async fn a_shadow_limit_admits_past_it_and_counts_exactly_the_excess<F: Fixture>(f: F) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let shadow = || {
+        Policy::new(0, 0)
+            .rule("app:*", ClassLimits::new(2, 0))
+            .and_then(|p| p.rule("tenant:*", ClassLimits::new(3, 0)))
+            .and_then(|p| p.shadow("app:*", true))
+            .unwrap()
+    };
+    let heard = Arc::new(AtomicU32::new(0));
+    let counted = heard.clone();
+    let limiter = inflight::Limiter::builder(f.store())
+        .policy(shadow())
+        .on_shadow_refusal(move |key| {
+            assert_eq!(key, "app:a");
+            counted.fetch_add(1, Ordering::Relaxed);
+        })
+        .build();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(
+            limiter
+                .try_acquire("app:a")
+                .await
+                .expect("watched, not enforced"),
+        );
+    }
+    assert_eq!(
+        limiter.status("app:a").await.unwrap().in_flight,
+        5,
+        "every one counted"
+    );
+    assert_eq!(heard.load(Ordering::Relaxed), 3, "exactly the excess");
+    assert_eq!(limiter.stats().shadow_refusals.load(Ordering::Relaxed), 3);
+    // With an enforced limit beside it, only the enforced one refuses.
+    for _ in 0..3 {
+        held.push(
+            limiter
+                .try_acquire_all(&["app:a", "tenant:t"], Default::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let refused = limiter
+        .try_acquire_all(&["app:a", "tenant:t"], Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.key, "tenant:t");
+    assert_eq!(
+        heard.load(Ordering::Relaxed),
+        6,
+        "each admission past the shadow limit, once"
+    );
+    // Enforced from the next admission on.
+    limiter.set_policy(shadow().shadow("app:*", false).unwrap());
+    assert!(limiter.try_acquire("app:a").await.unwrap_err().is_full());
+    drop(held.pop());
+    assert!(limiter.try_acquire("app:b").await.is_ok());
+}

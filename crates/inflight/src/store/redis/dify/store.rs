@@ -150,6 +150,12 @@ impl Store for DifyStore {
                 "the Dify layout counts every permit as one: weights must be 1".into(),
             ));
         }
+        if req.shadow != 0 {
+            return Err(StoreError::Unsupported(
+                "shadow limits under the Dify layout (its hash is Dify's count, which it enforces)"
+                    .into(),
+            ));
+        }
         let mut call = self.call("a", req.keys, req.id, req.lease_ms, "", req.limits)?;
         if let Some(ticket) = &req.ticket {
             call.arg(ticket.name)
