@@ -92,12 +92,14 @@ pub fn rejection(error: &AcquireError, refusing: Option<Refusing<'_>>) -> Respon
         body["key"] = key.into();
         if status == StatusCode::TOO_MANY_REQUESTS {
             body["class"] = class.into();
-            let mut header = format!("key={}; class={}", sf_string(key), sf_string(class));
-            if let AcquireError::Full { limit, in_flight } = error {
-                (body["limit"], body["in_flight"]) = ((*limit).into(), (*in_flight).into());
-                header.push_str(&format!("; limit={limit}; in_flight={in_flight}"));
+            let figures = match error {
+                AcquireError::Full { limit, in_flight } => Some((*limit, *in_flight)),
+                _ => None,
+            };
+            if let Some((limit, in_flight)) = figures {
+                (body["limit"], body["in_flight"]) = (limit.into(), in_flight.into());
             }
-            named = HeaderValue::try_from(header).ok();
+            named = limit_header(Refusing { key, class }, figures);
         }
     }
     let mut response = json_response(status, &body);
@@ -113,8 +115,24 @@ pub fn rejection(error: &AcquireError, refusing: Option<Refusing<'_>>) -> Respon
     response
 }
 
-/// The header naming the limit that refused a request.
+/// The header naming the limit that refused a request, or that an admitted one queued on.
 pub const INFLIGHT_LIMIT: header::HeaderName = header::HeaderName::from_static("inflight-limit");
+
+/// [`INFLIGHT_LIMIT`]'s value: `key="app:a1"; class="app:*"` and, when known, `; limit=5; in_flight=5`
+/// (RFC 9651 parameters). On a 429, the refusing key's; on the answer to a request that waited in a
+/// key's queue before it was admitted ([`inflight::Permit::queued_on`]), that key's, with its figures
+/// at admission.
+pub fn limit_header(limit: Refusing<'_>, figures: Option<(u32, u32)>) -> Option<HeaderValue> {
+    let mut header = format!(
+        "key={}; class={}",
+        sf_string(limit.key),
+        sf_string(limit.class)
+    );
+    if let Some((limit, in_flight)) = figures {
+        header.push_str(&format!("; limit={limit}; in_flight={in_flight}"));
+    }
+    HeaderValue::try_from(header).ok()
+}
 
 /// `text` as a structured field's string (RFC 9651): `"..."` with `\` and `"` escaped; with a character
 /// outside printable ASCII, a Display String, `%"..."`, its UTF-8 bytes outside printable ASCII and `%`

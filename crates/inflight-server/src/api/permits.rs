@@ -8,11 +8,12 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::response::{AppendHeaders, IntoResponse, Response};
 use axum::Json;
 use inflight::store::{Grant, IndexOp};
-use inflight::{Lease, Limit, PermitId, Renewal, Store, StoreError};
+use inflight::{Lease, Limit, Permit, PermitId, Renewal, Store, StoreError};
+use inflight_tower::rejection::{limit_header, Refusing, INFLIGHT_LIMIT};
 use serde::{Deserialize, Serialize};
 
 use super::input::{
@@ -104,6 +105,7 @@ pub(super) async fn acquire(
     let admission = app.acquire(&key, options, wait(request.wait_ms)?).await;
     let charged = app.charged(reservation, admission).await;
     let (permit, reservation) = charged.map_err(|error| app.refusal(&key, error))?;
+    let queued = queued_header(&app, &permit);
     let mut json = None;
     if let (Some(reservation), Some(charge)) = (reservation, &charge) {
         if app.quota.settles_on_release(&reservation) {
@@ -120,7 +122,31 @@ pub(super) async fn acquire(
     // The caller holds the lease from here: it renews or releases it over HTTP.
     let mut body = permit_json(app.lend(permit));
     body.reservation = json;
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    Ok((StatusCode::CREATED, queued, Json(body)).into_response())
+}
+
+/// `Inflight-Limit` naming the key a permit queued on before it was admitted (none when it did not
+/// wait), with that key's figures at admission when it is the permit's first key.
+fn queued_header(app: &App, permit: &Permit) -> AppendHeaders<Option<(HeaderName, HeaderValue)>> {
+    let named = permit.queued_on().and_then(|key| {
+        let class = app.limiter.policy();
+        let figures = (key == permit.key())
+            .then(|| {
+                permit
+                    .limit()
+                    .get()
+                    .map(|limit| (limit, permit.in_flight()))
+            })
+            .flatten();
+        limit_header(
+            Refusing {
+                key,
+                class: class.class_of(key),
+            },
+            figures,
+        )
+    });
+    AppendHeaders(named.map(|value| (INFLIGHT_LIMIT, value)))
 }
 
 /// `409 permit_id_in_use` when a given id names a recorded permit on other keys: admitting it on these
@@ -274,6 +300,7 @@ pub(super) async fn acquire_all(
     let (permit, reservation) = app
         .acquire_all_charged(&names, options, wait(request.wait_ms)?, reservation)
         .await?;
+    let queued = queued_header(&app, &permit);
     let lent = match (&reservation, &charge) {
         (Some(reservation), Some(charge)) if app.quota.settles_on_release(reservation) => {
             let lent = app.lend(permit);
@@ -301,7 +328,7 @@ pub(super) async fn acquire_all(
     let held = Held::from(&lent);
     let mut body = permit_all_json(&app, lent.id.to_string(), &keys, held).await;
     body.reservation = reservation;
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    Ok((StatusCode::CREATED, queued, Json(body)).into_response())
 }
 
 /// What the store answered of a permit: its weight, its first key's limit and in-flight count, its

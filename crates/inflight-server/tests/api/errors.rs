@@ -178,6 +178,7 @@ async fn redis_down_means_503_store_unavailable_under_fail_closed_and_not_ready(
 per_store!(
     bad_input_gets_a_clear_error_and_never_a_500,
     a_refusal_names_the_refusing_limit,
+    an_admission_that_queued_names_the_limit_it_waited_on,
 );
 
 /// A refusal names the limit that refused it: the key, its class and, over the limit, the limit and the
@@ -225,5 +226,51 @@ async fn a_refusal_names_the_refusing_limit<M: Make>() {
     assert_eq!(
         full.headers()["inflight-limit"],
         r#"key="other"; class="default"; limit=5; in_flight=5"#
+    );
+}
+
+/// An admission that waited in a key's queue names that key in `Inflight-Limit`, with its figures at
+/// admission; one that did not wait carries no such header.
+async fn an_admission_that_queued_names_the_limit_it_waited_on<M: Make>() {
+    let redis = M::redis();
+    let flags = ["inflight", "--limit", "app:*=1"];
+    let settings = inflight_server::Settings::from_flags(flags).unwrap();
+    let server = start_api(&settings, M::stores(&redis)).await;
+    let http = Client::new();
+    let url = server.url("/v1/keys/app:a1/permits");
+    let first = http.post(&url).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(
+        first.headers().get("inflight-limit").is_none(),
+        "admitted at once"
+    );
+    let id = body(first).await["id"].as_str().unwrap().to_owned();
+    let waiter = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            http.post(&url)
+                .json(&json!({"wait_ms": 30000}))
+                .send()
+                .await
+        })
+    };
+    // Released once the waiter is queued (listed as waiting), so that it is admitted after queueing.
+    let waiting = server.url("/v1/keys/app:a1/permits");
+    for _ in 0..2000 {
+        if body(http.get(&waiting).send().await.unwrap()).await["waiters"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let released = http.delete(format!("{url}/{id}")).send().await.unwrap();
+    assert_eq!(released.status(), StatusCode::NO_CONTENT);
+    let admitted = waiter.await.unwrap().unwrap();
+    assert_eq!(admitted.status(), StatusCode::CREATED);
+    assert_eq!(
+        admitted.headers()["inflight-limit"],
+        r#"key="app:a1"; class="app:*"; limit=1; in_flight=1"#
     );
 }

@@ -120,6 +120,8 @@ impl<S: Wakeups> Limiter<S> {
         // under the wait's id: from then on the asks go under ids of their own, and a slot handed to
         // the wait's id is left to the leave, which gives it back.
         let mut unanswered = false;
+        // The key that refused it last: the one it waits on.
+        let mut queued_on: Option<String> = None;
         loop {
             let replaced = core.policy.replaced();
             tokio::pin!(replaced);
@@ -143,12 +145,19 @@ impl<S: Wakeups> Limiter<S> {
                     if let Some(leaving) = &mut leaving {
                         leaving.disarm_unless(unanswered || ticket != TicketState::Admitted);
                     }
-                    return Ok(permit);
+                    let on = queued_on.as_deref();
+                    return Ok(match keys.iter().position(|key| Some(*key) == on) {
+                        Some(index) => permit.queued(index),
+                        None => permit,
+                    });
                 }
                 decided => return decided,
             };
             // (Refused by the failure policy while the store failed, a ticket waits on.)
             queued |= ticket == TicketState::Queued;
+            if queued_on.as_deref() != Some(&*refused.key) {
+                queued_on = Some(refused.key.clone());
+            }
             if place.is_none() {
                 let group = (options.priority_level(), options.flow_name().cloned());
                 match core.waiters.join(&refused.key, &core.stats.waiting, group) {
@@ -200,7 +209,9 @@ impl<S: Wakeups> Limiter<S> {
                 }
                 let weight = options.weight.unwrap_or(1);
                 let lease_ms = options.lease.map_or(core.lease_ms, millis);
-                return Ok(self.handed(&keys[..1], id.clone(), (weight, lease_ms), handed));
+                return Ok(self
+                    .handed(&keys[..1], id.clone(), (weight, lease_ms), handed)
+                    .queued(0));
             }
         }
     }

@@ -147,6 +147,8 @@ pub struct Permit {
     in_flight: u32,
     /// The admission's token, for a permit without a lease in the store (else its state's).
     token: u64,
+    /// Which of its keys it queued on before it was admitted ([`Permit::queued_on`]); none: `u8::MAX`.
+    queued_on: u8,
 }
 
 /// A lease handed off by [`Permit::detach`]: its holder must renew or release it (for example over HTTP).
@@ -185,6 +187,40 @@ impl Permit {
             limit,
             in_flight,
             token: 0,
+            queued_on: u8::MAX,
+        }
+    }
+
+    /// The permit, admitted after it queued on its key at `index` ([`Permit::queued_on`]).
+    pub(crate) fn queued(mut self, index: usize) -> Self {
+        self.queued_on = u8::try_from(index).unwrap_or(u8::MAX);
+        self
+    }
+
+    /// The key it waited on before it was admitted ([`crate::Limiter::acquire`] with a wait): the key
+    /// that refused it last, whose queue it stood in; `None` when it was admitted without waiting.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use inflight::{AcquireOptions, Limiter, MemoryStore, Policy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter = Limiter::builder(MemoryStore::new()).policy(Policy::new(1, 0)).build();
+    /// let first = limiter.acquire("app-1", AcquireOptions::new()).await.unwrap();
+    /// assert_eq!(first.queued_on(), None);
+    /// let waiting = AcquireOptions::new().max_wait(Duration::from_secs(10));
+    /// let (second, ()) = tokio::join!(limiter.acquire("app-1", waiting), async { drop(first) });
+    /// assert_eq!(second.unwrap().queued_on(), Some("app-1"));
+    /// # }
+    /// ```
+    pub fn queued_on(&self) -> Option<&str> {
+        let index = usize::from(self.queued_on);
+        match &self.hold {
+            _ if self.queued_on == u8::MAX => None,
+            Hold::Leased { state, .. } => state.keys.get(index).map(|key| &**key),
+            _ if index == 0 => Some(self.key()),
+            _ => None,
         }
     }
 
