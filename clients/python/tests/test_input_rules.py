@@ -51,6 +51,23 @@ LIMITS: list[object] = [0, 1, 2**32 - 1, 2**32, -1, True, 1.5, "3"]
 MAX_WAITS: list[object] = [0, 0.001, 0.0004, 1, 300, 300.001, -1, math.inf, math.nan, True, "1"]
 PRIORITIES: list[object] = [0, 1, 255, 256, -1, True, 1.0, "1"]
 FLOWS: list[object] = ["", "tenant-a", "é" * 128, "é" * 128 + "a", "a" * 257, "a\x00b\n", "\ud800", 5]
+HOLDERS: list[object] = [
+    None,
+    "py-worker-1",
+    "é" * 64,  # 128 bytes
+    "é" * 64 + "a",  # 129 bytes
+    "a" * 128,
+    "a" * 129,
+    "",
+    "10.0.0.7:443 (pod a-1)",
+    "a\x00b",
+    "tab\there",
+    "del\x7f",
+    "c1\x85",
+    "nbsp\xa0",
+    "\ud800",
+    5,
+]
 TOKENS: list[object] = [0, 7, 2**63 - 1, -1, 1.5, True]  # 2**63 and above: see test_tokens_above_i64
 KEY_LISTS: list[object] = [
     ["a"],
@@ -131,6 +148,13 @@ def server_accepts(server: Server, what: str, value: Any) -> bool:
         status = server.send("POST", "/v1/keys/k/permits", body)
     elif what in ("priority", "flow"):
         status = server.send("POST", "/v1/keys/k/permits", "{" + f'"{what}": {_json(value)}' + "}")
+    elif what in ("holder", "waiter's holder"):
+        fields = [] if value is None else [f'"holder": {_json(value)}']
+        if what == "holder":
+            status = server.send("POST", "/v1/keys/k/permits", "{" + ", ".join(fields) + "}")
+        else:  # (a waiting acquire on several keys)
+            fields += ['"keys": ["k"]', '"wait_ms": 1000']
+            status = server.send("POST", "/v1/permits", "{" + ", ".join(fields) + "}")
     elif what == "limit":
         status = server.send("PUT", "/v1/keys/k/limit", "{" + f'"limit": {_json(value)}' + "}")
         server.send("DELETE", "/v1/keys/k/limit")
@@ -159,6 +183,10 @@ def sync_call(limiter: RedisLimiter | HttpLimiter, what: str, value: Any) -> Non
         limiter.acquire("k", 1, priority=value).release()
     elif what == "flow":
         limiter.acquire("k", 1, flow=value).release()
+    elif what == "holder":
+        limiter.try_acquire("k", holder=value).release()
+    elif what == "waiter's holder":
+        limiter.acquire_all(["k"], 1, holder=value).release()
     elif what == "limit":
         limiter.set_limit("k", value)
         limiter.clear_limit("k")
@@ -184,6 +212,10 @@ async def async_call(limiter: AsyncRedisLimiter, what: str, value: Any) -> None:
         await (await limiter.acquire("k", 1, priority=value)).release()
     elif what == "flow":
         await (await limiter.acquire("k", 1, flow=value)).release()
+    elif what == "holder":
+        await (await limiter.try_acquire("k", holder=value)).release()
+    elif what == "waiter's holder":
+        await (await limiter.acquire_all(["k"], 1, holder=value)).release()
     elif what == "limit":
         await limiter.set_limit("k", value)
         await limiter.clear_limit("k")
@@ -213,6 +245,8 @@ ROWS = (
     + [("max_wait", v) for v in MAX_WAITS]
     + [("priority", v) for v in PRIORITIES]
     + [("flow", v) for v in FLOWS]
+    + [("holder", v) for v in HOLDERS]
+    + [("waiter's holder", v) for v in HOLDERS]
     + [("limit", v) for v in LIMITS]
     + [("token", v) for v in TOKENS]
     + [("keys", v) for v in KEY_LISTS]

@@ -10,6 +10,7 @@ from ._async import AsyncGuardedStream, AsyncPermit, AsyncRedisLimiter
 from ._core import KeyStatus
 from ._errors import (
     InflightError,
+    Revoked,
     StoreError,
     TooManyRequests,
     TooManyWaiters,
@@ -35,6 +36,7 @@ __all__ = [
     "Policy",
     "Rule",
     "RedisLimiter",
+    "Revoked",
     "StoreError",
     "TooManyRequests",
     "TooManyWaiters",

@@ -16,8 +16,8 @@ import redis
 import redis.asyncio
 
 from . import _core, _input
-from ._errors import StoreError, TooManyRequests
-from ._permit import Held, Holders, PermitBase
+from ._errors import Revoked, StoreError, TooManyRequests
+from ._permit import Held, Holders, PermitBase, mark_lost
 from ._policy import ClassLimits, Policy, RuleLike
 from ._turns import RECHECK, TICKET_LEASE_MS, AsyncTurns
 
@@ -33,10 +33,14 @@ class AsyncRenewer:
     leaves the release running, never abandoned halfway."""
 
     def __init__(
-        self, renew: Callable[[Held], Awaitable[bool]], release: Callable[[Held], Awaitable[None]]
+        self,
+        renew: Callable[[Held], Awaitable[bool]],
+        release: Callable[[Held], Awaitable[None]],
+        siblings: Callable[[Held], Iterable[Held]] = lambda held: (),
     ) -> None:
         self._renew = renew
         self._release = release
+        self._siblings = siblings
         self._lock = threading.RLock()
         self._held: set[Held] = set()
         self._releases: deque[Held] = deque()
@@ -69,7 +73,37 @@ class AsyncRenewer:
                 return False
             held.done = True
             self._held.discard(held)
-            return True
+        self._settle(held)
+        return True
+
+    def _settle(self, held: Held) -> None:
+        """Wakes those waiting to hear whether ``held`` is lost (from any thread: a finalizer's release)."""
+        watch: asyncio.Event | None = held.watch
+        if watch is None or watch.is_set():
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        loop = self._loop
+        if loop is None or running is loop:
+            watch.set()
+        elif not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(watch.set)
+
+    async def wait_lost(self, held: Held, timeout: float | None) -> bool:
+        """Waits until ``held`` is lost (True), or released, or the limiter closed, or ``timeout`` passed
+        (False)."""
+        with self._lock:
+            if held.watch is None:
+                held.watch = asyncio.Event()
+                if held.lost or held.done or self._closed:
+                    held.watch.set()
+            watch: asyncio.Event = held.watch
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(watch.wait(), timeout)
+        return held.lost
 
     def release_later(self, held: Held) -> None:
         if not self.take(held):
@@ -130,6 +164,10 @@ class AsyncRenewer:
 
     async def close(self) -> None:
         self._closed = True
+        with self._lock:
+            renewed = list(self._held)
+        for held in renewed:  # renewed no more: nobody will hear them lost
+            self._settle(held)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -155,7 +193,7 @@ class AsyncRenewer:
             while self._releases:
                 self._spawn_release(self._releases.popleft())
             for held in due:
-                if held.done:
+                if held.done or held.lost:
                     continue
                 try:
                     kept = await self._renew(held)
@@ -163,13 +201,13 @@ class AsyncRenewer:
                     log.warning("inflight: renewing permit %s failed; retrying", held.id, exc_info=True)
                     held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
                     continue
+                siblings = () if kept else list(self._siblings(held))
                 with self._lock:
                     released_meanwhile = held.done
                     if kept and not released_meanwhile:
                         held.schedule()
                     elif not kept:
-                        held.lost = True
-                        self._held.discard(held)
+                        mark_lost(held, siblings, self._held)
                 if kept and released_meanwhile:
                     self._spawn_release(held, again=True)
 
@@ -203,6 +241,18 @@ class AsyncPermit(PermitBase):
 
     async def close(self) -> None:
         await self.release()
+
+    async def wait_lost(self, timeout: float | None = None) -> bool:
+        """Completes once the permit is lost (:attr:`lost`: revoked by an admin, or gone at renewal): True.
+        False once ``timeout`` seconds have passed (``None``: no bound), or at once when it can no longer
+        be lost: released, its limiter closed, or holding nothing (an unlimited key's). Heard at the
+        permit's next renewal, a third of its lease after the last; race it against the permit's work
+        (``asyncio.wait``, a ``TaskGroup``) to stop that work when its slot was taken away. Cancelling it
+        changes nothing of the permit."""
+        held, renewer = self._held, self._renewer
+        if held is None or renewer is None:
+            return False
+        return await renewer.wait_lost(held, timeout)
 
     async def __aenter__(self) -> AsyncPermit:
         return self
@@ -292,7 +342,7 @@ class AsyncRedisLimiter:
         self._renew = redis_client.register_script(_core.script_text("renew"))
         self._status = redis_client.register_script(_core.script_text("status"))
         self._holders = Holders()
-        self._renewer = AsyncRenewer(self._renew_held, self._release_held)
+        self._renewer = AsyncRenewer(self._renew_held, self._release_held, self._holders.siblings)
         self._turns = AsyncTurns(redis_client, prefix)
 
     async def _records(self, keys: list[str], args: list[_core.Arg]) -> Any:
@@ -311,15 +361,30 @@ class AsyncRedisLimiter:
             raise StoreError(str(error)) from error
 
     async def try_acquire(
-        self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
+        self,
+        key: str,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        *,
+        holder: str | None = None,
     ) -> AsyncPermit:
-        return await self.try_acquire_all([key], id=id, weight=weight, lease=lease)
+        """As :meth:`RedisLimiter.try_acquire`."""
+        return await self.try_acquire_all([key], id=id, weight=weight, lease=lease, holder=holder)
 
     async def try_acquire_all(
-        self, keys: Sequence[str], id: str | None = None, weight: int = 1, lease: float | None = None
+        self,
+        keys: Sequence[str],
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        *,
+        holder: str | None = None,
     ) -> AsyncPermit:
+        """As :meth:`RedisLimiter.try_acquire_all`."""
         unique = _core.unique_keys(keys)
-        return await self._acquire(unique, id, weight, lease, [self.policy.limits(k) for k in unique])
+        limits = [self.policy.limits(k) for k in unique]
+        return await self._acquire(unique, id, weight, lease, limits, holder=_input.holder(holder))
 
     async def acquire(
         self,
@@ -330,10 +395,12 @@ class AsyncRedisLimiter:
         lease: float | None = None,
         priority: int = 0,
         flow: str = "",
+        *,
+        holder: str | None = None,
     ) -> AsyncPermit:
         """As :meth:`RedisLimiter.acquire`: a cancelled wait leaves the key's queue (in a task of the
         limiter, which ``close()`` waits for)."""
-        return await self.acquire_all([key], max_wait, id, weight, lease, priority, flow)
+        return await self.acquire_all([key], max_wait, id, weight, lease, priority, flow, holder=holder)
 
     async def acquire_all(
         self,
@@ -344,14 +411,17 @@ class AsyncRedisLimiter:
         lease: float | None = None,
         priority: int = 0,
         flow: str = "",
+        *,
+        holder: str | None = None,
     ) -> AsyncPermit:
         """As :meth:`RedisLimiter.acquire_all`."""
         unique = _core.unique_keys(keys)
         wait_ms = _input.max_wait_ms(max_wait)
         priority, flow = _input.priority(priority), _input.flow(flow)
+        holder = _input.holder(holder)
         limits = [self.policy.limits(k) for k in unique]
         if wait_ms == 0:
-            return await self._acquire(unique, id, weight, lease, limits)
+            return await self._acquire(unique, id, weight, lease, limits, holder=holder)
         if id is not None:
             _input.id(id)
         _core.check_weight(weight)
@@ -369,12 +439,14 @@ class AsyncRedisLimiter:
             while True:
                 ticket.called.clear()  # a turn called from now on is kept until the wait below
                 try:
-                    permit = await self._acquire(unique, id, weight, lease, limits, wait)
+                    permit = await self._acquire(unique, id, weight, lease, limits, wait, holder)
                 except _core.Queued as queued:
                     refused = queued
                 else:
                     admitted = permit.expires_at_ms is not None
                     return permit
+                if ticket.revoked:  # (its ask, after the revocation, took no place)
+                    raise Revoked(refused.key)
                 left = deadline - loop.time()
                 if left <= 0:
                     raise TooManyRequests(refused.limit, refused.in_flight, refused.key) from None
@@ -384,12 +456,14 @@ class AsyncRedisLimiter:
                     continue
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(ticket.called.wait(), min(RECHECK, left))
+                if ticket.revoked:
+                    raise Revoked(refused.key)
         except BaseException as error:
             interrupted = not isinstance(error, Exception)  # CancelledError, GeneratorExit
             raise
         finally:
             self._turns.drop(ticket)
-            if not admitted:
+            if not admitted and not ticket.revoked:  # (a revoked ticket was given up by the revocation)
                 # A task of the limiter's: a cancelled waiter's ticket leaves all the same.
                 leaving = self._renewer.spawn(self._leave(unique, ticket.name))
                 if leaving is not None and not interrupted:
@@ -408,6 +482,7 @@ class AsyncRedisLimiter:
         lease: float | None,
         limits: Sequence[ClassLimits],
         wait: _core.Wait | None = None,
+        holder: str | None = None,
     ) -> AsyncPermit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
@@ -420,7 +495,7 @@ class AsyncRedisLimiter:
         try:
             reply = await self._records(
                 _core.key_names(self.prefix, keys),
-                _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait),
+                _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait, holder),
             )
         except BaseException as error:
             # Cancelled (or timed out) waiting for the answer: Redis may have admitted. Give the slot back

@@ -120,31 +120,35 @@ def acquire_args(
     limits: Sequence[ClassLimits],
     generated: bool = False,
     wait: Wait | None = None,
+    holder: str | None = None,
 ) -> list[Arg]:
     """``batch.lua``'s ARGV for one admission (``batch.rs`` sends the same records): clock offset, then the
     record: its head (``a`` and its flags: 1 the id was generated for it, whose lease then need not record
-    its token; 2 a waiter's standing follows; ``x`` and the number of keys when several), the keys' places,
-    member, terms (weight, lease, 0: the lease keeps the token it gets, each key's limits); a waiter's
-    (``wait``) ticket, ``level:flow_weight``, flow and ticket lease."""
-    flags = (1 if generated else 0) | (2 if wait is not None else 0)
+    its token; 2 a waiter's standing follows; 16 a label follows; ``x`` and the number of keys when
+    several), the keys' places, member, terms (weight, lease, 0: the lease keeps the token it gets, each
+    key's limits); a waiter's (``wait``) ticket, ``level:flow_weight``, flow and ticket lease; the label
+    (``holder``) of its lease and ticket, which ``holders.lua`` lists (``records.rs``'s flags 16)."""
+    flags = (1 if generated else 0) | (2 if wait is not None else 0) | (16 if holder is not None else 0)
     args: list[Arg] = [0, head("a", flags, len(keys)), *range(1, len(keys) + 1)]
     args.append(_keys.member(id))
     args.append(" ".join([str(weight), str(lease_ms), "0"] + [f"{c.default} {c.max}" for c in limits]))
     if wait is not None:
         args.extend([wait.ticket, f"{wait.priority}:1", wait.flow, wait.lease_ms])
+    if holder is not None:
+        args.append(holder)
     return args
 
 
 def head(kind: str, flags: int, keys: int) -> str:
-    """A record's head as ``batch.lua`` reads it: ``a1`` (an acquire, flags 1, one key), ``r0x3``; the
-    flags one hex digit."""
+    """A record's head as ``batch.lua`` reads it: ``a1`` (an acquire, flags 1, one key), ``r0x3``,
+    ``a13`` (flags 16 | 2 | 1); the flags in hex."""
     return f"{kind}{flags:x}" if keys == 1 else f"{kind}{flags:x}x{keys}"
 
 
 def lone(args: Sequence[Arg]) -> bool:
     """Whether ``lone.lua`` may take the call (the manifest's ``lone``): one record, an admission without a
-    standing or a release, on one key. It answers nothing when it does not, and the call goes to
-    ``batch.lua``."""
+    standing or a label (flags 0 or 1) or a release, on one key. It answers nothing when it does not, and
+    the call goes to ``batch.lua``. (A labelled admission never goes to it: ``lone.lua`` reads no label.)"""
     return args[1] in ("a0", "a1", "r0")
 
 

@@ -41,6 +41,17 @@ class WeightExceedsLimit(InflightError):
         super().__init__(f"weight {weight} exceeds the limit {limit} of {key!r}")
 
 
+class Revoked(InflightError):
+    """A waiting acquire whose place in the key's queue an admin revoked (``inflight serve``'s
+    ``DELETE /v1/keys/{key}/waiters/{ticket}``, the Rust library's ``Limiter::revoke_waiter``): it stops
+    waiting at once, admitted to nothing. The HTTP API's 409 ``revoked``. Not a :class:`TooManyRequests`:
+    the key may have room; asking again takes a new place."""
+
+    def __init__(self, key: str = "") -> None:
+        self.key = key
+        super().__init__(f"an admin revoked this wait's place in the queue of {key!r}")
+
+
 class StoreError(InflightError):
     """The store (Redis, or the HTTP server) failed: unreachable, timed out, or reported itself unavailable
     (an outage: retrying later may succeed). Never raised for an argument (those raise ``TypeError`` or

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from . import _core, _input
 from ._errors import (
     InflightError,
+    Revoked,
     StoreError,
     TooManyRequests,
     TooManyWaiters,
@@ -96,8 +97,9 @@ class HttpLimiter:
         self.token = token
         self.lease_ms = _core.to_lease_ms(lease)
         self.timeout = timeout
-        self._renewer = Renewer(self._renew_held, self._release_held, name="inflight-http-renewer")
         self._holders = Holders()
+        siblings = self._holders.siblings
+        self._renewer = Renewer(self._renew_held, self._release_held, "inflight-http-renewer", siblings)
 
     @staticmethod
     def _waits(body: dict[str, Any]) -> float:
@@ -151,6 +153,8 @@ class HttpLimiter:
             return TooManyWaiters(None, None, key)
         if code == "weight_exceeds_limit":
             return WeightExceedsLimit(None, weight, key)
+        if code == "revoked":
+            return Revoked(key)
         if code == "store_unavailable":
             return StoreError(message)
         if status < 400:
@@ -158,10 +162,17 @@ class HttpLimiter:
         return HttpError(status, code, message)
 
     def try_acquire(
-        self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
+        self,
+        key: str,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        *,
+        holder: str | None = None,
     ) -> Permit:
-        """``POST /v1/keys/{key}/permits``."""
-        return self._acquire_one(_input.key(key), self._terms(id, weight, lease))
+        """``POST /v1/keys/{key}/permits``; ``holder``, the body's ``"holder"`` (as
+        :meth:`RedisLimiter.try_acquire`'s)."""
+        return self._acquire_one(_input.key(key), self._terms(id, weight, lease, holder))
 
     def acquire(
         self,
@@ -172,13 +183,16 @@ class HttpLimiter:
         lease: float | None = None,
         priority: int = 0,
         flow: str = "",
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """``POST /v1/keys/{key}/permits`` with ``wait_ms``, ``priority`` and ``flow``: the server waits
         (at most 300 s) in the key's queue of waiters, as :meth:`RedisLimiter.acquire` does; the request's
-        timeout is the limiter's ``timeout`` past ``max_wait``."""
+        timeout is the limiter's ``timeout`` past ``max_wait``. A waiter an admin revokes ends with
+        :class:`Revoked` (the server's 409 ``revoked``)."""
         key = _input.key(key)
         return self._acquire_one(
-            key, {**self._terms(id, weight, lease), **self._queue(max_wait, priority, flow)}
+            key, {**self._terms(id, weight, lease, holder), **self._queue(max_wait, priority, flow)}
         )
 
     def acquire_all(
@@ -190,11 +204,13 @@ class HttpLimiter:
         lease: float | None = None,
         priority: int = 0,
         flow: str = "",
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """``POST /v1/permits`` with ``wait_ms``, ``priority`` and ``flow``."""
         unique = _core.unique_keys(keys)
         return self._acquire_all(
-            unique, {**self._terms(id, weight, lease), **self._queue(max_wait, priority, flow)}
+            unique, {**self._terms(id, weight, lease, holder), **self._queue(max_wait, priority, flow)}
         )
 
     def _acquire_one(self, key: str, body: dict[str, Any]) -> Permit:
@@ -208,11 +224,17 @@ class HttpLimiter:
         return self._permit((key,), permit, limit, in_flight, path, body)
 
     def try_acquire_all(
-        self, keys: Sequence[str], id: str | None = None, weight: int = 1, lease: float | None = None
+        self,
+        keys: Sequence[str],
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """``POST /v1/permits``: every key or none."""
         unique = _core.unique_keys(keys)
-        return self._acquire_all(unique, self._terms(id, weight, lease))
+        return self._acquire_all(unique, self._terms(id, weight, lease, holder))
 
     def _acquire_all(self, unique: tuple[str, ...], body: dict[str, Any]) -> Permit:
         weight = int(body["weight"])
@@ -226,13 +248,16 @@ class HttpLimiter:
         limit, in_flight = first.integer_or_none("limit"), first.integer("in_flight")
         return self._permit(unique, permit, limit, in_flight, path, body)
 
-    def _terms(self, id: str | None, weight: int, lease: float | None) -> dict[str, Any]:
+    def _terms(self, id: str | None, weight: int, lease: float | None, holder: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "weight": _core.check_weight(weight),
             "lease_ms": self.lease_ms if lease is None else _core.to_lease_ms(lease),
         }
         if id is not None:
             body["id"] = _core.check_id(id)
+        holder = _input.holder(holder)
+        if holder is not None:
+            body["holder"] = holder
         return body
 
     @staticmethod

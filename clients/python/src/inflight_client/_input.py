@@ -19,6 +19,8 @@ max_wait  seconds, an ``int`` or ``float`` (not a ``bool``), finite; rounded to 
 priority  an ``int`` (not a ``bool``) from 0 to 255, higher first (the API's ``"priority"``, a ``u8``)
 flow      a ``str`` of at most 256 bytes of UTF-8, any characters, ``""`` included (the API's ``"flow"``,
           ``input.rs``'s ``queue``)
+holder    a ``str`` of 1 to 128 bytes of UTF-8, without control characters (``None``: no label; the
+          API's ``"holder"``, ``input.rs``'s ``holder``, the library's ``MAX_HOLDER_LEN``)
 ========  =======================================================================================
 
 A value of the wrong type raises ``TypeError``; one out of range, ``ValueError``. Never an
@@ -40,6 +42,7 @@ MAX_TOKEN = 2**63 - 1  # a Redis integer
 MAX_WAIT_MS = 300_000  # the API's MAX_WAIT
 MAX_PRIORITY = 255  # a u8
 MAX_FLOW_BYTES = 256  # the library's MAX_FLOW_LEN
+MAX_HOLDER_BYTES = 128  # the library's MAX_HOLDER_LEN
 
 
 def _type_name(value: object) -> str:
@@ -57,8 +60,8 @@ def _control(text: str) -> bool:
     return any(c < " " or "\x7f" <= c <= "\x9f" for c in text)
 
 
-def name(value: object, what: str = "a key") -> str:
-    """A key or an id: 1 to 256 bytes of UTF-8, no control characters."""
+def name(value: object, what: str = "a key", most: int = MAX_NAME_BYTES) -> str:
+    """A key or an id: 1 to 256 bytes (``most``) of UTF-8, no control characters."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, not {_type_name(value)}")
     try:
@@ -67,8 +70,8 @@ def name(value: object, what: str = "a key") -> str:
         raise ValueError(f"{what} must be valid UTF-8 (no lone surrogates): {value!r}") from None
     if size == 0:
         raise ValueError(f"{what} may not be empty")
-    if size > MAX_NAME_BYTES:
-        raise ValueError(f"{what} is at most {MAX_NAME_BYTES} bytes, not {size}")
+    if size > most:
+        raise ValueError(f"{what} is at most {most} bytes, not {size}")
     if _control(value):
         raise ValueError(f"{what} may not contain control characters: {value!r}")
     return value
@@ -157,6 +160,14 @@ def flow(value: object) -> str:
     if size > MAX_FLOW_BYTES:
         raise ValueError(f"flow is at most {MAX_FLOW_BYTES} bytes, not {size}")
     return value
+
+
+def holder(value: object) -> str | None:
+    """A permit's label, listed with its lease or ticket (``None``: none): 1 to 128 bytes of UTF-8, no
+    control characters."""
+    if value is None:
+        return None
+    return name(value, "holder", MAX_HOLDER_BYTES)
 
 
 def limit(value: object, what: str = "a limit") -> int:

@@ -68,6 +68,9 @@ class Held:
     last: bool | None = None
     release_token: int | None = None
     settled: bool = False
+    # What ``wait_lost`` waits on (a ``threading.Event``, an ``asyncio.Event`` for the asyncio limiter),
+    # made by its first call: set once the permit is lost, released, or its limiter closed.
+    watch: Any = None
 
     def schedule(self) -> None:
         self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
@@ -132,6 +135,12 @@ class Holders:
             self._tokens.pop(key, None)
             return True
 
+    def siblings(self, held: Held) -> list[Held]:
+        """The other permits of this process holding ``held``'s keys under its id: they share its lease in
+        the store, so they lose it with it."""
+        with self._lock:
+            return [h for h in self._members.get((held.keys, held.id), ()) if h is not held]
+
     def count_out(self, held: Held) -> tuple[bool, int]:
         """Counts ``held`` out once (asked again, the same answer): whether the store's lease must go, and
         the token to release it with. The token is read first: counting the last holder out forgets it."""
@@ -158,11 +167,16 @@ class Renewer:
     the middle of another Redis call of the same thread). Under gevent the thread is a greenlet."""
 
     def __init__(
-        self, renew: Callable[[Held], bool], release: Callable[[Held], None], name: str = "inflight-renewer"
+        self,
+        renew: Callable[[Held], bool],
+        release: Callable[[Held], None],
+        name: str = "inflight-renewer",
+        siblings: Callable[[Held], Iterable[Held]] = lambda held: (),
     ) -> None:
         self._renew = renew
         self._release = release
         self._name = name
+        self._siblings = siblings
         # The condition, the permits to renew and the thread: made in each process on first use, after the
         # fork and after gevent's patching (a fork's child renews none of its parent's permits).
         self._state = PerProcess(_RenewerState)
@@ -227,7 +241,20 @@ class Renewer:
                 return False
             held.done = True
             self._held.discard(held)
+            _settle(held)
             return True
+
+    def wait_lost(self, held: Held, timeout: float | None) -> bool:
+        """Waits until ``held`` is lost (True), or released, or the limiter closed, or ``timeout`` passed
+        (False)."""
+        with self._cond:
+            if held.watch is None:
+                held.watch = threading.Event()
+                if held.lost or held.done or self._closed:
+                    held.watch.set()
+            watch = held.watch
+        watch.wait(timeout)
+        return held.lost
 
     def release_later(self, held: Held) -> None:
         """For finalizers: releases ``held`` from the thread (at once when the limiter is closed)."""
@@ -261,6 +288,7 @@ class Renewer:
         with self._cond:
             held.done = True
             self._held.discard(held)
+            _settle(held)
         if not held.settled:
             self.queue_release(held)
 
@@ -270,6 +298,8 @@ class Renewer:
             self._closed = True
             state.cond.notify_all()
             thread = state.thread
+            for held in state.held:  # renewed no more: nobody will hear them lost
+                _settle(held)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
         with state.cond:
@@ -310,7 +340,7 @@ class Renewer:
                 self._renew_one(held, state)
 
     def _renew_one(self, held: Held, state: _RenewerState) -> None:
-        if held.done:
+        if held.done or held.lost:
             return
         try:
             kept = self._renew(held)
@@ -318,16 +348,33 @@ class Renewer:
             log.warning("inflight: renewing permit %s failed; retrying", held.id, exc_info=True)
             held.due = time.monotonic() + min(1.0, held.lease_ms / 3000.0)
             return
+        siblings = () if kept else list(self._siblings(held))
         with state.cond:
             released_meanwhile = held.done
             if kept and not released_meanwhile:
                 held.schedule()
             elif not kept:
-                log.warning("inflight: permit %s was lost (its lease ended in the store)", held.id)
-                held.lost = True
-                state.held.discard(held)
+                log.warning("inflight: permit %s was lost (revoked, or its lease gone in the store)", held.id)
+                mark_lost(held, siblings, state.held)
         if kept and released_meanwhile:
             self._safe_release(held, again=True)
+
+
+def _settle(held: Held) -> None:
+    """Wakes those waiting to hear whether ``held`` is lost (the caller holds its limiter's lock)."""
+    if held.watch is not None:
+        held.watch.set()
+
+
+def mark_lost(held: Held, siblings: Iterable[Held], renewed: set[Held]) -> None:
+    """``held`` is lost (its lease revoked, or gone at renewal without room to come back): renewed no more,
+    and those waiting to hear it told (the caller holds its limiter's lock). ``siblings``, the permits of
+    this process holding the same lease, are lost with it (those not released): renewing them would add
+    back a revoked lease."""
+    for lost in (held, *(h for h in siblings if not h.done)):
+        lost.lost = True
+        renewed.discard(lost)
+        _settle(lost)
 
 
 class _Keeper(Protocol):
@@ -388,7 +435,11 @@ class PermitBase:
 
     @property
     def lost(self) -> bool:
-        """True when the store lost the lease and could not re-add it."""
+        """True once a renewal found the lease gone: an admin revoked it (``inflight serve``'s ``DELETE
+        /v1/keys/{key}/permits/{id}?revoke=true``, the Rust library's ``Limiter::revoke``), or it ended in
+        the store and the key had no room to take it back. Heard at the permit's next renewal (a third of
+        its lease). The request is no longer counted; finishing its work is safe, and releasing it is
+        harmless (the rule of the Rust library's ``Permit::is_lost``)."""
         return self._held is not None and self._held.lost
 
     def _take(self) -> Held | None:
@@ -448,6 +499,17 @@ class Permit(PermitBase):
     def close(self) -> None:
         """The same as :meth:`release`."""
         self.release()
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Blocks until the permit is lost (:attr:`lost`: revoked by an admin, or gone at renewal): True.
+        False once ``timeout`` seconds have passed (``None``: no bound), or at once when it can no longer
+        be lost: released, its limiter closed, or holding nothing (an unlimited key's). Heard at the
+        permit's next renewal, a third of its lease after the last; a watchdog thread can wait here and
+        stop the permit's work (a stream) when its slot was taken away."""
+        held, renewer = self._held, self._renewer
+        if held is None or renewer is None:
+            return False
+        return renewer.wait_lost(held, timeout)
 
     def __enter__(self) -> Permit:
         return self

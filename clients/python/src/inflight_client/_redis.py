@@ -12,7 +12,7 @@ import redis
 from redis.cluster import NodesManager, RedisCluster
 
 from . import _core, _dify_layout, _input
-from ._errors import StoreError, TooManyRequests
+from ._errors import Revoked, StoreError, TooManyRequests
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer, log
 from ._policy import ClassLimits, Policy, RuleLike
 from ._turns import RECHECK, TICKET_LEASE_MS, Turns
@@ -96,7 +96,7 @@ class RedisLimiter:
         self._dify = redis_client.register_script(_core.script_text("dify"))
         self._index = redis_client.register_script(_core.script_text("index"))
         self._holders = Holders()
-        self._renewer = Renewer(self._renew_held, self._release_held)
+        self._renewer = Renewer(self._renew_held, self._release_held, siblings=self._holders.siblings)
         self._turns = Turns(redis_client, prefix)
 
     def _records(self, keys: list[str], args: list[_core.Arg]) -> Any:
@@ -115,19 +115,35 @@ class RedisLimiter:
             raise StoreError(str(error)) from error
 
     def try_acquire(
-        self, key: str, id: str | None = None, weight: int = 1, lease: float | None = None
+        self,
+        key: str,
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """A permit on ``key`` now, or :class:`TooManyRequests` when it is at its limit. An ``id`` the key
-        already holds counts once (and refreshes its lease)."""
-        return self.try_acquire_all([key], id=id, weight=weight, lease=lease)
+        already holds counts once (and refreshes its lease). ``holder``: a label (1 to 128 bytes, no
+        control characters; a client's address, a worker's name), listed with the permit's lease by
+        ``inflight serve``'s ``GET /v1/keys/{key}/permits`` so that an operator can tell holders apart;
+        shown to whoever may list holders, so never a secret. Not kept under the Dify layout."""
+        return self.try_acquire_all([key], id=id, weight=weight, lease=lease, holder=holder)
 
     def try_acquire_all(
-        self, keys: Sequence[str], id: str | None = None, weight: int = 1, lease: float | None = None
+        self,
+        keys: Sequence[str],
+        id: str | None = None,
+        weight: int = 1,
+        lease: float | None = None,
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """A permit on every key at once (one atomic script call), or on none: the refusal names the key
         that refused. Repeated keys count once; at most 16 keys."""
         unique = _core.unique_keys(keys)
-        return self._acquire(unique, id, weight, lease, [self.policy.limits(k) for k in unique])
+        limits = [self.policy.limits(k) for k in unique]
+        return self._acquire(unique, id, weight, lease, limits, holder=_input.holder(holder))
 
     def acquire(
         self,
@@ -138,15 +154,19 @@ class RedisLimiter:
         lease: float | None = None,
         priority: int = 0,
         flow: str = "",
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """A permit on ``key``, waiting up to ``max_wait`` seconds (at most 300) for a slot in the key's
         queue of waiters, which every process on the store shares (Rust or Python): admitted in turn by
         ``priority`` (0 to 255, higher first), then by ``flow`` (the flows of a priority are served in
         turn), then by arrival. On timeout the refusal :meth:`try_acquire` gives (:class:`TooManyRequests`);
-        :class:`TooManyWaiters` when the queue is at its bound. Waiting holds no slot, and a wait that ends
-        unadmitted (a timeout, an error, ``KeyboardInterrupt``, a gevent ``Timeout``, the greenlet killed)
-        leaves the queue. ``max_wait=0``: as :meth:`try_acquire`."""
-        return self.acquire_all([key], max_wait, id, weight, lease, priority, flow)
+        :class:`TooManyWaiters` when the queue is at its bound; :class:`Revoked` when an admin revokes the
+        waiter's place (``DELETE /v1/keys/{key}/waiters/{ticket}``). Waiting holds no slot, and a wait
+        that ends unadmitted (a timeout, an error, ``KeyboardInterrupt``, a gevent ``Timeout``, the
+        greenlet killed) leaves the queue. ``max_wait=0``: as :meth:`try_acquire`. ``holder``: as
+        :meth:`try_acquire`'s, listed with the waiter's ticket too."""
+        return self.acquire_all([key], max_wait, id, weight, lease, priority, flow, holder=holder)
 
     def acquire_all(
         self,
@@ -157,15 +177,18 @@ class RedisLimiter:
         lease: float | None = None,
         priority: int = 0,
         flow: str = "",
+        *,
+        holder: str | None = None,
     ) -> Permit:
         """:meth:`try_acquire_all`, waiting as :meth:`acquire` does: the waiter queues on the key that
         refuses it, and asks for every key again at its turn."""
         unique = _core.unique_keys(keys)
         wait_ms = _input.max_wait_ms(max_wait)
         priority, flow = _input.priority(priority), _input.flow(flow)
+        holder = _input.holder(holder)
         limits = [self.policy.limits(k) for k in unique]
         if wait_ms == 0:
-            return self._acquire(unique, id, weight, lease, limits)
+            return self._acquire(unique, id, weight, lease, limits, holder=holder)
         # Refused before a ticket is taken.
         if id is not None:
             _input.id(id)
@@ -183,13 +206,15 @@ class RedisLimiter:
             while True:
                 ticket.called.clear()  # a turn called from now on is kept until the wait below
                 try:
-                    permit = self._acquire(unique, id, weight, lease, limits, wait)
+                    permit = self._acquire(unique, id, weight, lease, limits, wait, holder)
                 except _core.Queued as queued:
                     refused = queued
                 else:
                     # (Admitted, the script took the ticket out; unlimited, it is given up below.)
                     admitted = permit.expires_at_ms is not None
                     return permit
+                if ticket.revoked:  # (its ask, after the revocation, took no place)
+                    raise Revoked(refused.key)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TooManyRequests(refused.limit, refused.in_flight, refused.key) from None
@@ -198,14 +223,16 @@ class RedisLimiter:
                     heard = True
                     self._turns.heard(min(RECHECK, left))
                     continue
-                # Its turn, or a re-check (which renews the ticket).
+                # Its turn, its revocation, or a re-check (which renews the ticket).
                 ticket.called.wait(min(RECHECK, left))
+                if ticket.revoked:
+                    raise Revoked(refused.key)
         except BaseException as error:
             interrupted = not isinstance(error, Exception)
             raise
         finally:
             self._turns.drop(ticket)
-            if not admitted:
+            if not admitted and not ticket.revoked:  # (a revoked ticket was given up by the revocation)
                 self._give_up(unique, ticket.name, interrupted)
 
     def _give_up(self, keys: tuple[str, ...], ticket: str, interrupted: bool) -> None:
@@ -239,6 +266,7 @@ class RedisLimiter:
         lease: float | None,
         limits: Sequence[ClassLimits],
         wait: _core.Wait | None = None,
+        holder: str | None = None,
     ) -> Permit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
@@ -256,7 +284,7 @@ class RedisLimiter:
             else:
                 reply = self._records(
                     _core.key_names(self.prefix, keys),
-                    _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait),
+                    _core.acquire_args(keys, id, weight, lease_ms, limits, generated, wait, holder),
                 )
         except BaseException as error:
             # Interrupted (KeyboardInterrupt, gevent's Timeout, the greenlet killed) or timed out waiting for

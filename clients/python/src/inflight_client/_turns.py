@@ -6,7 +6,8 @@ then arrival). As the Rust library (``limiter/wait.rs``, ``store/wake.rs``, ``st
   first ticket and kept until the limiter is closed; a ticket is ``<channel>#<n>``, ``n`` counted per
   limiter;
 - a release (or a waiter leaving the head) PUBLISHes ``"<n> <n2> ..."`` on the channel of the head's
-  ticket: the tickets whose turn it is;
+  ticket: the tickets whose turn it is; an admin revoking a waiter (``holders.lua``'s ``revoke_waiter``)
+  PUBLISHes ``"<n>!"``: the ticket was given up for it, and its wait ends with :class:`Revoked`;
 - a queued waiter asks again when its turn is called, or after at most :data:`RECHECK` (a turn lost with a
   broken subscription, a lease that expired), which also renews its ticket (:data:`TICKET_LEASE_MS`);
 - a wait that ends unadmitted gives the ticket up (``batch.lua``'s ``l`` op); a process killed leaves its
@@ -21,7 +22,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ._permit import PerProcess
@@ -42,21 +43,44 @@ def _text(data: object) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
 
 
-def _numbers(message: str) -> Iterable[int]:
+def _turns(message: str) -> Iterable[tuple[int, bool]]:
+    """The tickets a message on a turns channel names (``wake.rs``'s ``wake_turns``): ``<n>``, its turn;
+    ``<n>!``, revoked (True); ``<n>=...``, a slot handed to it (which this client never registers for, so
+    never hears)."""
     for part in message.split(" "):
-        if part.isdigit():
-            yield int(part)
+        revoked = part.endswith("!")
+        n = part[:-1] if revoked else part
+        if n.isascii() and n.isdigit():
+            yield int(n), revoked
+
+
+def _wake(tickets: Mapping[int, Ticket | AsyncTicket], message: str | None) -> None:
+    """Sets the turns of the tickets ``message`` names (``None``: every ticket), marking those revoked."""
+    woken: list[Ticket | AsyncTicket] = []
+    if message is None:
+        woken.extend(tickets.values())
+    else:
+        for n, revoked in _turns(message):
+            ticket = tickets.get(n)
+            if ticket is not None:
+                if revoked:
+                    ticket.revoked = True
+                woken.append(ticket)
+    for ticket in woken:
+        ticket.called.set()
 
 
 class Ticket:
-    """One waiter's ticket (sync and gevent): its name, and the event its turn sets."""
+    """One waiter's ticket (sync and gevent): its name, the event its turn sets, and whether an admin
+    revoked it (set before the event)."""
 
-    __slots__ = ("name", "n", "called")
+    __slots__ = ("name", "n", "called", "revoked")
 
     def __init__(self, name: str, n: int, called: threading.Event) -> None:
         self.name = name
         self.n = n
         self.called = called
+        self.revoked = False
 
 
 class _TurnsState:
@@ -65,7 +89,7 @@ class _TurnsState:
     def __init__(self, prefix: str) -> None:
         self.channel = new_channel(prefix)
         self.lock = threading.Lock()
-        self.tickets: dict[int, threading.Event] = {}
+        self.tickets: dict[int, Ticket] = {}
         self.next = 0
         self.heard = threading.Event()  # the channel's subscription is in force
         self.thread: threading.Thread | None = None
@@ -86,14 +110,14 @@ class Turns:
         with state.lock:
             n = state.next
             state.next += 1
-            called = threading.Event()
-            state.tickets[n] = called
+            ticket = Ticket(f"{state.channel}#{n}", n, threading.Event())
+            state.tickets[n] = ticket
             if state.thread is None and not self._closed:
                 state.thread = threading.Thread(
                     target=self._listen, args=(state,), name="inflight-turns", daemon=True
                 )
                 state.thread.start()
-        return Ticket(f"{state.channel}#{n}", n, called)
+        return ticket
 
     def drop(self, ticket: Ticket) -> None:
         state = self._state.get()
@@ -110,14 +134,11 @@ class Turns:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2 * _POLL + 1.0)
 
-    def _wake(self, state: _TurnsState, numbers: Iterable[int] | None) -> None:
-        """Sets the turns of the tickets named (``None``: every ticket)."""
+    def _wake(self, state: _TurnsState, message: str | None) -> None:
+        """Sets the turns of the tickets ``message`` names (``None``: every ticket)."""
         with state.lock:
-            tickets = state.tickets
-            events = list(tickets.values()) if numbers is None else [tickets.get(n) for n in numbers]
-        for event in events:
-            if event is not None:
-                event.set()
+            tickets = dict(state.tickets)
+        _wake(tickets, message)
 
     def _listen(self, state: _TurnsState) -> None:
         while not self._closed:
@@ -133,7 +154,7 @@ class Turns:
                         state.heard.set()
                         self._wake(state, None)
                     elif message.get("type") in ("message", b"message"):
-                        self._wake(state, _numbers(_text(message.get("data"))))
+                        self._wake(state, _text(message.get("data")))
             except Exception:
                 state.heard.clear()
                 log.debug("inflight: the subscription to turns broke; remaking it", exc_info=True)
@@ -147,12 +168,13 @@ class Turns:
 class AsyncTicket:
     """One waiter's ticket (asyncio)."""
 
-    __slots__ = ("name", "n", "called")
+    __slots__ = ("name", "n", "called", "revoked")
 
     def __init__(self, name: str, n: int, called: asyncio.Event) -> None:
         self.name = name
         self.n = n
         self.called = called
+        self.revoked = False
 
 
 class AsyncTurns:
@@ -162,7 +184,7 @@ class AsyncTurns:
     def __init__(self, redis_client: Any, prefix: str) -> None:
         self._redis = redis_client
         self.channel = new_channel(prefix)
-        self._tickets: dict[int, asyncio.Event] = {}
+        self._tickets: dict[int, AsyncTicket] = {}
         self._next = 0
         self._heard: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -171,12 +193,12 @@ class AsyncTurns:
     def take(self) -> AsyncTicket:
         n = self._next
         self._next += 1
-        called = asyncio.Event()
-        self._tickets[n] = called
+        ticket = AsyncTicket(f"{self.channel}#{n}", n, asyncio.Event())
+        self._tickets[n] = ticket
         if (self._task is None or self._task.done()) and not self._closed:
             self._heard = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._listen(self._heard))
-        return AsyncTicket(f"{self.channel}#{n}", n, called)
+        return ticket
 
     def drop(self, ticket: AsyncTicket) -> None:
         self._tickets.pop(ticket.n, None)
@@ -195,12 +217,6 @@ class AsyncTurns:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _wake(self, numbers: Iterable[int] | None) -> None:
-        events = list(self._tickets.values()) if numbers is None else [self._tickets.get(n) for n in numbers]
-        for event in events:
-            if event is not None:
-                event.set()
-
     async def _listen(self, heard: asyncio.Event) -> None:
         while not self._closed:
             pubsub = self._redis.pubsub()
@@ -212,9 +228,9 @@ class AsyncTurns:
                         continue
                     if message.get("type") in ("subscribe", b"subscribe"):
                         heard.set()
-                        self._wake(None)
+                        _wake(self._tickets, None)
                     elif message.get("type") in ("message", b"message"):
-                        self._wake(_numbers(_text(message.get("data"))))
+                        _wake(self._tickets, _text(message.get("data")))
             except Exception:
                 heard.clear()
                 log.debug("inflight: the subscription to turns broke; remaking it", exc_info=True)
