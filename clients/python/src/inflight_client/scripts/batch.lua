@@ -48,12 +48,11 @@ local function acquire(keys, n, id, t, generated, w, floors, label, shadow)
     reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
     local limit, count = resolve(override(key), t[2 * i + 2], t[2 * i + 3]), key.n + key.extra
     limits[i] = limit
-    local bit = 2 ^ (i - 1)
-    if shadow and limit > 0 and shadow % (2 * bit) >= bit then -- watched: counted, never refused
+    if shadow and limit > 0 and shadow % 2 ^ i >= 2 ^ (i - 1) then -- watched: counted, never refused
       any = true
       if count + weight > limit then
         local held = redis.call('ZSCORE', key.leases, id) and meta(key, id) or 0
-        if weight > held and count - held + weight > limit then shadowed = shadowed + bit end
+        if weight > held and count - held + weight > limit then shadowed = shadowed + 2 ^ (i - 1) end
       end
     elseif limit > 0 then
       any = true
@@ -87,11 +86,13 @@ local function acquire(keys, n, id, t, generated, w, floors, label, shadow)
   local plain = generated and weight == 1 and lease_ms == DEFAULT_LEASE_MS and not label
   local held, old_ms, old_token = put(limited[1], id, weight, lease_ms, token, plain)
   for i = 2, m do put(limited[i], id, weight, lease_ms, token, plain) end
-  for i = 1, m do
-    if label then
-      redis.call('HSET', limited[i].permits, HOLDER .. id, string.format('%d', now) .. ' ' .. label)
-    elseif held > 0 then
-      redis.call('HDEL', limited[i].permits, HOLDER .. id)
+  if label or held > 0 then -- (a label noted, or a re-admission's old one gone)
+    for i = 1, m do
+      if label then
+        redis.call('HSET', limited[i].permits, HOLDER .. id, string.format('%d', now) .. ' ' .. label)
+      else
+        redis.call('HDEL', limited[i].permits, HOLDER .. id)
+      end
     end
   end
   for i = 1, n do
