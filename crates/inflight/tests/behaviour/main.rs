@@ -29,6 +29,7 @@ macro_rules! behaviour_suite {
                 a_revoked_holder_hears_it_lost_and_its_slot_is_free_at_once,
                 a_revoked_waiter_ends_with_revoked_and_leaves_the_queue,
                 every_holder_is_listed_across_pages,
+                a_permit_revoked_on_one_of_its_keys_leaves_them_all_at_its_renewal,
                 // (Nor shadow limits: its hash is Dify's count, which it enforces.)
                 a_shadow_limit_admits_past_it_and_counts_exactly_the_excess,
             );

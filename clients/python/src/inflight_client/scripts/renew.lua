@@ -37,13 +37,27 @@ end
 local held = weight and 1 or 0 -- before a re-add gives it a weight
 if lease_ms == 0 then lease_ms = own or DEFAULT_LEASE_MS end
 local outcome = 1
--- Held on no key: gone, unless asked to re-add it and every limited key has room; revoked: gone.
-if missing and not weight then
-  local revoked = false
-  for _, key in ipairs(keys) do
-    revoked = redis.call('HDEL', key.permits, REVOKED .. id) == 1 or revoked
+-- Revoked on a key (holders.lua): lost, and its lease goes from the others too (it is this admission's:
+-- another token's answered lost above), their freed slots called as a release's are.
+local revoked = false
+for i, key in ipairs(keys) do
+  if not has[i] and redis.call('HDEL', key.permits, REVOKED .. id) == 1 then revoked = true end
+end
+if revoked then
+  for i, key in ipairs(keys) do
+    if has[i] then
+      local w = meta(key, id, true)
+      forget(key, id)
+      redis.call('ZREM', key.leases, id)
+      key.n = key.n - 1
+      if key.queued then queue().call_after_release(key, in_flight(key), w) end
+    end
   end
-  if readd == 0 or revoked then return {0, 0, 0, 0, 0, 0, 0} end
+  return {0, 0, 0, 0, 0, 0, 0}
+end
+-- Held on no key: gone, unless asked to re-add it and every limited key has room.
+if missing and not weight then
+  if readd == 0 then return {0, 0, 0, 0, 0, 0, 0} end
   for i, key in ipairs(keys) do
     if limits[i] > 0 and in_flight(key) + readd > limits[i] then return {0, 0, 0, 0, 0, 0, 0} end
   end

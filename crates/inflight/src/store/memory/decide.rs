@@ -133,7 +133,9 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     fn renew_one(&self, req: &RenewRequest) -> Renewal {
-        self.locked(&req.keys, true, true, |slots, now, _| {
+        let mut called = Vec::new();
+        let time = &self.inner.time;
+        let renewal = self.locked(&req.keys, true, true, |slots, now, _| {
             let limits = |slot: &Slot<'_, C>| req.limits[slot.index];
             let limited = |slot: &Slot<'_, C>| slot.state.limit(limits(slot)) != Limit::Unlimited;
             let found = slots.iter().find_map(|slot| slot.state.lease(&req.id));
@@ -141,12 +143,22 @@ impl<C: Clock> MemoryStore<C> {
             if found.is_some_and(|lease| req.token != 0 && lease.token != req.token) {
                 return Renewal::Lost;
             }
-            // Revoked: never added back.
+            // Revoked on a key: lost, never added back, and its lease goes from the others too (as
+            // renew.lua does).
             let mut revoked = false;
-            for slot in slots.iter_mut().filter(|_| found.is_none()) {
-                revoked |= slot.state.was_revoked(&req.id, now);
+            for slot in slots.iter_mut() {
+                if slot.state.lease(&req.id).is_none() {
+                    revoked |= slot.state.was_revoked(&req.id, now);
+                }
             }
             if revoked {
+                for slot in slots.iter_mut() {
+                    let weight = slot.state.lease(&req.id).map_or(0, |lease| lease.weight);
+                    if slot.state.release(&req.id, 0) {
+                        let token = || time.token(now);
+                        called.extend(slot.state.called_after_release(weight, now, token));
+                    }
+                }
                 return Renewal::Lost;
             }
             let token = match found {
@@ -215,7 +227,9 @@ impl<C: Clock> MemoryStore<C> {
             } else {
                 Renewal::Renewed(grant)
             }
-        })
+        });
+        self.inner.wakes.wake_tickets(&called);
+        renewal
     }
 
     fn status_now(

@@ -148,3 +148,32 @@ where
     assert!(pages >= 2);
     assert!(limiter.permits("app", Some("not a cursor")).await.is_err());
 }
+
+pub async fn a_permit_revoked_on_one_of_its_keys_leaves_them_all_at_its_renewal<F: Fixture>(f: F)
+where
+    F::S: Holders,
+{
+    let (holder, admin) = (f.limiter(Policy::new(1, 0)), f.limiter(Policy::new(1, 0)));
+    let options = AcquireOptions::new().holder("runaway");
+    let keys = ["tenant:{t}", "app:{t}:a"]; // (one hash tag: one Cluster slot)
+    let permit = holder.try_acquire_all(&keys, options).await.unwrap();
+    assert!(admin.revoke(keys[1], permit.id()).await.unwrap());
+    assert_eq!(
+        admin.status(keys[0]).await.unwrap().in_flight,
+        1,
+        "held there until it hears"
+    );
+    holder.renew_now().await;
+    tokio::time::timeout(Duration::from_secs(10), permit.lost())
+        .await
+        .expect("heard lost");
+    assert_eq!(
+        admin.status(keys[0]).await.unwrap().in_flight,
+        0,
+        "gone from every key"
+    );
+    assert!(admin
+        .try_acquire_all(&keys, AcquireOptions::new())
+        .await
+        .is_ok());
+}
