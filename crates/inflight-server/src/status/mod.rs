@@ -1,6 +1,9 @@
 //! The live status page: `GET /status` (one self-contained HTML page, `page.html`) and
 //! `GET /status/events` (server-sent events, one a second while a page watches: the busiest keys, the
-//! figures of the last minute, the store's health and latency).
+//! figures of the last minute, the store's health and latency). A click on a key lists its holders and
+//! waiters, with a button to revoke each, from the API's admin routes (`GET /v1/keys/{key}/permits` and
+//! the two `DELETE`s), which the page sends the token it was opened with (`?token=`); refused, it says
+//! that they need the admin token.
 //!
 //! Served where the API is served plainly: `serve`'s listener, and the proxy's `--admin-listen` one.
 //! Each worker has its own board: admissions and refusals are the whole server's, reclaimed leases and

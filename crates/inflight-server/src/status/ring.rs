@@ -3,8 +3,8 @@
 /// How many seconds the figures "per minute" cover.
 pub(super) const SECONDS: usize = 60;
 
-/// What is counted: admitted, refused, reclaimed leases.
-pub(super) type Counts = [u64; 3];
+/// What is counted: admitted, refused, reclaimed leases, admissions past shadow limits.
+pub(super) type Counts = [u64; 4];
 
 /// The counts of each of the last [`SECONDS`] seconds.
 #[derive(Debug, Default)]
@@ -42,23 +42,23 @@ mod tests {
     #[test]
     fn sums_the_growth_of_the_last_sixty_samples() {
         let mut ring = Ring::default();
-        ring.sample([10, 5, 0]);
-        assert_eq!(ring.per_minute(), [10, 5, 0], "counted from zero");
-        ring.sample([12, 5, 1]);
-        ring.sample([15, 6, 1]);
-        assert_eq!(ring.per_minute(), [15, 6, 1]);
+        ring.sample([10, 5, 0, 0]);
+        assert_eq!(ring.per_minute(), [10, 5, 0, 0], "counted from zero");
+        ring.sample([12, 5, 1, 0]);
+        ring.sample([15, 6, 1, 0]);
+        assert_eq!(ring.per_minute(), [15, 6, 1, 0]);
         for n in 0..SECONDS as u64 {
-            ring.sample([15 + n, 6, 1]);
+            ring.sample([15 + n, 6, 1, 0]);
         }
         assert_eq!(
             ring.per_minute(),
-            [SECONDS as u64 - 1, 0, 0],
+            [SECONDS as u64 - 1, 0, 0, 0],
             "older seconds left"
         );
-        ring.sample([0, 0, 0]);
+        ring.sample([0, 0, 0, 0]);
         assert_eq!(
             ring.per_minute(),
-            [SECONDS as u64 - 1, 0, 0],
+            [SECONDS as u64 - 1, 0, 0, 0],
             "a reset is no growth"
         );
     }

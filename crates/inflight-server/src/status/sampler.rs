@@ -35,6 +35,8 @@ struct PerMinute {
     admitted: u64,
     refused: u64,
     reclaimed: u64,
+    /// Admitted past a shadow limit (watched, not enforced).
+    shadowed: u64,
 }
 
 #[derive(Serialize)]
@@ -65,7 +67,10 @@ pub(super) async fn run(board: Weak<Board>, mut stopping: watch::Receiver<bool>)
         if sampled {
             let (admitted, refused) = board.metrics.admissions();
             let reclaimed = board.limiter.stats().reclaimed.load(Ordering::Relaxed);
-            board.ring().sample([admitted, refused, reclaimed]);
+            let shadowed = board.metrics.shadow_refusals();
+            board
+                .ring()
+                .sample([admitted, refused, reclaimed, shadowed]);
         }
         if board.snapshot.receiver_count() > 0 {
             let snapshot = snapshot(&board).await;
@@ -76,7 +81,7 @@ pub(super) async fn run(board: Weak<Board>, mut stopping: watch::Receiver<bool>)
 }
 
 async fn snapshot(board: &Board) -> Snapshot {
-    let [admitted, refused, reclaimed] = board.ring().per_minute();
+    let [admitted, refused, reclaimed, shadowed] = board.ring().per_minute();
     let started = Instant::now();
     let listed = tokio::time::timeout(STORE_TIMEOUT, board.limiter.busy("", PAGE_KEYS)).await;
     let listed = listed.unwrap_or_else(|_| Err(StoreError::Unavailable("timed out".into())));
@@ -110,6 +115,7 @@ async fn snapshot(board: &Board) -> Snapshot {
             admitted,
             refused,
             reclaimed,
+            shadowed,
         },
         store,
     }

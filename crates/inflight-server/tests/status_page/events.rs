@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use inflight_server::config::Layered;
 use inflight_server::Settings;
 use reqwest::{Client, StatusCode};
 use serde_json::{json, Value};
@@ -81,6 +82,31 @@ async fn refusals_are_counted_per_minute() {
             break;
         }
         assert!(Instant::now() < deadline, "refusals not counted: {event}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_past_a_shadow_limit_are_counted_per_minute() {
+    let flags = ["inflight", "--limit", "k=1,shadow"];
+    let served = Served::start(Settings::from_flags(flags).unwrap()).await;
+    let http = Client::new();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(acquire(&http, &served.base, "k", 1).await);
+    }
+    let events = http.get(served.url("/status/events")).send().await.unwrap();
+    let (mut stream, mut buffer) = (events.bytes_stream(), String::new());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let event = next_event(&mut stream, &mut buffer).await;
+        if event["per_minute"]["shadowed"] == 2 {
+            assert_eq!(event["per_minute"]["refused"], 0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shadow refusals not shown: {event}"
+        );
     }
 }
 

@@ -1,15 +1,16 @@
 //! The live status page: `/status` and `/status/events` over HTTP, and the page itself in a real
 //! headless Chromium (Debian's `chromium`): it renders, shows a key that holds permits, and follows
-//! its release.
+//! its release; a click on a key lists its holders and waiters, which it can revoke.
 //!
-//! By theme: `/status` and `/status/events` over HTTP (events.rs), and the page in Chromium
-//! (chromium.rs).
+//! By theme: `/status` and `/status/events` over HTTP (events.rs), the page in Chromium (chromium.rs),
+//! and its key view, clicked in Chromium (holders.rs).
 #![allow(missing_docs)]
 
 mod chromium;
 #[path = "../common/mod.rs"]
 mod common;
 mod events;
+mod holders;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
