@@ -136,8 +136,17 @@ def eventually(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
-def new_key() -> str:
-    return f"app:{uuid.uuid4().hex[:8]}"
+def eventually_value(condition: Callable[[], Any], what: str) -> Any:
+    """Polls ``condition`` until its value is truthy, and answers it; fails after ``DEADLINE`` seconds."""
+    deadline = time.monotonic() + DEADLINE
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+    return value
+
+
+def new_key(prefix: str = "app") -> str:
+    return f"{prefix}:{uuid.uuid4().hex[:8]}"
 
 
 def new_rid() -> str:

@@ -263,7 +263,7 @@ def test_a_queue_at_its_bound_refuses_with_too_many_waiters(two: list[RedisLimit
     with pytest.raises(TooManyWaiters) as refused:
         b.acquire("k", 5.0)
     assert isinstance(refused.value, TooManyRequests)  # a 429 as well
-    assert refused.value.key == "k"
+    assert (refused.value.key, refused.value.key_class) == ("k", "default")
     assert tickets(r) == 10_000  # nothing queued
     holder.release()
 

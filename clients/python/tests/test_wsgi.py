@@ -17,10 +17,12 @@ from middleware_support import (
     Server,
     calls,
     eventually,
+    eventually_value,
     go,
     gunicorn,
     new_key,
     new_rid,
+    parse,
     queued,
     refusal,
     request,
@@ -28,6 +30,7 @@ from middleware_support import (
     seen,
     stream,
 )
+from test_holders import call, listing, quote, revoke_waiter, served, subscribed
 
 from inflight_client import HttpLimiter, Permit, RedisLimiter
 from inflight_client.wsgi import InflightMiddleware
@@ -103,10 +106,11 @@ def test_an_app_that_raises_or_never_starts_its_response_frees_the_slot(
     assert calls(r, key) == 3 and seen(r, key) == [1, 1, 1]
 
 
-def test_requests_over_the_limit_get_429_with_the_key_and_its_figures(
-    wsgi: Server, r: redis.Redis, counts: RedisLimiter
+@pytest.mark.parametrize("prefix,key_class", [("app", "default"), ("rule", "rule:*")])
+def test_requests_over_the_limit_get_429_with_the_key_its_class_and_its_figures(
+    wsgi: Server, r: redis.Redis, counts: RedisLimiter, prefix: str, key_class: str
 ) -> None:
-    key = new_key()
+    key = new_key(prefix)
     rids = [new_rid() for _ in range(6)]
     clients = [stream(wsgi, key, rid) for rid in rids]
     statuses = [client.status() for client in clients]
@@ -116,15 +120,18 @@ def test_requests_over_the_limit_get_429_with_the_key_and_its_figures(
         if status == 429:
             code, headers, body = refusal(client.rest())
             assert headers["retry-after"] == "1"
-            assert headers["inflight-limit"] == f'key="{key}"; limit=2; in_flight=2'
+            named = f'key="{key}"; class="{key_class}"; limit=2; in_flight=2'
+            assert headers["inflight-limit"] == named
             assert body == {
                 "code": "too_many_requests",
                 "message": body["message"],
                 "status": 429,
                 "key": key,
+                "class": key_class,
                 "limit": 2,
                 "in_flight": 2,
             }
+            assert list(body) == ["code", "message", "status", "key", "class", "limit", "in_flight"]
     assert calls(r, key) == 2
     for rid in rids:
         go(r, rid)
@@ -144,13 +151,54 @@ def test_a_waiter_is_admitted_when_a_stream_ends(wsgi: Server, r: redis.Redis, c
     eventually(lambda: queued(r, key) == 1, "the second request waits in the key's queue")
     assert calls(r, key) == 1
     go(r, first)
-    assert b"last" in holder.rest()
+    held = holder.rest()
+    assert b"last" in held and "inflight-limit" not in parse(held)[1]  # admitted without waiting
     assert waiter.status() == 200
-    waiter.until(b"first")
+    # Admitted after its wait: the response names the key it queued on, as inflight serve's 201 does.
+    named = f'key="{key}"; class="default"; limit=1; in_flight=1'
+    assert parse(waiter.until(b"first"))[1]["inflight-limit"] == named
     go(r, second)
     assert b"last" in waiter.rest()
     eventually(lambda: counts.status(key).in_flight == 0, "the waiter's stream released its slot")
     assert seen(r, key) == [1, 1]
+
+
+def test_permits_are_labelled_with_the_holder_and_a_bad_label_is_dropped(
+    wsgi: Server, r: redis.Redis, counts: RedisLimiter
+) -> None:
+    key, first, second = new_key(), new_rid(), new_rid()
+    labelled = stream(wsgi, key, first)  # REMOTE_ADDR
+    labelled.until(b"first")
+    assert list(listing(r, key)[0].values()) == ["127.0.0.1"]
+    unlabelled = Exchange(wsgi.port, f"/stream?key={key}&rid={second}&then=end&holder={'x' * 129}")
+    assert unlabelled.status() == 200  # admitted all the same, without the label
+    unlabelled.until(b"first")
+    assert sorted(listing(r, key)[0].values(), key=str) == ["127.0.0.1", None]
+    eventually(lambda: "holder label" in wsgi.log.read_text(), "the dropped label was logged")
+    for rid, client in ((first, labelled), (second, unlabelled)):
+        go(r, rid)
+        assert b"last" in client.rest()
+    eventually(lambda: counts.status(key).in_flight == 0, "both streams released their slots")
+
+
+def test_a_revoked_waiter_gets_409_revoked(wsgi: Server, r: redis.Redis, counts: RedisLimiter) -> None:
+    key, first = new_key(), new_rid()
+    counts.set_limit(key, 1)
+    holder = stream(wsgi, key, first)
+    holder.until(b"first")
+    waiter = Exchange(wsgi.port, f"/stream?key={key}&rid={new_rid()}&then=end&wait=1&holder=waiter-1")
+    (ticket, label), *_ = eventually_value(lambda: listing(r, key)[1], "the waiter listed")
+    assert label == "waiter-1"
+    eventually(lambda: subscribed(r, ticket), "the waiter hears its channel")
+    assert revoke_waiter(r, key, ticket)
+    code, headers, body = refusal(waiter.rest())
+    message = "An admin revoked this request's place in the queue."
+    assert (code, body) == (409, {"code": "revoked", "message": message, "status": 409, "key": key})
+    assert "inflight-limit" not in headers and "retry-after" not in headers
+    assert calls(r, key) == 1 and queued(r, key) == 0  # the app never saw it, and it left the queue
+    go(r, first)
+    assert b"last" in holder.rest()
+    eventually(lambda: counts.status(key).in_flight == 0, "the stream released its slot")
 
 
 def test_http_limiter_under_gevent_workers(
@@ -158,7 +206,7 @@ def test_http_limiter_under_gevent_workers(
 ) -> None:
     pytest.importorskip("gunicorn")
     pytest.importorskip("gevent")
-    serve = serve_factory("--store", redis_url, "--default-limit", "1")
+    serve = serve_factory("--store", redis_url, "--default-limit", "1", "--limit", "rule:*=1")
     env = {"TEST_REDIS_URL": redis_url, "TEST_SERVE_URL": serve.url}
     key, rid = new_key(), new_rid()
     with (
@@ -168,10 +216,46 @@ def test_http_limiter_under_gevent_workers(
         holder = stream(server, key, rid)
         holder.until(b"first")
         code, headers, _ = refusal(stream(server, key, new_rid()).rest())
-        assert (code, headers["inflight-limit"]) == (429, f'key="{key}"; limit=1; in_flight=1')
+        named = f'key="{key}"; class="default"; limit=1; in_flight=1'
+        assert (code, headers["inflight-limit"]) == (429, named)
         go(r, rid)
         assert b"last" in holder.rest()
         eventually(lambda: limiter.status(key).in_flight == 0, "the stream released its slot")
+
+        # A rule's key: the holder listed by the server, a waiter revoked through its API (409), and a
+        # waiter admitted with the key, its class and figures the server's 201 named.
+        key, first, second = new_key("rule"), new_rid(), new_rid()
+        holder = stream(server, key, first)
+        holder.until(b"first")
+        (listed,) = served(serve.url, key)["holders"]
+        assert listed["holder"] == "127.0.0.1"
+        code, headers, body = refusal(stream(server, key, new_rid()).rest())
+        named = f'key="{key}"; class="rule:*"; limit=1; in_flight=1'
+        assert (code, headers["inflight-limit"], body["class"]) == (429, named, "rule:*")
+        revoked = Exchange(server.port, f"/stream?key={key}&rid={new_rid()}&then=end&wait=1&holder=waiter-1")
+        (waiter,) = eventually_value(lambda: served(serve.url, key)["waiters"], "the waiter listed")
+        assert waiter["holder"] == "waiter-1"
+        eventually(lambda: subscribed(r, waiter["ticket"]), "the server hears the ticket's channel")
+        status, _ = call(f"{serve.url}/v1/keys/{quote(key)}/waiters/{quote(waiter['ticket'])}", "DELETE")
+        assert status == 204
+        code, _, body = refusal(revoked.rest())
+        assert (code, body["code"], body["key"]) == (409, "revoked", key)
+        admitted = stream(server, key, second, wait=True)
+        eventually(lambda: queued(r, key) == 1, "the next waiter waits in the key's queue")
+        go(r, first)
+        assert b"last" in holder.rest()
+        assert parse(admitted.until(b"first"))[1]["inflight-limit"] == named
+        go(r, second)
+        assert b"last" in admitted.rest()
+        eventually(lambda: limiter.status(key).in_flight == 0, "every slot released")
+        assert calls(r, key) == 2
+
+
+def test_holder_must_be_a_callable() -> None:
+    limiter = HttpLimiter("http://127.0.0.1:1")
+    with pytest.raises(TypeError, match="holder"):
+        InflightMiddleware(lambda *_: [], limiter, lambda environ: None, holder="127.0.0.1")  # type: ignore[arg-type]
+    limiter.close()
 
 
 def test_the_permit_is_released_exactly_once(counts: RedisLimiter, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -213,7 +213,8 @@ class AsyncRenewer:
 
 
 class AsyncPermit(PermitBase):
-    """A permit of :class:`AsyncRedisLimiter`: ``async with``, or ``await permit.release()``."""
+    """A permit of :class:`AsyncRedisLimiter`: ``async with``, or ``await permit.release()``. Its
+    attributes are :class:`Permit`'s (``queued_on``, ``queued_class`` included)."""
 
     def __init__(
         self,
@@ -434,6 +435,7 @@ class AsyncRedisLimiter:
         ticket = self._turns.take()
         wait = _core.Wait(ticket.name, priority, flow, TICKET_LEASE_MS)
         admitted = interrupted = False
+        queued_on: _core.Queued | None = None  # its last refusal: the key whose queue it waits in
         try:
             heard = False
             while True:
@@ -441,15 +443,19 @@ class AsyncRedisLimiter:
                 try:
                     permit = await self._acquire(unique, id, weight, lease, limits, wait, holder)
                 except _core.Queued as queued:
-                    refused = queued
+                    refused = queued_on = queued
                 else:
                     admitted = permit.expires_at_ms is not None
+                    if queued_on is not None:
+                        permit.queued_on, permit.queued_class = queued_on.key, queued_on.key_class
                     return permit
                 if ticket.revoked:  # (its ask, after the revocation, took no place)
                     raise Revoked(refused.key)
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise TooManyRequests(refused.limit, refused.in_flight, refused.key) from None
+                    raise TooManyRequests(
+                        refused.limit, refused.in_flight, refused.key, key_class=refused.key_class
+                    ) from None
                 if not heard:
                     heard = True
                     await self._turns.heard(min(RECHECK, left))
@@ -504,7 +510,7 @@ class AsyncRedisLimiter:
             if unanswered and not held_before:
                 self._renewer.spawn(self.release(keys, id, 0))
             raise
-        limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
+        limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight, self.policy)
         if expires_at_ms is None:
             return AsyncPermit(keys, id, weight, None, 0, None, None, None)
         held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)

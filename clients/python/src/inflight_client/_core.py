@@ -11,7 +11,7 @@ from . import _input, _keys
 from ._errors import TooManyRequests, TooManyWaiters, UnexpectedAnswer, WeightExceedsLimit
 from ._input import MAX_KEYS, MAX_LEASE_MS, MIN_LEASE_MS
 from ._input import MAX_LIMIT as MAX_OVERRIDE
-from ._policy import ClassLimits
+from ._policy import ClassLimits, Policy
 
 __all__ = ["MAX_KEYS", "MAX_LEASE_MS", "MIN_LEASE_MS", "MAX_OVERRIDE"]
 
@@ -218,24 +218,28 @@ def ints(reply: object, n: int) -> list[int]:
     return [int(x) for x in reply]
 
 
-def admission(reply: object, keys: Sequence[str], weight: int) -> tuple[int | None, int, int | None, int]:
+def admission(
+    reply: object, keys: Sequence[str], weight: int, policy: Policy | None = None
+) -> tuple[int | None, int, int | None, int]:
     """Reads an admission's :class:`Answer`: (limit, in_flight, expires_at_ms, token), ``expires_at_ms``
     None when the keys are unlimited (nothing recorded); raises the refusal: a waiter's is :class:`Queued`
-    (its ticket waits in the refusing key's queue) or :class:`TooManyWaiters` (the queue is at its bound)."""
+    (its ticket waits in the refusing key's queue) or :class:`TooManyWaiters` (the queue is at its bound).
+    A refusal names the refusing key's class by ``policy`` (``key_class``; ``None`` without one)."""
     answer = Answer(*ints(reply, len(Answer._fields)))
     limit, in_flight, key = answer.limit, answer.in_flight, keys[answer.index]
     if answer.decision == ADMITTED:
         return limit or None, in_flight, answer.expires_at_ms, answer.token
     if answer.decision == UNLIMITED:
         return None, 0, None, 0
+    key_class = None if policy is None else policy.class_of(key)
     if answer.decision == FULL:
-        raise TooManyRequests(limit, in_flight, key)
+        raise TooManyRequests(limit, in_flight, key, key_class=key_class)
     if answer.decision == TOO_HEAVY:
-        raise WeightExceedsLimit(limit, weight, key)
+        raise WeightExceedsLimit(limit, weight, key, key_class=key_class)
     if answer.decision == WAITS:
-        raise Queued(limit, in_flight, key)
+        raise Queued(limit, in_flight, key, key_class=key_class)
     if answer.decision == WAITERS_BOUND:
-        raise TooManyWaiters(limit, in_flight, key)
+        raise TooManyWaiters(limit, in_flight, key, key_class=key_class)
     raise UnexpectedAnswer(f"acquire answered decision {answer.decision}")
 
 

@@ -9,12 +9,17 @@ class InflightError(Exception):
 
 class TooManyRequests(InflightError):
     """The key is at its limit now: ``limit`` and ``in_flight`` are the key's figures (``None`` when the
-    HTTP API did not give them)."""
+    HTTP API did not give them). ``key_class`` is the key's class as refusals name it (its rule's pattern,
+    ``"app:*"``, or ``"default"``: :meth:`Policy.class_of`; the server's from the HTTP API; ``None`` when
+    not known)."""
 
-    def __init__(self, limit: int | None, in_flight: int | None, key: str = "") -> None:
+    def __init__(
+        self, limit: int | None, in_flight: int | None, key: str = "", *, key_class: str | None = None
+    ) -> None:
         self.limit = limit
         self.in_flight = in_flight
         self.key = key
+        self.key_class = key_class
         super().__init__(f"too many requests on {key!r}: {in_flight} in flight of a limit of {limit}")
 
 
@@ -22,22 +27,30 @@ class TooManyWaiters(TooManyRequests):
     """A waiting acquire found the key's queue of waiters at its bound (10,000 tickets, or 1,000 flows
     waiting), shared by every process on the store: nothing was queued. The HTTP API's 429
     ``too_many_waiters``; a :class:`TooManyRequests`, so that a handler of the one answers the other too.
-    ``limit`` and ``in_flight`` are the key's figures (``None`` from the HTTP API)."""
+    ``limit`` and ``in_flight`` are the key's figures (``None`` from the HTTP API); ``key_class`` its class,
+    as :class:`TooManyRequests`'s."""
 
-    def __init__(self, limit: int | None, in_flight: int | None, key: str = "") -> None:
+    def __init__(
+        self, limit: int | None, in_flight: int | None, key: str = "", *, key_class: str | None = None
+    ) -> None:
         self.limit = limit
         self.in_flight = in_flight
         self.key = key
+        self.key_class = key_class
         InflightError.__init__(self, f"too many waiters queue on {key!r} (at its bound); try again later")
 
 
 class WeightExceedsLimit(InflightError):
-    """The permit's weight is more than the key's whole limit: it could never be admitted."""
+    """The permit's weight is more than the key's whole limit: it could never be admitted. ``key_class``:
+    the key's class, as :class:`TooManyRequests`'s (``None`` from the HTTP API, whose 400 names none)."""
 
-    def __init__(self, limit: int | None, weight: int, key: str = "") -> None:
+    def __init__(
+        self, limit: int | None, weight: int, key: str = "", *, key_class: str | None = None
+    ) -> None:
         self.limit = limit
         self.weight = weight
         self.key = key
+        self.key_class = key_class
         super().__init__(f"weight {weight} exceeds the limit {limit} of {key!r}")
 
 

@@ -8,10 +8,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
+from email.message import Message
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _core, _input
+from . import _core, _input, _refusal
 from ._errors import (
     InflightError,
     Revoked,
@@ -85,6 +86,15 @@ class _Answer:
         return [_Answer(self.status, item, f"{self.what}: {field}") for item in value]
 
 
+def _queued(permit: Permit, headers: Message) -> Permit:
+    """``permit`` with the key it queued on (``queued_on``, ``queued_class``), as the server's 201 names it
+    after a wait (``Inflight-Limit``); a header this client cannot read is left unread."""
+    named = _refusal.read_limit_header(headers.get("Inflight-Limit"))
+    if named is not None:
+        permit.queued_on, permit.queued_class = named.key, named.key_class
+    return permit
+
+
 class HttpLimiter:
     """Permits from ``inflight serve`` at ``base_url`` (``http://host:port``), for processes that cannot
     reach Redis. ``token`` is the admin token that changing limits needs (when the server has one).
@@ -112,6 +122,13 @@ class HttpLimiter:
         """The status and the JSON answer (``None`` for an empty body). An error status comes back as
         ``(status, {"code": ..., "message": ...})``; a body that is not JSON, or an error that is not the
         API's error object, is :class:`UnexpectedAnswer`."""
+        status, answer, _ = self._exchange(method, path, body, waits)
+        return status, answer
+
+    def _exchange(
+        self, method: str, path: str, body: dict[str, Any] | None = None, waits: float = 0.0
+    ) -> tuple[int, Any, Message]:
+        """:meth:`_request`'s status and answer, and the answer's headers."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base_url + path, data=data, method=method)
         if data is not None:
@@ -120,9 +137,9 @@ class HttpLimiter:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout + waits) as response:
-                status, raw = response.status, response.read()
+                status, raw, headers = response.status, response.read(), response.headers
         except urllib.error.HTTPError as error:
-            status, raw = error.code, error.read()
+            status, raw, headers = error.code, error.read(), error.headers
         except (urllib.error.URLError, OSError, http.client.IncompleteRead) as error:
             raise StoreError(f"{method} {path}: {error}") from error
         except http.client.HTTPException as error:  # not HTTP at all (BadStatusLine, ...)
@@ -135,24 +152,26 @@ class HttpLimiter:
             ) from None
         if status >= 400:
             _Answer(status, answer, f"{method} {path}: the error {status}").text("code")
-        return status, answer
+        return status, answer, headers
 
     @staticmethod
     def _refusal(status: int, answer: Any, key: str, weight: int) -> InflightError:
         answer = answer if isinstance(answer, dict) else {}
         code, message = str(answer.get("code", "")), str(answer.get("message", ""))
         key = str(answer.get("key", key))
-        # (The figures of the refusing limit, which the server names.)
+        # (The refusing limit's class and figures, which the server's 429 names.)
+        key_class = answer.get("class")
+        key_class = key_class if isinstance(key_class, str) else None
         limit, in_flight = (
             value if isinstance(value, int) and not isinstance(value, bool) else None
             for value in (answer.get("limit"), answer.get("in_flight"))
         )
         if code == "too_many_requests":
-            return TooManyRequests(limit, in_flight, key)
+            return TooManyRequests(limit, in_flight, key, key_class=key_class)
         if code == "too_many_waiters":
-            return TooManyWaiters(None, None, key)
+            return TooManyWaiters(limit, in_flight, key, key_class=key_class)
         if code == "weight_exceeds_limit":
-            return WeightExceedsLimit(None, weight, key)
+            return WeightExceedsLimit(limit, weight, key, key_class=key_class)
         if code == "revoked":
             return Revoked(key)
         if code == "store_unavailable":
@@ -215,13 +234,14 @@ class HttpLimiter:
 
     def _acquire_one(self, key: str, body: dict[str, Any]) -> Permit:
         weight = int(body["weight"])
-        status, answer = self._request("POST", f"/v1/keys/{_quote(key)}/permits", body, self._waits(body))
+        path = f"/v1/keys/{_quote(key)}/permits"
+        status, answer, headers = self._exchange("POST", path, body, self._waits(body))
         if status != 201:
             raise self._refusal(status, answer, key, weight)
         permit = _Answer(status, answer, "POST .../permits")
         path = f"/v1/keys/{_quote(key)}/permits/{_quote(permit.text('id'))}"
         limit, in_flight = permit.integer_or_none("limit"), permit.integer("in_flight")
-        return self._permit((key,), permit, limit, in_flight, path, body)
+        return _queued(self._permit((key,), permit, limit, in_flight, path, body), headers)
 
     def try_acquire_all(
         self,
@@ -239,14 +259,14 @@ class HttpLimiter:
     def _acquire_all(self, unique: tuple[str, ...], body: dict[str, Any]) -> Permit:
         weight = int(body["weight"])
         sent = {"keys": list(unique), **body}
-        status, answer = self._request("POST", "/v1/permits", sent, self._waits(body))
+        status, answer, headers = self._exchange("POST", "/v1/permits", sent, self._waits(body))
         if status != 201:
             raise self._refusal(status, answer, unique[0], weight)
         permit = _Answer(status, answer, "POST /v1/permits")
         first = permit.objects("keys")[0]
         path = f"/v1/permits/{_quote(permit.text('id'))}"
         limit, in_flight = first.integer_or_none("limit"), first.integer("in_flight")
-        return self._permit(unique, permit, limit, in_flight, path, body)
+        return _queued(self._permit(unique, permit, limit, in_flight, path, body), headers)
 
     def _terms(self, id: str | None, weight: int, lease: float | None, holder: str | None) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -406,6 +406,10 @@ class PermitBase:
         self._token = token
         self._held = held
         self._keeper = keeper
+        # The key whose queue it waited in before it was admitted (the one that refused it last) and that
+        # key's class: set by a waiting acquire that queued (the Rust library's ``Permit::queued_on``).
+        self.queued_on: str | None = None
+        self.queued_class: str | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         if held is not None and keeper is not None:
             # The backstop: a permit collected unreleased is released (by the limiter's thread or task).
@@ -462,6 +466,11 @@ class Permit(PermitBase):
     Use it as a context manager, or call :meth:`release` (also :meth:`close`); both are idempotent. A permit
     garbage-collected unreleased is released by a finalizer. ``limit`` is ``None`` for an unlimited key
     (nothing is held then); ``key``, ``limit`` and ``in_flight`` are those of the first key.
+
+    ``queued_on`` is the key whose queue a waiting acquire (``acquire``, ``acquire_all``) stood in before
+    it was admitted (the key that refused it last), ``None`` when it was admitted without waiting (as the
+    Rust library's ``Permit::queued_on``); ``queued_class`` is that key's class (its rule's pattern, or
+    ``"default"``; ``None`` when not known).
     """
 
     def __init__(

@@ -2,8 +2,8 @@
 
 A rule's pattern is a glob where ``*`` matches any run of characters. The most specific matching rule wins:
 the longest literal prefix, then the most literal text, then an exact pattern over a starred one, then
-the rule given first. Keys that match no rule have the default limits. An override of a key is capped by
-its class's max.
+the rule given first. Keys that match no rule have the default limits, and are of the class ``default``. An
+override of a key is capped by its class's max.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from . import _input
 
 MAX_RULES = 1024
+DEFAULT_CLASS = "default"  # the class of keys that match no rule, as refusals and metrics name it
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,28 @@ class Policy:
         # Stable: among equally specific rules the first given stays first.
         self.rules: list[Rule] = sorted(given, key=Rule.specificity, reverse=True)
 
-    def limits(self, key: str) -> ClassLimits:
-        """The limits of the key's class."""
+    def rule_for(self, key: str) -> Rule | None:
+        """The rule of the key's class; ``None`` when no rule matches it (it has the defaults)."""
         for rule in self.rules:
             if rule.matches(key):
-                return rule.limits
-        return self.default
+                return rule
+        return None
+
+    def limits(self, key: str) -> ClassLimits:
+        """The limits of the key's class."""
+        rule = self.rule_for(key)
+        return self.default if rule is None else rule.limits
+
+    def class_of(self, key: str) -> str:
+        """The name of the key's class, as refusals and metrics name it (``Policy::class_of``): the pattern
+        of its rule (``"app:*"``), or ``"default"`` when no rule matches it.
+
+        >>> policy = Policy(10, 0, [Rule("app:*", 5)])
+        >>> policy.class_of("app:a1"), policy.class_of("tenant:t1")
+        ('app:*', 'default')
+        """
+        rule = self.rule_for(key)
+        return DEFAULT_CLASS if rule is None else rule.keys
 
     def resolve(self, key: str, override: int | None = None) -> int | None:
         """The key's effective limit given its override (``None``: unlimited)."""

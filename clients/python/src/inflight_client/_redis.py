@@ -201,6 +201,7 @@ class RedisLimiter:
         ticket = self._turns.take()
         wait = _core.Wait(ticket.name, priority, flow, TICKET_LEASE_MS)
         admitted = interrupted = False
+        queued_on: _core.Queued | None = None  # its last refusal: the key whose queue it waits in
         try:
             heard = False
             while True:
@@ -208,16 +209,20 @@ class RedisLimiter:
                 try:
                     permit = self._acquire(unique, id, weight, lease, limits, wait, holder)
                 except _core.Queued as queued:
-                    refused = queued
+                    refused = queued_on = queued
                 else:
                     # (Admitted, the script took the ticket out; unlimited, it is given up below.)
                     admitted = permit.expires_at_ms is not None
+                    if queued_on is not None:
+                        permit.queued_on, permit.queued_class = queued_on.key, queued_on.key_class
                     return permit
                 if ticket.revoked:  # (its ask, after the revocation, took no place)
                     raise Revoked(refused.key)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TooManyRequests(refused.limit, refused.in_flight, refused.key) from None
+                    raise TooManyRequests(
+                        refused.limit, refused.in_flight, refused.key, key_class=refused.key_class
+                    ) from None
                 if not heard:
                     # A turn called before the subscription was in force went unheard: asked again after.
                     heard = True
@@ -293,7 +298,7 @@ class RedisLimiter:
             if unanswered and not held_before:
                 self._give_back(keys, id, 0)
             raise
-        limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight)
+        limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight, self.policy)
         if expires_at_ms is None:
             return Permit(keys, id, weight, None, 0, None, None, None)
         held = Held(

@@ -20,13 +20,24 @@ A stream that never calls ``receive`` learns of a disconnect only if its server 
 ``StreamingResponse`` listens for the disconnect itself.
 
 A refused request is answered 429 and the app is not called: ``Retry-After: 1``,
-``Inflight-Limit: key="app:a1"; limit=5; in_flight=5`` and the JSON body ``{"code": "too_many_requests",
-"message": ..., "status": 429, "key": "app:a1", "limit": 5, "in_flight": 5}`` (``too_many_waiters`` when
-the key's queue is at its bound; a figure the limiter did not give is ``null`` and left out of the header).
-``max_wait`` (seconds, at most 300) lets a request wait in the key's queue first; ``None`` or 0 refuses at
-once. A :class:`~inflight_client.StoreError` (Redis or the server unreachable) is raised, as any other
-error of the app's (the server answers 500). Lifespan and WebSocket scopes pass through unlimited: a
-WebSocket connection is not a request whose end the middleware could tell.
+``Inflight-Limit: key="app:a1"; class="app:*"; limit=5; in_flight=5`` and the JSON body ``{"code":
+"too_many_requests", "message": ..., "status": 429, "key": "app:a1", "class": "app:*", "limit": 5,
+"in_flight": 5}`` (``too_many_waiters`` when the key's queue is at its bound; the class is the pattern of
+the key's rule, or ``"default"``; a class or figure the limiter did not give is ``null`` and left out of
+the header). ``max_wait`` (seconds, at most 300) lets a request wait in the key's queue first; ``None`` or
+0 refuses at once. A request admitted after it waited in the queue has ``Inflight-Limit`` (that key, its
+class and its figures at admission) added to its response's headers. A waiter whose place an admin revoked
+(:class:`~inflight_client.Revoked`) is answered 409, ``{"code": "revoked", "message": ..., "status": 409,
+"key": "app:a1"}``, and the app is not called.
+
+``holder(scope)``, when given, labels the request's permit (``holder=``: 1 to 128 bytes, no control
+characters), which an operator sees listed with its lease and ticket (``GET /v1/keys/{key}/permits``): a
+client's address, ``scope["client"][0]``; never a secret. A label the limiter would refuse is logged
+(``inflight_client``'s logger) and dropped: the request is admitted without one. ``None`` gives none.
+
+A :class:`~inflight_client.StoreError` (Redis or the server unreachable) is raised, as any other error of
+the app's (the server answers 500). Lifespan and WebSocket scopes pass through unlimited: a WebSocket
+connection is not a request whose end the middleware could tell.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from typing import Any
 
 from . import _input, _refusal
 from ._async import AsyncPermit, AsyncRedisLimiter
+from ._errors import Revoked
 from ._http import HttpLimiter
 from ._permit import Permit
 
@@ -61,15 +73,19 @@ class InflightMiddleware:
         limiter: AsyncRedisLimiter | HttpLimiter,
         key: Callable[[Scope], str | None],
         max_wait: float | None = None,
+        holder: Callable[[Scope], str | None] | None = None,
     ) -> None:
         if not isinstance(limiter, (AsyncRedisLimiter, HttpLimiter)):
             what = type(limiter).__name__
             raise TypeError(f"limiter must be an AsyncRedisLimiter or an HttpLimiter, not {what}")
         if not callable(key):
             raise TypeError("key must be a callable of the request's scope")
+        if holder is not None and not callable(holder):
+            raise TypeError("holder must be a callable of the request's scope, or None")
         self.app = app
         self.limiter = limiter
         self.key = key
+        self.holder = holder
         self.max_wait = 0.0 if max_wait is None else max_wait
         _input.max_wait_ms(self.max_wait)
         self._pool: ThreadPoolExecutor | None = None
@@ -83,14 +99,22 @@ class InflightMiddleware:
         if key is None:
             await self.app(scope, receive, send)
             return
+        label = None if self.holder is None else _refusal.holder_label(self.holder(scope))
         try:
-            permit = await self._acquire(key)
+            permit = await self._acquire(key, label)
         except _refusal.REFUSALS as refused:
-            await _send_refusal(send, _refusal.answer(refused))
+            await _send_answer(send, _refusal.answer(refused))
+            return
+        except Revoked as revoked:
+            await _send_answer(send, _refusal.revoked(revoked))
             return
         slot = _Slot(permit, self._releases)
+        queued = _refusal.queued_header(permit)
+        named = None if queued is None else (queued[0].lower().encode("latin-1"), queued[1].encode("latin-1"))
 
         async def sending(message: Message) -> None:
+            if named is not None and message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), named]}
             await send(message)
             kind = message["type"]
             if (kind == "http.response.body" and not message.get("more_body", False)) or (
@@ -109,16 +133,16 @@ class InflightMiddleware:
         finally:
             await slot.release()
 
-    async def _acquire(self, key: str) -> AsyncPermit | Permit:
+    async def _acquire(self, key: str, holder: str | None) -> AsyncPermit | Permit:
         limiter = self.limiter
         if isinstance(limiter, AsyncRedisLimiter):
             if self.max_wait:
-                return await limiter.acquire(key, self.max_wait)
-            return await limiter.try_acquire(key)
+                return await limiter.acquire(key, self.max_wait, holder=holder)
+            return await limiter.try_acquire(key, holder=holder)
         if self.max_wait:
-            call = functools.partial(limiter.acquire, key, self.max_wait)
+            call = functools.partial(limiter.acquire, key, self.max_wait, holder=holder)
         else:
-            call = functools.partial(limiter.try_acquire, key)
+            call = functools.partial(limiter.try_acquire, key, holder=holder)
         future = asyncio.get_running_loop().run_in_executor(None, call)
         try:
             return await asyncio.shield(future)
@@ -159,7 +183,7 @@ class _Slot:
         await asyncio.shield(asyncio.wrap_future(done))
 
 
-async def _send_refusal(send: Send, answer: _refusal.Answer) -> None:
+async def _send_answer(send: Send, answer: _refusal.Answer) -> None:
     headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in answer.headers]
-    await send({"type": "http.response.start", "status": _refusal.STATUS, "headers": headers})
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body, "more_body": False})

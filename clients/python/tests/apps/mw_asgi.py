@@ -1,10 +1,11 @@
 """The app the ASGI middleware's tests run under uvicorn (tests/test_asgi.py).
 
-The limiter: an ``AsyncRedisLimiter`` on ``TEST_REDIS_URL`` (default limit 2), or an ``HttpLimiter`` on
-``TEST_SERVE_URL``. The query names the key (``key=``; ``/ready`` is unlimited) and, with ``wait=1``,
-sends the request through the middleware that waits (``max_wait`` 30 s) rather than the one that refuses
-at once. Each admitted request counts itself (``test:calls:{key}``) and records the in-flight count it
-sees (``test:seen:{key}``); it blocks where the test says until the test pushes to ``test:go:{rid}``.
+The limiter: an ``AsyncRedisLimiter`` on ``TEST_REDIS_URL`` (default limit 2, and 2 for the class ``rule:*``),
+or an ``HttpLimiter`` on ``TEST_SERVE_URL``. The query names the key (``key=``; ``/ready`` is unlimited) and,
+with ``wait=1``, sends the request through the middleware that waits (``max_wait`` 30 s) rather than the one
+that refuses at once. Each permit is labelled with ``holder=`` of the query, else the client's address. Each
+admitted request counts itself (``test:calls:{key}``) and records the in-flight count it sees
+(``test:seen:{key}``); it blocks where the test says until the test pushes to ``test:go:{rid}``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ limiter: AsyncRedisLimiter | HttpLimiter
 if os.environ.get("TEST_SERVE_URL"):
     limiter = HttpLimiter(os.environ["TEST_SERVE_URL"])
 else:
-    limiter = AsyncRedisLimiter(redis.asyncio.Redis.from_url(os.environ["TEST_REDIS_URL"]), default_limit=2)
+    limiter = AsyncRedisLimiter(
+        redis.asyncio.Redis.from_url(os.environ["TEST_REDIS_URL"]),
+        default_limit=2,
+        limits=[{"keys": "rule:*", "default": 2}],
+    )
 
 
 def query(scope: Scope) -> dict[str, str]:
@@ -37,6 +42,12 @@ def query(scope: Scope) -> dict[str, str]:
 
 def key_of(scope: Scope) -> str | None:
     return None if scope["path"] == "/ready" else query(scope).get("key", "app:a1")
+
+
+def holder_of(scope: Scope) -> str | None:
+    """The query's ``holder=`` (a bad one is dropped by the middleware), else the client's address."""
+    client = scope.get("client")
+    return query(scope).get("holder", client[0] if client else None)
 
 
 async def admitted(key: str) -> None:
@@ -118,8 +129,8 @@ async def inner(scope: Scope, receive: Receive, send: Send) -> None:
         await site(scope, receive, send)
 
 
-at_once = InflightMiddleware(inner, limiter, key_of)
-waiting = InflightMiddleware(inner, limiter, key_of, max_wait=30)
+at_once = InflightMiddleware(inner, limiter, key_of, holder=holder_of)
+waiting = InflightMiddleware(inner, limiter, key_of, max_wait=30, holder=holder_of)
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,11 +1,12 @@
 """The app the WSGI middleware's tests run under gunicorn (tests/test_wsgi.py).
 
-A Flask app behind the middleware, with a ``RedisLimiter`` on ``TEST_REDIS_URL`` (default limit 2) or an
-``HttpLimiter`` on ``TEST_SERVE_URL``. The query names the key (``key=``; ``/ready`` is unlimited) and,
-with ``wait=1``, sends the request through the middleware that waits (``max_wait`` 30 s). Each admitted
-request counts itself (``test:calls:{key}``) and records the in-flight count it sees (``test:seen:{key}``);
-it blocks where the test says until the test pushes to ``test:go:{rid}``. ``/nostart`` and ``/raise``
-are bare WSGI: the one never calls ``start_response``, the other raises before it.
+A Flask app behind the middleware, with a ``RedisLimiter`` on ``TEST_REDIS_URL`` (default limit 2, and 2 for
+the class ``rule:*``) or an ``HttpLimiter`` on ``TEST_SERVE_URL``. The query names the key (``key=``;
+``/ready`` is unlimited) and, with ``wait=1``, sends the request through the middleware that waits
+(``max_wait`` 30 s). Each permit is labelled with ``holder=`` of the query, else ``REMOTE_ADDR``. Each
+admitted request counts itself (``test:calls:{key}``) and records the in-flight count it sees
+(``test:seen:{key}``); it blocks where the test says until the test pushes to ``test:go:{rid}``. ``/nostart``
+and ``/raise`` are bare WSGI: the one never calls ``start_response``, the other raises before it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ limiter: RedisLimiter | HttpLimiter
 if os.environ.get("TEST_SERVE_URL"):
     limiter = HttpLimiter(os.environ["TEST_SERVE_URL"])
 else:
-    limiter = RedisLimiter(redis.Redis.from_url(os.environ["TEST_REDIS_URL"]), default_limit=2)
+    limiter = RedisLimiter(
+        redis.Redis.from_url(os.environ["TEST_REDIS_URL"]),
+        default_limit=2,
+        limits=[{"keys": "rule:*", "default": 2}],
+    )
 
 
 def query(environ: WSGIEnvironment) -> dict[str, str]:
@@ -39,6 +44,11 @@ def query(environ: WSGIEnvironment) -> dict[str, str]:
 
 def key_of(environ: WSGIEnvironment) -> str | None:
     return None if environ["PATH_INFO"] == "/ready" else query(environ).get("key", "app:a1")
+
+
+def holder_of(environ: WSGIEnvironment) -> str | None:
+    """The query's ``holder=`` (a bad one is dropped by the middleware), else the client's address."""
+    return query(environ).get("holder", environ.get("REMOTE_ADDR"))
 
 
 def admitted(key: str) -> None:
@@ -95,8 +105,8 @@ def inner(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[b
     return site.wsgi_app(environ, start_response)
 
 
-at_once = InflightMiddleware(inner, limiter, key_of)
-waiting = InflightMiddleware(inner, limiter, key_of, max_wait=30)
+at_once = InflightMiddleware(inner, limiter, key_of, holder=holder_of)
+waiting = InflightMiddleware(inner, limiter, key_of, max_wait=30, holder=holder_of)
 
 
 def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
