@@ -6,9 +6,12 @@
 #   scripts/bench/listing.sh path/to/inflight        # another build (e.g. an older one, for before/after)
 #   BUSY=5000 LISTERS=64 ADMITTERS=8 DURATION=5 scripts/bench/listing.sh
 #   NO_BACKOFF=1 scripts/bench/listing.sh           # refused listers ask again at once (no Retry-After)
+#   LIST=holders HOLDERS=1000 scripts/bench/listing.sh   # the listers walk one key's holders (issue 41)
+#   LIST=holders SAME_KEY=1 scripts/bench/listing.sh     # ... and the admitters admit on that key
 #
-# The server has two workers (one per core here) and one permit held on each of $BUSY keys; see
-# scripts/bench/listing.py for the load. Everything listens on 127.0.0.1 only.
+# The server has two workers (one per core here) and one permit held on each of $BUSY keys (with
+# LIST=holders: $HOLDERS labelled permits on the key `hot`); see scripts/bench/listing.py for the load.
+# Everything listens on 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/bench/lib.sh
@@ -43,7 +46,8 @@ for store in memory:// "redis://127.0.0.1:$redis_port"; do
   pids+=($server)
   wait_port "$api"
   python3 scripts/bench/listing.py "http://127.0.0.1:$api" --label "${store%%:*}" \
-    --busy "${BUSY:-5000}" --listers "${LISTERS:-64}" --admitters "${ADMITTERS:-8}" --duration "${DURATION:-5}" ${NO_BACKOFF:+--no-backoff}
+    --busy "${BUSY:-5000}" --listers "${LISTERS:-64}" --admitters "${ADMITTERS:-8}" --duration "${DURATION:-5}" ${NO_BACKOFF:+--no-backoff} \
+    --list "${LIST:-keys}" --holders "${HOLDERS:-1000}" ${SAME_KEY:+--same-key}
   kill "$server"
   wait "$server" 2>/dev/null || true
 done

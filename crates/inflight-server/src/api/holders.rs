@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use inflight::store::{Holder, PermitPage, Waiter};
-use inflight::PermitId;
+use inflight::{PermitId, StoreError};
 use serde::Serialize;
 
 use super::input::{check_name, checked_key, checked_key_and_id, query};
@@ -114,7 +114,16 @@ pub(super) async fn list(
         .try_enter()
         .ok_or_else(|| ApiError::too_many_listings(app.listings.max()))?;
     let listed = app.limiter.permits(&key, cursor.as_deref());
-    let page = app.timed("permits", listed).await?;
+    let page = app
+        .timed("permits", listed)
+        .await
+        .map_err(|error| match error {
+            // A cursor the store did not write (another store's, or made up): the caller's mistake.
+            StoreError::Rejected(_) if cursor.is_some() => {
+                ApiError::invalid_request("Not a cursor of this listing.")
+            }
+            error => error.into(),
+        })?;
     let answer = Json(PermitsJson::new(key, page)).into_response();
     drop(place);
     Ok(answer)

@@ -2,7 +2,7 @@
 //! API table and every error code.
 //!
 //! By theme: permits (permits.rs), fencing tokens (fencing.rs), limits and the admin token (limits.rs),
-//! errors (errors.rs), and
+//! a key's holders and waiters listed and revoked (holders.rs), errors (errors.rs), and
 //! health, readiness, metrics and the OpenAPI document (operations.rs).
 #![allow(missing_docs)]
 
@@ -10,6 +10,7 @@
 mod common;
 mod errors;
 mod fencing;
+mod holders;
 mod limits;
 mod operations;
 mod permits;

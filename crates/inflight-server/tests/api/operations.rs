@@ -44,8 +44,64 @@ async fn health_readiness_metrics_and_openapi<M: Make>() {
         "/v1/keys/{key}/permits/{id}",
         "/v1/keys/{key}",
         "/v1/keys/{key}/limit",
+        "/v1/keys/{key}/waiters/{ticket}",
     ] {
         assert!(openapi["paths"][path].is_object(), "{path} documented");
+    }
+}
+
+/// The holders' routes as documented: the listing and its page, `?revoke=true`, the waiters' route,
+/// the admin token they need, `holder` in both acquire bodies, and their error codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_has_the_holder_routes() {
+    let server = start_api(&limits(1, 0), common::Memory::stores(&None)).await;
+    let openapi: Value = get_json(&Client::new(), server.url("/openapi.json")).await;
+    let (paths, schemas) = (&openapi["paths"], &openapi["components"]["schemas"]);
+    let admin = serde_json::json!([{"admin": []}]);
+    let list = &paths["/v1/keys/{key}/permits"]["get"];
+    let revoke_waiter = &paths["/v1/keys/{key}/waiters/{ticket}"]["delete"];
+    for operation in [list, revoke_waiter] {
+        assert_eq!(operation["security"], admin);
+        assert!(operation["responses"]["401"].is_object());
+    }
+    assert_eq!(
+        list["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/PermitPage"
+    );
+    assert!(list["responses"]["429"].is_object(), "too_many_listings");
+    for field in ["key", "holders", "waiters", "unlisted", "cursor"] {
+        assert!(
+            schemas["PermitPage"]["properties"][field].is_object(),
+            "{field}"
+        );
+    }
+    let release = &paths["/v1/keys/{key}/permits/{id}"]["delete"];
+    let parameters = release["parameters"].as_array().unwrap();
+    assert!(parameters.iter().any(|p| p["name"] == "revoke"));
+    assert!(release["responses"]["404"]["description"]
+        .as_str()
+        .unwrap()
+        .starts_with("holder_not_found"));
+    assert!(revoke_waiter["responses"]["404"]["description"]
+        .as_str()
+        .unwrap()
+        .starts_with("waiter_not_found"));
+    for (path, body) in [
+        ("/v1/keys/{key}/permits", "AcquireRequest"),
+        ("/v1/permits", "AcquireAllRequest"),
+    ] {
+        assert_eq!(schemas[body]["properties"]["holder"]["maxLength"], 128);
+        let conflict = paths[path]["post"]["responses"]["409"]["description"].as_str();
+        assert!(
+            conflict.unwrap().contains("revoked:"),
+            "{path}: 409 revoked"
+        );
+    }
+    let codes = schemas["Error"]["properties"]["code"]["enum"]
+        .as_array()
+        .unwrap();
+    for code in ["holder_not_found", "waiter_not_found", "revoked"] {
+        assert!(codes.contains(&Value::from(code)), "{code}");
     }
 }
 

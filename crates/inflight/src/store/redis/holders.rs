@@ -1,4 +1,5 @@
-//! [`Holders`] on Redis: `holders.lua` on the key's slot, its answer read back into holders and waiters.
+//! [`Holders`] on Redis: `holders.lua` on the key's slot, its answer read back into holders and waiters;
+//! listing pages take turns in the [`ListingLane`](super::ListingLane) with the busy keys' pages.
 
 use std::sync::Arc;
 
@@ -18,7 +19,11 @@ impl Holders for RedisStore {
     /// Holders in `ZSCAN` order over the key's leases; the cursor is `ZSCAN`'s.
     async fn permits(&self, key: &str, cursor: Option<&str>) -> Result<PermitPage, StoreError> {
         let cursor = parse_cursor(cursor)?;
+        // A page is paced with the busy keys' (ListingLane): however many lists are walked at once,
+        // Redis is left to admissions about half the time.
+        let turn = self.listing_lane.take_turn().await;
         let answer: Value = self.holders_call(key, "list", cursor.to_string()).await?;
+        drop(turn);
         let unexpected = || StoreError::Protocol("unexpected answer of holders.lua".into());
         let (next, holders, waiters): (String, Vec<Vec<u8>>, Vec<Vec<u8>>) =
             redis::from_redis_value(answer).map_err(|_| unexpected())?;
