@@ -11,6 +11,8 @@ use inflight::{
     RemoteLease, Renewal, Store, StoreError,
 };
 
+use inflight_tower::rejection::{limit_header, Refusing};
+
 use crate::error::ApiError;
 use crate::metrics::{AdmissionResult, Metrics};
 
@@ -131,6 +133,23 @@ impl App {
     /// A refusal by `key` as the API answers it, naming the key and its class.
     pub fn refusal(&self, key: &str, error: AcquireError) -> ApiError {
         ApiError::refused(key, self.limiter.policy().class_of(key), error)
+    }
+
+    /// `Inflight-Limit`'s value naming the key `permit` queued on before it was admitted (none when it
+    /// did not wait), with that key's figures at admission when it is the permit's first key.
+    pub fn queued_limit(&self, permit: &Permit) -> Option<http::HeaderValue> {
+        let key = permit.queued_on()?;
+        let policy = self.limiter.policy();
+        let figures = (key == permit.key())
+            .then(|| {
+                permit
+                    .limit()
+                    .get()
+                    .map(|limit| (limit, permit.in_flight()))
+            })
+            .flatten();
+        let class = policy.class_of(key);
+        limit_header(Refusing { key, class }, figures)
     }
 
     /// Hands `permit` over to an HTTP client, which renews or releases it; counted in flight until then.

@@ -35,6 +35,8 @@ pub fn upstream(settings: &ProxySettings) -> Result<proxy::Upstream, ConfigError
         limit_paths: settings.limit_paths()?,
         quota_key: settings.quota_key()?,
         queue: settings.queue()?,
+        holder: settings.holder()?,
+        on_revoke: settings.on_revoke()?,
         timeout: settings.upstream_timeout,
         max_wait: settings.max_wait,
         api_on_proxy_port: settings.admin_on_proxy_port,

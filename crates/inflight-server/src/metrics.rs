@@ -79,7 +79,8 @@ pub enum AdmissionResult {
 }
 
 /// Exports at 0 (class `default`) the series that the shipped dashboard and alerts use and that only
-/// events would make: waits, proxied requests, revocations, shadow refusals.
+/// events would make: waits, proxied requests, revocations (and the responses they ended), shadow
+/// refusals.
 fn export_from_start() {
     metrics::gauge!("inflight_waiting", "class" => "default", "priority" => "0").increment(0.0);
     metrics::gauge!("inflight_tickets", "class" => "default").increment(0.0);
@@ -89,6 +90,7 @@ fn export_from_start() {
         "status_class" => "2xx", "class" => "default", "result" => ProxyResult::Admitted.as_str()
     )
     .increment(0);
+    metrics::counter!("inflight_proxy_streams_revoked_total", "class" => "default").increment(0);
     for kind in ["holder", "waiter"] {
         metrics::counter!("inflight_revocations_total", "class" => "default", "kind" => kind)
             .increment(0);

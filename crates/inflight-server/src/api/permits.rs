@@ -13,7 +13,7 @@ use axum::response::{AppendHeaders, IntoResponse, Response};
 use axum::Json;
 use inflight::store::{Grant, IndexOp};
 use inflight::{Lease, Limit, Permit, PermitId, Renewal, Store, StoreError};
-use inflight_tower::rejection::{limit_header, Refusing, INFLIGHT_LIMIT};
+use inflight_tower::rejection::INFLIGHT_LIMIT;
 use serde::{Deserialize, Serialize};
 
 use super::input::{
@@ -125,28 +125,12 @@ pub(super) async fn acquire(
     Ok((StatusCode::CREATED, queued, Json(body)).into_response())
 }
 
-/// `Inflight-Limit` naming the key a permit queued on before it was admitted (none when it did not
-/// wait), with that key's figures at admission when it is the permit's first key.
+/// `Inflight-Limit` naming the key a permit queued on ([`App::queued_limit`]).
 fn queued_header(app: &App, permit: &Permit) -> AppendHeaders<Option<(HeaderName, HeaderValue)>> {
-    let named = permit.queued_on().and_then(|key| {
-        let class = app.limiter.policy();
-        let figures = (key == permit.key())
-            .then(|| {
-                permit
-                    .limit()
-                    .get()
-                    .map(|limit| (limit, permit.in_flight()))
-            })
-            .flatten();
-        limit_header(
-            Refusing {
-                key,
-                class: class.class_of(key),
-            },
-            figures,
-        )
-    });
-    AppendHeaders(named.map(|value| (INFLIGHT_LIMIT, value)))
+    AppendHeaders(
+        app.queued_limit(permit)
+            .map(|value| (INFLIGHT_LIMIT, value)),
+    )
 }
 
 /// `409 permit_id_in_use` when a given id names a recorded permit on other keys: admitting it on these

@@ -19,8 +19,10 @@ pub struct ProxySettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<String>,
     /// A key each request is admitted under (repeatable, up to 16, all taken at once or none): text with
-    /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token), {path} or
-    /// {path_hash} (of the path, for one that carries a secret), e.g. 'tenant:{header:X-Tenant-Id}'. Commas separate templates (here and in INFLIGHT_KEY).
+    /// {header:NAME}, {bearer_hash} (16 hex digits of the SHA-256 of the bearer token), {path},
+    /// {path_hash} (of the path, for one that carries a secret) or {client_ip} (the connection's address;
+    /// with --trust-forwarded, X-Forwarded-For's last hop), e.g. 'tenant:{header:X-Tenant-Id}'. Commas
+    /// separate templates (here and in INFLIGHT_KEY).
     #[arg(
         long,
         env = "INFLIGHT_KEY",
@@ -51,6 +53,7 @@ pub struct ProxySettings {
     pub limit_path: Vec<String>,
     /// Keep the clients' X-Forwarded-For, Forwarded and X-Real-IP and append to X-Forwarded-For, as
     /// behind a load balancer of one's own; by default they are replaced by the address the proxy saw.
+    /// Templates' {client_ip} is then X-Forwarded-For's last hop, the address the balancer saw.
     #[arg(long, env = "INFLIGHT_TRUST_FORWARDED")]
     #[arg(action = clap::ArgAction::SetTrue)]
     pub trust_forwarded: bool,
@@ -105,6 +108,19 @@ pub struct ProxySettings {
     #[arg(long, env = "INFLIGHT_FLOW", value_name = "TEMPLATE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flow: Option<String>,
+    /// A label each limited request's permit is listed with (GET /v1/keys/{key}/permits), so that an
+    /// operator can tell holders apart and revoke one: a template like --key's, e.g. '{client_ip}' or
+    /// 'user:{header:X-User-Id}'. At most 128 bytes (else 400 invalid_holder); where its placeholder has
+    /// nothing in the request, no label. A labelled permit always takes a lease, on the memory store too.
+    #[arg(long, env = "INFLIGHT_HOLDER", value_name = "TEMPLATE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// A response whose permit is revoked (or its lease lost) while it runs: end (its body is cut short
+    /// at once, counted in inflight_proxy_streams_revoked_total; still waiting for the upstream's
+    /// headers: 409 revoked) or finish (it runs to its end, its slot free already).
+    #[arg(long, env = "INFLIGHT_ON_REVOKE", value_name = "POLICY")]
+    #[arg(default_value = "end")]
+    pub on_revoke: String,
     /// The settings `inflight serve` has.
     #[command(flatten)]
     #[serde(flatten)]
@@ -127,6 +143,8 @@ impl Layered for ProxySettings {
         self.on_missing_key()?;
         self.quota_key()?;
         self.queue()?;
+        self.holder()?;
+        self.on_revoke()?;
         self.limit_paths().map(drop)
     }
 }
@@ -186,6 +204,28 @@ impl ProxySettings {
             queue = queue.flow(template).map_err(|why| invalid("flow", why))?;
         }
         Ok(queue)
+    }
+
+    /// The template of the label each limited request's permit is listed with, if set.
+    pub fn holder(&self) -> Result<crate::proxy::HolderTemplate, ConfigError> {
+        match &self.holder {
+            Some(template) => {
+                crate::proxy::HolderTemplate::parse(template).map_err(|why| invalid("holder", why))
+            }
+            None => Ok(crate::proxy::HolderTemplate::default()),
+        }
+    }
+
+    /// What becomes of a response whose permit is revoked while it runs.
+    pub fn on_revoke(&self) -> Result<crate::proxy::OnRevoke, ConfigError> {
+        match self.on_revoke.as_str() {
+            "end" => Ok(crate::proxy::OnRevoke::End),
+            "finish" => Ok(crate::proxy::OnRevoke::Finish),
+            other => Err(invalid(
+                "on_revoke",
+                format!("{other:?}: use end or finish"),
+            )),
+        }
     }
 
     /// What becomes of a request whose keys cannot be formed.

@@ -43,6 +43,12 @@ const COUNTERS: &[(&str, &str)] = &[
          answer of the proxy's own).",
     ),
     (
+        "inflight_proxy_streams_revoked_total",
+        "Proxied requests the proxy ended because their permit was revoked (or its lease lost) while \
+         they ran, with --on-revoke end, by class of key: a response cut short, or 409 revoked before \
+         the upstream answered.",
+    ),
+    (
         "inflight_revocations_total",
         "Holders and waiters an admin revoked through this server, by class of key and kind.",
     ),

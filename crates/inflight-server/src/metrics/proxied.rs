@@ -58,6 +58,8 @@ const RESULTS: [ProxyResult; 4] = [
 pub struct ProxiedClass {
     name: Box<str>,
     counters: [[OnceLock<metrics::Counter>; RESULTS.len()]; STATUS_CLASSES],
+    /// Its series of `inflight_proxy_streams_revoked_total`.
+    revoked: OnceLock<metrics::Counter>,
 }
 
 impl ProxiedClass {
@@ -65,7 +67,17 @@ impl ProxiedClass {
         Arc::new(Self {
             name: name.into(),
             counters: Default::default(),
+            revoked: OnceLock::new(),
         })
+    }
+
+    /// Counts a request of this class that the proxy ended because its permit was lost (revoked).
+    pub fn revoked(&self) {
+        self.revoked
+            .get_or_init(|| {
+                metrics::counter!("inflight_proxy_streams_revoked_total", "class" => self.name.to_string())
+            })
+            .increment(1);
     }
 
     /// The class, as labels and access lines show it.

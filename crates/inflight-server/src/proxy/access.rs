@@ -84,6 +84,11 @@ impl Access {
         self.keys = Some(shown);
     }
 
+    /// The class of its (first) key, with its counters.
+    pub(super) fn class(&self) -> Arc<ProxiedClass> {
+        self.class.clone()
+    }
+
     /// Counts the request, answered `status` with `result`; its access line is written when the
     /// returned [`Line`] is dropped (when the response has ended).
     pub(super) fn answered(
@@ -154,7 +159,7 @@ fn push_hash(shown: &mut String, key: &str) {
         let hex = match place {
             Some((kept_key, hex)) if **kept_key == *key => *hex,
             _ => {
-                let hex = super::templates::short_hash(key);
+                let hex = super::sources::short_hash(key);
                 *place = Some((key.into(), hex));
                 hex
             }
@@ -197,7 +202,7 @@ mod tests {
         for _ in 0..2 {
             for key in &keys {
                 let made =
-                    String::from_utf8_lossy(&crate::proxy::templates::short_hash(key)).into_owned();
+                    String::from_utf8_lossy(&crate::proxy::sources::short_hash(key)).into_owned();
                 assert_eq!(hash(key), made, "{key}");
             }
         }

@@ -1,7 +1,8 @@
 //! The body of a proxied response: the upstream's frames as they come, holding the permit, counted in
-//! `inflight_in_flight`, and cut short if the server's shutdown grace period ends first. It holds the
-//! request's charge too: committed once the body has been sent to its end, refunded when it fails, is
-//! cut, or is dropped before its end (the client went away).
+//! `inflight_in_flight`, and cut short if the server's shutdown grace period ends first, or (`--on-revoke
+//! end`) once its permit is revoked (`lost.rs`). It holds the request's charge too: committed once the
+//! body has been sent to its end, refunded when it fails, is cut, or is dropped before its end (the client
+//! went away).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,18 +10,20 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use inflight::{Permit, Reservation};
-use inflight_tower::PermitBody;
+use inflight::Reservation;
 use pin_project_lite::pin_project;
 use tokio::sync::watch;
 
 use super::access::Line;
+use super::lost::Held;
 use crate::metrics::Proxying;
 
 pin_project! {
-        pub(super) struct ProxyBody {
+    pub(super) struct ProxyBody {
         #[pin]
-        inner: PermitBody<hyper::body::Incoming>,
+        inner: hyper::body::Incoming,
+        // Released when the body ends or fails, else when it is dropped (after the upstream's connection).
+        held: Held,
         cut: Cut,
         _proxying: Option<Proxying>,
         charge: Option<Reservation>,
@@ -43,13 +46,14 @@ pin_project! {
 impl ProxyBody {
     pub(super) fn new(
         inner: hyper::body::Incoming,
-        permit: Option<Permit>,
+        held: Held,
         cut: watch::Receiver<bool>,
         proxying: Option<Proxying>,
         charge: Option<Reservation>,
     ) -> Self {
         Self {
-            inner: PermitBody::new(inner, permit),
+            inner,
+            held,
             cut: Cut::Watching(cut),
             _proxying: proxying,
             charge,
@@ -77,19 +81,32 @@ impl Body for ProxyBody {
             this.charge.take();
             return cut_short();
         }
+        if this.held.is_lost(cx, false) {
+            this.charge.take();
+            return revoked();
+        }
         let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) else {
-            // Waiting for the upstream: the cut must wake this body too.
+            // Waiting for the upstream: the cut and the permit's loss must wake this body too.
             return if this.cut.is_cut(cx, true) {
                 this.charge.take();
                 cut_short()
+            } else if this.held.is_lost(cx, true) {
+                this.charge.take();
+                revoked()
             } else {
                 Poll::Pending
             };
         };
         match &frame {
-            // Sent to the end (the commit finishes in the background).
-            None => drop(this.charge.take().map(Reservation::commit)),
-            Some(Err(_)) => drop(this.charge.take()),
+            // Sent to the end (the commit finishes in the background), once the slot is released.
+            None => {
+                this.held.release();
+                drop(this.charge.take().map(Reservation::commit));
+            }
+            Some(Err(_)) => {
+                this.held.release();
+                drop(this.charge.take());
+            }
             Some(Ok(_)) => {}
         }
         Poll::Ready(frame.map(|frame| frame.map_err(axum::Error::new)))
@@ -132,6 +149,12 @@ impl Cut {
 /// The grace period is over: the response ends with an error, which closes the connection.
 fn cut_short() -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
     Poll::Ready(Some(Err(axum::Error::new("the server is shutting down"))))
+}
+
+/// The permit was revoked: the response ends with an error, which closes the connection (HTTP/1.1) or
+/// resets the stream (HTTP/2), and the upstream's connection is dropped with the body.
+fn revoked() -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+    Poll::Ready(Some(Err(axum::Error::new("the permit was revoked"))))
 }
 
 #[cfg(test)]

@@ -8,9 +8,11 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{Request, StatusCode, Uri};
 use inflight::{Permit, Reservation};
+use inflight_tower::rejection::INFLIGHT_LIMIT;
 
+use super::sources::Source;
 use super::templates::{KeyTemplates, OnMissingKey, Unformed, MAX_KEYS};
-use super::{access, body, headers, paths, pool, Peer, Upstream};
+use super::{access, body, headers, lost, paths, pool, OnRevoke, Peer, Upstream};
 use crate::app::{App, Charge};
 use crate::error::ApiError;
 use crate::incoming::RequestBody;
@@ -84,7 +86,7 @@ async fn forward_checked(
             "The proxy does not forward CONNECT or TRACE.",
         ));
     }
-    let (permit, reservation) = admit(proxy, &request, access).await?.unzip();
+    let (permit, reservation) = admit(proxy, &request, client, access).await?.unzip();
     let reservation = reservation.flatten();
     // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
     let proxying = permit
@@ -100,11 +102,22 @@ async fn forward_checked(
         let token = permit.as_ref().map_or(0, Permit::token);
         headers::set_token(upstream_request.headers_mut(), token);
     }
+    // From here on the permit is held by `held`: a permit that can be lost ends the request when it is
+    // (`--on-revoke end`), heard while the request waits.
+    let ends = proxy.upstream.on_revoke == OnRevoke::End;
+    let queued = permit.as_ref().and_then(|permit| app.queued_limit(permit));
+    let mut held = lost::Held::new(permit, ends, || access.class());
     let sent = proxy.pool.send(upstream_request);
     let started = std::time::Instant::now();
     // On every early return below, the permit, its reservation and `proxying` are dropped: the slot is
     // released, and counted, and the charge refunded.
-    let response = match tokio::time::timeout(proxy.upstream.timeout, sent).await {
+    let answered = {
+        let answered = tokio::time::timeout(proxy.upstream.timeout, sent);
+        tokio::pin!(answered);
+        std::future::poll_fn(|cx| held.poll_unless_lost(answered.as_mut(), cx)).await
+    };
+    let answered = answered.ok_or_else(lost::revoked)?;
+    let response = match answered {
         Err(_) => {
             return Err(ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -129,11 +142,15 @@ async fn forward_checked(
     app.metrics.upstream_latency(started.elapsed());
     let (mut parts, body) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
+    if let Some(queued) = queued {
+        // Admitted after a wait: the limit it waited on, named as on a 429.
+        parts.headers.insert(INFLIGHT_LIMIT, queued);
+    }
     // An upstream error is not charged (the reservation is dropped: refunded).
     let reservation = reservation.filter(|_| !parts.status.is_server_error());
     // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
     // committed when the body was sent to its end, refunded otherwise.
-    let body = body::ProxyBody::new(body, permit, app.cut.subscribe(), proxying, reservation);
+    let body = body::ProxyBody::new(body, held, app.cut.subscribe(), proxying, reservation);
     Ok((parts, body, result))
 }
 
@@ -142,6 +159,7 @@ async fn forward_checked(
 async fn admit(
     proxy: &Proxy,
     request: &Request<RequestBody>,
+    client: &Peer,
     access: &mut access::Access,
 ) -> Result<Option<(Permit, Option<Reservation>)>, ApiError> {
     let upstream = &proxy.upstream;
@@ -152,42 +170,50 @@ async fn admit(
     let canonical = if upstream.keys.uses_path()
         || quota_uses_path
         || upstream.queue.uses_path()
+        || upstream.holder.uses_path()
         || !upstream.limit_paths.is_empty()
     {
         paths::canonical(request.uri().path()).map_err(ApiError::invalid_request)?
     } else {
         String::new()
     };
-    // Checked on every request, limited or not, waiting or not: a bad value is refused alike whatever
-    // the key's load.
-    let options = inflight::AcquireOptions::new();
-    let options = upstream
-        .queue
-        .options(request.headers(), &canonical, options)?;
-    if !upstream.limit_paths.is_empty() && !upstream.limit_paths.covers(&canonical) {
-        return Ok(None);
-    }
-    let formed = upstream
-        .keys
-        .form(request.headers(), &canonical)
-        .and_then(|keys| {
+    // A block of its own: the future does not carry what the templates read across its awaits.
+    let (options, keys, quota_key) = {
+        let source = Source {
+            headers: request.headers(),
+            path: &canonical,
+            peer: client,
+            trust_forwarded: upstream.trust_forwarded,
+        };
+        // Checked on every request, limited or not, waiting or not: a bad value is refused alike whatever
+        // the key's load.
+        let options = inflight::AcquireOptions::new();
+        let options = upstream.queue.options(&source, options)?;
+        if !upstream.limit_paths.is_empty() && !upstream.limit_paths.covers(&canonical) {
+            return Ok(None);
+        }
+        let formed = upstream.keys.form(&source).and_then(|keys| {
             let quota = match &upstream.quota_key {
-                Some(template) => template.form(request.headers(), &canonical)?.pop(),
+                Some(template) => template.form(&source)?.pop(),
                 None => None,
             };
             Ok((keys, quota))
         });
-    let (keys, quota_key) = match formed {
-        Ok(formed) => formed,
-        Err(Unformed::Missing(_)) if upstream.on_missing_key == OnMissingKey::Pass => {
-            return Ok(None)
-        }
-        Err(Unformed::Missing(why)) => {
-            return Err(ApiError::new(StatusCode::BAD_REQUEST, "missing_key", why))
-        }
-        Err(Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
+        let (keys, quota_key) = match formed {
+            Ok(formed) => formed,
+            Err(Unformed::Missing(_)) if upstream.on_missing_key == OnMissingKey::Pass => {
+                return Ok(None)
+            }
+            Err(Unformed::Missing(why)) => {
+                return Err(ApiError::new(StatusCode::BAD_REQUEST, "missing_key", why))
+            }
+            Err(Unformed::Invalid(why)) => return Err(ApiError::invalid_key(&why)),
+        };
+        access.keys(&keys, &proxy.app.limiter.policy(), &proxy.app.metrics);
+        // Labelled only once limited (a bad label counted in its key's class), before any charge.
+        let options = upstream.holder.options(&source, options)?;
+        (options, keys, quota_key)
     };
-    access.keys(&keys, &proxy.app.limiter.policy(), &proxy.app.metrics);
     // The keys as the limiter takes them, without a second allocation (there are at most MAX_KEYS).
     let mut names = [""; MAX_KEYS];
     for (name, key) in names.iter_mut().zip(&keys) {

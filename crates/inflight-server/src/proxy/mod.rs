@@ -1,14 +1,18 @@
 //! The reverse proxy: admits each request under the keys its templates form (all at once, or none),
 //! forwards it to the upstream, and holds the permit until the response body has been sent or the client
-//! has gone away. Bodies stream both ways unbuffered (server-sent events included). The API answers under
-//! `/_inflight/`. Each request is counted and logged (`access.rs`).
+//! has gone away, or until the permit is revoked (`holder.rs`). Bodies stream both ways unbuffered
+//! (server-sent events included). The API answers under `/_inflight/`. Each request is counted and logged
+//! (`access.rs`).
 
 mod access;
 mod body;
 mod forward;
 mod headers;
+mod holder;
+mod lost;
 mod paths;
 mod pool;
+mod sources;
 mod standing;
 mod templates;
 
@@ -18,6 +22,7 @@ use std::time::Duration;
 use http::{HeaderValue, Uri};
 
 pub use forward::Proxy;
+pub use holder::{HolderTemplate, OnRevoke};
 pub use paths::LimitPaths;
 pub use standing::StandingTemplates;
 pub use templates::{KeyTemplates, OnMissingKey, MAX_KEYS};
@@ -35,6 +40,10 @@ pub struct Upstream {
     pub limit_paths: LimitPaths,
     /// The priority and the flow each request waits with (`--priority`, `--flow`).
     pub queue: StandingTemplates,
+    /// The label each limited request's permit is listed with (`--holder`).
+    pub holder: HolderTemplate,
+    /// What becomes of a response whose permit is revoked while it runs (`--on-revoke`).
+    pub on_revoke: OnRevoke,
     /// The key each limited request is charged 1 to, if any (its template's one key).
     pub quota_key: Option<KeyTemplates>,
     /// How long a request may take upstream until its response headers (connecting and sending it included).

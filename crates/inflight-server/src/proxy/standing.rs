@@ -6,9 +6,10 @@
 //! anything is charged or acquired. Where a template's placeholder has nothing in the request (a header
 //! absent or empty, no bearer token), the default applies: level 0, the default flow.
 
-use http::{HeaderMap, StatusCode};
+use http::StatusCode;
 use inflight::{AcquireOptions, MAX_FLOW_LEN};
 
+use super::sources::Source;
 use super::templates::{parse, Template, Unformed};
 use crate::error::ApiError;
 
@@ -74,19 +75,17 @@ impl StandingTemplates {
         templates.into_iter().flatten().any(Template::uses_path)
     }
 
-    /// `options` with the priority and the flow of a request with `headers`, whose canonical path is
-    /// `path` (read only for `{path}`).
+    /// `options` with the priority and the flow of the request `source`.
     #[inline]
     pub(super) fn options(
         &self,
-        headers: &HeaderMap,
-        path: &str,
+        source: &Source<'_>,
         options: AcquireOptions,
     ) -> Result<AcquireOptions, ApiError> {
         if self.priority.is_none() && self.flow.is_none() {
             return Ok(options);
         }
-        self.placed(headers, path, options)
+        self.placed(source, options)
     }
 
     /// [`StandingTemplates::options`] with a template set: out of line, so that a proxy without
@@ -94,11 +93,10 @@ impl StandingTemplates {
     #[inline(never)]
     fn placed(
         &self,
-        headers: &HeaderMap,
-        path: &str,
+        source: &Source<'_>,
         options: AcquireOptions,
     ) -> Result<AcquireOptions, ApiError> {
-        let place = self.place(headers, path)?;
+        let place = self.place(source)?;
         let options = options.priority(place.priority);
         Ok(match place.flow {
             Some(flow) => options.flow(flow),
@@ -106,16 +104,16 @@ impl StandingTemplates {
         })
     }
 
-    /// Where a request with `headers` and the canonical path `path` queues.
-    pub(super) fn place(&self, headers: &HeaderMap, path: &str) -> Result<Place, ApiError> {
+    /// Where the request `source` queues.
+    pub(super) fn place(&self, source: &Source<'_>) -> Result<Place, ApiError> {
         let mut bearer = None;
-        let priority = match render(&self.priority, headers, path, &mut bearer) {
+        let priority = match render(&self.priority, source, &mut bearer) {
             Ok(Some(text)) => self.level(&text),
             Ok(None) => Ok(0),
             Err(why) => Err(why),
         }
         .map_err(|why| ApiError::new(StatusCode::BAD_REQUEST, "invalid_priority", why))?;
-        let flow = match render(&self.flow, headers, path, &mut bearer) {
+        let flow = match render(&self.flow, source, &mut bearer) {
             Ok(Some(flow)) if flow.len() > MAX_FLOW_LEN => Err(format!(
                 "The flow is {} bytes: at most {MAX_FLOW_LEN}.",
                 flow.len()
@@ -142,14 +140,13 @@ impl StandingTemplates {
 /// The value of `template` for a request; None when unset or when what it needs is missing.
 fn render(
     template: &Option<Template>,
-    headers: &HeaderMap,
-    path: &str,
+    source: &Source<'_>,
     bearer: &mut Option<[u8; 16]>,
 ) -> Result<Option<String>, String> {
     let Some(template) = template else {
         return Ok(None);
     };
-    match template.render(headers, path, bearer) {
+    match template.render(source, bearer) {
         Ok(value) => Ok(Some(value)),
         Err(Unformed::Missing(_)) => Ok(None),
         Err(Unformed::Invalid(why)) => Err(why),
@@ -172,7 +169,7 @@ pub(super) fn level(text: &str) -> Result<u8, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::templates::tests::headers;
+    use crate::proxy::sources::tests::{headers, source};
 
     fn queue(priority: &str, flow: &str) -> StandingTemplates {
         StandingTemplates::default()
@@ -208,7 +205,7 @@ mod tests {
             .levels(&[0, 5, 9])
             .priority("{header:X-Priority}")
             .unwrap();
-        let place = |level: &str| queue.place(&headers(&[("x-priority", level)]), "/");
+        let place = |level: &str| queue.place(&source(&headers(&[("x-priority", level)]), "/"));
         assert_eq!(place("9").unwrap().priority, 9);
         assert_eq!(place("6").unwrap_err().code(), "invalid_priority");
         let fixed = StandingTemplates::default().levels(&[0, 5]).priority("7");
@@ -224,25 +221,29 @@ mod tests {
             "{header:X-Priority}",
             "tenant:{header:X-Tenant}/{bearer_hash}",
         );
-        let place = queue.place(
+        let place = queue.place(&source(
             &headers(&[
                 ("x-priority", "9"),
                 ("x-tenant", "acme"),
                 ("authorization", "Bearer abc"),
             ]),
             "/",
-        );
+        ));
         let flow = Some("tenant:acme/ba7816bf8f01cfea".to_owned());
         assert_eq!(place.unwrap(), Place { priority: 9, flow });
         // A placeholder with nothing in the request: the default, for each alone.
-        let place = queue.place(&headers(&[("x-tenant", "acme")]), "/").unwrap();
+        let place = queue
+            .place(&source(&headers(&[("x-tenant", "acme")]), "/"))
+            .unwrap();
         assert_eq!(place, Place::default());
-        let place = queue.place(&headers(&[("x-priority", "")]), "/").unwrap();
+        let place = queue
+            .place(&source(&headers(&[("x-priority", "")]), "/"))
+            .unwrap();
         assert_eq!(place, Place::default());
         // Unset templates: the defaults, nothing rendered.
         let unset = StandingTemplates::default();
         let place = unset
-            .place(&headers(&[("x-priority", "abc")]), "/")
+            .place(&source(&headers(&[("x-priority", "abc")]), "/"))
             .unwrap();
         assert_eq!(place, Place::default());
     }
@@ -250,7 +251,7 @@ mod tests {
     #[test]
     fn a_bad_level_or_flow_is_refused() {
         let queue = queue("{header:X-Priority}", "{header:X-Tenant}");
-        let code = |pairs: &[(&str, &str)]| match queue.place(&headers(pairs), "/") {
+        let code = |pairs: &[(&str, &str)]| match queue.place(&source(&headers(pairs), "/")) {
             Ok(place) => panic!("{pairs:?}: {place:?}"),
             Err(error) => {
                 assert_eq!(error.status(), StatusCode::BAD_REQUEST);
@@ -266,7 +267,7 @@ mod tests {
         assert_eq!(code(&[("x-tenant", &long)]), "invalid_flow");
         let longest = "t".repeat(MAX_FLOW_LEN);
         let place = queue
-            .place(&headers(&[("x-tenant", &longest)]), "/")
+            .place(&source(&headers(&[("x-tenant", &longest)]), "/"))
             .unwrap();
         assert_eq!(place.flow, Some(longest));
     }

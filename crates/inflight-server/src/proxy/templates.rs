@@ -4,10 +4,13 @@
 //! `{bearer_hash}` (the first 16 lower-case hex digits of the SHA-256 of the `Authorization: Bearer` token;
 //! the token itself goes nowhere), `{path}` (the request's canonical path, see `paths`) and `{path_hash}`
 //! (the first 16 hex digits of the SHA-256 of the canonical path: for a path that carries a credential,
-//! such as Dify's MCP server URL, whose server code is its only secret).
+//! such as Dify's MCP server URL, whose server code is its only secret) and `{client_ip}` (the client's
+//! address: the connection's, or with `--trust-forwarded` the last hop of `X-Forwarded-For`). What each
+//! reads of a request is in `sources`.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::HeaderName;
 
+use super::sources::{short_hash, Source};
 use crate::api::check_name;
 
 /// The most keys a request may be admitted under (the limiter's limit for one atomic admission).
@@ -29,7 +32,7 @@ pub struct KeyTemplates {
     uses_path: bool,
 }
 
-/// One template, parsed: a key's, or `--priority`'s or `--flow`'s (see `queue`).
+/// One template, parsed: a key's, or `--priority`'s, `--flow`'s (see `standing`) or `--holder`'s.
 #[derive(Clone, Debug)]
 pub(super) struct Template {
     parts: Vec<Part>,
@@ -44,6 +47,7 @@ enum Part {
     BearerHash,
     Path,
     PathHash,
+    ClientIp,
 }
 
 /// Why a request's keys could not be formed.
@@ -97,12 +101,12 @@ impl KeyTemplates {
         self.uses_path
     }
 
-    /// The keys of a request with `headers`, whose canonical path is `path` (read only for `{path}`).
-    pub(super) fn form(&self, headers: &HeaderMap, path: &str) -> Result<Vec<String>, Unformed> {
+    /// The keys of the request `source`.
+    pub(super) fn form(&self, source: &Source<'_>) -> Result<Vec<String>, Unformed> {
         let mut bearer: Option<[u8; 16]> = None;
         let mut keys = Vec::with_capacity(self.templates.len());
         for template in &self.templates {
-            let key = template.render(headers, path, &mut bearer)?;
+            let key = template.render(source, &mut bearer)?;
             check_name(&key).map_err(|why| Unformed::Invalid(why.to_owned()))?;
             keys.push(key);
         }
@@ -127,25 +131,27 @@ impl Template {
             .any(|part| matches!(part, Part::Path | Part::PathHash))
     }
 
-    /// Its value for a request with `headers` and the canonical path `path`; `bearer` keeps the bearer
-    /// token's hash from one template of the request to the next.
+    /// Its value for the request `source`; `bearer` keeps the bearer token's hash from one template of
+    /// the request to the next.
     pub(super) fn render(
         &self,
-        headers: &HeaderMap,
-        path: &str,
+        source: &Source<'_>,
         bearer: &mut Option<[u8; 16]>,
     ) -> Result<String, Unformed> {
         let mut value = String::with_capacity(self.literal_len + 32);
         for part in &self.parts {
             match part {
                 Part::Text(text) => value.push_str(text),
-                Part::Header(name) => value.push_str(header_value(headers, name)?),
-                Part::Path => value.push_str(path),
-                Part::PathHash => value.extend(short_hash(path).iter().map(|&d| char::from(d))),
+                Part::Header(name) => value.push_str(source.header(name)?),
+                Part::Path => value.push_str(source.path),
+                Part::PathHash => {
+                    value.extend(short_hash(source.path).iter().map(|&d| char::from(d)))
+                }
+                Part::ClientIp => value.push_str(&source.client_ip()),
                 Part::BearerHash => {
                     let hash = match bearer {
                         Some(hash) => *hash,
-                        None => *bearer.insert(bearer_hash(headers)?),
+                        None => *bearer.insert(source.bearer_hash()?),
                     };
                     value.extend(hash.iter().map(|&digit| char::from(digit)));
                 }
@@ -198,6 +204,7 @@ fn placeholder(inner: &str) -> Result<Part, String> {
         "path" => Ok(Part::Path),
         "path_hash" => Ok(Part::PathHash),
         "bearer_hash" => Ok(Part::BearerHash),
+        "client_ip" => Ok(Part::ClientIp),
         _ => match inner.strip_prefix("header:") {
             Some("") => Err("an empty header name in `{header:}`".to_owned()),
             Some(name) => match HeaderName::from_bytes(name.as_bytes()) {
@@ -209,87 +216,22 @@ fn placeholder(inner: &str) -> Result<Part, String> {
                 Err(_) => Err(format!("{name:?} is not a header name")),
             },
             None => Err(format!(
-                "unknown placeholder `{{{inner}}}`: use {{header:NAME}}, {{bearer_hash}}, {{path}} or \
-                 {{path_hash}}"
+                "unknown placeholder `{{{inner}}}`: use {{header:NAME}}, {{bearer_hash}}, {{path}}, \
+                 {{path_hash}} or {{client_ip}}"
             )),
         },
     }
 }
 
-/// The one value of the header `name`, non-empty and visible ASCII.
-fn header_value<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<&'h str, Unformed> {
-    let mut values = headers.get_all(name).iter();
-    let value = values
-        .next()
-        .ok_or_else(|| Unformed::Missing(format!("The request has no {name} header.")))?;
-    if values.next().is_some() {
-        // Which one would the upstream read? Neither is the key.
-        let why = format!("The request has more than one {name} header.");
-        return Err(Unformed::Invalid(why));
-    }
-    match value.to_str() {
-        Err(_) => Err(Unformed::Invalid(format!(
-            "The {name} header is not visible ASCII."
-        ))),
-        Ok("") => Err(Unformed::Missing(format!("The {name} header is empty."))),
-        Ok(text) => Ok(text),
-    }
-}
-
-/// The first 16 hex digits (lower-case) of the SHA-256 of the request's bearer token.
-fn bearer_hash(headers: &HeaderMap) -> Result<[u8; 16], Unformed> {
-    let no_token = || Unformed::Missing("The request has no bearer token.".to_owned());
-    let mut values = headers.get_all(header::AUTHORIZATION).iter();
-    let value = values.next().ok_or_else(no_token)?;
-    if values.next().is_some() {
-        let why = "The request has more than one authorization header.";
-        return Err(Unformed::Invalid(why.to_owned()));
-    }
-    // A token with whitespace inside is refused, never passed: each spelling of it would be a key of
-    // its own.
-    let text = value.to_str().map_err(|_| no_token())?;
-    let token = crate::auth::bearer_token(text).ok_or_else(no_token)?;
-    if token.contains(|c: char| c.is_ascii_whitespace()) {
-        let why = "The bearer token has whitespace in it.";
-        return Err(Unformed::Invalid(why.to_owned()));
-    }
-    Ok(short_hash(token))
-}
-
-/// The first 16 hex digits of the SHA-256 of `text`: `{bearer_hash}`, and how access lines show keys.
-pub(super) fn short_hash(text: &str) -> [u8; 16] {
-    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
-    let mut hex = [0u8; 16];
-    for (pair, byte) in hex.chunks_exact_mut(2).zip(digest.as_ref()) {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 0xf)];
-    }
-    hex
-}
-
 #[cfg(test)]
-pub(super) mod tests {
-    use http::HeaderValue;
-
+mod tests {
     use super::*;
-
-    /// A request's headers, as `pairs` give them (the proxy's template tests share it).
-    pub(in crate::proxy) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
-        map
-    }
+    use crate::proxy::sources::tests::{headers, source};
 
     fn form(templates: &[&str], pairs: &[(&str, &str)]) -> Result<Vec<String>, Unformed> {
         KeyTemplates::parse(templates.iter().copied())
             .unwrap()
-            .form(&headers(pairs), "/v1/chat-messages")
+            .form(&source(&headers(pairs), "/v1/chat-messages"))
     }
 
     #[test]
@@ -299,6 +241,7 @@ pub(super) mod tests {
                 "tenant:{header:X-Tenant-Id}",
                 "app:{header:x-tenant-id}/{header:X-App-Id}",
                 "route:{path}",
+                "ip:{client_ip}",
                 "global",
             ],
             &[("x-tenant-id", "acme"), ("X-App-Id", "chat")],
@@ -309,6 +252,7 @@ pub(super) mod tests {
                 "tenant:acme",
                 "app:acme/chat",
                 "route:/v1/chat-messages",
+                "ip:192.0.2.10",
                 "global"
             ]
         );
@@ -320,7 +264,7 @@ pub(super) mod tests {
         assert!(templates.uses_path());
         // SHA-256("/mcp/server/abc/mcp"), as `printf %s /mcp/server/abc/mcp | sha256sum` gives it.
         let keys = templates
-            .form(&headers(&[]), "/mcp/server/abc/mcp")
+            .form(&source(&headers(&[]), "/mcp/server/abc/mcp"))
             .unwrap();
         let want = ring::digest::digest(&ring::digest::SHA256, b"/mcp/server/abc/mcp");
         let hex: String = want.as_ref()[..8]

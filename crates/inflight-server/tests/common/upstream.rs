@@ -1,5 +1,6 @@
 //! An upstream API to proxy to: echoes, event streams (one gated, one endless), an endless flood of
-//! bytes, delays, errors; it counts the requests and the connections it has seen.
+//! bytes, delays, errors; it counts the requests and the connections it has seen, and the endless
+//! streams that ended.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +25,18 @@ pub struct Upstream {
     pub gate: Arc<Semaphore>,
     /// Connections it has accepted.
     pub connections: Arc<AtomicUsize>,
+    /// `/forever` streams that ended: dropped once their client (the proxy) went away.
+    pub ended: Arc<AtomicUsize>,
     task: JoinHandle<()>,
+}
+
+/// Counts one in its counter when dropped.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Upstream {
@@ -44,6 +56,8 @@ impl Upstream {
             hits.clone(),
             gate.clone(),
         );
+        let ended = Arc::new(AtomicUsize::new(0));
+        let e = ended.clone();
         let app = Router::new()
             .route(
                 "/echo/{*rest}",
@@ -85,18 +99,21 @@ impl Upstream {
             )
             .route(
                 "/forever",
-                get(|| async {
-                    let ticks = futures_util::stream::unfold((), |()| async {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        Some((
-                            Ok::<_, Infallible>(Bytes::from_static(b"data: tick\n\n")),
-                            (),
-                        ))
-                    });
-                    (
-                        [("content-type", "text/event-stream")],
-                        Body::from_stream(ticks),
-                    )
+                get(move || {
+                    let ended = Counted(e.clone());
+                    async move {
+                        let ticks = futures_util::stream::unfold(ended, |ended| async {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Some((
+                                Ok::<_, Infallible>(Bytes::from_static(b"data: tick\n\n")),
+                                ended,
+                            ))
+                        });
+                        (
+                            [("content-type", "text/event-stream")],
+                            Body::from_stream(ticks),
+                        )
+                    }
                 }),
             )
             .route(
@@ -156,6 +173,7 @@ impl Upstream {
             hits,
             gate,
             connections,
+            ended,
             task,
         }
     }
@@ -166,6 +184,11 @@ impl Upstream {
 
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// `/forever` streams that ended.
+    pub fn ended(&self) -> usize {
+        self.ended.load(Ordering::SeqCst)
     }
 }
 

@@ -143,6 +143,25 @@ fn bad_key_templates_and_proxy_scoping_name_their_setting() {
             "reject or pass",
         ),
         (
+            vec!["--holder", "{header:Cookie}"],
+            vec![],
+            "`holder`",
+            "secret",
+        ),
+        (
+            vec![],
+            vec![("INFLIGHT_HOLDER", "{client}")],
+            "`holder`",
+            "unknown placeholder",
+        ),
+        (vec!["--holder", ""], vec![], "`holder`", "empty"),
+        (
+            vec!["--on-revoke", "shrug"],
+            vec![],
+            "`on_revoke`",
+            "end or finish",
+        ),
+        (
             vec!["--limit-path", "v1/chat"],
             vec![],
             "`limit_path`",

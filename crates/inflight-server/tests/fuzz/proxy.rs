@@ -199,7 +199,7 @@ pub(crate) fn templates() -> impl Strategy<Value = Vec<String>> {
         2 => prop::sample::select(&[
             "{header:X-Tenant}", "{header:x-tenant}", "{header:Authorization}", "{header:Cookie}",
             "{header:Proxy-Authorization}", "{header:}", "{header:X Y}", "{header:é}", "{bearer_hash}",
-            "{path}", "{", "}", "{}", "{unknown}", "{{path}}", "{header:a{b}",
+            "{path}", "{client_ip}", "{", "}", "{}", "{unknown}", "{{path}}", "{header:a{b}",
         ][..]).prop_map(String::from),
         1 => "[ -~]{0,4}".prop_map(|text| text.replace(',', "")),
     ];

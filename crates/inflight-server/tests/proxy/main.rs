@@ -2,12 +2,14 @@
 //!
 //! By theme: forwarding requests and limiting them (forwarding.rs), the connections to the upstream
 //! and what it answers (upstream.rs), shutdown (shutdown.rs), the fencing token sent upstream
-//! (token.rs), and where waiting requests queue: `--priority` and `--flow` (queue.rs).
+//! (token.rs), where waiting requests queue: `--priority` and `--flow` (queue.rs), and who holds a slot,
+//! revoked: `--holder` and `--on-revoke` (holders.rs).
 #![allow(missing_docs)]
 
 #[path = "../common/mod.rs"]
 mod common;
 mod forwarding;
+mod holders;
 mod queue;
 mod shutdown;
 mod token;

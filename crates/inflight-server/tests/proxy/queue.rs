@@ -61,6 +61,7 @@ impl<M: Make> Queueing<M> {
             .header(KEY, &self.key);
         let mut held = held.send().await.unwrap();
         assert_eq!(held.status(), StatusCode::OK);
+        assert!(held.headers().get("inflight-limit").is_none(), "admitted at once");
         assert!(held.chunk().await.unwrap().is_some(), "the stream started");
         held
     }
@@ -78,10 +79,13 @@ impl<M: Make> Queueing<M> {
             request = request.header(*header, *value);
         }
         let name = name.to_owned();
+        // Admitted after it queued: the answer names the limit it waited on.
+        let named = format!("key=\"{}\"; class=\"{}\"; limit=1; in_flight=1", self.key, self.key);
         tokio::spawn(async move {
             let answer = request.timeout(Duration::from_secs(60)).send().await;
             let answer = answer.unwrap();
             assert_eq!(answer.status(), StatusCode::OK, "{name}");
+            assert_eq!(answer.headers()["inflight-limit"], named.as_str(), "{name}");
             let echo: Value = answer.json().await.unwrap();
             let token = echo["headers"]["inflight-token"].as_str().unwrap();
             (token.parse().unwrap(), name)
