@@ -8,7 +8,6 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{self, HeaderMap, HeaderName};
 
 use super::headers::X_FORWARDED_FOR;
-use super::templates::Unformed;
 use super::Peer;
 
 /// A request as templates read it.
@@ -97,6 +96,15 @@ pub(super) fn short_hash(text: &str) -> [u8; 16] {
         pair[1] = DIGITS[usize::from(byte & 0xf)];
     }
     hex
+}
+
+/// Why a request's keys could not be formed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Unformed {
+    /// Something a template needs is absent or empty: `--on-missing-key` decides.
+    Missing(String),
+    /// Something is there but unusable (a duplicated header, a key `check_name` refuses): always a 400.
+    Invalid(String),
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 use http::header::HeaderName;
 
+pub(super) use super::sources::Unformed;
 use super::sources::{short_hash, Source};
 use crate::api::check_name;
 
@@ -48,15 +49,6 @@ enum Part {
     Path,
     PathHash,
     ClientIp,
-}
-
-/// Why a request's keys could not be formed.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Unformed {
-    /// Something a template needs is absent or empty: `--on-missing-key` decides.
-    Missing(String),
-    /// Something is there but unusable (a duplicated header, a key `check_name` refuses): always a 400.
-    Invalid(String),
 }
 
 impl KeyTemplates {

@@ -61,7 +61,10 @@ impl<M: Make> Queueing<M> {
             .header(KEY, &self.key);
         let mut held = held.send().await.unwrap();
         assert_eq!(held.status(), StatusCode::OK);
-        assert!(held.headers().get("inflight-limit").is_none(), "admitted at once");
+        assert!(
+            held.headers().get("inflight-limit").is_none(),
+            "admitted at once"
+        );
         assert!(held.chunk().await.unwrap().is_some(), "the stream started");
         held
     }
@@ -80,7 +83,10 @@ impl<M: Make> Queueing<M> {
         }
         let name = name.to_owned();
         // Admitted after it queued: the answer names the limit it waited on.
-        let named = format!("key=\"{}\"; class=\"{}\"; limit=1; in_flight=1", self.key, self.key);
+        let named = format!(
+            "key=\"{}\"; class=\"{}\"; limit=1; in_flight=1",
+            self.key, self.key
+        );
         tokio::spawn(async move {
             let answer = request.timeout(Duration::from_secs(60)).send().await;
             let answer = answer.unwrap();
