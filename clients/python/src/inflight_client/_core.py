@@ -43,9 +43,8 @@ class Answer(NamedTuple):
     held_weight: int
     held_lease_ms: int
     held_token: int
-    counted: int
+    counted: int  # (bits 16 to 31: the keys past a shadow limit, which this client never asks for)
     tickets_expired: int
-    shadowed: int
 
 
 # ``Answer.decision`` (``base.lua``'s names).

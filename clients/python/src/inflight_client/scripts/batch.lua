@@ -197,11 +197,12 @@ while a <= #ARGV do
       end
       a = a + 1
     end
-    local label = nil
-    local shadow = nil
-    if flags % 32 >= 16 then label, a = ARGV[a], a + 1 end
-    if flags >= 32 then shadow, a = tonumber(ARGV[a]), a + 1 end
-    if w then w.label = label end
+    local label, shadow = nil, nil
+    if flags >= 16 then -- a label, a shadow mask
+      if flags % 32 >= 16 then label, a = ARGV[a], a + 1 end
+      if flags >= 32 then shadow, a = tonumber(ARGV[a]), a + 1 end
+      if w then w.label = label end
+    end
     acquire(keys, n, ARGV[f], t, flags % 2 == 1, w, floors, label, shadow)
   elseif kind == 'r' then
     r, a = r + 1, f + 2

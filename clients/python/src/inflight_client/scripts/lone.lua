@@ -38,7 +38,7 @@ elseif extra ~= 0 then
   return {} -- a hash left without leases: batch.lua counts it anew
 end
 local count, w, ms = n + extra, tonumber(weight), tonumber(lease_ms)
-local out = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} -- (made at its size: answer() fills it without growing it)
+local out = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} -- (made at its size: answer() fills it without growing it)
 local limit = resolve(override_of(redis.call('GET', KEYS[3])), tonumber(default_limit), tonumber(max_limit))
 if limit == 0 then
   answer(out, 0, UNLIMITED, -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)

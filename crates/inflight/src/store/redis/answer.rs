@@ -38,18 +38,19 @@ pub(super) struct Answer {
     pub(super) counted: i64,
     /// Tickets of its keys' queues it found expired (their waiters' processes stopped renewing them).
     pub(super) tickets_expired: i64,
-    /// Which keys of the admission's shadow mask it went past the limit of (bit i: key i).
+    /// Which keys of the admission's shadow mask it went past the limit of (bit i: key i): answered in
+    /// `counted`'s bits 16 to 31.
     pub(super) shadowed: i64,
 }
 
 impl Answer {
     /// How many numbers an answer is.
-    pub(super) const LEN: usize = 13;
+    pub(super) const LEN: usize = 12;
 
     /// Reads the script's numbers.
     pub(super) fn read(numbers: &[i64]) -> Result<Self, StoreError> {
         let Ok(
-            [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, weight, lease_ms, held_token, counted, tickets_expired, shadowed],
+            [decision, index, limit, in_flight, expires_at_ms, reclaimed, token, weight, lease_ms, held_token, counted, tickets_expired],
         ) = <[i64; Self::LEN]>::try_from(numbers)
         else {
             let error = format!("an admission answered {numbers:?}");
@@ -64,9 +65,10 @@ impl Answer {
             reclaimed,
             token,
             held: [weight, lease_ms, held_token],
-            counted,
+            // (An admission has at most 16 keys: `base.lua` answers both in one number.)
+            counted: counted & 0xFFFF,
             tickets_expired,
-            shadowed,
+            shadowed: counted >> 16,
         })
     }
 }

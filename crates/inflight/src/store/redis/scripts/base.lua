@@ -15,16 +15,18 @@ local HOLDER, REVOKED = '\254h', '\254r'
 -- bound); index: the refusing key's place among the operation's (0-based; -1); limit and in_flight: that
 -- key's, or the first's; held_*: what the id held before on the first limited key (weight 0: nothing);
 -- counted: which keys recorded the lease (bit i - 1: key i); tickets_expired: tickets of its keys'
--- queues it found expired (their waiters' processes stopped renewing them); shadowed: which keys of the
--- admission's shadow mask (batch.lua's flag 32) it went past the limit of (bit i - 1: key i).
+-- queues it found expired (their waiters' processes stopped renewing them); shadowed (in counted's bits
+-- 16 to 31): which keys of the admission's shadow mask (batch.lua's flag 32) it went past the limit of
+-- (bit i - 1: key i).
 local FULL, ADMITTED, UNLIMITED, TOO_HEAVY, WAITS, WAITERS_BOUND = 0, 1, 2, 3, 4, 5
 local function answer(out, at, decision, index, limit, in_flight, expires_at_ms, reclaimed, token, held_weight,
     held_lease_ms, held_token, counted, tickets_expired, shadowed)
   out[at + 1], out[at + 2], out[at + 3], out[at + 4] = decision, index, limit, in_flight
   out[at + 5], out[at + 6], out[at + 7], out[at + 8] = expires_at_ms, reclaimed, token, held_weight
-  out[at + 9], out[at + 10], out[at + 11], out[at + 12] = held_lease_ms, held_token, counted, tickets_expired
-  out[at + 13] = shadowed or 0
-  return at + 13
+  -- (counted's bits 16-31, as an admission has at most 16 keys: one number fewer to answer per admission)
+  out[at + 9], out[at + 10] = held_lease_ms, held_token
+  out[at + 11], out[at + 12] = shadowed and counted + shadowed * 65536 or counted, tickets_expired
+  return at + 12
 end
 local clock_ms, now, now_us = 0, 0, 0 -- the Redis clock at the script's start; now adds the tests' offset
 local function set_now(offset) -- (ARGV's text; tonumber costs Redis about as much as a TIME call)
