@@ -88,8 +88,8 @@ impl<S: Store> LimiterBuilder<S> {
         self
     }
 
-    /// Calls `hook` with the key of each admission a shadow limit would have refused ([`Policy::shadow`]
-    /// (crate::Policy::shadow)), once per key, on the admitting task: keep it short (count, log).
+    /// Calls `hook` with the key of each admission a shadow limit would have refused
+    /// ([`crate::Policy::shadow`]), once per key, on the admitting task: keep it short (count, log).
     /// [`LimiterStats::shadow_refusals`] counts them too.
     pub fn on_shadow_refusal(mut self, hook: impl Fn(&str) + Send + Sync + 'static) -> Self {
         self.on_shadow_refusal = Some(Arc::new(hook));
