@@ -140,8 +140,7 @@ impl Wakes {
         }
         let turns = self.turns();
         for (name, handed) in called {
-            let n = name.rsplit('#').next().and_then(|n| n.parse::<u64>().ok());
-            if let Some(turn) = n.and_then(|n| turns.get(&n)) {
+            if let Some(turn) = turn_of(name).and_then(|n| turns.get(&n)) {
                 turn.call(*handed);
             }
         }
@@ -149,8 +148,7 @@ impl Wakes {
 
     /// Tells the waiter of the ticket named (`<channel>#<n>`) that an admin revoked it.
     pub(crate) fn revoke_ticket(&self, name: &str) {
-        let n = name.rsplit('#').next().and_then(|n| n.parse::<u64>().ok());
-        if let Some(turn) = n.and_then(|n| self.turns().get(&n).cloned()) {
+        if let Some(turn) = turn_of(name).and_then(|n| self.turns().get(&n).cloned()) {
             turn.revoke();
         }
     }
@@ -228,6 +226,11 @@ impl Wakes {
     fn drop_turn(&self, n: u64) {
         self.turns().remove(&n);
     }
+}
+
+/// The number of the ticket named `<channel>#<n>`.
+fn turn_of(name: &str) -> Option<u64> {
+    name.rsplit('#').next()?.parse().ok()
 }
 
 /// One waiter's ticket: its name, and its wake-up when its turn comes; dropping it ends the wake-up (the

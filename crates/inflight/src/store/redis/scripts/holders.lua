@@ -13,6 +13,7 @@
 local PAGE = 100
 set_now(ARGV[1])
 local call, arg = ARGV[2], ARGV[3]
+local t = string.sub(KEYS[1], 1, -8) -- the key's tag, which its queue's names share (queue.lua)
 
 if call == 'list' then
   local scanned = redis.call('ZSCAN', KEYS[1], arg, 'COUNT', PAGE)
@@ -26,7 +27,6 @@ if call == 'list' then
     end
   end
   if arg == '0' then
-    local t = string.sub(KEYS[1], 1, -8)
     local expiry = t .. ':expiry'
     for _, member in ipairs(redis.call('ZRANGE', t .. ':queue', 0, PAGE - 1)) do
       local ticket = string.match(member, '^%x+ %d+ (.+)$')
@@ -59,7 +59,7 @@ if call == 'revoke' then
 end
 
 -- 'revoke_waiter' (a ticket not in the queue, or given up, is left alone: nothing is noted for it)
-local member = redis.call('HGET', string.sub(KEYS[1], 1, -8) .. ':tickets', arg)
+local member = redis.call('HGET', t .. ':tickets', arg)
 if not member or member == '-' or not queue().give_up(key, arg) then return 0 end
 local channel, n = string.match(arg, '^(.*)#(%d+)$')
 if channel then redis.call('PUBLISH', channel, n .. '!') end
