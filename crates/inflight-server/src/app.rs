@@ -70,8 +70,9 @@ impl App {
         } else {
             let priority = options.priority_level();
             let admission = self.limiter.acquire(key, options.max_wait(wait));
-            self.waited((key, priority), wait, admission, AcquireError::is_full)
-                .await
+            // Boxed (as below): a wait's future is large, and every request's future (moved whole by
+            // hyper, every byte copied) would carry it, waiting or not.
+            Box::pin(self.waited((key, priority), wait, admission, AcquireError::is_full)).await
         };
         self.count_admission(key, outcome.as_ref().err());
         outcome
@@ -124,7 +125,7 @@ impl App {
             let priority = options.priority_level();
             let admission = self.limiter.acquire_all(keys, options.max_wait(wait));
             let full = |refused: &KeyRefused| refused.error.is_full();
-            self.waited((first, priority), wait, admission, full).await
+            Box::pin(self.waited((first, priority), wait, admission, full)).await
         };
         self.count_admission(first, outcome.as_ref().err().map(|refused| &refused.error));
         outcome

@@ -1,6 +1,7 @@
 //! A worker's proxy: a request admitted (and charged), forwarded over the pool, and its response
 //! streamed back under the permit.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,113 +46,127 @@ impl Proxy {
         }
     }
 
-    /// The response to `request`, which came from `client`.
-    pub async fn forward(self: Arc<Self>, request: Request<RequestBody>, client: Peer) -> Response {
-        let mut access = access::Access::new(&request, &self.app.metrics, self.upstream.access_log);
-        match forward_checked(&self, &client, request, &mut access).await {
-            Ok((parts, body, result)) => {
-                let line = access.answered(&self.app.metrics, parts.status, result, None);
-                Response::from_parts(parts, Body::new(body.logged(line)))
-            }
-            Err(error) => {
-                let result = match error.status() {
-                    StatusCode::TOO_MANY_REQUESTS => ProxyResult::Refused,
-                    _ => ProxyResult::Error,
-                };
-                let metrics = &self.app.metrics;
-                drop(access.answered(metrics, error.status(), result, Some(error.code())));
-                error.into_response()
+    /// The response to `request`, which came from `client`. (A block rather than an `async fn`, here
+    /// and in `forward_checked`: an async fn's future keeps its arguments twice, and hyper moves every
+    /// request's future whole, every byte copied.)
+    #[allow(clippy::manual_async_fn)]
+    pub fn forward(
+        self: Arc<Self>,
+        request: Request<RequestBody>,
+        client: Peer,
+    ) -> impl Future<Output = Response> {
+        async move {
+            let mut access =
+                access::Access::new(&request, &self.app.metrics, self.upstream.access_log);
+            match forward_checked(&self, &client, request, &mut access).await {
+                Ok((parts, body, result)) => {
+                    let line = access.answered(&self.app.metrics, parts.status, result, None);
+                    Response::from_parts(parts, Body::new(body.logged(line)))
+                }
+                Err(error) => {
+                    let result = match error.status() {
+                        StatusCode::TOO_MANY_REQUESTS => ProxyResult::Refused,
+                        _ => ProxyResult::Error,
+                    };
+                    let metrics = &self.app.metrics;
+                    drop(access.answered(metrics, error.status(), result, Some(error.code())));
+                    error.into_response()
+                }
             }
         }
     }
 }
 
 /// The upstream's response, on its way to the client: its head, its body and what became of the request.
-async fn forward_checked(
-    proxy: &Proxy,
-    client: &Peer,
+#[allow(clippy::manual_async_fn)] // (see Proxy::forward)
+fn forward_checked<'a>(
+    proxy: &'a Proxy,
+    client: &'a Peer,
     request: Request<RequestBody>,
-    access: &mut access::Access,
-) -> Result<(http::response::Parts, body::ProxyBody, ProxyResult), ApiError> {
-    let app = &proxy.app;
-    // A reverse proxy forwards requests for its upstream's resources: it opens no tunnels (CONNECT) and
-    // echoes nothing back along the way (TRACE).
-    if matches!(
-        *request.method(),
-        http::Method::CONNECT | http::Method::TRACE
-    ) {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "The proxy does not forward CONNECT or TRACE.",
-        ));
-    }
-    let (permit, reservation) = admit(proxy, &request, client, access).await?.unzip();
-    let reservation = reservation.flatten();
-    // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
-    let proxying = permit
-        .as_ref()
-        .is_some_and(Permit::is_counted)
-        .then(|| app.metrics.proxying());
-    let result = match proxying {
-        Some(_) => ProxyResult::Admitted,
-        None => ProxyResult::Unlimited,
-    };
-    let mut upstream_request = proxy.target.to_upstream(request, client)?;
-    if proxy.upstream.forward_token {
-        let token = permit.as_ref().map_or(0, Permit::token);
-        headers::set_token(upstream_request.headers_mut(), token);
-    }
-    // From here on the permit is held by `held`: a permit that can be lost ends the request when it is
-    // (`--on-revoke end`), heard while the request waits.
-    let ends = proxy.upstream.on_revoke == OnRevoke::End;
-    let queued = permit.as_ref().and_then(|permit| app.queued_limit(permit));
-    let mut held = lost::Held::new(permit, ends, || access.class());
-    let sent = proxy.pool.send(upstream_request);
-    let started = std::time::Instant::now();
-    // On every early return below, the permit, its reservation and `proxying` are dropped: the slot is
-    // released, and counted, and the charge refunded.
-    let answered = {
-        let answered = tokio::time::timeout(proxy.upstream.timeout, sent);
-        tokio::pin!(answered);
-        std::future::poll_fn(|cx| held.poll_unless_lost(answered.as_mut(), cx)).await
-    };
-    let answered = answered.ok_or_else(lost::revoked)?;
-    let response = match answered {
-        Err(_) => {
+    access: &'a mut access::Access,
+) -> impl Future<Output = Result<(http::response::Parts, body::ProxyBody, ProxyResult), ApiError>> + 'a
+{
+    async move {
+        let app = &proxy.app;
+        // A reverse proxy forwards requests for its upstream's resources: it opens no tunnels (CONNECT) and
+        // echoes nothing back along the way (TRACE).
+        if matches!(
+            *request.method(),
+            http::Method::CONNECT | http::Method::TRACE
+        ) {
             return Err(ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                "The upstream did not answer in time.",
-            ))
-        }
-        // The client stopped sending the body being forwarded: the client's fault, not the upstream's.
-        Ok(Err(error)) if crate::incoming::body_timeout(&error).is_some() => {
-            return Err(ApiError::unreadable_body(&error));
-        }
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "upstream request failed");
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_unavailable",
-                "The upstream could not be reached.",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "The proxy does not forward CONNECT or TRACE.",
             ));
         }
-        Ok(Ok(response)) => response,
-    };
-    app.metrics.upstream_latency(started.elapsed());
-    let (mut parts, body) = response.into_parts();
-    headers::strip_hop_by_hop(&mut parts.headers);
-    if let Some(queued) = queued {
-        // Admitted after a wait: the limit it waited on, named as on a 429.
-        parts.headers.insert(INFLIGHT_LIMIT, queued);
+        let (permit, reservation) = admit(proxy, &request, client, access).await?.unzip();
+        let reservation = reservation.flatten();
+        // Counted only when it holds a slot (an unlimited key's permit holds nothing), as the API counts.
+        let proxying = permit
+            .as_ref()
+            .is_some_and(Permit::is_counted)
+            .then(|| app.metrics.proxying());
+        let result = match proxying {
+            Some(_) => ProxyResult::Admitted,
+            None => ProxyResult::Unlimited,
+        };
+        let mut upstream_request = proxy.target.to_upstream(request, client)?;
+        if proxy.upstream.forward_token {
+            let token = permit.as_ref().map_or(0, Permit::token);
+            headers::set_token(upstream_request.headers_mut(), token);
+        }
+        // From here on the permit is held by `held`: a permit that can be lost ends the request when it is
+        // (`--on-revoke end`), heard while the request waits.
+        let ends = proxy.upstream.on_revoke == OnRevoke::End;
+        let queued = permit.as_ref().and_then(|permit| app.queued_limit(permit));
+        let mut held = lost::Held::new(permit, ends, || access.class());
+        let sent = proxy.pool.send(upstream_request);
+        let started = std::time::Instant::now();
+        // On every early return below, the permit, its reservation and `proxying` are dropped: the slot is
+        // released, and counted, and the charge refunded.
+        let answered = {
+            let answered = tokio::time::timeout(proxy.upstream.timeout, sent);
+            tokio::pin!(answered);
+            std::future::poll_fn(|cx| held.poll_unless_lost(answered.as_mut(), cx)).await
+        };
+        let answered = answered.ok_or_else(lost::revoked)?;
+        let response = match answered {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    "The upstream did not answer in time.",
+                ))
+            }
+            // The client stopped sending the body being forwarded: the client's fault, not the upstream's.
+            Ok(Err(error)) if crate::incoming::body_timeout(&error).is_some() => {
+                return Err(ApiError::unreadable_body(&error));
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "upstream request failed");
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unavailable",
+                    "The upstream could not be reached.",
+                ));
+            }
+            Ok(Ok(response)) => response,
+        };
+        app.metrics.upstream_latency(started.elapsed());
+        let (mut parts, body) = response.into_parts();
+        headers::strip_hop_by_hop(&mut parts.headers);
+        if let Some(queued) = queued {
+            // Admitted after a wait: the limit it waited on, named as on a 429.
+            parts.headers.insert(INFLIGHT_LIMIT, queued);
+        }
+        // An upstream error is not charged (the reservation is dropped: refunded).
+        let reservation = reservation.filter(|_| !parts.status.is_server_error());
+        // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
+        // committed when the body was sent to its end, refunded otherwise.
+        let body = body::ProxyBody::new(body, held, app.cut.subscribe(), proxying, reservation);
+        Ok((parts, body, result))
     }
-    // An upstream error is not charged (the reservation is dropped: refunded).
-    let reservation = reservation.filter(|_| !parts.status.is_server_error());
-    // The body holds the permit: released when the body ends, fails or is dropped; and the charge:
-    // committed when the body was sent to its end, refunded otherwise.
-    let body = body::ProxyBody::new(body, held, app.cut.subscribe(), proxying, reservation);
-    Ok((parts, body, result))
 }
 
 /// The permit `request` is forwarded under, and its charge to `--quota-key` (none when committed at

@@ -65,22 +65,31 @@ impl Pool {
             Some(sender) => sender,
             None => self.connect().await?,
         };
-        let response = match sender.try_send_request(request).await {
-            Ok(response) => response,
+        // (The error is gone before the retry's awaits: every request's future, moved whole by hyper,
+        // would otherwise carry room for it.)
+        let request = match sender.try_send_request(request).await {
+            Ok(response) => {
+                self.park(sender);
+                return Ok(response);
+            }
             Err(mut error) => match error.take_message() {
-                Some(request) => {
-                    sender = self.connect().await?;
-                    sender.send_request(request).await?
-                }
+                Some(request) => request,
                 None => return Err(error.into_error().into()),
             },
         };
+        sender = self.connect().await?;
+        let response = sender.send_request(request).await?;
+        self.park(sender);
+        Ok(response)
+    }
+
+    /// Parks `sender`'s connection, which answered, for the next request.
+    fn park(&self, sender: SendRequest<RequestBody>) {
         let mut parked = self.lock();
         if parked.len() >= MAX_IDLE {
             parked.pop_front();
         }
         parked.push_back((sender, Instant::now()));
-        Ok(response)
     }
 
     /// The most recently parked connection that can take a request now, if any.
