@@ -234,8 +234,9 @@ def test_wait_lost_is_false_once_the_permit_can_no_longer_be_lost(redis_url: str
     assert kept.wait_lost() is False  # closed: renewed no more, so never heard lost
 
 
-def test_turns_messages_name_turns_and_revocations() -> None:
-    assert list(_turns._turns("3 4! 17 5=1:2:3:4 x ! ²")) == [(3, False), (4, True), (17, False)]
+def test_turns_messages_name_turns_revocations_and_slots_handed() -> None:
+    heard = list(_turns._turns("3 4! 17 5=1:2:3:4 6=1:2 7=1:x:3:4 x ! ²"))
+    assert heard == [(3, False, None), (4, True, None), (17, False, None), (5, False, (1, 2, 3, 4))]
 
 
 def test_a_revoked_waiter_raises_revoked_and_leaves_the_queue(short: RedisLimiter, r: redis.Redis) -> None:

@@ -19,7 +19,7 @@ from . import _core, _input
 from ._errors import Revoked, StoreError, TooManyRequests
 from ._permit import Held, Holders, PermitBase, mark_lost
 from ._policy import ClassLimits, Policy, RuleLike
-from ._turns import RECHECK, TICKET_LEASE_MS, AsyncTurns
+from ._turns import RECHECK, TICKET_LEASE_MS, AsyncTurns, Handed
 
 log = logging.getLogger("inflight_client")
 
@@ -433,15 +433,16 @@ class AsyncRedisLimiter:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         ticket = self._turns.take()
-        wait = _core.Wait(ticket.name, priority, flow, TICKET_LEASE_MS)
+        wait_id, wait = _core.waiting(unique, id, ticket.name, priority, flow, "inflight", TICKET_LEASE_MS)
         admitted = interrupted = False
         queued_on: _core.Queued | None = None  # its last refusal: the key whose queue it waits in
         try:
-            heard = False
+            heard, fresh = self._turns.is_heard(), wait.handoff
             while True:
                 ticket.called.clear()  # a turn called from now on is kept until the wait below
+                ticket.handed = None  # (a slot handed before this ask is the ask's: its id holds it)
                 try:
-                    permit = await self._acquire(unique, id, weight, lease, limits, wait, holder)
+                    permit = await self._acquire(unique, wait_id, weight, lease, limits, wait, holder, fresh)
                 except _core.Queued as queued:
                     refused = queued_on = queued
                 else:
@@ -449,8 +450,11 @@ class AsyncRedisLimiter:
                     if queued_on is not None:
                         permit.queued_on, permit.queued_class = queued_on.key, queued_on.key_class
                     return permit
+                fresh = False
                 if ticket.revoked:  # (its ask, after the revocation, took no place)
                     raise Revoked(refused.key)
+                if ticket.handed is not None:  # handed while the ask was on its way: asked again at once
+                    continue
                 left = deadline - loop.time()
                 if left <= 0:
                     raise TooManyRequests(
@@ -464,21 +468,51 @@ class AsyncRedisLimiter:
                     await asyncio.wait_for(ticket.called.wait(), min(RECHECK, left))
                 if ticket.revoked:
                     raise Revoked(refused.key)
+                if ticket.handed is not None and wait_id is not None:  # held, without asking again
+                    permit = self._handed(unique, wait_id, weight, lease, limits, ticket.handed)
+                    admitted = True
+                    permit.queued_on, permit.queued_class = refused.key, refused.key_class
+                    return permit
         except BaseException as error:
             interrupted = not isinstance(error, Exception)  # CancelledError, GeneratorExit
             raise
         finally:
             self._turns.drop(ticket)
             if not admitted and not ticket.revoked:  # (a revoked ticket was given up by the revocation)
-                # A task of the limiter's: a cancelled waiter's ticket leaves all the same.
-                leaving = self._renewer.spawn(self._leave(unique, ticket.name))
+                # A task of the limiter's: a cancelled waiter's ticket leaves all the same (with the wait's
+                # id: a slot a release handed it goes back).
+                given = wait_id if wait.handoff else None
+                leaving = self._renewer.spawn(self._leave(unique, ticket.name, given))
                 if leaving is not None and not interrupted:
                     await asyncio.shield(leaving)
 
-    async def _leave(self, keys: tuple[str, ...], ticket: str) -> None:
-        names, args = _core.key_names(self.prefix, keys), _core.leave_args(keys, ticket)
+    async def _leave(self, keys: tuple[str, ...], ticket: str, id: str | None = None) -> None:
+        names, args = _core.key_names(self.prefix, keys), _core.leave_args(keys, ticket, id)
         reply = await self._call(self._batch, names, args)
         _core.ints(reply, 1)
+
+    def _handed(
+        self,
+        keys: tuple[str, ...],
+        id: str,
+        weight: int,
+        lease: float | None,
+        limits: Sequence[ClassLimits],
+        handed: Handed,
+    ) -> AsyncPermit:
+        """As :meth:`RedisLimiter._handed`: the permit of a slot a release handed a waiter."""
+        token, expires_at_ms, limit, in_flight = handed
+        lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
+        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
+        held.first_lease_ms = TICKET_LEASE_MS
+        self._holders.add(held)
+        try:
+            self._renewer.add(held)
+        except BaseException:
+            self._holders.count_out(held)
+            self._renewer.spawn(self.release(keys, id, token))
+            raise
+        return AsyncPermit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
     async def _acquire(
         self,
@@ -489,11 +523,12 @@ class AsyncRedisLimiter:
         limits: Sequence[ClassLimits],
         wait: _core.Wait | None = None,
         holder: str | None = None,
+        fresh: bool = False,
     ) -> AsyncPermit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
         keys = _core.unique_keys(keys)
-        generated = id is None
+        generated = id is None or fresh  # (a wait's first ask under its own id: no lease can hold it)
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)

@@ -103,6 +103,18 @@ class Wait:
     priority: int
     flow: str
     lease_ms: int
+    # A release may hand the waiter the slot (one key, an id of the wait's own): ``records.rs``'s flags 8.
+    handoff: bool = False
+
+
+def waiting(
+    keys: Sequence[str], id: str | None, ticket: str, priority: int, flow: str, layout: str, lease_ms: int
+) -> tuple[str | None, Wait]:
+    """A wait's id and ticket as its asks carry them. On one key of inflight's own layout, without an id
+    of the caller's, a release may hand the waiter the slot, under an id of the wait's own, the same at
+    every ask (as the Rust library's waiters: ``wait.rs``)."""
+    handoff = id is None and len(keys) == 1 and layout != "dify"
+    return (_keys.new_id() if handoff else id), Wait(ticket, priority, flow, lease_ms, handoff)
 
 
 class Queued(TooManyRequests):
@@ -123,11 +135,14 @@ def acquire_args(
 ) -> list[Arg]:
     """``batch.lua``'s ARGV for one admission (``batch.rs`` sends the same records): clock offset, then the
     record: its head (``a`` and its flags: 1 the id was generated for it, whose lease then need not record
-    its token; 2 a waiter's standing follows; 16 a label follows; ``x`` and the number of keys when
-    several), the keys' places, member, terms (weight, lease, 0: the lease keeps the token it gets, each
-    key's limits); a waiter's (``wait``) ticket, ``level:flow_weight``, flow and ticket lease; the label
-    (``holder``) of its lease and ticket, which ``holders.lua`` lists (``records.rs``'s flags 16)."""
-    flags = (1 if generated else 0) | (2 if wait is not None else 0) | (16 if holder is not None else 0)
+    its token; 2 a waiter's standing follows; 8 (with 2) a release may hand it the slot; 16 a label
+    follows; ``x`` and the number of keys when several), the keys' places, member, terms (weight, lease,
+    0: the lease keeps the token it gets, each key's limits); a waiter's (``wait``) ticket,
+    ``level:flow_weight``, flow and ticket lease; the label (``holder``) of its lease and ticket, which
+    ``holders.lua`` lists (``records.rs``'s flags 16)."""
+    flags = (1 if generated else 0) | (16 if holder is not None else 0)
+    if wait is not None:
+        flags |= 10 if wait.handoff else 2
     args: list[Arg] = [0, head("a", flags, len(keys)), *range(1, len(keys) + 1)]
     args.append(_keys.member(id))
     args.append(" ".join([str(weight), str(lease_ms), "0"] + [f"{c.default} {c.max}" for c in limits]))
@@ -178,9 +193,11 @@ class Passed:
         self._keys[key] = self.SKIP
 
 
-def leave_args(keys: Sequence[str], ticket: str) -> list[Arg]:
-    """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (an ``l`` record)."""
-    return [0, head("l", 0, len(keys)), *range(1, len(keys) + 1), ticket]
+def leave_args(keys: Sequence[str], ticket: str, id: str | None = None) -> list[Arg]:
+    """``batch.lua``'s ARGV for a waiter giving up its ticket on ``keys`` (an ``l`` record); with the
+    wait's ``id`` (flags 8), a slot a release handed it is released if the ticket is no longer queued."""
+    args: list[Arg] = [0, head("l", 0 if id is None else 8, len(keys)), *range(1, len(keys) + 1), ticket]
+    return args if id is None else [*args, _keys.member(id)]
 
 
 def release_args(keys: Sequence[str], id: str, token: int = 0) -> list[Arg]:

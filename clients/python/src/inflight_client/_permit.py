@@ -71,9 +71,14 @@ class Held:
     # What ``wait_lost`` waits on (a ``threading.Event``, an ``asyncio.Event`` for the asyncio limiter),
     # made by its first call: set once the permit is lost, released, or its limiter closed.
     watch: Any = None
+    # A slot handed to a waiter is leased at first for as long as its ticket would have lasted (``hand_off``
+    # in ``queue.lua``): its first renewal is due within a third of that.
+    first_lease_ms: int = 0
 
     def schedule(self) -> None:
-        self.due = time.monotonic() + max(self.lease_ms / 3000.0, 0.001)
+        lease_ms = min(self.lease_ms, self.first_lease_ms or self.lease_ms)
+        self.first_lease_ms = 0
+        self.due = time.monotonic() + max(lease_ms / 3000.0, 0.001)
 
 
 class _HoldersState:

@@ -15,7 +15,7 @@ from . import _core, _dify_layout, _input
 from ._errors import Revoked, StoreError, TooManyRequests
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer, log
 from ._policy import ClassLimits, Policy, RuleLike
-from ._turns import RECHECK, TICKET_LEASE_MS, Turns
+from ._turns import RECHECK, TICKET_LEASE_MS, Handed, Turns
 
 T = TypeVar("T")
 
@@ -199,15 +199,17 @@ class RedisLimiter:
             raise RuntimeError("the limiter is closed")
         deadline = time.monotonic() + wait_ms / 1000
         ticket = self._turns.take()
-        wait = _core.Wait(ticket.name, priority, flow, TICKET_LEASE_MS)
+        wait_id, wait = _core.waiting(unique, id, ticket.name, priority, flow, self.layout, TICKET_LEASE_MS)
         admitted = interrupted = False
         queued_on: _core.Queued | None = None  # its last refusal: the key whose queue it waits in
         try:
-            heard = False
+            # (Subscribed already: no turn of the ticket can go unheard, and its first refusal is the wait's.)
+            heard, fresh = self._turns.is_heard(), wait.handoff
             while True:
                 ticket.called.clear()  # a turn called from now on is kept until the wait below
+                ticket.handed = None  # (a slot handed before this ask is the ask's: its id holds it)
                 try:
-                    permit = self._acquire(unique, id, weight, lease, limits, wait, holder)
+                    permit = self._acquire(unique, wait_id, weight, lease, limits, wait, holder, fresh)
                 except _core.Queued as queued:
                     refused = queued_on = queued
                 else:
@@ -216,8 +218,11 @@ class RedisLimiter:
                     if queued_on is not None:
                         permit.queued_on, permit.queued_class = queued_on.key, queued_on.key_class
                     return permit
+                fresh = False
                 if ticket.revoked:  # (its ask, after the revocation, took no place)
                     raise Revoked(refused.key)
+                if ticket.handed is not None:  # handed while the ask was on its way: asked again at once
+                    continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TooManyRequests(
@@ -228,40 +233,69 @@ class RedisLimiter:
                     heard = True
                     self._turns.heard(min(RECHECK, left))
                     continue
-                # Its turn, its revocation, or a re-check (which renews the ticket).
+                # Its turn, the slot handed to it, its revocation, or a re-check (which renews the ticket).
                 ticket.called.wait(min(RECHECK, left))
                 if ticket.revoked:
                     raise Revoked(refused.key)
+                if ticket.handed is not None and wait_id is not None:  # held, without asking again
+                    permit = self._handed(unique, wait_id, weight, lease, limits, ticket.handed)
+                    admitted = True
+                    permit.queued_on, permit.queued_class = refused.key, refused.key_class
+                    return permit
         except BaseException as error:
             interrupted = not isinstance(error, Exception)
             raise
         finally:
             self._turns.drop(ticket)
             if not admitted and not ticket.revoked:  # (a revoked ticket was given up by the revocation)
-                self._give_up(unique, ticket.name, interrupted)
+                self._give_up(unique, ticket.name, wait_id if wait.handoff else None, interrupted)
 
-    def _give_up(self, keys: tuple[str, ...], ticket: str, interrupted: bool) -> None:
-        """The ticket leaves the queues of ``keys``. A wait interrupted (``KeyboardInterrupt``, gevent's
-        ``Timeout``, the greenlet killed) hands it to the renewal thread, as an interrupted release does;
-        one that fails leaves a ticket that ends with its lease."""
+    def _give_up(self, keys: tuple[str, ...], ticket: str, id: str | None, interrupted: bool) -> None:
+        """The ticket leaves the queues of ``keys`` (with the wait's ``id``: a slot a release handed it
+        goes back). A wait interrupted (``KeyboardInterrupt``, gevent's ``Timeout``, the greenlet killed)
+        hands it to the renewal thread, as an interrupted release does; one that fails leaves a ticket that
+        ends with its lease (and a handed slot, with the lease of its ticket)."""
         if interrupted:
-            self._renewer.call_later(lambda: self._leave(keys, ticket))
+            self._renewer.call_later(lambda: self._leave(keys, ticket, id))
             return
         try:
-            self._leave(keys, ticket)
+            self._leave(keys, ticket, id)
         except Exception:
             log.debug("inflight: giving up ticket %s failed; it ends with its lease", ticket, exc_info=True)
         except BaseException:
-            self._renewer.call_later(lambda: self._leave(keys, ticket))
+            self._renewer.call_later(lambda: self._leave(keys, ticket, id))
             raise
 
-    def _leave(self, keys: tuple[str, ...], ticket: str) -> None:
+    def _leave(self, keys: tuple[str, ...], ticket: str, id: str | None = None) -> None:
         if self.layout == "dify":
             reply = self._call_dify("l", keys, ticket, 0, "", [])
         else:
             names = _core.key_names(self.prefix, keys)
-            reply = self._call(self._batch, names, _core.leave_args(keys, ticket))
+            reply = self._call(self._batch, names, _core.leave_args(keys, ticket, id))
         _core.ints(reply, 1)
+
+    def _handed(
+        self,
+        keys: tuple[str, ...],
+        id: str,
+        weight: int,
+        lease: float | None,
+        limits: Sequence[ClassLimits],
+        handed: Handed,
+    ) -> Permit:
+        """The permit of a slot a release handed a waiter (its lease recorded under the wait's ``id``)."""
+        token, expires_at_ms, limit, in_flight = handed
+        lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
+        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
+        held.first_lease_ms = TICKET_LEASE_MS
+        self._holders.add(held)
+        try:
+            self._renewer.add(held)
+        except BaseException:
+            self._holders.count_out(held)
+            self._give_back(keys, id, token)
+            raise
+        return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
     def _acquire(
         self,
@@ -272,11 +306,12 @@ class RedisLimiter:
         limits: Sequence[ClassLimits],
         wait: _core.Wait | None = None,
         holder: str | None = None,
+        fresh: bool = False,
     ) -> Permit:
         if self._renewer.closed:
             raise RuntimeError("the limiter is closed")
         keys = _core.unique_keys(keys)
-        generated = id is None
+        generated = id is None or fresh  # (a wait's first ask under its own id: no lease can hold it)
         id = _core.check_id(id)
         weight = _core.check_weight(weight)
         lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)

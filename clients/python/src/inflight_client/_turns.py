@@ -6,8 +6,11 @@ then arrival). As the Rust library (``limiter/wait.rs``, ``store/wake.rs``, ``st
   first ticket and kept until the limiter is closed; a ticket is ``<channel>#<n>``, ``n`` counted per
   limiter;
 - a release (or a waiter leaving the head) PUBLISHes ``"<n> <n2> ..."`` on the channel of the head's
-  ticket: the tickets whose turn it is; an admin revoking a waiter (``holders.lua``'s ``revoke_waiter``)
-  PUBLISHes ``"<n>!"``: the ticket was given up for it, and its wait ends with :class:`Revoked`;
+  ticket: the tickets whose turn it is; ``<n>=<token>:<expires_at_ms>:<limit>:<in_flight>``, a ticket
+  handed the slot (its waiter, on one key under an id of its wait's own, registered its admission: the
+  release recorded the lease, and the waiter holds it without asking again); an admin revoking a waiter
+  (``holders.lua``'s ``revoke_waiter``) PUBLISHes ``"<n>!"``: the ticket was given up for it, and its wait
+  ends with :class:`Revoked`;
 - a queued waiter asks again when its turn is called, or after at most :data:`RECHECK` (a turn lost with a
   broken subscription, a lease that expired), which also renews its ticket (:data:`TICKET_LEASE_MS`);
 - a wait that ends unadmitted gives the ticket up (``batch.lua``'s ``l`` op); a process killed leaves its
@@ -43,28 +46,41 @@ def _text(data: object) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
 
 
-def _turns(message: str) -> Iterable[tuple[int, bool]]:
+# A slot handed to a ticket: its lease's token and expiry (ms, Redis clock), its key's limit and in flight.
+Handed = tuple[int, int, int, int]
+
+
+def _turns(message: str) -> Iterable[tuple[int, bool, Handed | None]]:
     """The tickets a message on a turns channel names (``wake.rs``'s ``wake_turns``): ``<n>``, its turn;
-    ``<n>!``, revoked (True); ``<n>=...``, a slot handed to it (which this client never registers for, so
-    never hears)."""
+    ``<n>!``, revoked (True); ``<n>=token:expires_at_ms:limit:in_flight``, a slot handed to it."""
     for part in message.split(" "):
         revoked = part.endswith("!")
-        n = part[:-1] if revoked else part
-        if n.isascii() and n.isdigit():
-            yield int(n), revoked
+        n, _, handed = (part[:-1] if revoked else part).partition("=")
+        if not (n.isascii() and n.isdigit()):
+            continue
+        if not handed:
+            yield int(n), revoked, None
+            continue
+        figures = handed.split(":")
+        if len(figures) == 4 and all(f.isascii() and f.isdigit() for f in figures):
+            token, expires_at_ms, limit, in_flight = (int(f) for f in figures)
+            yield int(n), revoked, (token, expires_at_ms, limit, in_flight)
 
 
 def _wake(tickets: Mapping[int, Ticket | AsyncTicket], message: str | None) -> None:
-    """Sets the turns of the tickets ``message`` names (``None``: every ticket), marking those revoked."""
+    """Sets the turns of the tickets ``message`` names (``None``: every ticket), marking those revoked or
+    handed the slot."""
     woken: list[Ticket | AsyncTicket] = []
     if message is None:
         woken.extend(tickets.values())
     else:
-        for n, revoked in _turns(message):
+        for n, revoked, handed in _turns(message):
             ticket = tickets.get(n)
             if ticket is not None:
                 if revoked:
                     ticket.revoked = True
+                if handed is not None:
+                    ticket.handed = handed
                 woken.append(ticket)
     for ticket in woken:
         ticket.called.set()
@@ -72,15 +88,16 @@ def _wake(tickets: Mapping[int, Ticket | AsyncTicket], message: str | None) -> N
 
 class Ticket:
     """One waiter's ticket (sync and gevent): its name, the event its turn sets, and whether an admin
-    revoked it (set before the event)."""
+    revoked it or a release handed it the slot (set before the event)."""
 
-    __slots__ = ("name", "n", "called", "revoked")
+    __slots__ = ("name", "n", "called", "revoked", "handed")
 
     def __init__(self, name: str, n: int, called: threading.Event) -> None:
         self.name = name
         self.n = n
         self.called = called
         self.revoked = False
+        self.handed: Handed | None = None
 
 
 class _TurnsState:
@@ -128,6 +145,10 @@ class Turns:
         """Waits (at most ``timeout``) until turns are heard: a turn called before then went unheard."""
         return self._state.get().heard.wait(max(timeout, 0.0))
 
+    def is_heard(self) -> bool:
+        """Whether turns are heard now: a ticket taken now has none called unheard."""
+        return self._state.get().heard.is_set()
+
     def close(self) -> None:
         self._closed = True
         thread = self._state.get().thread
@@ -168,13 +189,14 @@ class Turns:
 class AsyncTicket:
     """One waiter's ticket (asyncio)."""
 
-    __slots__ = ("name", "n", "called", "revoked")
+    __slots__ = ("name", "n", "called", "revoked", "handed")
 
     def __init__(self, name: str, n: int, called: asyncio.Event) -> None:
         self.name = name
         self.n = n
         self.called = called
         self.revoked = False
+        self.handed: Handed | None = None
 
 
 class AsyncTurns:
@@ -202,6 +224,10 @@ class AsyncTurns:
 
     def drop(self, ticket: AsyncTicket) -> None:
         self._tickets.pop(ticket.n, None)
+
+    def is_heard(self) -> bool:
+        """Whether turns are heard now: a ticket taken now has none called unheard."""
+        return self._heard is not None and self._heard.is_set()
 
     async def heard(self, timeout: float) -> None:
         """Waits (at most ``timeout``) until turns are heard."""

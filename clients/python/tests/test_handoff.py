@@ -1,0 +1,183 @@
+"""A freed slot handed straight to the head ticket (queue.lua's ``hand_off``), as the Rust library's waiters
+are (crates/inflight/tests/waiting): a Python waiter on one key, without an id of its own, asks under an id
+of its wait's own; the release that frees the slot records the lease under that id and tells the waiter's
+limiter on its turns channel (``<n>=token:expires_at_ms:limit:in_flight``), and the waiter holds the slot
+without asking again. Two limiter instances stand for two processes. No test sleeps for an outcome: each
+waits (bounded) for the state Redis holds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+from inflight_client import AsyncRedisLimiter, Permit, RedisLimiter, TooManyRequests, _core
+from inflight_client._keys import member
+
+LEASES, PERMITS = "inflight:{k}:leases", "inflight:{k}:permits"
+BOUND = 20.0  # seconds: the longest any test waits for a state it expects
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def tickets(r: redis.Redis) -> int:
+    return int(r.zcard("inflight:{k}:queue"))
+
+
+def counted_asks(limiter: Any) -> list[int]:
+    """Counts the admissions ``limiter`` sends (its ``_acquire`` calls): a waiter's asks. (Its turns channel
+    subscribed first: a wait begun before asks once more once subscribed, in case it missed a turn.)"""
+    if isinstance(limiter, RedisLimiter):
+        ticket = limiter._turns.take()
+        assert limiter._turns.heard(BOUND), "subscribed to its turns"
+        limiter._turns.drop(ticket)
+    asks = [0]
+    ask = limiter._acquire
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        asks[0] += 1
+        return ask(*args, **kwargs)
+
+    limiter._acquire = counting
+    return asks
+
+
+@pytest.fixture
+def two(redis_url: str, r: redis.Redis) -> Iterator[list[RedisLimiter]]:
+    """Two limiters (two 'processes', each with its own connection pool) with a limit of 1."""
+    limiters = [RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1) for _ in range(2)]
+    yield limiters
+    for limiter in limiters:
+        limiter.close()
+
+
+def test_a_release_hands_the_waiter_the_slot_and_it_does_not_ask_again(
+    two: list[RedisLimiter], r: redis.Redis
+) -> None:
+    holder, waiter = two
+    first = holder.try_acquire("k")
+    asks = counted_asks(waiter)
+    got: list[Permit] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire("k", max_wait=BOUND)), daemon=True)
+    thread.start()
+    until(lambda: tickets(r) == 1, "the waiter's ticket")
+    first.release()
+    thread.join(BOUND)
+    assert got, "the waiter was admitted"
+    permit = got[0]
+    assert asks[0] == 1, "handed the slot: the waiter asked once, when it queued"
+    assert permit.queued_on == "k" and permit.limit == 1 and permit.in_flight == 1
+    # The release recorded the lease under the wait's id, with the token the waiter was told.
+    assert r.zscore(LEASES, member(permit.id)) is not None
+    entry = r.hget(PERMITS, member(permit.id))
+    assert entry is not None and entry.split()[2] == str(permit.token).encode()
+    assert tickets(r) == 0
+    # Handed for as long as the ticket would have lasted (3 s), then renewed to the full lease (30 s).
+    now_ms = int(time.time() * 1000)
+    assert permit.expires_at_ms is not None and permit.expires_at_ms <= now_ms + 3_500
+    until(
+        lambda: (r.zscore(LEASES, member(permit.id)) or 0) > time.time() * 1000 + 10_000,
+        "the handed lease renewed to the full lease",
+    )
+    with pytest.raises(TooManyRequests):
+        holder.try_acquire("k")
+    permit.release()
+    assert r.zcard(LEASES) == 0
+
+
+def test_asyncio_waiters_are_handed_the_slot_in_arrival_order(redis_url: str, r: redis.Redis) -> None:
+    async def main() -> None:
+        holder = RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1)
+        limiters = [
+            AsyncRedisLimiter(redis.asyncio.Redis.from_url(redis_url), default_limit=1) for _ in range(2)
+        ]
+        for limiter in limiters:
+            ticket = limiter._turns.take()
+            await limiter._turns.heard(BOUND)
+            assert limiter._turns.is_heard(), "subscribed to its turns"
+            limiter._turns.drop(ticket)
+        asks = [counted_asks(limiter) for limiter in limiters]
+        order: list[int] = []
+        try:
+            first = holder.try_acquire("k")
+
+            async def wait(i: int) -> None:
+                permit = await limiters[i].acquire("k", max_wait=BOUND)
+                order.append(i)
+                assert permit.queued_on == "k"
+                await permit.release()  # hands the next waiter the slot
+
+            tasks = []
+            for i in range(2):
+                tasks.append(asyncio.create_task(wait(i)))
+                deadline = time.monotonic() + BOUND
+                while tickets(r) != i + 1:
+                    assert time.monotonic() < deadline, "the waiters' tickets"
+                    await asyncio.sleep(0.005)
+            first.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), BOUND)
+            assert order == [0, 1]
+            assert [a[0] for a in asks] == [1, 1], "each asked once, when it queued"
+            assert r.zcard(LEASES) == 0 and tickets(r) == 0
+        finally:
+            holder.close()
+            for limiter in limiters:
+                await limiter.close()
+
+    asyncio.run(main())
+
+
+def test_a_slot_handed_to_a_wait_that_ended_goes_back_with_its_ticket(
+    two: list[RedisLimiter], r: redis.Redis
+) -> None:
+    """A waiter whose wait ended before it heard of the slot handed to it (timed out, interrupted) gives it
+    back when it gives its ticket up: the leave names the wait's id (flags 8)."""
+    holder, waiter = two
+    first = holder.try_acquire("k")
+    keys, limits = ("k",), [waiter.policy.limits("k")]
+    ticket = waiter._turns.take()
+    waiter._turns.drop(ticket)  # (no one hears its turn: its wait is over)
+    wait_id, wait = _core.waiting(keys, None, ticket.name, 0, "", "inflight", 3_000)
+    assert wait_id is not None and wait.handoff
+    with pytest.raises(_core.Queued):
+        waiter._acquire(keys, wait_id, 1, None, limits, wait, None, True)
+    first.release()
+    assert r.zscore(LEASES, member(wait_id)) is not None, "the release handed the ticket the slot"
+    waiter._leave(keys, ticket.name, wait_id)
+    assert r.zcard(LEASES) == 0 and tickets(r) == 0
+    holder.try_acquire("k").release()
+
+
+def test_no_handoff_with_an_id_of_the_callers_or_on_several_keys(
+    two: list[RedisLimiter], r: redis.Redis
+) -> None:
+    """A waiter with its own id, or on several keys, is called and asks again, as before."""
+    holder, waiter = two
+    for keys, id in ((["k"], "mine"), (["k", "other"], None)):
+        first = holder.try_acquire("k")
+        asks = counted_asks(waiter)
+        got: list[Permit] = []
+        thread = threading.Thread(
+            target=lambda: got.append(waiter.acquire_all(keys, max_wait=BOUND, id=id)),  # noqa: B023
+            daemon=True,
+        )
+        thread.start()
+        until(lambda: tickets(r) == 1, "the waiter's ticket")
+        first.release()
+        thread.join(BOUND)
+        assert got and asks[0] == 2, "called: it asked again"
+        assert id is None or got[0].id == id
+        got[0].release()
+        del waiter._acquire  # (the class's again)
+    assert r.zcard(LEASES) == 0
