@@ -104,6 +104,15 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def two(redis_url: str, r: redis.Redis) -> Iterator[list[RedisLimiter]]:
+    """Two limiters (two 'processes', each with its own connection pool) with a limit of 1."""
+    limiters = [RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1) for _ in range(2)]
+    yield limiters
+    for limiter in limiters:
+        limiter.close()
+
+
+@pytest.fixture
 def limiter(r: redis.Redis) -> Iterator[RedisLimiter]:
     lim = RedisLimiter(r, default_limit=2)
     yield lim

@@ -10,29 +10,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
+from test_tickets import BOUND, tickets, until
 
 from inflight_client import AsyncRedisLimiter, Permit, RedisLimiter, TooManyRequests, _core
 from inflight_client._keys import member
 
 LEASES, PERMITS = "inflight:{k}:leases", "inflight:{k}:permits"
-BOUND = 20.0  # seconds: the longest any test waits for a state it expects
-
-
-def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + BOUND
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
-def tickets(r: redis.Redis) -> int:
-    return int(r.zcard("inflight:{k}:queue"))
 
 
 def counted_asks(limiter: Any) -> list[int]:
@@ -51,15 +39,6 @@ def counted_asks(limiter: Any) -> list[int]:
 
     limiter._acquire = counting
     return asks
-
-
-@pytest.fixture
-def two(redis_url: str, r: redis.Redis) -> Iterator[list[RedisLimiter]]:
-    """Two limiters (two 'processes', each with its own connection pool) with a limit of 1."""
-    limiters = [RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1) for _ in range(2)]
-    yield limiters
-    for limiter in limiters:
-        limiter.close()
 
 
 def test_a_release_hands_the_waiter_the_slot_and_it_does_not_ask_again(

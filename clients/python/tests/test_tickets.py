@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -40,15 +40,6 @@ def tickets(r: redis.Redis, key: str = "k") -> int:
 
 def until_tickets(r: redis.Redis, n: int, key: str = "k") -> None:
     until(lambda: tickets(r, key) == n, f"{n} tickets on {key} (now {tickets(r, key)})")
-
-
-@pytest.fixture
-def two(redis_url: str, r: redis.Redis) -> Iterator[list[RedisLimiter]]:
-    """Two limiters (two 'processes', each with its own connection pool) with a limit of 1."""
-    limiters = [RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1) for _ in range(2)]
-    yield limiters
-    for limiter in limiters:
-        limiter.close()
 
 
 def run_waiters(

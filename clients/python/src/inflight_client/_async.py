@@ -19,7 +19,7 @@ from . import _core, _input
 from ._errors import Revoked, StoreError, TooManyRequests
 from ._permit import Held, Holders, PermitBase, mark_lost
 from ._policy import ClassLimits, Policy, RuleLike
-from ._turns import RECHECK, TICKET_LEASE_MS, AsyncTurns, Handed
+from ._turns import RECHECK, TICKET_LEASE_MS, AsyncTurns, handed
 
 log = logging.getLogger("inflight_client")
 
@@ -469,7 +469,8 @@ class AsyncRedisLimiter:
                 if ticket.revoked:
                     raise Revoked(refused.key)
                 if ticket.handed is not None and wait_id is not None:  # held, without asking again
-                    permit = self._handed(unique, wait_id, weight, lease, limits, ticket.handed)
+                    lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
+                    permit = self._hold(*handed(unique, wait_id, weight, lease_ms, limits, ticket.handed))
                     admitted = True
                     permit.queued_on, permit.queued_class = refused.key, refused.key_class
                     return permit
@@ -490,29 +491,6 @@ class AsyncRedisLimiter:
         names, args = _core.key_names(self.prefix, keys), _core.leave_args(keys, ticket, id)
         reply = await self._call(self._batch, names, args)
         _core.ints(reply, 1)
-
-    def _handed(
-        self,
-        keys: tuple[str, ...],
-        id: str,
-        weight: int,
-        lease: float | None,
-        limits: Sequence[ClassLimits],
-        handed: Handed,
-    ) -> AsyncPermit:
-        """As :meth:`RedisLimiter._handed`: the permit of a slot a release handed a waiter."""
-        token, expires_at_ms, limit, in_flight = handed
-        lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
-        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
-        held.first_lease_ms = TICKET_LEASE_MS
-        self._holders.add(held)
-        try:
-            self._renewer.add(held)
-        except BaseException:
-            self._holders.count_out(held)
-            self._renewer.spawn(self.release(keys, id, token))
-            raise
-        return AsyncPermit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
     async def _acquire(
         self,
@@ -549,9 +527,14 @@ class AsyncRedisLimiter:
         if expires_at_ms is None:
             return AsyncPermit(keys, id, weight, None, 0, None, None, None)
         held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
+        return self._hold(held, limit, in_flight)
+
+    def _hold(self, held: Held, limit: int | None, in_flight: int) -> AsyncPermit:
+        """The permit of ``held``, which Redis recorded: renewed from now on."""
         self._holders.add(held)
         self._renewer.add(held)
-        return AsyncPermit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
+        args = (held.keys, held.id, held.weight, limit, in_flight, held.expires_at_ms)
+        return AsyncPermit(*args, held, self._renewer)
 
     async def release(self, keys: str | Sequence[str], id: str, token: int = 0) -> bool:
         """As :meth:`RedisLimiter.release`."""

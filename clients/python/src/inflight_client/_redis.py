@@ -15,7 +15,7 @@ from . import _core, _dify_layout, _input
 from ._errors import Revoked, StoreError, TooManyRequests
 from ._permit import GuardedStream, Held, Holders, Permit, Renewer, log
 from ._policy import ClassLimits, Policy, RuleLike
-from ._turns import RECHECK, TICKET_LEASE_MS, Handed, Turns
+from ._turns import RECHECK, TICKET_LEASE_MS, Turns, handed
 
 T = TypeVar("T")
 
@@ -238,7 +238,8 @@ class RedisLimiter:
                 if ticket.revoked:
                     raise Revoked(refused.key)
                 if ticket.handed is not None and wait_id is not None:  # held, without asking again
-                    permit = self._handed(unique, wait_id, weight, lease, limits, ticket.handed)
+                    lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
+                    permit = self._hold(*handed(unique, wait_id, weight, lease_ms, limits, ticket.handed))
                     admitted = True
                     permit.queued_on, permit.queued_class = refused.key, refused.key_class
                     return permit
@@ -273,29 +274,6 @@ class RedisLimiter:
             names = _core.key_names(self.prefix, keys)
             reply = self._call(self._batch, names, _core.leave_args(keys, ticket, id))
         _core.ints(reply, 1)
-
-    def _handed(
-        self,
-        keys: tuple[str, ...],
-        id: str,
-        weight: int,
-        lease: float | None,
-        limits: Sequence[ClassLimits],
-        handed: Handed,
-    ) -> Permit:
-        """The permit of a slot a release handed a waiter (its lease recorded under the wait's ``id``)."""
-        token, expires_at_ms, limit, in_flight = handed
-        lease_ms = self.lease_ms if lease is None else _core.to_lease_ms(lease)
-        held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
-        held.first_lease_ms = TICKET_LEASE_MS
-        self._holders.add(held)
-        try:
-            self._renewer.add(held)
-        except BaseException:
-            self._holders.count_out(held)
-            self._give_back(keys, id, token)
-            raise
-        return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
 
     def _acquire(
         self,
@@ -336,19 +314,19 @@ class RedisLimiter:
         limit, in_flight, expires_at_ms, token = _core.admission(reply, keys, weight, self.policy)
         if expires_at_ms is None:
             return Permit(keys, id, weight, None, 0, None, None, None)
-        held = Held(
-            keys,
-            id,
-            weight,
-            lease_ms,
-            tuple(limits),
-            expires_at_ms=expires_at_ms,
-            token=token,
+        return self._hold(
+            Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token),
+            limit,
+            in_flight,
         )
+
+    def _hold(self, held: Held, limit: int | None, in_flight: int) -> Permit:
+        """The permit of ``held``, which Redis recorded: renewed from now on."""
+        keys, id = held.keys, held.id
         try:
             self._holders.add(held)
             self._renewer.add(held)
-            return Permit(keys, id, weight, limit, in_flight, expires_at_ms, held, self._renewer)
+            return Permit(keys, id, held.weight, limit, in_flight, held.expires_at_ms, held, self._renewer)
         except BaseException:
             # Redis admitted: whatever failed here, the slot goes back before the error goes on.
             with contextlib.suppress(Exception):

@@ -25,10 +25,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._permit import PerProcess
+from ._permit import Held, PerProcess
+from ._policy import ClassLimits
 
 log = logging.getLogger("inflight_client")
 
@@ -84,6 +85,17 @@ def _wake(tickets: Mapping[int, Ticket | AsyncTicket], message: str | None) -> N
                 woken.append(ticket)
     for ticket in woken:
         ticket.called.set()
+
+
+def handed(
+    keys: tuple[str, ...], id: str, weight: int, lease_ms: int, limits: Sequence[ClassLimits], handed: Handed
+) -> tuple[Held, int, int]:
+    """What the permit of a slot a release handed a waiter holds (its lease recorded under the wait's
+    ``id``, for as long as its ticket would have lasted until first renewed); its key's limit, in flight."""
+    token, expires_at_ms, limit, in_flight = handed
+    held = Held(keys, id, weight, lease_ms, tuple(limits), expires_at_ms=expires_at_ms, token=token)
+    held.first_lease_ms = TICKET_LEASE_MS
+    return held, limit, in_flight
 
 
 class Ticket:
