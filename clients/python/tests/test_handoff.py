@@ -23,6 +23,14 @@ from inflight_client._keys import member
 LEASES, PERMITS = "inflight:{k}:leases", "inflight:{k}:permits"
 
 
+@pytest.fixture(autouse=True)
+def no_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiters ask again only when called: the once-a-second re-check, which renews a ticket and would also
+    ask, is put past every test's bound, so that the asks counted do not depend on how fast a test runs."""
+    monkeypatch.setattr("inflight_client._redis.RECHECK", BOUND)
+    monkeypatch.setattr("inflight_client._async.RECHECK", BOUND)
+
+
 def counted_asks(limiter: Any) -> list[int]:
     """Counts the admissions ``limiter`` sends (its ``_acquire`` calls): a waiter's asks. (Its turns channel
     subscribed first: a wait begun before asks once more once subscribed, in case it missed a turn.)"""
