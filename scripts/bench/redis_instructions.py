@@ -212,9 +212,10 @@ def main() -> None:
             admit = [0, "a1", 1, lambda i: b"\xff" + uuid.uuid4().bytes, "1 30000 0 1000000 0"]
             full = common + batch_lua
             cut = "do return {1} end\n"
+            clock = "clock_ms, now, now_us = clock(ARGV[1])\n"
             steps = [
-                ("its top level (and the call)", full.replace("set_now(ARGV[1])\n", cut)),
-                ("and the clock", edited(full, "set_now(ARGV[1])\n", "set_now(ARGV[1])\n" + cut)),
+                ("its top level (and the call)", full.replace(clock, cut)),
+                ("and the clock", edited(full, clock, clock + cut)),
                 ("and reading the key", edited(full, "    local key = load(keys[i])\n",
                                                "    local key = load(keys[i])\n    " + cut)),
                 ("and recording the lease (and, at the end, the token's write)", edited(full, "plain)\n  for i = 2, m do",
@@ -263,12 +264,12 @@ return {1}"""
         print("| per acquire+release pair | instructions in redis-server |")
         print("|---|---|")
         if parts:
-            zadd = "redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1"
+            zadd = "redis.call('ZADD', key.leases, deadline, id) == 1"
             no_zadd = edited(common, zadd, "true") + batch_lua
             no_release = common + edited(
-                edited(batch_lua, "local weight, _, own, found = meta(key, id, not key.queue_read)", "local weight, own, found = 1, 0, false"),
+                edited(batch_lua, "local weight, _, own, found = meta(key, id, key.queued == nil)", "local weight, own, found = 1, 0, false"),
                 "and redis.call('ZREM', key.leases, id) == 1 then", "then")
-            top = batch_lua[: batch_lua.index("set_now(ARGV[1])")] + "return 1"
+            top = batch_lua[: batch_lua.index("clock_ms, now, now_us = clock(ARGV[1])")] + "return 1"
             shape("one key, 16 pairs per call (a busy key)", 16, False, True, batch)
             shape("the same without the admission's ZADD", 16, False, True, r.call("SCRIPT", "LOAD", no_zadd).decode())
             shape("the same without the release's HGET and ZREM", 16, False, True,

@@ -111,3 +111,39 @@ def test_lone_does_what_batch_does_or_nothing(r: redis.Redis, seed: int) -> None
         assert live(r, both["lone"], offset) == live(r, both["batch"], offset), (seed, step, id)
     # Both ways were taken: lone.lua answered most calls, and left some to batch.lua.
     assert answered > 10 and passed > 0, (answered, passed)
+
+
+def test_a_batch_of_releases_reads_entries_only_while_one_may_exist(r: redis.Redis) -> None:
+    """``batch.lua`` (``common.lua``'s ``meta``) stops reading a busy key's entries in a call once it found
+    the hash holding none; a lease with an entry (weight 2) is still released at its weight, and a release
+    after two expired leases were reclaimed still calls the key's queue."""
+    batch = r.register_script(_core.script_text("batch"))
+    names = _keys.names("", "k")
+    limits = [_core.ClassLimits(3, 0)]
+
+    def call(offset: int, *records: list[_core.Arg]) -> list[int]:
+        args: list[_core.Arg] = [offset]
+        for record in records:
+            args.extend(record[1:])
+        return batch(keys=names, args=args)
+
+    def admit(id: str, weight: int = 1, lease_ms: int = 30_000) -> list[_core.Arg]:
+        return _core.acquire_args(["k"], id, weight, lease_ms, limits, generated=True)
+
+    def release(id: str) -> list[_core.Arg]:
+        return _core.release_args(["k"], id)
+
+    ids = [str(uuid.uuid4()) for _ in range(4)]
+    call(0, admit(ids[0]), admit(ids[1], weight=2))
+    assert call(0, release(ids[0]), release(ids[1]), release(ids[2])) == [1, 1, 0]
+    assert r.zcard(names[0]) == 0 and r.hget(names[1], "") == b"0" and r.hlen(names[1]) == 2  # '' and '#'
+    # Two plain leases that expire at 30 s, one live to 50 s, and a waiter queued behind them (its ticket
+    # lasting a minute): the release of the live one, whose call first reclaims the two, calls the waiter.
+    call(0, admit(ids[0]), admit(ids[1]))
+    call(20_000, admit(ids[2]))
+    wait = _core.Wait("turns:test#0", 0, "", 60_000)
+    refused = call(20_000, _core.acquire_args(["k"], ids[3], 1, 30_000, limits, True, wait))
+    assert _core.Answer(*refused).decision == 4  # WAITS
+    before = publishes(r)
+    assert call(31_000, release(ids[2])) == [1]
+    assert publishes(r) == before + 1, "the waiter's turn called"

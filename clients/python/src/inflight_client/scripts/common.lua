@@ -21,16 +21,25 @@
 -- the latest deadline, so that idle keys leave nothing behind.
 
 -- A lease's weight, length and token (0: none kept); whether it has an entry. With `queue`, the same
--- read also tells whether the key may have a queue (key.queued, once a call: key.queue_read; see
--- queue.lua).
+-- read also tells whether the key may have a queue (key.queued: nil until read, once a call; see
+-- queue.lua). Asked of a second id (key.looked: the last), it counts the hash's fields once: holding none
+-- but '', '#' and QUEUED (key.looked = true), it has no entry until record() writes one, and the releases
+-- of a busy key read nothing more. (One field for both: past 16, a key's table costs Redis a rehash.)
 local function meta(key, id, queue)
-  local m = false
+  local m, looked = false, key.looked
+  if looked == true and not queue then return 1, DEFAULT_LEASE_MS, 0, false end
   if key.hashed and queue then
     local fields = redis.call('HMGET', key.permits, id, QUEUED)
-    m, key.queued, key.queue_read = fields[1], fields[2] ~= false, true
+    m, key.queued = fields[1], fields[2] ~= false
+  elseif key.hashed and looked and looked ~= id then
+    local f = redis.call('HMGET', key.permits, id, '', '#', QUEUED)
+    m = f[1]
+    local bare = (f[2] and 1 or 0) + (f[3] and 1 or 0) + (f[4] and 1 or 0)
+    looked = not m and redis.call('HLEN', key.permits) == bare
   elseif key.hashed then
     m = redis.call('HGET', key.permits, id)
   end
+  key.looked = looked == nil and id or looked -- (checked once a call: true or false from then on)
   if not m then return 1, DEFAULT_LEASE_MS, 0, false end
   local weight, lease_ms, token = string.match(m, '^(%d+) (%d+) ?(%d*)$')
   return tonumber(weight), tonumber(lease_ms), tonumber(token) or 0, true
@@ -49,6 +58,7 @@ end
 -- Records `id`'s lease as `weight` of `lease_ms` with `token`, where it was `held` (0: new) of `old_ms`,
 -- and the key's last token.
 local function record(key, id, held, old_ms, weight, lease_ms, token)
+  if key.looked == true then key.looked = false end
   add_extra(key, (weight - 1) - math.max(held - 1, 0))
   if token ~= 0 then
     local entry = weight .. ' ' .. lease_ms .. ' ' .. string.format('%d', token)
@@ -81,8 +91,7 @@ local function glance(leases, permits, limit)
   local key = seen[leases]
   if key then return key end
   key = {leases = leases, permits = permits, limit = limit, kept = 0, hashed = true, extra = 0, last = 0,
-    reclaimed = 0, n = 0, override = false, longest = 0, dirty = false, loaded = false, checked = false,
-    queued = false}
+    reclaimed = 0, n = 0, override = false, longest = 0, dirty = false, loaded = false, checked = false}
   seen[leases] = key
   return key
 end
@@ -91,7 +100,7 @@ local function reclaim(key)
   if key.checked then return end
   key.checked = true
   -- Ranges over the expired only when the earliest deadline has passed (mostly none has).
-  local first = redis.call('ZRANGE', key.leases, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', key.leases, '0', '0', 'WITHSCORES') -- (text: see keep())
   if not (first[2] and tonumber(first[2]) <= now) then return end
   local upto = string.format('%d', now)
   if key.hashed then
@@ -107,7 +116,7 @@ local function load(key)
   key.loaded = true
   local fields = redis.call('HMGET', key.permits, '', '#', QUEUED)
   key.hashed, key.extra, key.last = fields[1] ~= false, num(fields[1]), num(fields[2])
-  key.queued, key.queue_read = fields[3] ~= false, true
+  key.queued = fields[3] ~= false
   key.n = redis.call('ZCARD', key.leases)
   if key.n == 0 then key.checked = true else reclaim(key) end
   if key.n == 0 and key.extra ~= 0 then -- (the hash stays: it keeps the key's last token)
@@ -141,11 +150,11 @@ local function in_flight(key) return key.n + key.extra end
 local function keep(key, lease_ms, fresh)
   if lease_ms <= key.kept then return end
   local ttl = fresh and -1 or redis.call('PTTL', key.leases) -- a set made just now has no expiry
-  if ttl < lease_ms + 1000 then
-    ttl = lease_ms * 2 + 1000
-    redis.call('PEXPIREAT', key.leases, clock_ms + ttl)
-  end
-  if key.hashed then redis.call('PEXPIREAT', key.permits, clock_ms + ttl) end
+  local renew = ttl < lease_ms + 1000
+  if renew then ttl = lease_ms * 2 + 1000 end
+  local at = string.format('%d', clock_ms + ttl) -- (text, once: Redis prints a number argument, dearer)
+  if renew then redis.call('PEXPIREAT', key.leases, at) end
+  if key.hashed then redis.call('PEXPIREAT', key.permits, at) end
   key.kept, key.longest = lease_ms, math.max(key.longest or 0, lease_ms)
 end
 
@@ -153,7 +162,7 @@ end
 -- script, by write_tokens()).
 local function next_token(keys, n)
   local token = now_us
-  for i = 1, n do token = math.max(token, keys[i].last + 1) end
+  for i = 1, n do if keys[i].last >= token then token = keys[i].last + 1 end end -- (not math.max: a call)
   for i = 1, n do keys[i].last, keys[i].dirty = token, true end
   return token
 end
@@ -164,7 +173,8 @@ local function write_tokens()
   for _, key in pairs(seen) do
     if key.dirty then
       local made = not key.hashed
-      redis.call('HSET', key.permits, '#', string.format('%d', key.last), '', key.extra)
+      local extra = key.extra == 0 and '0' or key.extra -- (text: see keep())
+      redis.call('HSET', key.permits, '#', string.format('%d', key.last), '', extra)
       if made then
         hashed(key)
         keep(key, key.longest or DEFAULT_LEASE_MS, false)
@@ -178,9 +188,10 @@ local deadlines = {} -- as ZADD takes them, by lease length: formatted once a sc
 -- this admission, weight 1, the default lease) keeps no entry when new. Returns what it was before:
 -- weight (0: not held), length and token.
 local function put(key, id, weight, lease_ms, token, plain)
-  deadlines[lease_ms] = deadlines[lease_ms] or string.format('%d', now + lease_ms)
+  local deadline = deadlines[lease_ms]
+  if not deadline then deadline = string.format('%d', now + lease_ms); deadlines[lease_ms] = deadline end
   local held, old_ms, old_token, empty = 0, DEFAULT_LEASE_MS, 0, key.n == 0
-  if redis.call('ZADD', key.leases, deadlines[lease_ms], id) == 1 then
+  if redis.call('ZADD', key.leases, deadline, id) == 1 then
     key.n = key.n + 1
     if plain then token = 0 end
   else

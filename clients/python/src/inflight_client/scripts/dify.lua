@@ -23,7 +23,7 @@
 -- An admission keeps Dify's limit key alive as Dify's workers do (a day from their last flush), so the
 -- limit they wrote outlives them; an override inflight set (no expiry) is left as it is.
 local op, id, lease_ms, stale_ms = ARGV[1], ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
-set_now(ARGV[3])
+clock_ms, now, now_us = clock(ARGV[3])
 local DAY_MS, FLUSH_MS = 86400000, 300000 -- Dify's expiry of its limit key; how often its workers renew it
 
 local keys, reclaimed, n_keys = {}, 0, math.floor(#KEYS / 4)

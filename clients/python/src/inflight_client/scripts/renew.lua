@@ -15,7 +15,7 @@
 -- An unlimited key records nothing, so it has nothing to lose.
 -- Atomic because "is it still there?" and "extend it" (or "is there room?" and "add it") must be one
 -- step, or an expired lease could be extended after another holder took its slot.
-set_now(ARGV[4])
+clock_ms, now, now_us = clock(ARGV[4])
 local id, lease_ms, readd, token = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local keys, limits, has, missing, weight, own, kept = {}, {}, {}, false, nil, nil, nil
 local unrecorded = {} -- keys holding the lease without an entry: a plain lease, its admission time noted

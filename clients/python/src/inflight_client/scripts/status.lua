@@ -12,7 +12,7 @@
 -- Atomic so that the answer describes one moment: the override and the count as they were together; and
 -- so that the override, its entry in the index and the announcement 'version +key' (or '-key') that
 -- keeps every process's view of the index fresh never disagree.
-set_now(ARGV[4])
+clock_ms, now, now_us = clock(ARGV[4])
 local version = 0
 if ARGV[3] ~= '' then
   local value = override_arg(ARGV[3])

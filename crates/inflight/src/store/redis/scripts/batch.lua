@@ -45,8 +45,8 @@ local function acquire(keys, n, id, t, generated, w, floors, label, shadow)
   local ticket, level = w and w.ticket, w and w.level or 0
   for i = 1, n do
     local key = load(keys[i])
-    reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 -- reported once
-    local limit, count = resolve(override(key), t[2 * i + 2], t[2 * i + 3]), key.n + key.extra
+    if key.reclaimed ~= 0 then reclaimed, key.reclaimed = reclaimed + key.reclaimed, 0 end -- reported once
+    local limit, count = resolve(key.override or override(key), t[2 * i + 2], t[2 * i + 3]), key.n + key.extra
     limits[i] = limit
     if shadow and limit > 0 and shadow % 2 ^ i >= 2 ^ (i - 1) then -- watched: counted, never refused
       any = true
@@ -95,8 +95,8 @@ local function acquire(keys, n, id, t, generated, w, floors, label, shadow)
       end
     end
   end
-  for i = 1, n do
-    if floors and floors[i] and limits[i] > 0 then queue().hold_at(keys[i], level, floors[i], id, weight) end
+  for i = 1, floors and n or 0 do
+    if floors[i] and limits[i] > 0 then queue().hold_at(keys[i], level, floors[i], id, weight) end
   end
   if ticket then -- admitted: the ticket leaves, and the next in line hear their turn if there is room
     for i = 1, n do
@@ -104,7 +104,7 @@ local function acquire(keys, n, id, t, generated, w, floors, label, shadow)
     end
   end
   local first = keys[1]
-  r = answer(replies, r, ADMITTED, -1, limits[1], limits[1] > 0 and in_flight(first) or 0, now + lease_ms,
+  r = answer(replies, r, ADMITTED, -1, limits[1], limits[1] > 0 and first.n + first.extra or 0, now + lease_ms,
     reclaimed, token, held, old_ms, old_token, counted, count_expired(), shadowed)
 end
 
@@ -116,7 +116,7 @@ local function release(keys, n, id, token)
   for i = 1, n do
     local key = keys[i]
     reclaim(key) -- (an expired lease is not released: it was lost)
-    local weight, _, own, found = meta(key, id, not key.queue_read)
+    local weight, _, own, found = meta(key, id, key.queued == nil)
     if (token == 0 or own == 0 or own == token) and redis.call('ZREM', key.leases, id) == 1 then
       released, key.n = 1, key.n - 1 -- (n: read again when the key is loaded)
       if found then
@@ -149,26 +149,30 @@ local function undo(keys, n, id, token, before)
   return changed
 end
 
--- A record's head: its kind, flags (hex) and number of keys; a batch's records mostly share theirs.
+-- A record's head, {kind, flags (hex), number of keys}, parsed once a call (the loop reads heads first:
+-- a call costs Redis more than a lookup), as a batch's records mostly share theirs.
 local heads = {}
 local function head(word)
-  local h = heads[word]
-  if not h then
-    local kind, flags, n = string.match(word, '^(%a)(%x+)x?(%d*)$')
-    h = {kind, tonumber(flags, 16), n ~= '' and tonumber(n) or 1}
-    heads[word] = h
-  end
-  return h[1], h[2], h[3]
+  local kind, flags, n = string.match(word, '^(%a)(%x+)x?(%d*)$')
+  heads[word] = {kind, tonumber(flags, 16), n ~= '' and tonumber(n) or 1}
+  return heads[word]
 end
 
-set_now(ARGV[1])
-local a, terms, keys = 2, {}, {}
+clock_ms, now, now_us = clock(ARGV[1])
+local ARGV, KEYS = ARGV, KEYS -- (locals: each read of a global costs Redis a lookup)
+local a, terms, keys, placed = 2, {}, {}, {} -- placed: the keys by their place, looked up once a call
 while a <= #ARGV do
-  local kind, flags, n = head(ARGV[a])
+  local h = heads[ARGV[a]] or head(ARGV[a])
+  local kind, flags, n = h[1], h[2], h[3]
   for j = 1, n do
     local place = ARGV[a + j]
-    local k = (place == '1' and 1 or tonumber(place)) * 3
-    keys[j] = glance(KEYS[k - 2], KEYS[k - 1], KEYS[k])
+    local key = placed[place]
+    if not key then
+      local k = tonumber(place) * 3
+      key = glance(KEYS[k - 2], KEYS[k - 1], KEYS[k])
+      placed[place] = key
+    end
+    keys[j] = key
   end
   local f = a + n + 1 -- the operation's first field
   if kind == 'a' then

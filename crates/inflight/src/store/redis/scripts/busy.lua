@@ -4,7 +4,7 @@
 -- Returns {in_flight, override (0: none)} for each key, in order. Expired leases (deadline <= now) do not
 -- count and are left for the next admission to reclaim. One script so that the count and its weights
 -- are read at one moment, on the Redis clock.
-set_now(ARGV[1])
+clock_ms, now, now_us = clock(ARGV[1])
 local upto = '(' .. string.format('%d', now)
 local out = {}
 for i = 1, #KEYS, 3 do

@@ -11,7 +11,7 @@
 --   'revoke_waiter', ARGV[3] a ticket: given up (queue.lua's give_up), and its process told
 --     ('<n>!' on its channel). 1 when it was in the queue.
 local PAGE = 100
-set_now(ARGV[1])
+clock_ms, now, now_us = clock(ARGV[1])
 local call, arg = ARGV[2], ARGV[3]
 local t = string.sub(KEYS[1], 1, -8) -- the key's tag, which its queue's names share (queue.lua)
 
@@ -44,7 +44,7 @@ local key = view(KEYS[1], KEYS[2], KEYS[3])
 if call == 'revoke' then
   local deadline = redis.call('ZSCORE', key.leases, arg)
   if not deadline or tonumber(deadline) <= now then return 0 end
-  local weight, lease_ms, _, found = meta(key, arg, not key.queue_read)
+  local weight, lease_ms, _, found = meta(key, arg, key.queued == nil)
   redis.call('ZREM', key.leases, arg)
   key.n = key.n - 1
   if found then

@@ -32,7 +32,7 @@
 -- Atomic so that the balance never goes below zero and every amount is in exactly one place: the
 -- balance, an open reservation, or spent; so that a reservation is settled once; and so that a funding
 -- re-sent (the cluster client re-sends a command whose connection dropped) applies once.
-set_now(ARGV[2])
+clock_ms, now, now_us = clock(ARGV[2])
 local quota, open, amounts, settled = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local remember_ms, most = tonumber(ARGV[3]), tonumber(ARGV[4])
 local op = ARGV[1]
