@@ -135,7 +135,7 @@ def test_a_slot_handed_to_a_wait_that_ended_goes_back_with_its_ticket(
     keys, limits = ("k",), [waiter.policy.limits("k")]
     ticket = waiter._turns.take()
     waiter._turns.drop(ticket)  # (no one hears its turn: its wait is over)
-    wait_id, wait = _core.waiting(keys, None, ticket.name, 0, "", "inflight", 3_000)
+    wait_id, wait = _core.waiting(keys, None, ticket.name, 0, "", 3_000)
     assert wait_id is not None and wait.handoff
     with pytest.raises(_core.Queued):
         waiter._acquire(keys, wait_id, 1, None, limits, wait, None, True)
@@ -144,6 +144,63 @@ def test_a_slot_handed_to_a_wait_that_ended_goes_back_with_its_ticket(
     waiter._leave(keys, ticket.name, wait_id)
     assert r.zcard(LEASES) == 0 and tickets(r) == 0
     holder.try_acquire("k").release()
+
+
+DIFY_HASH = "dify:rate_limit:k:active_requests"
+
+
+def test_under_the_dify_layout_a_release_hands_the_waiter_the_slot(redis_url: str, r: redis.Redis) -> None:
+    """Dify's layout (dify.lua) hands the slot too: the release writes the waiter's entry in Dify's hash
+    (token 0, as every Dify-layout lease), and the waiter holds it without asking again."""
+    holder, waiter = (
+        RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1, layout="dify") for _ in range(2)
+    )
+    try:
+        first = holder.try_acquire("k")
+        asks = counted_asks(waiter)
+        got: list[Permit] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire("k", max_wait=BOUND)), daemon=True)
+        thread.start()
+        until(lambda: r.zcard(f"{{{DIFY_HASH}}}:queue") == 1, "the waiter's ticket")
+        first.release()
+        thread.join(BOUND)
+        assert got, "the waiter was admitted"
+        permit = got[0]
+        assert asks[0] == 1, "handed the slot: the waiter asked once, when it queued"
+        assert permit.queued_on == "k" and permit.token == 0 and permit.in_flight == 1
+        assert r.hkeys(DIFY_HASH) == [permit.id.encode()]
+        assert r.zcard(f"{{{DIFY_HASH}}}:queue") == 0
+        permit.release()
+        assert r.hlen(DIFY_HASH) == 0
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_under_the_dify_layout_a_slot_handed_to_a_wait_that_ended_goes_back(
+    redis_url: str, r: redis.Redis
+) -> None:
+    """As under inflight's layout: the leave of a wait that never heard of its slot releases it."""
+    holder, waiter = (
+        RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1, layout="dify") for _ in range(2)
+    )
+    try:
+        first = holder.try_acquire("k")
+        keys, limits = ("k",), [waiter.policy.limits("k")]
+        ticket = waiter._turns.take()
+        waiter._turns.drop(ticket)  # (no one hears its turn: its wait is over)
+        wait_id, wait = _core.waiting(keys, None, ticket.name, 0, "", 3_000)
+        assert wait_id is not None and wait.handoff
+        with pytest.raises(_core.Queued):
+            waiter._acquire(keys, wait_id, 1, None, limits, wait, None, True)
+        first.release()
+        assert r.hexists(DIFY_HASH, wait_id), "the release handed the ticket the slot"
+        waiter._leave(keys, ticket.name, wait_id)
+        assert r.hlen(DIFY_HASH) == 0 and r.zcard(f"{{{DIFY_HASH}}}:queue") == 0
+        holder.try_acquire("k").release()
+    finally:
+        holder.close()
+        waiter.close()
 
 
 def test_no_handoff_with_an_id_of_the_callers_or_on_several_keys(

@@ -6,6 +6,7 @@ mod support;
 
 use std::time::Duration;
 
+use inflight::store::Wakeups;
 use inflight::{AcquireError, AcquireOptions, DifyStore, Limiter, Policy, RemoteLease, Renewal};
 use redis::Commands;
 use support::TestRedis;
@@ -369,4 +370,159 @@ async fn with_a_key_prefix_every_name_follows_the_prefixed_hash() {
     let left: usize = conn.zcard(&queue).unwrap();
     assert_eq!(left, 0, "the ticket left the queue");
     drop(admitted);
+}
+
+/// The registered id of the one ticket in `app-1`'s queue (its `'>'` field, `queue.lua`'s
+/// `take_ticket`), once there (bounded).
+async fn registered_waiter(conn: &mut redis::Connection) -> String {
+    let tickets = format!("{{{HASH}}}:tickets");
+    for _ in 0..2000 {
+        let fields: Vec<(String, String)> = conn.hgetall(&tickets).unwrap();
+        if let Some((_, id)) = fields.into_iter().find(|(field, _)| field.starts_with('>')) {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("no waiter registered for a hand-off");
+}
+
+/// A release hands the freed slot to the head waiter under the Dify layout too, in its own step: the
+/// waiter's entry is in Dify's hash once the release returns, leased for its ticket's length (as only a
+/// hand-off leases it), and the waiter, in another process, holds it without asking again (token 0, as
+/// every Dify-layout permit); its claim renews it to its own lease, and its release empties the hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_slot_to_the_head_waiter() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let (holder, other) = (limiter(store(&redis), 1), limiter(store(&redis), 1));
+    // The waiter's process hears turns before it waits, so that its wait asks once (no ask again in case
+    // a turn went unheard), and nothing but the release writes its lease.
+    let subscribed = other.store().ticket().expect("a store with queues");
+    subscribed.heard().await;
+    drop(subscribed);
+    let held = holder.try_acquire("app-1").await.unwrap();
+    let waiter = {
+        let other = other.clone();
+        let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
+        tokio::spawn(async move { other.acquire("app-1", wait).await })
+    };
+    let id = registered_waiter(&mut conn).await;
+    held.release().await.unwrap();
+    let ids: Vec<String> = conn.hkeys(HASH).unwrap();
+    assert_eq!(
+        ids,
+        std::slice::from_ref(&id),
+        "handed in the release's step"
+    );
+    let lease_ms: Option<u64> = conn.hget(format!("{{{HASH}}}:lease_ms"), &id).unwrap();
+    assert_eq!(
+        lease_ms,
+        Some(inflight::TICKET_LEASE_MS),
+        "the ticket's length"
+    );
+    let queued: usize = conn.zcard(format!("{{{HASH}}}:queue")).unwrap();
+    assert_eq!(queued, 0, "the ticket left the queue");
+    let permit = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("admitted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(permit.id().to_string(), id);
+    assert_eq!((permit.token(), permit.in_flight()), (0, 1));
+    // Claimed (`dify.lua`'s renewal) for the limiter's default lease, whose length goes unrecorded.
+    let claimed = |conn: &mut redis::Connection| {
+        let length: Option<u64> = conn.hget(format!("{{{HASH}}}:lease_ms"), &id).unwrap();
+        let deadline: Option<f64> = conn.zscore(format!("{{{HASH}}}:leases"), &id).unwrap();
+        let now_ms = redis_seconds(conn) * 1000.0;
+        length.is_none() && deadline.is_some_and(|at| at > now_ms + 10_000.0)
+    };
+    for _ in 0..2000 {
+        if claimed(&mut conn) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(claimed(&mut conn), "the handed lease renewed to 30 s");
+    permit.release().await.unwrap();
+    assert_eq!(conn.hlen::<_, usize>(HASH).unwrap(), 0);
+}
+
+/// A wait that ended before it heard of the slot a release handed it (its ask queued and registered,
+/// as `wait.rs` makes it, then given up after the release): its leave finds the ticket gone and gives
+/// the slot back, so Dify's hash holds its holders only.
+#[tokio::test]
+async fn a_slot_handed_to_a_waiter_gone_before_hearing_is_given_back() {
+    use inflight::store::{AcquireRequest, Admission, Store, Ticket};
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let store = store(&redis);
+    let limiter = limiter(store.clone(), 2);
+    let now = redis_seconds(&mut conn);
+    assert!(dify_enter(&mut conn, "d1", 2, now));
+    let held = limiter.try_acquire("app-1").await.unwrap();
+    let turn = store.ticket().expect("a store with queues");
+    let id = inflight::PermitId::generate();
+    let limits = [inflight::ClassLimits::new(2, 0)];
+    let ask = AcquireRequest {
+        keys: &["app-1"],
+        id: &id,
+        weight: 1,
+        lease_ms: 30_000,
+        limits: &limits,
+        generated: true,
+        ticket: Some(Ticket {
+            name: turn.name(),
+            flow: "",
+            flow_weight: 1,
+            lease_ms: inflight::TICKET_LEASE_MS,
+            handoff: true,
+        }),
+        priority: 0,
+        floors: &[],
+        holder: None,
+        shadow: 0,
+    };
+    let asked = store.acquire(ask).await.unwrap();
+    assert!(matches!(asked, Admission::Queued { .. }), "{asked:?}");
+    held.release().await.unwrap();
+    let handed: bool = conn.hexists(HASH, id.to_string()).unwrap();
+    assert!(handed, "the release handed the slot");
+    let keys = [std::sync::Arc::from("app-1")];
+    let left = store.leave(&keys, turn.name(), Some(&id)).await.unwrap();
+    assert!(!left, "no longer queued");
+    let ids: Vec<String> = conn.hkeys(HASH).unwrap();
+    assert_eq!(ids, ["d1"], "the holders only");
+    let leases: usize = conn.zcard(format!("{{{HASH}}}:leases")).unwrap();
+    assert_eq!(leases, 0);
+}
+
+/// The same through the limiter: a waiting future dropped once queued, the holder's release right
+/// after. Whichever reaches Redis first (the release's hand-off, or the wait's leave, deferred to the
+/// settler), nothing stays held but Dify's entry (bounded).
+#[tokio::test]
+async fn a_dropped_waiter_holds_nothing_after_a_release() {
+    let redis = TestRedis::start();
+    let mut conn = redis.client();
+    let (holder, other) = (limiter(store(&redis), 2), limiter(store(&redis), 2));
+    let now = redis_seconds(&mut conn);
+    assert!(dify_enter(&mut conn, "d1", 2, now));
+    let held = holder.try_acquire("app-1").await.unwrap();
+    let waiter = {
+        let other = other.clone();
+        let wait = AcquireOptions::new().max_wait(Duration::from_secs(30));
+        tokio::spawn(async move { other.acquire("app-1", wait).await })
+    };
+    registered_waiter(&mut conn).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    held.release().await.unwrap();
+    for _ in 0..2000 {
+        let ids: Vec<String> = conn.hkeys(HASH).unwrap();
+        let queued: usize = conn.zcard(format!("{{{HASH}}}:queue")).unwrap();
+        if ids == ["d1"] && queued == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the waiter's slot or ticket stayed");
 }

@@ -433,7 +433,7 @@ class AsyncRedisLimiter:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         ticket = self._turns.take()
-        wait_id, wait = _core.waiting(unique, id, ticket.name, priority, flow, "inflight", TICKET_LEASE_MS)
+        wait_id, wait = _core.waiting(unique, id, ticket.name, priority, flow, TICKET_LEASE_MS)
         admitted = interrupted = False
         queued_on: _core.Queued | None = None  # its last refusal: the key whose queue it waits in
         try:

@@ -108,12 +108,12 @@ class Wait:
 
 
 def waiting(
-    keys: Sequence[str], id: str | None, ticket: str, priority: int, flow: str, layout: str, lease_ms: int
+    keys: Sequence[str], id: str | None, ticket: str, priority: int, flow: str, lease_ms: int
 ) -> tuple[str | None, Wait]:
-    """A wait's id and ticket as its asks carry them. On one key of inflight's own layout, without an id
-    of the caller's, a release may hand the waiter the slot, under an id of the wait's own, the same at
-    every ask (as the Rust library's waiters: ``wait.rs``)."""
-    handoff = id is None and len(keys) == 1 and layout != "dify"
+    """A wait's id and ticket as its asks carry them. On one key (of either layout), without an id of the
+    caller's, a release may hand the waiter the slot, under an id of the wait's own, the same at every ask
+    (as the Rust library's waiters: ``wait.rs``)."""
+    handoff = id is None and len(keys) == 1
     return (_keys.new_id() if handoff else id), Wait(ticket, priority, flow, lease_ms, handoff)
 
 

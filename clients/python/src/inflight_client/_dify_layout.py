@@ -71,9 +71,12 @@ def args(
     wait: Wait | None = None,
 ) -> list[Arg]:
     """``dify.lua``'s ARGV: operation, request id, clock offset, lease, stale age, ``extra``, terms; a
-    waiter's ticket, ``level:flow_weight``, flow and ticket lease."""
+    waiter's ticket, ``level:flow_weight``, flow, ticket lease and, when a release may hand it the slot
+    (one key), ``1``."""
     out: list[Arg] = [op, id, 0, lease_ms, stale_ms, extra]
     out.extend(f"{c.default} {c.max}" for c in limits)
     if wait is not None:
         out.extend([wait.ticket, f"{wait.priority}:1", wait.flow, wait.lease_ms])
+        if wait.handoff and len(limits) == 1:
+            out.append("1")
     return out

@@ -199,7 +199,7 @@ class RedisLimiter:
             raise RuntimeError("the limiter is closed")
         deadline = time.monotonic() + wait_ms / 1000
         ticket = self._turns.take()
-        wait_id, wait = _core.waiting(unique, id, ticket.name, priority, flow, self.layout, TICKET_LEASE_MS)
+        wait_id, wait = _core.waiting(unique, id, ticket.name, priority, flow, TICKET_LEASE_MS)
         admitted = interrupted = False
         queued_on: _core.Queued | None = None  # its last refusal: the key whose queue it waits in
         try:
@@ -270,6 +270,9 @@ class RedisLimiter:
     def _leave(self, keys: tuple[str, ...], ticket: str, id: str | None = None) -> None:
         if self.layout == "dify":
             reply = self._call_dify("l", keys, ticket, 0, "", [])
+            # No longer queued: a slot a release handed it goes back (as batch.lua's leave with flags 8).
+            if _core.ints(reply, 1)[0] == 0 and id is not None:
+                self.release(keys, id)
         else:
             names = _core.key_names(self.prefix, keys)
             reply = self._call(self._batch, names, _core.leave_args(keys, ticket, id))

@@ -11,8 +11,9 @@
 //! - Every permit weighs 1; a heavier one is [`StoreError::Unsupported`], and so is a key with `{` or `}`.
 //! - No Redis Cluster (an app's two Dify keys hash to different slots); opening one there is refused.
 //! - No listing of busy keys ([`BusyKeys`] answers [`StoreError::Unsupported`]).
-//! - Waiters queue as on [`RedisStore`], in keys of inflight's own beside Dify's hash (`{H}:queue`, ...);
-//!   a Dify worker's request never waits, and so never queues.
+//! - Waiters queue as on [`RedisStore`], in keys of inflight's own beside Dify's hash (`{H}:queue`, ...),
+//!   and a release hands the head the slot as there (its entry written in the hash, token 0); a Dify
+//!   worker's request never waits, and so never queues (nor does its exit hand a slot on).
 //! - No batches, and every admission asks Redis, unlimited keys included (Dify's workers write limits
 //!   that no view in this process hears of).
 //! - A Dify worker's entry older than the stale age (default 600 s) is evicted, only by an admission
@@ -162,6 +163,10 @@ impl Store for DifyStore {
                 .arg(format!("{}:{}", req.priority, ticket.flow_weight))
                 .arg(ticket.flow)
                 .arg(ticket.lease_ms);
+            // A release may hand it the slot (`dify.lua` admits it as `batch.lua`'s flags 8 do).
+            if ticket.handoff && req.keys.len() == 1 {
+                call.arg("1");
+            }
         }
         let answer = Answer::read(&self.run(call).await?)?;
         self.plain.wakes.count_expired(answer.tickets_expired);
@@ -218,8 +223,8 @@ impl Wakeups for DifyStore {
         self.plain.tickets_expired()
     }
 
-    /// (No slot is handed under the Dify layout; a lease `handed` names is released all the same when
-    /// the ticket is no longer queued, as every store does.)
+    /// A lease `handed` names (a slot a release handed the ticket before its waiter heard) is released
+    /// when the ticket is no longer queued, as every store does.
     async fn leave(
         &self,
         keys: &[Arc<str>],

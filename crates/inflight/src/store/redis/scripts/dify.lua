@@ -13,7 +13,8 @@
 -- '0' clear it, 'n' set it; ARGV[6 + i] 'default max' of key i's class (n keys). Status only: KEYS[5]
 -- <prefix>overrides (hash: user key -> override, to bound them), ARGV[8] the bound (0: none), ARGV[9] K.
 -- A waiter's admission: ARGV[7 + n] its ticket, ARGV[8 + n] 'level:flow_weight', ARGV[9 + n] its flow,
--- ARGV[10 + n] the ticket's lease ms.
+-- ARGV[10 + n] the ticket's lease ms, ARGV[11 + n] '1' (one key): a release may hand it the slot (queue.lua's
+-- hand_off, which admits it with key.admit).
 -- Returns an admission's answer (common.lua's), {released},
 -- renew.lua's 5 numbers, status.lua's 3 ({-1, bound, 0} when a new override would pass the bound), {left}.
 -- Atomic for the reason Dify's HLEN-then-HSET is not: counting and adding must be one step.
@@ -29,7 +30,8 @@ local DAY_MS, FLUSH_MS = 86400000, 300000 -- Dify's expiry of its limit key; how
 local keys, reclaimed, n_keys = {}, 0, math.floor(#KEYS / 4)
 for i = 1, n_keys do
   local lengths = KEYS[i * 4 - 1]
-  local key = {hash = KEYS[i * 4 - 3], leases = KEYS[i * 4 - 2], lengths = lengths, permits = lengths, limit = KEYS[i * 4]}
+  local key = {hash = KEYS[i * 4 - 3], leases = KEYS[i * 4 - 2], lengths = lengths, permits = lengths, limit = KEYS[i * 4],
+    extra = 0} -- (every entry weighs 1: common.lua's in_flight is n)
   -- inflight's expired leases go with their entries.
   local upto = string.format('%d', now)
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', key.leases, '-inf', upto)) do
@@ -82,12 +84,15 @@ local function keep_sides(key, ms) -- the side keys outlive every lease (so a ho
   end
 end
 
-local function put_entry(key, ms) -- adds or refreshes id's entry and lease (H is Dify's, left without expiry)
+-- Adds or refreshes `who`'s entry and lease (H is Dify's, left without expiry); its token: 0. As key.admit,
+-- it admits a slot queue.lua's hand_off hands.
+local function put_entry(key, who, ms)
   local stamp = string.format('%.3f', math.max(now, now + ms - stale_ms) / 1000)
-  if redis.call('HSET', key.hash, id, stamp) == 1 then key.n = key.n + 1 end
-  redis.call('ZADD', key.leases, string.format('%d', now + ms), id)
-  if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, id) else redis.call('HSET', key.lengths, id, ms) end
+  if redis.call('HSET', key.hash, who, stamp) == 1 then key.n = key.n + 1 end
+  redis.call('ZADD', key.leases, string.format('%d', now + ms), who)
+  if ms == DEFAULT_LEASE_MS then redis.call('HDEL', key.lengths, who) else redis.call('HSET', key.lengths, who, ms) end
   keep_sides(key, ms)
+  return 0
 end
 
 -- An admission's answer (common.lua's): no token, nothing held before (Dify's entries keep neither).
@@ -103,6 +108,9 @@ if op == 'a' then
     local level, flow_weight = string.match(ARGV[b + 2], '^(%d+):(%d+)$')
     w = {ticket = ARGV[b + 1], level = tonumber(level), flow_weight = tonumber(flow_weight), flow = ARGV[b + 3],
       ms = tonumber(ARGV[b + 4]), weight = 1}
+    if ARGV[b + 5] == '1' and n_keys == 1 then -- (as batch.lua's flags 8)
+      w.id, w.terms = id, string.format('1 %d %s', math.min(lease_ms, w.ms), ARGV[7])
+    end
   end
   local ticket, any = w and w.ticket, false
   for i, key in ipairs(keys) do
@@ -124,7 +132,7 @@ if op == 'a' then
   end
   if not any then return reply(UNLIMITED, -1, 0, 0, 0) end
   for _, key in ipairs(keys) do
-    if key.limit_now > 0 then put_entry(key, lease_ms) end
+    if key.limit_now > 0 then put_entry(key, id, lease_ms) end
     -- Admitted: its ticket leaves, and the next in line hear their turn if there is room.
     if ticket and key.queued then queue().leave(key, ticket, key.limit_now - key.n, true) end
   end
@@ -141,7 +149,7 @@ elseif op == 'r' then
   for _, key in ipairs(keys) do
     if redis.call('ZREM', key.leases, id) == 1 then released = 1 end
     if redis.call('HDEL', key.hash, id) == 1 then
-      key.n = key.n - 1
+      key.n, key.admit = key.n - 1, put_entry
       if key.queued then queue().call_after_release(key, key.n, 1) end
     end
     redis.call('HDEL', key.lengths, id)
@@ -167,7 +175,7 @@ elseif op == 'n' then
     outcome = 2
   end
   for i, key in ipairs(keys) do
-    if has[i] or (key.limit_now > 0 and (outcome == 2 or held(key) or room(key))) then put_entry(key, lease_ms) end
+    if has[i] or (key.limit_now > 0 and (outcome == 2 or held(key) or room(key))) then put_entry(key, id, lease_ms) end
   end
   local first = keys[1]
   return {outcome, first.limit_now, first.limit_now > 0 and first.n or 0, 1, now + lease_ms}

@@ -77,7 +77,8 @@ local function queue()
   local leave -- (below)
 
   -- A ticket handed the slot (its admission registered: one key, no floors): its lease recorded under
-  -- its id with a token of its own, the ticket out of the queue; what its process is told
+  -- its id with a token of its own (by key.admit(key, id, lease_ms) where the key's layout has its own:
+  -- dify.lua's, token 0), the ticket out of the queue; what its process is told
   -- ('token:expires_at_ms:limit:in_flight'), or nil when it did not register or does not fit its limit.
   local function hand_off(key, t, ticket)
     local terms = redis.call('HMGET', t .. ':tickets', '>' .. ticket, '+' .. ticket, '@' .. ticket)
@@ -87,12 +88,15 @@ local function queue()
     weight, lease_ms = tonumber(weight), tonumber(lease_ms)
     local limit = resolve(override(key), tonumber(d), tonumber(m))
     if limit == 0 or in_flight(key) + weight > limit then return nil end
-    local token = next_token({key}, 1)
-    put(key, terms[1], weight, lease_ms, token, false)
-    local flow_length = label and tonumber(string.match(terms[3], '^%d+ (%d+)'))
-    label = label and string.sub(label, flow_length + 1)
-    if label and label ~= '' then
-      redis.call('HSET', key.permits, HOLDER .. terms[1], string.format('%d', now) .. ' ' .. label)
+    local token = key.admit and key.admit(key, terms[1], lease_ms)
+    if not token then
+      token = next_token({key}, 1)
+      put(key, terms[1], weight, lease_ms, token, false)
+      local flow_length = label and tonumber(string.match(terms[3], '^%d+ (%d+)'))
+      label = label and string.sub(label, flow_length + 1)
+      if label and label ~= '' then
+        redis.call('HSET', key.permits, HOLDER .. terms[1], string.format('%d', now) .. ' ' .. label)
+      end
     end
     leave(key, ticket, 0, true)
     return string.format('%d:%d:%d:%d', token, now + lease_ms, limit, in_flight(key))
