@@ -49,16 +49,44 @@ def counted_asks(limiter: Any) -> list[int]:
     return asks
 
 
+class _Watched(threading.Event):
+    """A ticket's turn event that tells when its waiter waits on it."""
+
+    def __init__(self, waiting: threading.Event) -> None:
+        super().__init__()
+        self.waiting = waiting
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def waits_for_turn(limiter: RedisLimiter) -> threading.Event:
+    """Set once a wait of ``limiter`` waits for its turn, its ask answered: a slot handed from then on is
+    heard there, and never as its ask comes back (when the waiter asks once more, at once: it takes the
+    lease its id holds)."""
+    waiting = threading.Event()
+    take = limiter._turns.take
+
+    def taking() -> Any:
+        ticket = take()
+        ticket.called = _Watched(waiting)
+        return ticket
+
+    limiter._turns.take = taking  # type: ignore[method-assign]
+    return waiting
+
+
 def test_a_release_hands_the_waiter_the_slot_and_it_does_not_ask_again(
     two: list[RedisLimiter], r: redis.Redis
 ) -> None:
     holder, waiter = two
     first = holder.try_acquire("k")
-    asks = counted_asks(waiter)
+    asks, waiting = counted_asks(waiter), waits_for_turn(waiter)
     got: list[Permit] = []
     thread = threading.Thread(target=lambda: got.append(waiter.acquire("k", max_wait=BOUND)), daemon=True)
     thread.start()
-    until(lambda: tickets(r) == 1, "the waiter's ticket")
+    until(waiting.is_set, "the waiter waiting for its turn")
     first.release()
     thread.join(BOUND)
     assert got, "the waiter was admitted"
@@ -157,11 +185,11 @@ def test_under_the_dify_layout_a_release_hands_the_waiter_the_slot(redis_url: st
     )
     try:
         first = holder.try_acquire("k")
-        asks = counted_asks(waiter)
+        asks, waiting = counted_asks(waiter), waits_for_turn(waiter)
         got: list[Permit] = []
         thread = threading.Thread(target=lambda: got.append(waiter.acquire("k", max_wait=BOUND)), daemon=True)
         thread.start()
-        until(lambda: r.zcard(f"{{{DIFY_HASH}}}:queue") == 1, "the waiter's ticket")
+        until(waiting.is_set, "the waiter waiting for its turn")
         first.release()
         thread.join(BOUND)
         assert got, "the waiter was admitted"

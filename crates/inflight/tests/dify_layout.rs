@@ -407,6 +407,19 @@ async fn a_release_hands_the_slot_to_the_head_waiter() {
         tokio::spawn(async move { other.acquire("app-1", wait).await })
     };
     let id = registered_waiter(&mut conn).await;
+    // Waiting for its turn (its ask's answer read): a slot handed from now on is heard as such, never
+    // while its ask comes back (it would then ask once more, at once, and take the lease its id holds).
+    for _ in 0..2000 {
+        if other
+            .stats()
+            .waiting
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     held.release().await.unwrap();
     let ids: Vec<String> = conn.hkeys(HASH).unwrap();
     assert_eq!(
