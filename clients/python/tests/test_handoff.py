@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -77,10 +78,9 @@ def waits_for_turn(limiter: RedisLimiter) -> threading.Event:
     return waiting
 
 
-def test_a_release_hands_the_waiter_the_slot_and_it_does_not_ask_again(
-    two: list[RedisLimiter], r: redis.Redis
-) -> None:
-    holder, waiter = two
+def handed(holder: RedisLimiter, waiter: RedisLimiter) -> Permit:
+    """The permit of ``waiter``, waiting on ``k`` (limit 1) for the slot ``holder`` holds and then releases:
+    handed it, having asked once, when it queued."""
     first = holder.try_acquire("k")
     asks, waiting = counted_asks(waiter), waits_for_turn(waiter)
     got: list[Permit] = []
@@ -90,9 +90,17 @@ def test_a_release_hands_the_waiter_the_slot_and_it_does_not_ask_again(
     first.release()
     thread.join(BOUND)
     assert got, "the waiter was admitted"
-    permit = got[0]
     assert asks[0] == 1, "handed the slot: the waiter asked once, when it queued"
-    assert permit.queued_on == "k" and permit.limit == 1 and permit.in_flight == 1
+    assert got[0].queued_on == "k" and got[0].in_flight == 1
+    return got[0]
+
+
+def test_a_release_hands_the_waiter_the_slot_and_it_does_not_ask_again(
+    two: list[RedisLimiter], r: redis.Redis
+) -> None:
+    holder, waiter = two
+    permit = handed(holder, waiter)
+    assert permit.limit == 1
     # The release recorded the lease under the wait's id, with the token the waiter was told.
     assert r.zscore(LEASES, member(permit.id)) is not None
     entry = r.hget(PERMITS, member(permit.id))
@@ -153,27 +161,6 @@ def test_asyncio_waiters_are_handed_the_slot_in_arrival_order(redis_url: str, r:
     asyncio.run(main())
 
 
-def test_a_slot_handed_to_a_wait_that_ended_goes_back_with_its_ticket(
-    two: list[RedisLimiter], r: redis.Redis
-) -> None:
-    """A waiter whose wait ended before it heard of the slot handed to it (timed out, interrupted) gives it
-    back when it gives its ticket up: the leave names the wait's id (flags 8)."""
-    holder, waiter = two
-    first = holder.try_acquire("k")
-    keys, limits = ("k",), [waiter.policy.limits("k")]
-    ticket = waiter._turns.take()
-    waiter._turns.drop(ticket)  # (no one hears its turn: its wait is over)
-    wait_id, wait = _core.waiting(keys, None, ticket.name, 0, "", 3_000)
-    assert wait_id is not None and wait.handoff
-    with pytest.raises(_core.Queued):
-        waiter._acquire(keys, wait_id, 1, None, limits, wait, None, True)
-    first.release()
-    assert r.zscore(LEASES, member(wait_id)) is not None, "the release handed the ticket the slot"
-    waiter._leave(keys, ticket.name, wait_id)
-    assert r.zcard(LEASES) == 0 and tickets(r) == 0
-    holder.try_acquire("k").release()
-
-
 DIFY_HASH = "dify:rate_limit:k:active_requests"
 
 
@@ -184,20 +171,10 @@ def test_under_the_dify_layout_a_release_hands_the_waiter_the_slot(redis_url: st
         RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1, layout="dify") for _ in range(2)
     )
     try:
-        first = holder.try_acquire("k")
-        asks, waiting = counted_asks(waiter), waits_for_turn(waiter)
-        got: list[Permit] = []
-        thread = threading.Thread(target=lambda: got.append(waiter.acquire("k", max_wait=BOUND)), daemon=True)
-        thread.start()
-        until(waiting.is_set, "the waiter waiting for its turn")
-        first.release()
-        thread.join(BOUND)
-        assert got, "the waiter was admitted"
-        permit = got[0]
-        assert asks[0] == 1, "handed the slot: the waiter asked once, when it queued"
-        assert permit.queued_on == "k" and permit.token == 0 and permit.in_flight == 1
+        permit = handed(holder, waiter)
+        assert permit.token == 0
         assert r.hkeys(DIFY_HASH) == [permit.id.encode()]
-        assert r.zcard(f"{{{DIFY_HASH}}}:queue") == 0
+        assert dify_queue(r) == 0
         permit.release()
         assert r.hlen(DIFY_HASH) == 0
     finally:
@@ -205,12 +182,33 @@ def test_under_the_dify_layout_a_release_hands_the_waiter_the_slot(redis_url: st
         waiter.close()
 
 
-def test_under_the_dify_layout_a_slot_handed_to_a_wait_that_ended_goes_back(
-    redis_url: str, r: redis.Redis
+def dify_queue(r: redis.Redis) -> int:
+    return int(r.zcard(f"{{{DIFY_HASH}}}:queue"))
+
+
+# Per layout: whether the id holds a lease, and whether nothing is held or queued.
+HOLDS: dict[str, tuple[Callable[[redis.Redis, str], bool], Callable[[redis.Redis], bool]]] = {
+    "inflight": (
+        lambda r, id: r.zscore(LEASES, member(id)) is not None,
+        lambda r: r.zcard(LEASES) == 0 and tickets(r) == 0,
+    ),
+    "dify": (
+        lambda r, id: bool(r.hexists(DIFY_HASH, id)),
+        lambda r: r.hlen(DIFY_HASH) == 0 and dify_queue(r) == 0,
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", ["inflight", "dify"])
+def test_a_slot_handed_to_a_wait_that_ended_goes_back_with_its_ticket(
+    redis_url: str, r: redis.Redis, layout: str
 ) -> None:
-    """As under inflight's layout: the leave of a wait that never heard of its slot releases it."""
+    """A waiter whose wait ended before it heard of the slot handed to it (timed out, interrupted) gives it
+    back when it gives its ticket up: the leave names the wait's id (flags 8; under the Dify layout, a
+    release by id once the ticket is found gone)."""
+    holds, empty = HOLDS[layout]
     holder, waiter = (
-        RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1, layout="dify") for _ in range(2)
+        RedisLimiter(redis.Redis.from_url(redis_url), default_limit=1, layout=layout) for _ in range(2)
     )
     try:
         first = holder.try_acquire("k")
@@ -222,9 +220,9 @@ def test_under_the_dify_layout_a_slot_handed_to_a_wait_that_ended_goes_back(
         with pytest.raises(_core.Queued):
             waiter._acquire(keys, wait_id, 1, None, limits, wait, None, True)
         first.release()
-        assert r.hexists(DIFY_HASH, wait_id), "the release handed the ticket the slot"
+        assert holds(r, wait_id), "the release handed the ticket the slot"
         waiter._leave(keys, ticket.name, wait_id)
-        assert r.hlen(DIFY_HASH) == 0 and r.zcard(f"{{{DIFY_HASH}}}:queue") == 0
+        assert empty(r)
         holder.try_acquire("k").release()
     finally:
         holder.close()

@@ -14,7 +14,7 @@ use inflight::store::MAX_HOLDER_LEN;
 use inflight::AcquireOptions;
 
 use super::sources::Source;
-use super::templates::{parse, Template, Unformed};
+use super::templates::{parse_text, Template, Unformed};
 use crate::error::ApiError;
 
 /// The `--holder` template of a proxy, parsed, if set.
@@ -36,16 +36,8 @@ pub enum OnRevoke {
 impl HolderTemplate {
     /// The `--holder` template `text`; Err says why it is unusable.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let template = parse(text).map_err(|why| format!("{text:?}: {why}"))?;
-        if template.fixed() == Some("") {
-            return Err("an empty template: leave --holder unset for no label".to_owned());
-        }
-        if template.literal_len > MAX_HOLDER_LEN {
-            return Err(format!(
-                "{text:?}: a holder is at most {MAX_HOLDER_LEN} bytes, and its text alone is more"
-            ));
-        }
-        Ok(Self(Some(template)))
+        let holder = ("--holder", "a holder", MAX_HOLDER_LEN);
+        Ok(Self(Some(parse_text(text, holder, "for no label")?)))
     }
 
     /// True when the template has `{path}` or `{path_hash}`.

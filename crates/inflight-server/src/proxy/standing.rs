@@ -10,7 +10,7 @@ use http::StatusCode;
 use inflight::{AcquireOptions, MAX_FLOW_LEN};
 
 use super::sources::Source;
-use super::templates::{parse, Template, Unformed};
+use super::templates::{parse, parse_text, Template, Unformed};
 use crate::error::ApiError;
 
 /// The `--priority` and `--flow` templates of a proxy, parsed (either may be unset).
@@ -54,17 +54,9 @@ impl StandingTemplates {
 
     /// With the `--flow` template `text`; Err says why it is unusable.
     pub fn flow(self, text: &str) -> Result<Self, String> {
-        let template = parse(text).map_err(|why| format!("{text:?}: {why}"))?;
-        if template.fixed() == Some("") {
-            return Err("an empty template: leave --flow unset for the default flow".to_owned());
-        }
-        if template.literal_len > MAX_FLOW_LEN {
-            return Err(format!(
-                "{text:?}: a flow is at most {MAX_FLOW_LEN} bytes, and its text alone is more"
-            ));
-        }
+        let flow = ("--flow", "a flow", MAX_FLOW_LEN);
         Ok(Self {
-            flow: Some(template),
+            flow: Some(parse_text(text, flow, "for the default flow")?),
             ..self
         })
     }

@@ -153,6 +153,25 @@ impl Template {
     }
 }
 
+/// The template `text` of a free-text value (`--flow`, `--holder`: `what`, at most `max_len` bytes), parsed
+/// and checked as far as its text goes: not empty (without the flag, `unset`), not longer alone.
+pub(super) fn parse_text(
+    text: &str,
+    (flag, what, max_len): (&str, &str, usize),
+    unset: &str,
+) -> Result<Template, String> {
+    let template = parse(text).map_err(|why| format!("{text:?}: {why}"))?;
+    if template.fixed() == Some("") {
+        return Err(format!("an empty template: leave {flag} unset {unset}"));
+    }
+    if template.literal_len > max_len {
+        return Err(format!(
+            "{text:?}: {what} is at most {max_len} bytes, and its text alone is more"
+        ));
+    }
+    Ok(template)
+}
+
 /// The template `text`, parsed; a fixed text is left for its user to check (as a key, a level...).
 pub(super) fn parse(text: &str) -> Result<Template, String> {
     let mut parts = Vec::new();
